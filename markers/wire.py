@@ -1,0 +1,194 @@
+"""The wire format between the markers and the sidecar, defined once for both halves.
+
+One ZeroMQ message is one frame: a fixed header, then a body whose kind the header names.
+
+* ``KIND_RECORDS``: a packed array of phase records, each ``len(RECORD_FIELDS)`` signed
+  64-bit little-endian integers. The markers fill an ``array('q')`` and send its bytes;
+  the sidecar reads them back the same way. No per-record encoding cost in the loop.
+* ``KIND_CONTROL``: a UTF-8 JSON object with a ``"type"`` key (``hello``, ``phase``,
+  ``checkpoint``, ``finish``, ``state``, ``status``, ...). Rare, so readability wins.
+
+Replies from the sidecar to a client are plain UTF-8 JSON frames (no header).
+
+``docs/protocol.md`` describes every field; bump ``VERSION`` on any incompatible change.
+Only the standard library is imported here: the markers must stay light to import.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import sys
+from array import array
+from dataclasses import dataclass
+from typing import Any
+
+MAGIC = b"TLMR"
+VERSION = 1
+
+KIND_RECORDS = 1
+KIND_CONTROL = 2
+
+# magic, version, kind, rank, seq (message number per run, from 0),
+# records_before (records this run put into earlier RECORDS messages),
+# dropped (records this run could not send so far), run id (16 bytes).
+HEADER = struct.Struct("<4sBBHIQQ16s")
+
+# One phase measurement. Times from time.perf_counter_ns() (CLOCK_MONOTONIC on Linux,
+# shared by every process of a host). gpu_ns and peak_bytes are -1 when not measured.
+RECORD_FIELDS = (
+    "phase",  # phase id: canonical ids below, custom ids declared by a "phase" control
+    "flags",  # FLAG_* bits
+    "epoch",  # epoch index within the split (continues across resumes)
+    "iteration",  # optimization step (training) or validation batch index; -1 outside
+    "batch",  # batches that went through the network in this process before the
+    #           iteration began: the warmup gate
+    "start_ns",
+    "end_ns",
+    "gpu_ns",
+    "peak_bytes",
+)
+RECORD_WIDTH = len(RECORD_FIELDS)
+RECORD_BYTES = 8 * RECORD_WIDTH
+FIELD_INDEX = {name: i for i, name in enumerate(RECORD_FIELDS)}
+
+FLAG_IN_ITERATION = 1  # part of a training or validation iteration (summed per iteration)
+FLAG_VALIDATION = 2  # recorded during validation
+FLAG_GPU_DROPPED = 4  # a GPU measurement was wanted but the event pool ran dry
+
+# Canonical phases: id -> column label. Ids are part of the protocol; never renumber.
+TRAINING = 0
+EPOCH = 1
+TRAINING_LOOP = 2
+TRAINING_DATA_LOADING = 3
+FORWARD = 4
+BACKWARD = 5
+OPTIMIZATION = 6
+VALIDATION = 7
+VALIDATION_LOOP = 8
+VALIDATION_DATA_LOADING = 9
+EVALUATION = 10
+METRICS = 11
+FIRST_CUSTOM_ID = 64
+MAX_PHASE_ID = 0xFFFF
+
+PHASE_LABELS: dict[int, str] = {
+    TRAINING: "Training",
+    EPOCH: "Epoch",
+    TRAINING_LOOP: "Training loop",
+    TRAINING_DATA_LOADING: "Training data loading",
+    FORWARD: "Forward",
+    BACKWARD: "Backward",
+    OPTIMIZATION: "Optimization",
+    VALIDATION: "Validation",
+    VALIDATION_LOOP: "Validation loop",
+    VALIDATION_DATA_LOADING: "Validation data loading",
+    EVALUATION: "Evaluation",
+    METRICS: "Metrics computation",
+}
+
+# Names a user passes to run.phase(...) for the canonical phases.
+CANONICAL_PHASE_NAMES: dict[str, int] = {
+    "forward": FORWARD,
+    "backward": BACKWARD,
+    "optimization": OPTIMIZATION,
+    "evaluation": EVALUATION,
+    "metrics": METRICS,
+}
+
+# Upper bound the sidecar enforces at the socket (ZMQ_MAXMSGSIZE).
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+MAX_CONTROL_BYTES = 1024 * 1024
+
+
+class WireError(ValueError):
+    """A frame that does not follow this protocol; ``kind`` names the reason for counting."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class Header:
+    """The decoded fixed header of one message."""
+
+    kind: int
+    rank: int
+    seq: int
+    records_before: int
+    dropped: int
+    run_id: bytes
+
+
+def pack_header(kind: int, rank: int, seq: int, records_before: int, dropped: int,
+                run_id: bytes) -> bytes:
+    """Header bytes for one message. ``run_id`` is 16 bytes; counters must fit their fields."""
+    return HEADER.pack(MAGIC, VERSION, kind, rank, seq & 0xFFFFFFFF, records_before,
+                       dropped, run_id)
+
+
+def encode_records(header: bytes, records: array) -> bytes:
+    """A RECORDS message: ``header`` followed by the little-endian bytes of ``records``."""
+    if sys.byteorder != "little":  # the wire is little-endian; swap a copy on big-endian hosts
+        records = array("q", records)
+        records.byteswap()
+    return header + records.tobytes()
+
+
+def encode_control(header: bytes, body: dict[str, Any]) -> bytes:
+    """A CONTROL message: ``header`` followed by ``body`` as compact UTF-8 JSON."""
+    return header + json.dumps(body, separators=(",", ":")).encode()
+
+
+def decode_header(frame: bytes) -> Header:
+    """Parse and check the header of ``frame``.
+
+    Raises WireError with kind ``truncated``, ``malformed`` (bad magic or kind) or
+    ``unknown_version``.
+    """
+    if len(frame) < HEADER.size:
+        raise WireError("truncated", f"{len(frame)} bytes, header needs {HEADER.size}")
+    magic, version, kind, rank, seq, records_before, dropped, run_id = HEADER.unpack_from(frame)
+    if magic != MAGIC:
+        raise WireError("malformed", f"bad magic {magic!r}")
+    if version != VERSION:
+        raise WireError("unknown_version", f"version {version}, this sidecar speaks {VERSION}")
+    if kind not in (KIND_RECORDS, KIND_CONTROL):
+        raise WireError("malformed", f"unknown message kind {kind}")
+    return Header(kind, rank, seq, records_before, dropped, run_id)
+
+
+def decode_records(frame: bytes) -> array:
+    """The flat int64 array of the records in a RECORDS ``frame`` (header already checked).
+
+    Raises WireError("truncated") when the body is not a whole number of records.
+    """
+    body = memoryview(frame)[HEADER.size:]
+    if len(body) % RECORD_BYTES:
+        raise WireError("truncated", f"body of {len(body)} bytes is not a multiple of {RECORD_BYTES}")
+    values = array("q")
+    values.frombytes(body)
+    if sys.byteorder != "little":
+        values.byteswap()
+    return values
+
+
+def decode_control(frame: bytes) -> dict[str, Any]:
+    """The JSON object of a CONTROL ``frame``; WireError("malformed") if it is not one."""
+    body = frame[HEADER.size:]
+    if len(body) > MAX_CONTROL_BYTES:
+        raise WireError("oversized", f"control body of {len(body)} bytes")
+    try:
+        obj = json.loads(body)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise WireError("malformed", f"control body is not JSON: {exc}") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
+        raise WireError("malformed", "control body must be an object with a string 'type'")
+    return obj
+
+
+def phase_label(phase_id: int, custom: dict[int, str]) -> str:
+    """Column label of ``phase_id``: canonical label, else the declared custom name."""
+    label = PHASE_LABELS.get(phase_id)
+    return label if label is not None else custom[phase_id]
