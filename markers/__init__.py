@@ -1,0 +1,139 @@
+"""Light phase markers for PyTorch training loops; a sidecar process does the rest.
+
+    import markers
+    with markers.start_run(out_dir="maps", split=0) as run:
+        for epoch in range(n_epochs):
+            with run.epoch():
+                for batch in run.train_batches(loader):
+                    with run.phase("forward"): ...
+
+Importing this package loads pyzmq and the standard library only: no torch, pandas or
+psutil (torch is used only when the training script already imported it).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import getpass
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+from markers.run import Phase, Run
+from markers.transport import Sender
+
+__all__ = ["Phase", "Run", "start_run"]
+__version__ = "0.1.0"
+
+CONNECT_TIMEOUT_S = 5.0
+PRIVATE_START_TIMEOUT_S = 20.0  # a fresh interpreter importing the sidecar on a busy machine
+
+
+def _rank() -> int:
+    for variable in ("RANK", "LOCAL_RANK"):
+        value = os.environ.get(variable, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+def _versions() -> dict[str, str]:
+    versions = {"python": sys.version.split()[0], "markers": __version__}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        versions["torch"] = str(torch.__version__)
+    return versions
+
+
+def _start_private_sidecar() -> tuple[str, subprocess.Popen[bytes]]:
+    """Start a sidecar for this process alone; it stops when we finish or die."""
+    from sidecar.endpoints import private_endpoint  # standard library only
+
+    endpoint = private_endpoint()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sidecar", "serve", "--quiet", "--endpoint", endpoint,
+         "--owner-pid", str(os.getpid())],
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,  # a Ctrl-C to the job must not kill it before it writes
+    )
+    return endpoint, process
+
+
+def _stop_private_sidecar(endpoint: str, process: subprocess.Popen[bytes]) -> None:
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=5.0)
+    except subprocess.TimeoutExpired:
+        process.kill()
+    folder = Path(endpoint.removeprefix("ipc://")).parent
+    with contextlib.suppress(OSError):  # not empty or already gone: leave it
+        folder.rmdir()
+
+
+def _check(name: str, value: int | None, low: int) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                              or value < low):
+        raise ValueError(f"start_run: {name} must be an integer >= {low}, got {value!r}")
+
+
+def start_run(out_dir: str | os.PathLike[str] = "maps", split: int = 0,
+              warmup_iterations: int = 10, num_measurements: int = 100,
+              train_batch_size: int | None = None, val_batch_size: int | None = None,
+              accumulation_steps: int = 1, resume: bool = False,
+              endpoint: str | None = None) -> Run:
+    """Start monitoring one split of a training run and return its ``Run``.
+
+    Connects to the sidecar at ``endpoint``, else ``$SIDECAR_ENDPOINT``, else starts a
+    private sidecar subprocess. Returns once the sidecar acknowledged the run (a few
+    seconds at most); when none answers, one RuntimeWarning says so and the run goes on
+    unmonitored (records are dropped and counted; a sidecar that appears later on the
+    endpoint picks the run up). ``resume`` continues the split from the state the sidecar
+    saved at the last ``checkpoint()``. Times are measured with ``time.perf_counter_ns``.
+
+    Raises ValueError for a negative warmup, a cap, batch size or accumulation below 1.
+    """
+    _check("split", split, 0)
+    _check("warmup_iterations", warmup_iterations, 0)
+    _check("num_measurements", num_measurements, 1)
+    _check("train_batch_size", train_batch_size, 1)
+    _check("val_batch_size", val_batch_size, 1)
+    _check("accumulation_steps", accumulation_steps, 1)
+    endpoint = endpoint or os.environ.get("SIDECAR_ENDPOINT")
+    private: subprocess.Popen[bytes] | None = None
+    timeout_s = CONNECT_TIMEOUT_S
+    if not endpoint:
+        endpoint, private = _start_private_sidecar()
+        timeout_s = PRIVATE_START_TIMEOUT_S
+    hello = {
+        "type": "hello", "out_dir": os.fspath(out_dir), "cwd": os.getcwd(), "split": split,
+        "warmup_iterations": warmup_iterations, "num_measurements": num_measurements,
+        "train_batch_size": train_batch_size, "val_batch_size": val_batch_size,
+        "accumulation_steps": accumulation_steps, "resume": resume,
+        "host": socket.gethostname(), "pid": os.getpid(), "user": getpass.getuser(),
+        "job_id": os.environ.get("SLURM_JOB_ID"), "command": [sys.executable, *sys.argv],
+        "start_unix": time.time(), "start_ns": time.perf_counter_ns(), "versions": _versions(),
+    }
+    sender = Sender(endpoint, os.urandom(16), _rank())
+    reply = sender.request(hello, timeout_s)
+    monitored = bool(reply and reply.get("ok"))
+    if not monitored:
+        reason = reply.get("error") if reply else f"no answer within {timeout_s:.0f} s"
+        warnings.warn(f"markers: sidecar at {endpoint} not reachable ({reason}); this run is "
+                      "not monitored, training goes on", RuntimeWarning, stacklevel=2)
+    elif reply and reply.get("warning"):
+        warnings.warn(f"markers: {reply['warning']}", RuntimeWarning, stacklevel=2)
+    on_close = None
+    if private is not None:
+        def on_close() -> None:
+            _stop_private_sidecar(endpoint, private)
+    first_epoch = reply.get("epoch") if reply else 0
+    run = Run(sender, hello, monitored, on_close,
+              first_epoch if isinstance(first_epoch, int) else 0)
+    atexit.register(run.close_at_exit)
+    return run

@@ -1,0 +1,89 @@
+"""The markers' side of the socket: non-blocking sends, drop counting, bounded request waits.
+
+One ZeroMQ DEALER socket connects to the sidecar's ROUTER. Sends use NOBLOCK: when the
+sidecar is absent or slow the socket queues up to ``SNDHWM`` messages, then a send raises
+``zmq.Again`` and the records of that message are dropped and counted. ZeroMQ reconnects
+by itself, so a sidecar started later on the same endpoint receives what follows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from array import array
+from typing import Any
+
+import zmq
+
+from markers import wire
+
+# Messages queued while no sidecar takes them; bounds the markers' memory (each message
+# holds at most a few KiB of records).
+SNDHWM = 1000
+
+
+class Sender:
+    """Sends the messages of one run; never blocks and never raises ``zmq`` errors."""
+
+    def __init__(self, endpoint: str, run_id: bytes, rank: int) -> None:
+        self.run_id = run_id
+        self.rank = rank
+        self.seq = 0
+        self.records_sent = 0
+        self.dropped = 0
+        self._context = zmq.Context.instance()
+        self._socket = self._context.socket(zmq.DEALER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.SNDHWM, SNDHWM)
+        self._socket.connect(endpoint)
+        self._pid = os.getpid()
+
+    def _header(self, kind: int) -> bytes:
+        return wire.pack_header(kind, self.rank, self.seq, self.records_sent, self.dropped,
+                                self.run_id)
+
+    def _send(self, frame: bytes) -> bool:
+        if os.getpid() != self._pid:  # a forked child (data-loader worker) must not share it
+            return False
+        try:
+            self._socket.send(frame, zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError:
+            return False
+        self.seq += 1
+        return True
+
+    def send_records(self, records: array, count: int) -> None:
+        """Send ``count`` records (flat int64 values); count them as dropped if they can't go."""
+        if self._send(wire.encode_records(self._header(wire.KIND_RECORDS), records)):
+            self.records_sent += count
+        else:
+            self.dropped += count
+
+    def send_control(self, body: dict[str, Any]) -> bool:
+        """Send one control message; False when it could not be queued."""
+        return self._send(wire.encode_control(self._header(wire.KIND_CONTROL), body))
+
+    def request(self, body: dict[str, Any], timeout_s: float) -> dict[str, Any] | None:
+        """Send a control message that asks for a reply and wait for it, at most ``timeout_s``.
+
+        Replies to earlier requests that arrive late are skipped. Returns None on timeout.
+        """
+        request_id = f"{self.seq}-{os.getpid()}"
+        if not self.send_control({**body, "reply_to": request_id}):
+            return None
+        deadline = time.monotonic() + timeout_s
+        while (left_s := deadline - time.monotonic()) > 0:
+            if not self._socket.poll(int(left_s * 1000) + 1, zmq.POLLIN):
+                continue
+            try:
+                reply = json.loads(self._socket.recv(zmq.NOBLOCK))
+            except (zmq.ZMQError, ValueError):
+                continue
+            if isinstance(reply, dict) and reply.get("reply_to") == request_id:
+                return reply
+        return None
+
+    def close(self) -> None:
+        """Close the socket without waiting for unsent messages (LINGER 0)."""
+        self._socket.close(linger=0)

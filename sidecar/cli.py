@@ -1,0 +1,88 @@
+"""The ``sidecar`` command line (SPEC §2): run, serve, status."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from sidecar import endpoints
+from sidecar.server import Config, serve
+
+STATUS_TIMEOUT_S = 3.0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sidecar", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="run CMD under a sidecar, write files when it ends")
+    run.add_argument("--endpoint", help="ipc:// or tcp:// address (default: a private ipc "
+                     "socket)")
+    run.add_argument("--quiet", action="store_true", help="log warnings and errors only")
+    run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+
+    srv = commands.add_parser("serve", help="long-running daemon for many jobs")
+    srv.add_argument("--endpoint", help=f"ipc:// or tcp:// (default: "
+                     f"{endpoints.daemon_endpoint()})")
+    srv.add_argument("--root", type=Path, help="write only under this folder (required "
+                     "unless --owner-pid is given)")
+    srv.add_argument("--owner-pid", type=int, help=argparse.SUPPRESS)
+    srv.add_argument("--quiet", action="store_true", help="log warnings and errors only")
+
+    status = commands.add_parser("status", help="live view of a running sidecar")
+    status.add_argument("--endpoint", help="default: the daemon's endpoint")
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+    return parser
+
+
+def _status(endpoint: str, as_json: bool) -> int:
+    from markers.transport import Sender  # the client side of the same wire
+
+    sender = Sender(endpoint, b"\0" * 16, 0)
+    try:
+        reply = sender.request({"type": "status"}, STATUS_TIMEOUT_S)
+    finally:
+        sender.close()
+    if reply is None:
+        print(f"sidecar status: no sidecar answered at {endpoint} within "
+              f"{STATUS_TIMEOUT_S:.0f} s", file=sys.stderr)
+        return 1
+    reply.pop("reply_to", None)
+    reply.pop("ok", None)
+    if as_json:
+        print(json.dumps(reply))
+        return 0
+    print(f"sidecar pid {reply['pid']} on {reply['endpoint']}")
+    print(f"records {reply['records']}, dropped {reply['dropped']}, lost {reply['lost']}, "
+          f"rejected {reply['rejected']} {reply['rejected_by_kind'] or ''}".rstrip())
+    if reply.get("last_error"):
+        print(f"last error: {reply['last_error']}")
+    for run in reply["runs"]:
+        print(f"  run {run['run_id'][:8]} split {run['split']} rank {run['rank']} "
+              f"pid {run['pid']} {run['status']}: {run['records']} records -> {run['out_dir']}"
+              + (f" (write error: {run['write_error']})" if run["write_error"] else ""))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script and of ``python -m sidecar``; returns the status."""
+    args = _parser().parse_args(argv)
+    if args.command == "status":
+        return _status(args.endpoint or endpoints.daemon_endpoint(), args.json)
+    logging.basicConfig(format="sidecar[%(process)d] %(levelname)s: %(message)s",
+                        level=logging.WARNING if args.quiet else logging.INFO)
+    if args.command == "serve":
+        if args.root is None and args.owner_pid is None:
+            print("sidecar serve: --root DIR is required", file=sys.stderr)
+            return 2
+        config = Config(args.endpoint or endpoints.daemon_endpoint(), args.root,
+                        args.owner_pid)
+        return serve(config)
+    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not command:
+        print("sidecar run: give the command after --", file=sys.stderr)
+        return 2
+    return serve(Config(args.endpoint or endpoints.private_endpoint()), command)

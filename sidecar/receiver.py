@@ -1,0 +1,118 @@
+"""The sidecar's socket: one ZeroMQ ROUTER bound at the endpoint. It reads frames, decodes
+them with ``markers.wire`` and hands them on; frames that do not decode are rejected and
+counted here. Replies go back to the sender's identity as JSON.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from markers import wire
+from sidecar.registry import Registry
+
+# Frames read per poll before the server gets to run its timers.
+BATCH = 256
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """One decoded message: records or a control body, with its sender's identity."""
+
+    identity: bytes
+    header: wire.Header
+    records: array | None
+    control: dict[str, Any] | None
+
+
+def bind_address(endpoint: str) -> str:
+    """The address to bind for ``endpoint``: a tcp endpoint without a host binds to
+    loopback (``tcp://:5555`` -> ``tcp://127.0.0.1:5555``); ``tcp://*:5555`` binds to all.
+    """
+    if endpoint.startswith("tcp://:"):
+        return "tcp://127.0.0.1:" + endpoint[len("tcp://:"):]
+    return endpoint
+
+
+def ipc_path(endpoint: str) -> Path | None:
+    """The socket file of an ipc endpoint, None for other transports."""
+    return Path(endpoint[len("ipc://"):]) if endpoint.startswith("ipc://") else None
+
+
+class Receiver:
+    """Owns the ROUTER socket; ``read`` returns what arrived, ``reply`` answers a sender."""
+
+    def __init__(self, endpoint: str, registry: Registry) -> None:
+        self.endpoint = bind_address(endpoint)
+        self.registry = registry
+        self.context = zmq.Context.instance()
+        self.socket = self.context.socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_BYTES)
+        self.socket.setsockopt(zmq.RCVHWM, 100_000)
+        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        path = ipc_path(self.endpoint)
+        if path is not None:
+            self._bind_private(path)
+        else:
+            self.socket.bind(self.endpoint)
+
+    def _bind_private(self, path: Path) -> None:
+        """Bind an ipc socket readable and writable by its owner only (0600)."""
+        if not path.parent.exists():
+            path.parent.mkdir(mode=0o700, parents=True)
+        old = os.umask(0o177)
+        try:
+            self.socket.bind(self.endpoint)
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o600)
+
+    def read(self, timeout_ms: int) -> list[Incoming]:
+        """Wait up to ``timeout_ms`` for frames; return up to ``BATCH`` decoded messages."""
+        out: list[Incoming] = []
+        if not self.socket.poll(timeout_ms, zmq.POLLIN):
+            return out
+        for _ in range(BATCH):
+            try:
+                parts = self.socket.recv_multipart(zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                break
+            message = self.decode(parts)
+            if message is not None:
+                out.append(message)
+        return out
+
+    def decode(self, parts: list[bytes]) -> Incoming | None:
+        """Decode one ROUTER message (identity, frame); None after rejecting a bad one."""
+        if len(parts) != 2:
+            self.registry.reject("malformed", f"{len(parts) - 1} frames in one message")
+            return None
+        identity, frame = parts
+        try:
+            header = wire.decode_header(frame)
+            if header.kind == wire.KIND_RECORDS:
+                return Incoming(identity, header, wire.decode_records(frame), None)
+            return Incoming(identity, header, None, wire.decode_control(frame))
+        except wire.WireError as exc:
+            self.registry.reject(exc.kind, str(exc))
+            return None
+
+    def reply(self, identity: bytes, body: dict[str, Any]) -> None:
+        """Send ``body`` as JSON to ``identity``; a vanished peer is ignored."""
+        with contextlib.suppress(zmq.ZMQError):
+            self.socket.send_multipart([identity, json.dumps(body).encode()], zmq.NOBLOCK)
+
+    def close(self) -> None:
+        """Close the socket and remove an ipc socket file."""
+        self.socket.close(linger=0)
+        path = ipc_path(self.endpoint)
+        if path is not None:
+            path.unlink(missing_ok=True)

@@ -1,0 +1,302 @@
+"""The sidecar's event loop: reads the socket, dispatches controls, watches the training
+processes, writes files on checkpoint, finish, death and shutdown.
+
+One thread: ZeroMQ queues what arrives while the loop writes, and the loop wakes at least
+every ``TICK_S`` to check signals, processes and retries, so it reacts within 2 s.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from markers import wire
+from sidecar import output
+from sidecar.receiver import Incoming, Receiver
+from sidecar.registry import Refused, Registry, Stream
+from sidecar.split import Split
+
+log = logging.getLogger("sidecar")
+
+TICK_S = 0.2
+LIVENESS_S = 0.4  # a process found gone is declared dead on the next check
+RETRY_S = 5.0  # a failed write is retried this often (and at every checkpoint/finish)
+
+
+@dataclass(frozen=True)
+class Config:
+    """How a sidecar serves: where it listens and where it may write."""
+
+    endpoint: str
+    root: Path | None = None  # None: resolve a run's out_dir against its cwd, anywhere
+    owner_pid: int | None = None  # private sidecar: stop once this process is gone
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def describe_exit(returncode: int) -> str:
+    """Human cause for a process exit status (negative: killed by that signal)."""
+    if returncode < 0:
+        return f"killed by signal {-returncode} ({signal.Signals(-returncode).name})"
+    return f"exited with status {returncode}"
+
+
+class Server:
+    """A running sidecar; ``run()`` returns the exit status for the command line."""
+
+    def __init__(self, config: Config, child: subprocess.Popen[bytes] | None = None) -> None:
+        self.config = config
+        self.child = child
+        self.registry = Registry(self._resolve_out_dir)
+        self.receiver = Receiver(config.endpoint, self.registry)
+        self._signal: int | None = None
+        self._gone: dict[bytes, float] = {}  # run id -> when its process was first seen gone
+        self._next_liveness = 0.0
+        self._next_retry = 0.0
+
+    # -- policy ---------------------------------------------------------------------
+
+    def _resolve_out_dir(self, out_dir: str, cwd: str) -> Path:
+        path = Path(out_dir)
+        root = self.config.root
+        if root is None:
+            return (Path(cwd) / path).resolve()
+        root = root.resolve()
+        resolved = (root / path).resolve()
+        if not resolved.is_relative_to(root):
+            raise Refused(f"out_dir {out_dir!r} lies outside the daemon's root {root}")
+        return resolved
+
+    # -- writing --------------------------------------------------------------------
+
+    def resource_lines(self, split: Split) -> list[str]:
+        """The resources block of ``split``'s summary (record counts)."""
+        streams = [s for s in self.registry.streams.values() if s.split is split]
+        received = sum(s.received for s in streams) - sum(split.lost.values())
+        return [f"Records: received {received}, dropped {sum(split.dropped.values())} "
+                f"(markers could not send), lost {sum(split.lost.values())} (sent but not "
+                f"received here), rejected {split.rejected}"]
+
+    def write(self, split: Split, with_state: bool = False) -> str | None:
+        """Write ``split``'s files; returns the error text, None on success."""
+        try:
+            output.write_split(split, self.resource_lines(split), with_state)
+        except OSError as exc:
+            error = f"cannot write {split.split_dir}: {exc}"
+            if split.write_error != error:
+                log.error("%s (data kept in memory, retried every %.0f s)", error, RETRY_S)
+            split.write_error = error
+            return error
+        return None
+
+    def write_dirty(self) -> None:
+        """Write every split that changed since its last successful write."""
+        for split in self.registry.splits.values():
+            if split.dirty:
+                self.write(split)
+
+    # -- messages -------------------------------------------------------------------
+
+    def handle(self, message: Incoming, now: float) -> None:
+        """Dispatch one decoded message."""
+        if message.records is not None:
+            self.registry.records(message.header, message.records, now)
+            return
+        body = message.control or {}
+        try:
+            reply = self._control(message.header, body, now)
+        except wire.WireError as exc:
+            self.registry.reject(exc.kind, str(exc))
+            reply = {"ok": False, "error": str(exc)}
+        except Refused as exc:
+            self.registry.reject("refused", str(exc))
+            reply = {"ok": False, "error": str(exc)}
+        if "reply_to" in body and reply is not None:
+            self.receiver.reply(message.identity, {"reply_to": body["reply_to"], **reply})
+
+    def handle_safely(self, message: Incoming) -> None:
+        """``handle``, with any error counted and logged: one bad message never stops the
+        sidecar nor loses what it holds.
+        """
+        try:
+            self.handle(message, time.time())
+        except Exception as exc:  # the loop must survive anything
+            log.exception("internal error on a message from run %s", message.header.run_id.hex())
+            self.registry.reject("internal_error", repr(exc))
+
+    def _control(self, header: wire.Header, body: dict[str, Any],
+                 now: float) -> dict[str, Any] | None:
+        kind = body["type"]
+        if kind == "status":
+            return {"ok": True, **self.status()}
+        if kind == "hello":
+            return self.registry.hello(header, body, now)
+        stream = self.registry.stream_for(header, kind)
+        if stream is None:
+            return {"ok": False, "error": "unknown run: no hello received"}
+        split = stream.split
+        if kind == "phase":
+            self.registry.declare_phase(stream, body)
+        elif kind == "gpu":
+            uuid, name = body.get("uuid"), body.get("name")
+            if not isinstance(uuid, str) or not isinstance(name, str):
+                raise wire.WireError("malformed", "gpu needs 'uuid' and 'name' strings")
+            split.add_gpu(uuid, name)
+        elif kind == "batch_size":
+            which, value = body.get("kind"), body.get("value")
+            if which not in ("train", "validation") or not isinstance(value, int) or value < 1:
+                raise wire.WireError("malformed", "batch_size needs kind and a positive value")
+            split.batch_sizes.setdefault(which, value)
+        elif kind == "checkpoint":
+            return self._reply_written(split, with_state=True)
+        elif kind == "finish":
+            status = body.get("status")
+            if status not in ("completed", "failed"):
+                raise wire.WireError("malformed", "finish status must be completed or failed")
+            end_ns = body.get("end_ns")
+            error = body.get("error")
+            self.registry.finish(stream, status, error if isinstance(error, str) else None,
+                                 end_ns if isinstance(end_ns, int) else None, now)
+            return self._reply_written(split)
+        else:
+            raise wire.WireError("unknown_control", f"control type {kind!r}")
+        return None
+
+    def _reply_written(self, split: Split, with_state: bool = False) -> dict[str, Any]:
+        error = self.write(split, with_state)
+        return {"ok": error is None, "error": error, "out_dir": str(split.out_dir)}
+
+    def status(self) -> dict[str, Any]:
+        """The status view: the registry's counts plus the server's own state."""
+        errors = [s.write_error for s in self.registry.splits.values() if s.write_error]
+        return {**self.registry.status(), "endpoint": self.receiver.endpoint,
+                "root": str(self.config.root) if self.config.root else None,
+                "last_error": errors[-1] if errors else None}
+
+    # -- processes ------------------------------------------------------------------
+
+    def _child_cause(self) -> str | None:
+        if self.child is None or self.child.poll() is None:
+            return None
+        return "job " + describe_exit(self.child.returncode)
+
+    def check_processes(self, now: float) -> None:
+        """Declare incomplete every local run whose process is gone without finishing."""
+        for stream in self.registry.live_streams():
+            if not stream.is_local() or _pid_alive(stream.pid):
+                self._gone.pop(stream.run_id, None)
+                continue
+            first_seen = self._gone.setdefault(stream.run_id, now)
+            if now - first_seen < LIVENESS_S:
+                continue  # its last messages may still be on the way
+            cause = self._child_cause() or f"process {stream.pid} ended without finish()"
+            self._end_stream(stream, cause, now)
+
+    def _end_stream(self, stream: Stream, cause: str, now: float) -> None:
+        log.warning("run %s (pid %d): %s; files marked incomplete", stream.key, stream.pid,
+                    cause)
+        self.registry.finish(stream, "incomplete", cause, None, now)
+        self.write(stream.split)
+
+    def _should_stop(self) -> bool:
+        if self._signal is not None and self.child is None:
+            return True
+        if self.child is not None:
+            return self.child.poll() is not None
+        owner = self.config.owner_pid
+        return owner is not None and not _pid_alive(owner)
+
+    # -- loop -----------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        if self.child is not None and self.child.poll() is None:
+            if self._signal == signum:  # asked twice: stop waiting for the job
+                self.child = None
+            else:
+                self.child.send_signal(signum)
+        self._signal = signum
+
+    def tick(self, now: float) -> None:
+        """The periodic work between reads: processes, held records, write retries."""
+        if now >= self._next_liveness:
+            self._next_liveness = now + TICK_S
+            self.check_processes(now)
+        self.registry.expire_pending(now)
+        if now >= self._next_retry:
+            self._next_retry = now + RETRY_S
+            for split in self.registry.splits.values():
+                if split.write_error and split.dirty:
+                    self.write(split)
+
+    def run(self) -> int:
+        """Serve until stopped (signal, job or owner gone); write everything; return the
+        exit status: the job's under ``sidecar run``, else 0.
+        """
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._on_signal)
+        log.info("listening on %s", self.receiver.endpoint)
+        try:
+            while not self._should_stop():
+                for message in self.receiver.read(int(TICK_S * 1000)):
+                    self.handle_safely(message)
+                self.tick(time.time())
+            self._drain()
+            self._finalize()
+        finally:
+            self.receiver.close()
+        if self.child is not None and self.child.returncode is not None:
+            code = self.child.returncode
+            return 128 - code if code < 0 else code
+        return 128 + self._signal if self._signal is not None else 0
+
+    def _drain(self) -> None:
+        """Take what is still queued (a job's last records) before the final write."""
+        deadline = time.monotonic() + 0.3
+        while time.monotonic() < deadline:
+            messages = self.receiver.read(50)
+            if not messages:
+                break
+            for message in messages:
+                self.handle_safely(message)
+
+    def _finalize(self) -> None:
+        now = time.time()
+        if self._signal is not None:
+            cause = f"sidecar stopped by {signal.Signals(self._signal).name}"
+        else:
+            cause = self._child_cause() or "the training process is gone"
+        for stream in self.registry.live_streams():
+            self._end_stream(stream, cause, now)
+        self.write_dirty()
+        pending = [s.write_error for s in self.registry.splits.values() if s.dirty]
+        for error in pending:
+            log.error("exiting with unwritten data: %s", error)
+
+
+def serve(config: Config, command: list[str] | None = None) -> int:
+    """Run a sidecar; with ``command``, start it with SIDECAR_ENDPOINT set and return its
+    exit status once it ended and everything is written.
+    """
+    server = Server(config)
+    if command:
+        env = {**os.environ, "SIDECAR_ENDPOINT": server.receiver.endpoint}
+        try:
+            server.child = subprocess.Popen(command, env=env, process_group=0)
+        except OSError as exc:
+            server.receiver.close()
+            log.error("cannot start %s: %s", command[0], exc)
+            return 127
+    return server.run()
