@@ -166,7 +166,8 @@ def decode_records(frame: bytes) -> array:
     """
     body = memoryview(frame)[HEADER.size:]
     if len(body) % RECORD_BYTES:
-        raise WireError("truncated", f"body of {len(body)} bytes is not a multiple of {RECORD_BYTES}")
+        raise WireError("truncated",
+                        f"body of {len(body)} bytes is not a multiple of {RECORD_BYTES}")
     values = array("q")
     values.frombytes(body)
     if sys.byteorder != "little":
