@@ -141,6 +141,8 @@ def phase_peak(before: Memory, after: Memory) -> tuple[int, bool]:
     * ``m1 > m0``: the phase raised the process high-water mark, so its peak *is* ``m1``.
     * no bytes allocated (``a1 == a0``): memory only fell, the peak was ``c0``.
     * no bytes freed (``f1 == f0``): memory only rose, the peak is ``c1``.
+    * if the counters do not add up (``c1 - c0 != (a1 - a0) - (f1 - f0)``), the mark ``m0``
+      is the only bound left; it is returned, marked inexact.
     * otherwise the peak lies in ``[max(c0, c1), min(m0, c0 + a1 - a0)]``: never above the
       old mark (it was not raised) nor above the start plus everything allocated. The upper
       end is returned, marked inexact: a "max memory" figure that may over-state, never
@@ -152,6 +154,10 @@ def phase_peak(before: Memory, after: Memory) -> tuple[int, bool]:
     c1, m1, a1, f1 = after
     if m1 > m0:
         return m1, True
+    if c1 - c0 != (a1 - a0) - (f1 - f0):
+        # The cumulative counters do not account for the change (an allocator backend
+        # that does not keep them, such as cudaMallocAsync): only the mark bounds it.
+        return max(m0, c0, c1), False
     if a1 == a0:
         return c0, True
     if f1 == f0:
@@ -283,22 +289,20 @@ class GpuTimer:
 
         Training is over, so waiting is allowed here; it is bounded all the same, by
         polling ``Event.query()`` with short sleeps rather than ``Event.synchronize()``,
-        which could hang on a wedged device. Slots that never began their end event, or
-        have not completed by the deadline, are released, counted in ``dropped`` and
-        returned as None.
+        which could hang on a wedged device. Slots whose ``end()`` never came, or that have
+        not completed by the deadline, are released, counted in ``dropped`` and returned
+        as None.
         """
         deadline = time.monotonic() + max(0.0, timeout_s)
         out: list[tuple[int, int] | None] = [None] * len(slots)
         pending: list[int] = []
         for i, slot in enumerate(slots):
-            if slot >= 0 and self._state[slot] == _STARTED:
-                self._give_up(slot)  # its end event was never recorded: it cannot complete
-                continue
-            res = self.poll(slot)
-            if res is None:
+            if slot < 0:
+                out[i] = NOT_MEASURED
+            elif self._state[slot] == _STARTED:
+                self._give_up(slot)  # its end() never came: it cannot complete
+            elif self._state[slot] != _FREE:  # a free slot has nothing left to wait for
                 pending.append(i)
-            else:
-                out[i] = res
         pause = 0.0005
         while pending:
             still: list[int] = []

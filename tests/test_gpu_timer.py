@@ -291,9 +291,10 @@ def test_phase_peak_below_the_mark_capped_by_the_mark():
         ((500, 1000, 0, 0), (200, 1000, 0, 300), (500, True)),  # only frees
         ((500, 1000, 7, 7), (500, 1000, 7, 7), (500, True)),  # nothing happened
         ((100, 1000, 0, 0), (100, 1200, 1100, 1100), (1200, True)),  # raised the mark
+        ((100, 1000, 0, 0), (300, 1000, 0, 0), (1000, False)),  # counters not kept
     ],
 )
-def test_phase_peak_exact_cases(before, after, expected):
+def test_phase_peak_cases(before, after, expected):
     assert phase_peak(before, after) == expected
 
 
