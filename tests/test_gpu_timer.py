@@ -395,3 +395,55 @@ def test_open_with_real_torch_cpu_makes_no_cuda_calls():
     """)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok"
+
+
+def test_torch_cuda_backend_glue_against_a_stand_in_torch():
+    """The real backend's calls, checked against a stand-in torch.cuda (no GPU here)."""
+    from markers.gpu import TorchCudaBackend
+
+    log = []
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+            self.done = False
+
+        def record(self, stream=None):
+            log.append(("record", stream))
+
+        def query(self):
+            return self.done
+
+        def elapsed_time(self, other):
+            return 2.5  # milliseconds
+
+        def synchronize(self):  # pragma: no cover - must never be called
+            raise AssertionError("Event.synchronize() called")
+
+    stats = {"allocated_bytes": {"all": {"current": 10, "peak": 50, "allocated": 70,
+                                         "freed": 60}}}
+
+    def forbidden(*_a, **_k):  # pragma: no cover
+        raise AssertionError("synchronizing call")
+
+    cuda = types.SimpleNamespace(
+        is_initialized=lambda: True,
+        current_device=lambda: 3,
+        get_device_properties=lambda d: types.SimpleNamespace(
+            uuid=types.SimpleNamespace(bytes=bytes(range(16))), name=f"Stand-in {d}"),
+        Event=Event,
+        current_stream=lambda d: f"stream-of-{d}",
+        memory_stats_as_nested_dict=lambda d: stats,
+        reset_peak_memory_stats=lambda d: log.append(("reset", d)),
+        synchronize=forbidden,
+    )
+    torch = types.SimpleNamespace(cuda=cuda)
+    timer = GpuTimer(TorchCudaBackend(torch), pool_size=2)
+    assert timer.device_name == "Stand-in 3"
+    assert timer.device_uuid == "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"
+    slot = timer.begin()
+    timer.end(slot)
+    assert log == [("record", "stream-of-3"), ("record", "stream-of-3")]
+    assert timer.poll(slot) is None
+    timer._starts[slot].done = timer._ends[slot].done = True
+    assert timer.poll(slot) == (2_500_000, 10)  # nothing moved: the current allocation
