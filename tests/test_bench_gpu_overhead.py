@@ -1,0 +1,42 @@
+"""The GPU overhead benchmark: its CPU skip path and the RESULTS.md section it owns."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "bench" / "gpu_overhead.py"
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("gpu_overhead", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_write_section_replaces_only_its_own(tmp_path):
+    bench = load()
+    path = tmp_path / "RESULTS.md"
+    bench.write_section("## GPU overhead\n\nfirst\n", path)
+    assert path.read_text() == "# Benchmark results\n\n## GPU overhead\n\nfirst\n"
+    page = "# R\n\n## Markers\n\nm\n\n## GPU overhead\n\n{}\n\n## Sidecar\n\ns\n"
+    path.write_text(page.format("old"))
+    bench.write_section("## GPU overhead\n\nnew\n", path)
+    assert path.read_text() == page.format("new")
+
+
+@pytest.mark.skipif(load().torch.cuda.is_available(), reason="the skip path is for CPU hosts")
+def test_without_cuda_it_skips_cleanly_and_writes_nothing():
+    results = ROOT / "bench" / "RESULTS.md"
+    before = results.read_text() if results.exists() else None
+    proc = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True,
+                          timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "CUDA is not available" in proc.stdout
+    assert (results.read_text() if results.exists() else None) == before
