@@ -35,15 +35,20 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _batch_size(batch: Any) -> int | None:
-    """First dimension of a batch (a tensor, or the first tensor of a tuple/list/dict)."""
-    for _ in range(3):
+    """First dimension of a batch: a tensor's, the first tensor's of a tuple/list/dict
+    (``(inputs, labels)``), or the length of a list of plain samples; None if it has none.
+    """
+    for _ in range(4):
         shape = getattr(batch, "shape", None)
         if shape is not None:
             return int(shape[0]) if len(shape) else None
         if isinstance(batch, dict):
             batch = next(iter(batch.values()), None)
         elif isinstance(batch, (list, tuple)) and batch:
-            batch = batch[0]
+            first = batch[0]
+            if not hasattr(first, "shape") and not isinstance(first, (list, tuple, dict)):
+                return len(batch)
+            batch = first
         else:
             return None
     return None
