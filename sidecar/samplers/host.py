@@ -112,9 +112,14 @@ class HostSampler:
         self._roots.discard(pid)
 
     def _refresh_tree(self) -> None:
-        """Drop processes that ended (or whose pid was reused), add new descendants."""
+        """Drop processes that ended, turned zombie or whose pid was reused; add new
+        descendants of the roots."""
         for pid, proc in list(self._procs.items()):
-            if not proc.is_running():  # compares creation times: catches pid reuse
+            try:  # is_running compares creation times, so it catches pid reuse
+                alive = proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+            except _GONE:
+                alive = False
+            if not alive:
                 self._drop(pid)
         for root in list(self._roots):
             try:
