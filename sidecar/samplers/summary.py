@@ -295,7 +295,7 @@ def resources_block(gpu: list[GpuSummary], host: HostSummary | None,
         ]
     if attribution:
         lines.extend(_attribution_lines(attribution))
-    lines.append(f"Records: dropped {dropped}, rejected {rejected}")
+    lines += ["", f"Records: dropped {dropped}, rejected {rejected}"]
     return lines
 
 
