@@ -9,9 +9,25 @@ import sys
 from pathlib import Path
 
 from sidecar import endpoints
+from sidecar.samplers import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
 from sidecar.server import Config, serve
 
 STATUS_TIMEOUT_S = 3.0
+
+
+def _interval_s(text: str) -> float:
+    value = float(text)
+    if value < MIN_INTERVAL_S:
+        raise argparse.ArgumentTypeError(
+            f"{value:g} s is below {MIN_INTERVAL_S:g} s: NVML utilization is averaged over "
+            "1/6-1 s, faster polling repeats values")
+    return value
+
+
+def _interval(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--interval", type=_interval_s, default=DEFAULT_INTERVAL_S,
+                        help=f"resource sampling period in seconds (default "
+                        f"{DEFAULT_INTERVAL_S:g}, minimum {MIN_INTERVAL_S:g})")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -21,6 +37,7 @@ def _parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run CMD under a sidecar, write files when it ends")
     run.add_argument("--endpoint", help="ipc:// or tcp:// address (default: a private ipc "
                      "socket)")
+    _interval(run)
     run.add_argument("--quiet", action="store_true", help="log warnings and errors only")
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
 
@@ -30,6 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--root", type=Path, help="write only under this folder (required "
                      "unless --owner-pid is given)")
     srv.add_argument("--owner-pid", type=int, help=argparse.SUPPRESS)
+    _interval(srv)
     srv.add_argument("--quiet", action="store_true", help="log warnings and errors only")
 
     status = commands.add_parser("status", help="live view of a running sidecar")
@@ -79,10 +97,11 @@ def main(argv: list[str] | None = None) -> int:
             print("sidecar serve: --root DIR is required", file=sys.stderr)
             return 2
         config = Config(args.endpoint or endpoints.daemon_endpoint(), args.root,
-                        args.owner_pid)
+                        args.owner_pid, args.interval)
         return serve(config)
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not command:
         print("sidecar run: give the command after --", file=sys.stderr)
         return 2
-    return serve(Config(args.endpoint or endpoints.private_endpoint()), command)
+    return serve(Config(args.endpoint or endpoints.private_endpoint(),
+                        interval_s=args.interval), command)

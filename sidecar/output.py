@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Sequence
 from pathlib import Path
 
 from sidecar import state, summary, tables
 from sidecar.atomic import write_atomic
+from sidecar.monitor import Report
 from sidecar.split import Split
 
 SUMMARY_FILE = "summary.log"
 RUN_FILE = "run.json"
+RESOURCES_FILE = "resources.tsv"
 
 
 def _iso(unix: float | None) -> str | None:
@@ -63,7 +64,7 @@ def run_json(split: Split, existing: str) -> str:
     return json.dumps(document, indent=2) + "\n"
 
 
-def render(split: Split, resource_lines: Sequence[str], with_state: bool) -> dict[Path, str]:
+def render(split: Split, resources: Report, with_state: bool) -> dict[Path, str]:
     """Every file of ``split`` and its text, keyed by path (nothing is written)."""
     files: dict[Path, str] = {}
     ranks = [split.ranks[r] for r in sorted(split.ranks)]
@@ -77,9 +78,11 @@ def render(split: Split, resource_lines: Sequence[str], with_state: bool) -> dic
         block = summary.computational_block(
             ranks, [name for _, name in split.gpus],
             summary.Throughput(split.batch_size("train"), split.settings.accumulation_steps),
-            summary.Throughput(split.batch_size("validation")), resource_lines)
+            summary.Throughput(split.batch_size("validation")), resources.lines)
         summary_path = split.split_dir / SUMMARY_FILE
         files[summary_path] = summary.replace_block(_read_text(summary_path), block)
+    if resources.frame is not None:
+        files[split.logs_dir / RESOURCES_FILE] = tables.to_tsv(resources.frame, index=False)
     run_path = split.out_dir / RUN_FILE
     files[run_path] = run_json(split, _read_text(run_path))
     if with_state:
@@ -87,13 +90,13 @@ def render(split: Split, resource_lines: Sequence[str], with_state: bool) -> dic
     return files
 
 
-def write_split(split: Split, resource_lines: Sequence[str], with_state: bool = False) -> None:
+def write_split(split: Split, resources: Report, with_state: bool = False) -> None:
     """Write all files of ``split``; ``with_state`` adds the resume state (checkpoints).
 
     Raises OSError from the first file that cannot be written; files already replaced
     stay replaced, the others keep their previous content, none is partial.
     """
-    for path, text in render(split, resource_lines, with_state).items():
+    for path, text in render(split, resources, with_state).items():
         write_atomic(path, text)
     split.dirty = False
     split.write_error = None

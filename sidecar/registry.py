@@ -81,8 +81,13 @@ def settings_from_hello(body: dict[str, Any]) -> Settings:
 class Registry:
     """Streams, splits and reject counts; ``resolve_out_dir`` applies the server's policy."""
 
-    def __init__(self, resolve_out_dir: Callable[[str, str], Path]) -> None:
+    def __init__(self, resolve_out_dir: Callable[[str, str], Path],
+                 on_stream: Callable[[Stream], None] = lambda stream: None,
+                 on_records: Callable[[Stream, array], None] = lambda stream, values: None
+                 ) -> None:
         self.resolve_out_dir = resolve_out_dir
+        self.on_stream = on_stream  # a new training process said hello
+        self.on_records = on_records  # good records of a stream, after aggregation
         self.streams: dict[bytes, Stream] = {}
         self.splits: dict[tuple[Path, int], Split] = {}
         self.rejected: Counter[str] = Counter()
@@ -156,6 +161,7 @@ class Registry:
                         str(body.get("host", "")))
         self.streams[header.run_id] = stream
         split.dirty = True
+        self.on_stream(stream)
         self._replay_pending(header.run_id)
         reply: dict[str, Any] = {"ok": True, "session": agg.sessions[-1].number,
                                  "epoch": self._next_epoch(agg), "out_dir": str(folder)}
@@ -191,6 +197,7 @@ class Registry:
             self.reject("bad_record", "a record with an unknown phase, unknown flags or end "
                         "before start", count - len(good) // wire.RECORD_WIDTH, split)
         split.rank(stream.rank).add_records(good)
+        self.on_records(stream, good)
         self.records_received += len(good) // wire.RECORD_WIDTH
         split.dirty = True
 

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import time
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,10 @@ import psutil
 
 from markers import wire
 from sidecar import output
+from sidecar.monitor import ResourceMonitor
 from sidecar.receiver import Incoming, Receiver
 from sidecar.registry import Refused, Registry, Stream
+from sidecar.samplers import DEFAULT_INTERVAL_S
 from sidecar.split import Split
 
 log = logging.getLogger("sidecar")
@@ -36,8 +39,9 @@ class Config:
     """How a sidecar serves: where it listens and where it may write."""
 
     endpoint: str
-    root: Path | None = None  # None: resolve a run's out_dir against its cwd, anywhere
+    root: Path | None = None  # None: a job's own sidecar, out_dir relative to the job's cwd
     owner_pid: int | None = None  # private sidecar: stop once this process is gone
+    interval_s: float = DEFAULT_INTERVAL_S  # resource sampling period
 
 
 def _pid_alive(pid: int) -> bool:
@@ -60,7 +64,11 @@ class Server:
     def __init__(self, config: Config, child: subprocess.Popen[bytes] | None = None) -> None:
         self.config = config
         self.child = child
-        self.registry = Registry(self._resolve_out_dir)
+        own_job = config.root is None
+        self.monitor = ResourceMonitor(
+            config.interval_s, os.environ.get("CUDA_VISIBLE_DEVICES") if own_job else None,
+            all_splits_share_gpus=own_job)
+        self.registry = Registry(self._resolve_out_dir, self._on_stream, self._on_records)
         self.receiver = Receiver(config.endpoint, self.registry)
         self._signal: int | None = None
         self._gone: dict[bytes, float] = {}  # run id -> when its process was first seen gone
@@ -80,20 +88,28 @@ class Server:
             raise Refused(f"out_dir {out_dir!r} lies outside the daemon's root {root}")
         return resolved
 
+    def _on_stream(self, stream: Stream) -> None:
+        if stream.is_local():
+            self.monitor.watch(stream.split, stream.pid)
+
+    def _on_records(self, stream: Stream, values: array) -> None:
+        self.monitor.note_records(stream.split, stream.rank, values)
+
     # -- writing --------------------------------------------------------------------
 
-    def resource_lines(self, split: Split) -> list[str]:
-        """The resources block of ``split``'s summary (record counts)."""
+    def records_line(self, split: Split) -> str:
+        """The record counts of ``split`` for its summary."""
         streams = [s for s in self.registry.streams.values() if s.split is split]
         received = sum(s.received for s in streams) - sum(split.lost.values())
-        return [f"Records: received {received}, dropped {sum(split.dropped.values())} "
+        return (f"Records: received {received}, dropped {sum(split.dropped.values())} "
                 f"(markers could not send), lost {sum(split.lost.values())} (sent but not "
-                f"received here), rejected {split.rejected}"]
+                f"received here), rejected {split.rejected}")
 
     def write(self, split: Split, with_state: bool = False) -> str | None:
         """Write ``split``'s files; returns the error text, None on success."""
         try:
-            output.write_split(split, self.resource_lines(split), with_state)
+            output.write_split(split, self.monitor.report(split, self.records_line(split)),
+                               with_state)
         except OSError as exc:
             error = f"cannot write {split.split_dir}: {exc}"
             if split.write_error != error:
@@ -155,6 +171,7 @@ class Server:
             if not isinstance(uuid, str) or not isinstance(name, str):
                 raise wire.WireError("malformed", "gpu needs 'uuid' and 'name' strings")
             split.add_gpu(uuid, name)
+            self.monitor.add_gpu(uuid)
         elif kind == "batch_size":
             which, value = body.get("kind"), body.get("value")
             if which not in ("train", "validation") or not isinstance(value, int) or value < 1:
@@ -250,13 +267,16 @@ class Server:
         log.info("listening on %s", self.receiver.endpoint)
         try:
             while not self._should_stop():
-                for message in self.receiver.read(int(TICK_S * 1000)):
+                wait_s = min(TICK_S, self.monitor.wait_s())
+                for message in self.receiver.read(int(wait_s * 1000)):
                     self.handle_safely(message)
+                self.monitor.tick()
                 self.tick(time.time())
             self._drain()
             self._finalize()
         finally:
             self.receiver.close()
+            self.monitor.close()
         if self.child is not None and self.child.returncode is not None:
             code = self.child.returncode
             return 128 - code if code < 0 else code

@@ -156,7 +156,8 @@ def computational_block(ranks: Sequence[RankAggregator], gpu_names: Sequence[str
                         train: Throughput, validation: Throughput,
                         resource_lines: Sequence[str]) -> list[str]:
     """All lines of our block: the reference table (rank 0 = ``ranks[0]``), the streaming
-    figures, custom phases, the rank comparison, then ``resource_lines`` and a closing line.
+    figures, custom phases, the rank comparison, then ``resource_lines`` (the resources
+    block, which starts with the line ``Resources``) and a closing line.
     """
     agg = ranks[0]
     on_gpu = bool(gpu_names)
@@ -174,7 +175,7 @@ def computational_block(ranks: Sequence[RankAggregator], gpu_names: Sequence[str
     for extra in (_streaming_lines(agg), _custom_lines(agg, on_gpu), _rank_lines(ranks)):
         if extra:
             lines += ["", *extra]
-    lines += [STARS, "", RESOURCES, DASHES, *resource_lines, STARS]
+    lines += [STARS, "", *resource_lines, STARS]
     return lines
 
 

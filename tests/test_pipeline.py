@@ -291,7 +291,10 @@ def test_summary_block_is_laid_out_like_the_reference(sidecar: Sidecar) -> None:
     training = next(line for line in lines if line.startswith("Training "))
     assert re.fullmatch(r"Training {15}\| \d\.\d\de[+-]\d\d \[1\] +\| +\|", training)
     assert all(len(line) <= 106 for line in lines)
-    assert not any(line.startswith("GPU") for line in lines)  # CPU-only run
+    # CPU-only run: no GPU name line, no GPU throughput; the resources block says why.
+    assert not any(line.startswith(("GPU:", "GPU throughput")) for line in lines)
+    assert any(line.startswith("GPU sampling: off (") for line in lines)
+    assert "Host: job processes" in "\n".join(lines)
 
 
 def test_without_endpoint_a_private_sidecar_is_started(tmp_path: Path,
