@@ -37,9 +37,9 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.results import RESULTS, write_section  # noqa: E402
 from markers.gpu import GpuTimer, open_gpu_timer  # noqa: E402
 
-RESULTS = ROOT / "bench" / "RESULTS.md"
 SECTION = "## GPU overhead"
 
 
@@ -302,23 +302,6 @@ def table(results: list[dict], args, host_us: dict[str, float], wall_s: float) -
         "",
     ]
     return "\n".join(lines)
-
-
-def write_section(text: str, path: Path = RESULTS) -> None:
-    """Replace our section of ``path`` (up to the next ``## `` heading), or append it."""
-    old = path.read_text() if path.exists() else "# Benchmark results\n\n"
-    lines = old.splitlines(keepends=True)
-    start = next((i for i, ln in enumerate(lines) if ln.rstrip() == SECTION), None)
-    if start is None:
-        new = old.rstrip("\n") + "\n\n" + text
-    else:
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")),
-                   len(lines))
-        rest = "".join(lines[end:])
-        new = "".join(lines[:start]) + text + ("\n" + rest if rest else "")
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(new if new.endswith("\n") else new + "\n")
-    tmp.replace(path)
 
 
 CASES = ("resnet-128px", "resnet-32px", "transformer")

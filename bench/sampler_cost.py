@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import platform
-import re
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from fake_pynvml import MIB, FakeGpu, FakeNvml  # noqa: E402
 
+from bench.results import write_section  # noqa: E402
 from sidecar.samplers import DEFAULT_INTERVAL_S  # noqa: E402
 from sidecar.samplers.host import HostSampler  # noqa: E402
 from sidecar.samplers.nvml import NvmlSampler, open_nvml  # noqa: E402
@@ -146,20 +146,11 @@ def section(rows: list[tuple[str, str]]) -> str:
     return "\n".join(lines)
 
 
-def write_section(text: str, path: Path) -> None:
-    """Replace the "## Sampler cost" section of ``path`` (or append it; create the file)."""
-    old = path.read_text() if path.exists() else "# Benchmark results\n\n"
-    pattern = re.compile(r"^## Sampler cost\n.*?(?=^## |\Z)", re.S | re.M)
-    new = pattern.sub(lambda _: text + "\n", old, count=1) if pattern.search(old) else (
-        old.rstrip("\n") + "\n\n" + text)
-    path.write_text(new.rstrip("\n") + "\n")
-
-
 def main() -> None:
     rows = measure()
     text = section(rows)
     print(text)
-    write_section(text, ROOT / "bench" / "RESULTS.md")
+    write_section(text)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
-"""A monitored run: phase stamps into a preallocated buffer, shipped in batches.
+"""A monitored run: the phases, epochs and iterations of one split.
 
-The hot path (a phase's enter and exit) is two ``perf_counter_ns`` calls, one
-``array.extend`` of nine integers and one comparison; the buffer goes out as one message
-every ``FLUSH_RECORDS`` records or ``FLUSH_AGE_NS``, whichever comes first, and at epoch
-ends, checkpoints and finish. Nothing here waits on the GPU or raises into the loop.
+The hot path (a phase's enter and exit on a CPU) is two ``perf_counter_ns`` calls, three
+stores into the preallocated ``markers.buffer.RecordBuffer`` and one comparison; the
+buffer goes out as one message every ``FLUSH_RECORDS`` records or ``FLUSH_AGE_NS``,
+whichever comes first, and at epoch ends, checkpoints and finish. Iteration boundaries
+write a context slot (epoch, iteration, warmup gate) that the phases after it share.
+Nothing here waits on the GPU or raises into the loop.
 """
 
 from __future__ import annotations
@@ -12,24 +14,18 @@ import functools
 import sys
 import time
 import warnings
-from array import array
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from markers import wire
+from markers.buffer import RecordBuffer
 from markers.transport import Sender
 
 perf_counter_ns = time.perf_counter_ns
 
-FLUSH_RECORDS = 64
-FLUSH_AGE_NS = 50_000_000
-HELLO_EVERY_NS = 2_000_000_000  # re-announce the run so a restarted sidecar can pick it up
 FINISH_TIMEOUT_S = 10.0
 CHECKPOINT_TIMEOUT_S = 5.0
-
-GPU_INDEX = wire.FIELD_INDEX["gpu_ns"]
-PEAK_INDEX = wire.FIELD_INDEX["peak_bytes"]
-FLAGS_INDEX = wire.FIELD_INDEX["flags"]
+GPU_CHECK_EVERY = 100  # steps between checks whether the script started using CUDA
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -55,31 +51,43 @@ def _batch_size(batch: Any) -> int | None:
 
 
 class Phase:
-    """A reusable phase marker: ``with run.phase("forward"):`` or ``@run.phase("x")``."""
+    """A reusable phase marker: ``with run.phase("forward"):`` or ``@run.phase("x")``.
 
-    __slots__ = ("_id", "_run", "_slots", "_starts")
+    ``__exit__`` writes three integers into the buffer inline and compares once: it runs
+    at every phase of every step. Once the script uses CUDA the Run turns its markers into
+    ``GpuPhase`` (same slots), so the CPU path carries no GPU test.
+    """
 
-    def __init__(self, run: Run, phase_id: int) -> None:
-        self._run = run
+    __slots__ = ("_buffer", "_id", "_outer", "_slot", "_start")
+
+    def __init__(self, buffer: RecordBuffer, phase_id: int) -> None:
+        self._buffer = buffer
         self._id = phase_id
-        self._starts: list[int] = []  # a stack, so the same phase may nest or recurse
-        self._slots: list[int] = []
+        self._start = 0  # 0: not entered
+        self._slot = -1  # the GPU timer slot of the current entry (GpuPhase)
+        self._outer: list[tuple[int, int]] = []  # (start, slot) of entries this one nests in
 
     def __enter__(self) -> Phase:
-        gpu = self._run._gpu
-        if gpu is not None:
-            self._slots.append(gpu.begin())
-        self._starts.append(perf_counter_ns())
+        if self._start:  # the same phase entered again inside itself (recursion)
+            self._outer.append((self._start, self._slot))
+        self._start = perf_counter_ns()
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
         end_ns = perf_counter_ns()
-        run = self._run
-        slot = -1
-        if run._gpu is not None and self._slots:
-            slot = self._slots.pop()
-            run._gpu.end(slot)
-        run._add(self._id, self._starts.pop(), end_ns, slot)
+        buffer = self._buffer
+        n = buffer.n
+        slots = buffer.slots
+        slots[n] = self._id
+        slots[n + 1] = self._start
+        slots[n + 2] = end_ns
+        buffer.n = n = n + 3
+        if n >= buffer.flush_at or end_ns >= buffer.deadline_ns:
+            buffer.flush()
+        if self._outer:
+            self._start, self._slot = self._outer.pop()
+        else:
+            self._start = 0
 
     def __call__(self, function: F) -> F:
         @functools.wraps(function)
@@ -88,6 +96,27 @@ class Phase:
                 return function(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
+
+
+class GpuPhase(Phase):
+    """A phase marker that also records CUDA events (``markers.gpu``); never waits."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> Phase:
+        if self._start:
+            self._outer.append((self._start, self._slot))
+        self._slot = self._buffer.gpu.begin()
+        self._start = perf_counter_ns()
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
+        end_ns = perf_counter_ns()
+        buffer = self._buffer
+        buffer.gpu.end(self._slot)
+        # Entered before CUDA came up (slot -1): recorded as "GPU not measured".
+        buffer.record_gpu(self._id, self._start, end_ns, self._slot)
+        self._start, self._slot = self._outer.pop() if self._outer else (0, -1)
 
 
 class _Span:
@@ -104,7 +133,7 @@ class _Span:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._run._add(self._id, self._start_ns, perf_counter_ns(), -1)
+        self._run._buffer.record(self._id, self._start_ns, perf_counter_ns())
         self._on_exit()
 
 
@@ -115,27 +144,18 @@ class Run:
                  on_close: Callable[[], None] | None = None, first_epoch: int = 0) -> None:
         self._sender = sender
         self.monitored = monitored
-        self._hello = hello
         self._on_close = on_close
         self._accumulation = int(hello["accumulation_steps"])
-        self._buffer = array("q")
-        self._count = 0
-        self._pending: list[tuple[int, int]] = []  # (record index, GPU slot), in order
-        self._deadline_ns = 0
-        self._next_hello_ns = perf_counter_ns() + HELLO_EVERY_NS
-        self._gpu: Any = None  # markers.gpu.GpuTimer once CUDA is in use
+        self._buffer = RecordBuffer(sender, hello, perf_counter_ns())
         self._phases: dict[str, Phase] = {}
         self._next_custom = wire.FIRST_CUSTOM_ID
         self._epoch = first_epoch  # epochs continue across resumes
-        self._iteration = -1  # the record field: current training or validation iteration
         self._train_iteration = 0
         self._val_iteration = 0
-        self._batch_gate = 0  # network batches before the current iteration began
-        self._net_batches = 0
-        self._flags = 0
+        self._net_batches = 0  # batches that went through the network in this process
         self._batch_sizes_sent: set[str] = set()
         self._finished = False
-        self.start_ns = int(hello["start_ns"])
+        self._buffer.set_context(0, self._epoch, -1, 0)
 
     # -- public API -----------------------------------------------------------------
 
@@ -155,8 +175,9 @@ class Run:
             if phase_id is None:
                 phase_id = self._next_custom
                 self._next_custom += 1
-                self._control({"type": "phase", "id": phase_id, "name": name})
-            marker = self._phases[name] = Phase(self, phase_id)
+                self._sender.send_control({"type": "phase", "id": phase_id, "name": name})
+            kind = Phase if self._buffer.gpu is None else GpuPhase
+            marker = self._phases[name] = kind(self._buffer, phase_id)
         return marker
 
     def epoch(self) -> _Span:
@@ -165,7 +186,7 @@ class Run:
 
     def validation(self) -> _Span:
         """Context manager around one validation pass (the Validation column)."""
-        return _Span(self, wire.VALIDATION, self.flush)
+        return _Span(self, wire.VALIDATION, self._buffer.flush)
 
     def train_batches(self, loader: Iterable[Any]) -> Iterator[Any]:
         """Yield the batches of ``loader``, stamping Training data loading and Training loop;
@@ -182,28 +203,38 @@ class Run:
 
         Waits for the sidecar's answer at most ``timeout_s``; True when it wrote.
         """
-        self.flush()
-        reply = self._request({"type": "checkpoint"}, timeout_s)
+        self._buffer.flush()
+        reply = self._sender.request({"type": "checkpoint"}, timeout_s)
         return bool(reply and reply.get("ok"))
 
     def finish(self, status: str = "completed", error: str | None = None) -> None:
-        """End the run: send everything, have the sidecar write its files (waits for it at
-        most ``FINISH_TIMEOUT_S``), close the connection. Safe to call more than once.
+        """End the run: send everything (waiting at most ``GPU_DRAIN_S`` for GPU times
+        still in flight), have the sidecar write its files (waiting at most
+        ``FINISH_TIMEOUT_S``), close the connection. Safe to call more than once.
         """
         if self._finished:
             return
         self._finished = True
         end_ns = perf_counter_ns()
-        self._drain_gpu()
-        self.flush()
-        reply = self._request({"type": "finish", "status": status, "error": error,
-                               "end_ns": end_ns}, FINISH_TIMEOUT_S)
-        if reply is None:
+        if self._buffer.gpu is not None:
+            self._buffer.drain_gpu()
+        self._buffer.flush()
+        reply = self._sender.request({"type": "finish", "status": status, "error": error,
+                                      "end_ns": end_ns}, FINISH_TIMEOUT_S)
+        if reply is None and self.monitored:
             warnings.warn("markers: the sidecar did not confirm writing the files "
                           f"within {FINISH_TIMEOUT_S:.0f} s", RuntimeWarning, stacklevel=2)
         self._sender.close()
         if self._on_close is not None:
             self._on_close()
+
+    def close_at_exit(self) -> None:
+        """At interpreter exit: a run left open is finished (failed after an uncaught
+        exception, which the interpreter records in ``sys.last_value``)."""
+        if not self._finished:
+            last = getattr(sys, "last_value", None)
+            self.finish("failed" if last is not None else "completed",
+                        repr(last) if last is not None else None)
 
     def __enter__(self) -> Run:
         return self
@@ -219,9 +250,12 @@ class Run:
 
     def _batches(self, loader: Iterable[Any], validation: bool) -> Iterator[Any]:
         loading = wire.VALIDATION_DATA_LOADING if validation else wire.TRAINING_DATA_LOADING
+        loop = wire.VALIDATION_LOOP if validation else wire.TRAINING_LOOP
         flags = wire.FLAG_IN_ITERATION | (wire.FLAG_VALIDATION if validation else 0)
         per_iteration = 1 if validation else self._accumulation
         kind = "validation" if validation else "train"
+        buffer = self._buffer
+        self._open_gpu()  # CUDA may have come up since the last loop
         iterator = iter(loader)
         in_iteration = 0
         iteration_start_ns = 0
@@ -234,129 +268,55 @@ class Run:
                     break
                 if in_iteration == 0:
                     iteration_start_ns = start_ns
-                    self._begin_iteration(validation, flags)
-                self._add(loading, start_ns, perf_counter_ns(), -1)
+                    iteration = self._val_iteration if validation else self._train_iteration
+                    buffer.set_context(flags, self._epoch, iteration, self._net_batches)
+                buffer.record(loading, start_ns, perf_counter_ns())
                 if kind not in self._batch_sizes_sent:
                     self._send_batch_size(kind, batch)
                 yield batch
                 self._net_batches += 1
                 in_iteration += 1
                 if in_iteration == per_iteration:
-                    self._end_iteration(validation, iteration_start_ns)
+                    self._end_iteration(validation, loop, iteration_start_ns)
                     in_iteration = 0
             if in_iteration:  # the last, shorter accumulation step of the epoch
-                self._end_iteration(validation, iteration_start_ns)
+                self._end_iteration(validation, loop, iteration_start_ns)
         finally:
-            self._flags = 0  # a loop left early leaves its iteration open: never measured
-            self._iteration = -1
+            # A loop left early leaves its iteration open: it is never measured.
+            buffer.set_context(0, self._epoch, -1, self._net_batches)
 
-    def _begin_iteration(self, validation: bool, flags: int) -> None:
-        self._flags = flags
-        self._batch_gate = self._net_batches
-        self._iteration = self._val_iteration if validation else self._train_iteration
-        if self._gpu is None:
-            self._open_gpu()
-
-    def _end_iteration(self, validation: bool, start_ns: int) -> None:
-        self._add(wire.VALIDATION_LOOP if validation else wire.TRAINING_LOOP, start_ns,
-                  perf_counter_ns(), -1)
+    def _end_iteration(self, validation: bool, loop: int, start_ns: int) -> None:
+        self._buffer.record(loop, start_ns, perf_counter_ns())
         if validation:
             self._val_iteration += 1
         else:
             self._train_iteration += 1
+            if self._buffer.gpu is None and self._train_iteration % GPU_CHECK_EVERY == 0:
+                self._open_gpu()
 
     def _end_epoch(self) -> None:
         self._epoch += 1
-        self.flush()
+        self._buffer.set_context(0, self._epoch, -1, self._net_batches)
+        self._buffer.flush()
 
     def _send_batch_size(self, kind: str, batch: Any) -> None:
         self._batch_sizes_sent.add(kind)
         size = _batch_size(batch)
         if size:
-            self._control({"type": "batch_size", "kind": kind, "value": size})
-
-    # -- buffer and transport ---------------------------------------------------------
-
-    def _add(self, phase_id: int, start_ns: int, end_ns: int, slot: int) -> None:
-        self._buffer.extend((phase_id, self._flags, self._epoch, self._iteration,
-                             self._batch_gate, start_ns, end_ns, -1, -1))
-        if slot >= 0:
-            self._pending.append((self._count, slot))
-        self._count += 1
-        if self._count >= FLUSH_RECORDS or end_ns >= self._deadline_ns:
-            self.flush()
-
-    def flush(self) -> None:
-        """Send the buffered records whose GPU times are known; never waits."""
-        now_ns = perf_counter_ns()
-        self._deadline_ns = now_ns + FLUSH_AGE_NS
-        sendable = self._resolve_gpu()
-        if sendable:
-            width = wire.RECORD_WIDTH
-            if sendable == self._count:
-                self._sender.send_records(self._buffer, sendable)
-                self._buffer = array("q")
-            else:
-                self._sender.send_records(self._buffer[:sendable * width], sendable)
-                del self._buffer[:sendable * width]
-            if now_ns >= self._next_hello_ns:
-                self._next_hello_ns = now_ns + HELLO_EVERY_NS
-                self._sender.send_control({**self._hello, "repeat": True})
-        self._count -= sendable
-        if self._pending and sendable:
-            self._pending = [(index - sendable, slot) for index, slot in self._pending]
-
-    def _resolve_gpu(self) -> int:
-        """Fill in resolved GPU values; the number of leading records ready to send."""
-        if not self._pending:
-            return self._count
-        resolved = 0
-        for index, slot in self._pending:
-            result = self._gpu.poll(slot)
-            if result is None:
-                break
-            base = index * wire.RECORD_WIDTH
-            self._buffer[base + GPU_INDEX], self._buffer[base + PEAK_INDEX] = result
-            resolved += 1
-        ready = self._pending[resolved][0] if resolved < len(self._pending) else self._count
-        del self._pending[:resolved]
-        return ready
-
-    def _drain_gpu(self) -> None:
-        """At finish only: wait (bounded) for the GPU values still pending."""
-        if not self._pending:
-            return
-        results = self._gpu.drain([slot for _, slot in self._pending], timeout_s=5.0)
-        for (index, _), result in zip(self._pending, results, strict=True):
-            base = index * wire.RECORD_WIDTH
-            if result is None:
-                self._buffer[base + FLAGS_INDEX] |= wire.FLAG_GPU_DROPPED
-            else:
-                self._buffer[base + GPU_INDEX], self._buffer[base + PEAK_INDEX] = result
-        self._pending = []
+            self._sender.send_control({"type": "batch_size", "kind": kind, "value": size})
 
     def _open_gpu(self) -> None:
-        """Start GPU timing once the script uses CUDA (checked at iteration starts)."""
-        if "torch" not in sys.modules:
+        """Start GPU timing once the script uses CUDA (checked at loop starts and every
+        ``GPU_CHECK_EVERY`` steps until then; a CPU-only run never touches torch.cuda)."""
+        if self._buffer.gpu is not None or "torch" not in sys.modules:
             return
         from markers.gpu import open_gpu_timer
 
         timer = open_gpu_timer()
         if timer is not None:
-            self._gpu = timer
-            self._control({"type": "gpu", "uuid": timer.device_uuid,
-                           "name": timer.device_name})
-
-    def _control(self, body: dict[str, Any]) -> None:
-        self._sender.send_control(body)
-
-    def _request(self, body: dict[str, Any], timeout_s: float) -> dict[str, Any] | None:
-        return self._sender.request(body, timeout_s)
-
-    def close_at_exit(self) -> None:
-        """At interpreter exit: a run left open is finished (failed after an uncaught
-        exception, which the interpreter records in ``sys.last_value``)."""
-        if not self._finished:
-            last = getattr(sys, "last_value", None)
-            self.finish("failed" if last is not None else "completed",
-                        repr(last) if last is not None else None)
+            self._buffer.flush()  # what came before has no GPU slots
+            self._buffer.gpu = timer
+            for marker in self._phases.values():
+                marker.__class__ = GpuPhase
+            self._sender.send_control({"type": "gpu", "uuid": timer.device_uuid,
+                                       "name": timer.device_name})

@@ -2,9 +2,13 @@
 
 One ZeroMQ message is one frame: a fixed header, then a body whose kind the header names.
 
-* ``KIND_RECORDS``: a packed array of phase records, each ``len(RECORD_FIELDS)`` signed
-  64-bit little-endian integers. The markers fill an ``array('q')`` and send its bytes;
-  the sidecar reads them back the same way. No per-record encoding cost in the loop.
+* ``KIND_RECORDS``: packed slots of three signed 64-bit little-endian integers
+  ``(tag, a, b)``: a *context* slot (flags, epoch, iteration, batch) that the phase slots
+  after it share, *phase* slots (id, start, end) and *GPU* slots (GPU time and peak of
+  the phase slot just before). The markers write the slots into a preallocated
+  ``array('q')`` (three stores per phase) and send its bytes; ``decode_records`` expands
+  them into one ``RECORD_FIELDS`` record per phase for the sidecar. Every message begins
+  with a context slot, so a lost message never shifts the context of the next.
 * ``KIND_CONTROL``: a UTF-8 JSON object with a ``"type"`` key (``hello``, ``phase``,
   ``checkpoint``, ``finish``, ``state``, ``status``, ...). Rare, so readability wins.
 
@@ -49,12 +53,18 @@ RECORD_FIELDS = (
     "peak_bytes",
 )
 RECORD_WIDTH = len(RECORD_FIELDS)
-RECORD_BYTES = 8 * RECORD_WIDTH
 FIELD_INDEX = {name: i for i, name in enumerate(RECORD_FIELDS)}
 
 FLAG_IN_ITERATION = 1  # part of a training or validation iteration (summed per iteration)
 FLAG_VALIDATION = 2  # recorded during validation
-FLAG_GPU_DROPPED = 4  # a GPU measurement was wanted but the event pool ran dry
+FLAG_GPU_DROPPED = 4  # a GPU measurement was wanted but could not be made
+
+# The packed slots on the wire: (tag, a, b). The low 16 bits of a tag say what a slot is.
+SLOT_WIDTH = 3
+SLOT_BYTES = 8 * SLOT_WIDTH
+TAG_CONTEXT = 0xFFFF  # tag | flags << 16 | epoch << 32; a = iteration; b = batch
+TAG_GPU = 0xFFFE  # a = gpu_ns, b = peak_bytes of the phase slot before; tag | flags << 16
+TAG_MASK = 0xFFFF
 
 # Canonical phases: id -> column label. Ids are part of the protocol; never renumber.
 TRAINING = 0
@@ -70,7 +80,7 @@ VALIDATION_DATA_LOADING = 9
 EVALUATION = 10
 METRICS = 11
 FIRST_CUSTOM_ID = 64
-MAX_PHASE_ID = 0xFFFF
+MAX_PHASE_ID = 0xFFFD
 
 PHASE_LABELS: dict[int, str] = {
     TRAINING: "Training",
@@ -128,12 +138,17 @@ def pack_header(kind: int, rank: int, seq: int, records_before: int, dropped: in
                        dropped, run_id)
 
 
-def encode_records(header: bytes, records: array) -> bytes:
-    """A RECORDS message: ``header`` followed by the little-endian bytes of ``records``."""
+def context_slot(flags: int, epoch: int, iteration: int, batch: int) -> tuple[int, int, int]:
+    """The context slot that the phase slots after it share (``epoch`` < 2**31)."""
+    return (TAG_CONTEXT | flags << 16 | epoch << 32, iteration, batch)
+
+
+def encode_records(header: bytes, slots: array) -> bytes:
+    """A RECORDS message: ``header`` followed by the little-endian bytes of ``slots``."""
     if sys.byteorder != "little":  # the wire is little-endian; swap a copy on big-endian hosts
-        records = array("q", records)
-        records.byteswap()
-    return header + records.tobytes()
+        slots = array("q", slots)
+        slots.byteswap()
+    return header + slots.tobytes()
 
 
 def encode_control(header: bytes, body: dict[str, Any]) -> bytes:
@@ -160,19 +175,44 @@ def decode_header(frame: bytes) -> Header:
 
 
 def decode_records(frame: bytes) -> array:
-    """The flat int64 array of the records in a RECORDS ``frame`` (header already checked).
+    """The records of a RECORDS ``frame`` (header already checked), expanded into flat
+    int64 values, ``RECORD_WIDTH`` per phase.
 
-    Raises WireError("truncated") when the body is not a whole number of records.
+    Raises WireError("truncated") when the body is not whole slots, "malformed" when it
+    does not begin with a context slot or a GPU slot follows no phase slot.
     """
     body = memoryview(frame)[HEADER.size:]
-    if len(body) % RECORD_BYTES:
-        raise WireError("truncated",
-                        f"body of {len(body)} bytes is not a multiple of {RECORD_BYTES}")
-    values = array("q")
-    values.frombytes(body)
+    if len(body) % SLOT_BYTES:
+        raise WireError("truncated", f"body of {len(body)} bytes is not whole {SLOT_BYTES}-byte "
+                        "slots")
+    slots = array("q")
+    slots.frombytes(body)
     if sys.byteorder != "little":
-        values.byteswap()
-    return values
+        slots.byteswap()
+    if slots and slots[0] & TAG_MASK != TAG_CONTEXT:
+        raise WireError("malformed", "records do not begin with a context slot")
+    records = array("q")
+    context: tuple[int, int, int, int] = (0, 0, 0, 0)
+    last_phase = -1  # offset in ``records`` of the phase a GPU slot may complete
+    for i in range(0, len(slots), SLOT_WIDTH):
+        tag, a, b = slots[i], slots[i + 1], slots[i + 2]
+        kind = tag & TAG_MASK
+        if kind == TAG_CONTEXT:
+            context = ((tag >> 16) & 0xFFFF, tag >> 32, a, b)
+            last_phase = -1
+        elif kind == TAG_GPU:
+            if last_phase < 0:
+                raise WireError("malformed", "a GPU slot that follows no phase slot")
+            records[last_phase + 1] |= (tag >> 16) & 0xFFFF
+            records[last_phase + 7] = a
+            records[last_phase + 8] = b
+            last_phase = -1
+        else:
+            last_phase = len(records)
+            flags, epoch, iteration, batch = context
+            records.extend((kind, flags | (tag >> 16) & 0xFFFF, epoch, iteration, batch, a, b,
+                            -1, -1))
+    return records
 
 
 def decode_control(frame: bytes) -> dict[str, Any]:
