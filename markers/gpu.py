@@ -341,7 +341,7 @@ def open_gpu_timer(pool_size: int = 256, backend: EventBackend | None = None,
 
     Without ``backend``: None unless the script has already imported torch (this function
     never imports it) and ``torch.cuda.is_initialized()``; on a CPU-only run that is the
-    only ``torch.cuda`` call made. The Run calls this at iteration boundaries until it
+    only ``torch.cuda`` call made. The Run calls this at loop starts and every 100 steps until it
     returns a timer. Never raises for a device problem: it returns None instead.
     """
     if pool_size < 1 or peak_memory not in PEAK_MODES:  # a caller's mistake: say so
