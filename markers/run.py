@@ -26,6 +26,7 @@ FLUSH_AGE_NS = 50_000_000
 HELLO_EVERY_NS = 2_000_000_000  # re-announce the run so a restarted sidecar can pick it up
 FINISH_TIMEOUT_S = 10.0
 CHECKPOINT_TIMEOUT_S = 5.0
+STATE_TIMEOUT_S = 5.0
 
 GPU_INDEX = wire.FIELD_INDEX["gpu_ns"]
 PEAK_INDEX = wire.FIELD_INDEX["peak_bytes"]
@@ -180,6 +181,41 @@ class Run:
         self.flush()
         reply = self._request({"type": "checkpoint"}, timeout_s)
         return bool(reply and reply.get("ok"))
+
+    def state_dict(self, timeout_s: float = STATE_TIMEOUT_S) -> dict[str, Any]:
+        """The sidecar's state of this split, to keep inside the user's own checkpoint.
+
+        The same content as the state file ``checkpoint()`` writes (a JSON-compatible dict
+        with a ``schema`` key). Waits for the sidecar at most ``timeout_s`` seconds; returns
+        an empty dict when the run is not monitored or no sidecar answered (loading an
+        empty dict later is a no-op). Never raises.
+        """
+        self.flush()
+        reply = self._request({"type": "state"}, timeout_s)
+        state = reply.get("state") if reply and reply.get("ok") else None
+        return state if isinstance(state, dict) else {}
+
+    def load_state_dict(self, state: dict[str, Any],
+                        timeout_s: float = STATE_TIMEOUT_S) -> bool:
+        """Continue this split from ``state`` (from ``state_dict()`` of an earlier process):
+        the same as ``start_run(resume=True)`` with the state kept by the user. Call it
+        before the first epoch. Epochs continue from the saved ones. Waits at most
+        ``timeout_s`` seconds; True when the sidecar took the state, False (with one
+        RuntimeWarning giving the sidecar's reason) otherwise. Never raises.
+        """
+        if not state:
+            return False
+        self.flush()
+        reply = self._request({"type": "load_state", "state": state}, timeout_s)
+        if not (reply and reply.get("ok")):
+            reason = reply.get("error") if reply else "no answer from the sidecar"
+            warnings.warn(f"markers: saved state not loaded ({reason})", RuntimeWarning,
+                          stacklevel=2)
+            return False
+        epoch = reply.get("epoch")
+        if isinstance(epoch, int):
+            self._epoch = epoch
+        return True
 
     def finish(self, status: str = "completed", error: str | None = None) -> None:
         """End the run: send everything, have the sidecar write its files (waits for it at

@@ -41,9 +41,10 @@ def _parser() -> argparse.ArgumentParser:
 def _status(endpoint: str, as_json: bool) -> int:
     from markers.transport import Sender  # the client side of the same wire
 
-    sender = Sender(endpoint, b"\0" * 16, 0)
+    sender = Sender(endpoints.connect_address(endpoint), b"\0" * 16, 0)
     try:
-        reply = sender.request({"type": "status"}, STATUS_TIMEOUT_S)
+        reply = sender.request({"type": "status"}, STATUS_TIMEOUT_S,
+                               connect_timeout_s=STATUS_TIMEOUT_S)
     finally:
         sender.close()
     if reply is None:

@@ -152,6 +152,24 @@ def _rank_lines(ranks: Sequence[RankAggregator]) -> list[str]:
     return out
 
 
+def time_lines(agg: RankAggregator, gaps: Sequence[tuple[float, float]]) -> list[str]:
+    """The Training time account of rank ``agg``: the effective time (the Training row),
+    the wall time including downtime between processes and work redone after a resume from
+    a checkpoint, and each gap during which no sidecar saved the run's records (seconds
+    since the run started).
+    """
+    sessions = len(agg.sessions)
+    out = [f"Training time: effective {agg.training_s():.2f} s over {sessions} "
+           f"session{'s' if sessions != 1 else ''}; wall {agg.wall_s():.2f} s including "
+           f"downtime {agg.downtime_s:.2f} s and redone work {agg.redone_s:.2f} s (training "
+           "after the last checkpoint, done again after a resume)"]
+    for start, end in gaps:
+        out.append(f"Sidecar gap: from {start - agg.run_start_unix:.2f} s to "
+                   f"{end - agg.run_start_unix:.2f} s no sidecar saved this run's records "
+                   "(the sidecar was gone; the run went on)")
+    return out
+
+
 def computational_block(ranks: Sequence[RankAggregator], gpu_names: Sequence[str],
                         train: Throughput, validation: Throughput,
                         resource_lines: Sequence[str]) -> list[str]:
