@@ -230,8 +230,10 @@ class Run:
         reply = self._request({"type": "finish", "status": status, "error": error,
                                "end_ns": end_ns}, FINISH_TIMEOUT_S)
         if reply is None:
-            warnings.warn("markers: the sidecar did not confirm writing the files "
-                          f"within {FINISH_TIMEOUT_S:.0f} s", RuntimeWarning, stacklevel=2)
+            reason = (f"within {FINISH_TIMEOUT_S:.0f} s" if self._sender.connected
+                      else "(no sidecar connected)")
+            warnings.warn(f"markers: the sidecar did not confirm writing the files {reason}",
+                          RuntimeWarning, stacklevel=2)
         self._sender.close()
         if self._on_close is not None:
             self._on_close()

@@ -286,10 +286,10 @@ class Server:
 
     def _finalize(self) -> None:
         now = time.time()
-        if self._signal is not None:
+        cause = self._child_cause()  # the job's own end, also when a signal was forwarded
+        if cause is None and self._signal is not None:
             cause = f"sidecar stopped by {signal.Signals(self._signal).name}"
-        else:
-            cause = self._child_cause() or "the training process is gone"
+        cause = cause or "the training process is gone"
         for stream in self.registry.live_streams():
             self._end_stream(stream, cause, now)
         self.write_dirty()
