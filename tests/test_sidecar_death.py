@@ -65,6 +65,7 @@ def test_sigkill_of_the_sidecar_then_a_new_one_takes_over(serve, short_tmp: Path
     records = re.search(r"Records: received (\d+), dropped (\d+) .* lost (\d+)", summary)
     assert records is not None
     received, dropped, lost = map(int, records.groups())
+    assert received > lost
     assert dropped == done["dropped"] > 0
     assert lost > 0  # sent to the killed sidecar after its last checkpoint
     effective = float(re.search(r"Training time: effective (\d+\.\d+) s", summary)[1])
