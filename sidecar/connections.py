@@ -13,6 +13,7 @@ liveness check, which reports the run as incomplete.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -59,8 +60,14 @@ class ConnectionWatch:
             peer.run_id = run_id
         peer.said_goodbye = control_type in GOODBYES
 
-    def poll(self, now: float) -> None:
-        """Read the monitor's events and judge connections that ended long enough ago."""
+    def poll(self) -> None:
+        """Read the monitor's events and judge connections that ended long enough ago.
+
+        Call it before reading messages: a connection's ACCEPTED event then comes before
+        its messages. An ended connection keeps its entry until its descriptor is reused,
+        so its last messages, read after the event, still count (a goodbye among them).
+        """
+        now = time.monotonic()
         while self._monitor.poll(0):
             try:
                 event = parse_monitor_message(self._monitor.recv_multipart(zmq.NOBLOCK))
@@ -70,13 +77,16 @@ class ConnectionWatch:
             if kind == zmq.EVENT_ACCEPTED:
                 self._peers[fd] = _Peer()
             elif kind == zmq.EVENT_DISCONNECTED:
-                self._ended.append((now, self._peers.pop(fd, _Peer())))
+                self._ended.append((now, self._peers.setdefault(fd, _Peer())))
             else:
                 self._peers.setdefault(fd, _Peer()).handshake_failed = True
                 self._reject("handshake", "a peer failed the ZeroMQ handshake (incompatible "
                              "socket type or protocol)")
         while self._ended and now - self._ended[0][0] >= JUDGE_AFTER_S:
-            self._judge(self._ended.pop(0)[1])
+            peer = self._ended.pop(0)[1]
+            for fd in [fd for fd, known in self._peers.items() if known is peer]:
+                del self._peers[fd]
+            self._judge(peer)
 
     def _judge(self, peer: _Peer) -> None:
         if peer.said_goodbye or peer.handshake_failed:

@@ -81,8 +81,10 @@ class Receiver:
     def read(self, timeout_ms: int) -> list[Incoming]:
         """Wait up to ``timeout_ms`` for frames; return up to ``BATCH`` decoded messages."""
         out: list[Incoming] = []
+        self.connections.poll()
         if not self.socket.poll(timeout_ms, zmq.POLLIN):
             return out
+        self.connections.poll()
         for _ in range(BATCH):
             try:
                 frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)

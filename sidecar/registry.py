@@ -141,7 +141,8 @@ class Registry:
         key = (folder, split_index)
         split = self.splits.get(key)
         info = {k: body.get(k) for k in ("host", "user", "job_id", "command", "cwd",
-                                          "start_unix", "versions")}
+                                          "versions")}
+        info["start_unix"] = start_unix
         previous_end = output.previous_activity(folder, split_index)
         old = split.ranks.get(header.rank) if split is not None else None
         if old is not None and old.sessions:

@@ -143,6 +143,10 @@ class Server:
         except Exception as exc:  # the loop must survive anything
             log.exception("internal error on a message from run %s", message.header.run_id.hex())
             self.registry.reject("internal_error", repr(exc))
+            body = message.control or {}
+            if "reply_to" in body:  # a waiting client learns at once, not by its timeout
+                self.receiver.reply(message.identity, {"reply_to": body["reply_to"],
+                                                       "ok": False, "error": repr(exc)})
 
     def _control(self, header: wire.Header, body: dict[str, Any],
                  now: float) -> dict[str, Any] | None:
@@ -246,7 +250,7 @@ class Server:
             self._next_liveness = now + TICK_S
             self.check_processes(now)
         self.registry.expire_pending(now)
-        self.receiver.connections.poll(now)
+        self.receiver.connections.poll()
         if now >= self._next_retry:
             self._next_retry = now + RETRY_S
             for split in self.registry.splits.values():
