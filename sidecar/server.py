@@ -101,7 +101,8 @@ class Server:
                 raise PermissionError(refusal)
             output.write_split(split, self.resource_lines(split), with_state)
         except OSError as exc:
-            error = f"cannot write {split.split_dir}: {exc}"
+            # without the file name: it is a fresh temporary one at each try
+            error = f"cannot write {split.split_dir}: {exc.strerror or exc}"
             if split.write_error != error:
                 log.error("%s (data kept in memory, retried every %.0f s)", error, RETRY_S)
             split.write_error = self.registry.last_error = error
