@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -86,4 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     if not command:
         print("sidecar run: give the command after --", file=sys.stderr)
         return 2
-    return serve(Config(args.endpoint or endpoints.private_endpoint()), command)
+    if args.endpoint:
+        return serve(Config(args.endpoint), command)
+    endpoint = endpoints.private_endpoint()
+    try:
+        return serve(Config(endpoint), command)
+    finally:  # the job's private folder (its socket file is already gone)
+        with contextlib.suppress(OSError):
+            Path(endpoint.removeprefix("ipc://")).parent.rmdir()
