@@ -105,6 +105,10 @@ def start_run(out_dir: str | os.PathLike[str] = "maps", split: int = 0,
     _check("val_batch_size", val_batch_size, 1)
     _check("accumulation_steps", accumulation_steps, 1)
     endpoint = endpoint or os.environ.get("SIDECAR_ENDPOINT")
+    if endpoint:
+        from sidecar.endpoints import connect_address  # standard library only
+
+        endpoint = connect_address(endpoint)
     private: subprocess.Popen[bytes] | None = None
     timeout_s = CONNECT_TIMEOUT_S
     if not endpoint:
@@ -120,7 +124,7 @@ def start_run(out_dir: str | os.PathLike[str] = "maps", split: int = 0,
         "start_unix": time.time(), "start_ns": time.perf_counter_ns(), "versions": _versions(),
     }
     sender = Sender(endpoint, os.urandom(16), _rank())
-    reply = sender.request(hello, timeout_s)
+    reply = sender.request(hello, timeout_s, connect_timeout_s=timeout_s)
     monitored = bool(reply and reply.get("ok"))
     if not monitored:
         reason = reply.get("error") if reply else f"no answer within {timeout_s:.0f} s"

@@ -25,6 +25,7 @@ perf_counter_ns = time.perf_counter_ns
 
 FINISH_TIMEOUT_S = 10.0
 CHECKPOINT_TIMEOUT_S = 5.0
+STATE_TIMEOUT_S = 5.0
 GPU_CHECK_EVERY = 100  # steps between checks whether the script started using CUDA
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -207,6 +208,42 @@ class Run:
         reply = self._sender.request({"type": "checkpoint"}, timeout_s)
         return bool(reply and reply.get("ok"))
 
+    def state_dict(self, timeout_s: float = STATE_TIMEOUT_S) -> dict[str, Any]:
+        """The sidecar's state of this split, to keep inside the user's own checkpoint.
+
+        The same content as the state file ``checkpoint()`` writes (a JSON-compatible dict
+        with a ``schema`` key). Waits for the sidecar at most ``timeout_s`` seconds; returns
+        an empty dict when the run is not monitored or no sidecar answered (loading an
+        empty dict later is a no-op). Never raises.
+        """
+        self._buffer.flush()
+        reply = self._sender.request({"type": "state"}, timeout_s)
+        state = reply.get("state") if reply and reply.get("ok") else None
+        return state if isinstance(state, dict) else {}
+
+    def load_state_dict(self, state: dict[str, Any],
+                        timeout_s: float = STATE_TIMEOUT_S) -> bool:
+        """Continue this split from ``state`` (from ``state_dict()`` of an earlier process):
+        the same as ``start_run(resume=True)`` with the state kept by the user. Call it
+        before the first epoch. Epochs continue from the saved ones. Waits at most
+        ``timeout_s`` seconds; True when the sidecar took the state, False (with one
+        RuntimeWarning giving the sidecar's reason) otherwise. Never raises.
+        """
+        if not state:
+            return False
+        self._buffer.flush()
+        reply = self._sender.request({"type": "load_state", "state": state}, timeout_s)
+        if not (reply and reply.get("ok")):
+            reason = reply.get("error") if reply else "no answer from the sidecar"
+            warnings.warn(f"markers: saved state not loaded ({reason})", RuntimeWarning,
+                          stacklevel=2)
+            return False
+        epoch = reply.get("epoch")
+        if isinstance(epoch, int):
+            self._epoch = epoch
+            self._buffer.set_context(0, epoch, -1, self._net_batches)
+        return True
+
     def finish(self, status: str = "completed", error: str | None = None) -> None:
         """End the run: send everything (waiting at most ``GPU_DRAIN_S`` for GPU times
         still in flight), have the sidecar write its files (waiting at most
@@ -221,9 +258,11 @@ class Run:
         self._buffer.flush()
         reply = self._sender.request({"type": "finish", "status": status, "error": error,
                                       "end_ns": end_ns}, FINISH_TIMEOUT_S)
-        if reply is None and self.monitored:
-            warnings.warn("markers: the sidecar did not confirm writing the files "
-                          f"within {FINISH_TIMEOUT_S:.0f} s", RuntimeWarning, stacklevel=2)
+        if reply is None:
+            reason = (f"within {FINISH_TIMEOUT_S:.0f} s" if self._sender.connected
+                      else "(no sidecar connected)")
+            warnings.warn(f"markers: the sidecar did not confirm writing the files {reason}",
+                          RuntimeWarning, stacklevel=2)
         self._sender.close()
         if self._on_close is not None:
             self._on_close()

@@ -4,6 +4,10 @@ One ZeroMQ DEALER socket connects to the sidecar's ROUTER. Sends use NOBLOCK: wh
 sidecar is absent or slow the socket queues up to ``SNDHWM`` messages, then a send raises
 ``zmq.Again`` and the records of that message are dropped and counted. ZeroMQ reconnects
 by itself, so a sidecar started later on the same endpoint receives what follows.
+
+A monitor socket tells whether a sidecar is connected right now; it is read only when a
+request is made (rare), so a checkpoint or finish with no sidecar returns at once instead
+of waiting for a reply that cannot come.
 """
 
 from __future__ import annotations
@@ -15,12 +19,16 @@ from array import array
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from markers import wire
 
 # Messages queued while no sidecar takes them; bounds the markers' memory (each message
 # holds at most a few KiB of records).
 SNDHWM = 1000
+CONNECT_POLL_S = 0.01
+_UP = zmq.EVENT_HANDSHAKE_SUCCEEDED
+_DOWN = zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED | zmq.EVENT_CONNECT_RETRIED
 
 
 class Sender:
@@ -36,8 +44,30 @@ class Sender:
         self._socket = self._context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.SNDHWM, SNDHWM)
+        self._monitor = self._socket.get_monitor_socket(_UP | _DOWN)
+        self._connected = False
         self._socket.connect(endpoint)
         self._pid = os.getpid()
+
+    @property
+    def connected(self) -> bool:
+        """Whether a sidecar is connected now (as of the socket's latest events)."""
+        while self._monitor.poll(0):
+            try:
+                event = parse_monitor_message(self._monitor.recv_multipart(zmq.NOBLOCK))
+            except (zmq.ZMQError, ValueError):
+                break
+            self._connected = event["event"] == _UP
+        return self._connected
+
+    def wait_connected(self, timeout_s: float) -> bool:
+        """Wait at most ``timeout_s`` seconds for a sidecar to be connected."""
+        deadline = time.monotonic() + timeout_s
+        while not self.connected:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(CONNECT_POLL_S)
+        return True
 
     def _header(self, kind: int) -> bytes:
         return wire.pack_header(kind, self.rank, self.seq, self.records_sent, self.dropped,
@@ -64,17 +94,28 @@ class Sender:
         """Send one control message; False when it could not be queued."""
         return self._send(wire.encode_control(self._header(wire.KIND_CONTROL), body))
 
-    def request(self, body: dict[str, Any], timeout_s: float) -> dict[str, Any] | None:
-        """Send a control message that asks for a reply and wait for it, at most ``timeout_s``.
-
-        Replies to earlier requests that arrive late are skipped. Returns None on timeout.
+    def request(self, body: dict[str, Any], timeout_s: float,
+                connect_timeout_s: float = 0.0) -> dict[str, Any] | None:
+        """Send a control message that asks for a reply and wait for it, at most ``timeout_s``
+        seconds in all. Without a connected sidecar (after waiting ``connect_timeout_s`` for
+        one) it returns None at once: the training loop is never held up by an absent
+        sidecar. Replies to earlier requests that arrive late are skipped. Returns None on
+        timeout.
         """
+        deadline = time.monotonic() + timeout_s
+        if not self.wait_connected(min(connect_timeout_s, timeout_s)):
+            return None
         request_id = f"{self.seq}-{os.getpid()}"
         if not self.send_control({**body, "reply_to": request_id}):
             return None
-        deadline = time.monotonic() + timeout_s
+        poller = zmq.Poller()
+        poller.register(self._socket, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
         while (left_s := deadline - time.monotonic()) > 0:
-            if not self._socket.poll(int(left_s * 1000) + 1, zmq.POLLIN):
+            ready = dict(poller.poll(int(left_s * 1000) + 1))
+            if self._monitor in ready and not self.connected:
+                return None  # the sidecar went away while we waited: no answer will come
+            if self._socket not in ready:
                 continue
             try:
                 reply = json.loads(self._socket.recv(zmq.NOBLOCK))
@@ -86,4 +127,6 @@ class Sender:
 
     def close(self) -> None:
         """Close the socket without waiting for unsent messages (LINGER 0)."""
+        self._socket.disable_monitor()
+        self._monitor.close(linger=0)
         self._socket.close(linger=0)

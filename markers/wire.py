@@ -210,8 +210,9 @@ def decode_records(frame: bytes) -> array:
         else:
             last_phase = len(records)
             flags, epoch, iteration, batch = context
-            records.extend((kind, flags | (tag >> 16) & 0xFFFF, epoch, iteration, batch, a, b,
-                            -1, -1))
+            if tag >> 16:  # a phase slot is its id alone: mark the record bad (all flags)
+                flags = -1
+            records.extend((kind, flags, epoch, iteration, batch, a, b, -1, -1))
     return records
 
 

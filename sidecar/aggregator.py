@@ -77,6 +77,16 @@ class Session:
     start_ns: int
     last_ns: int
     end_ns: int | None = None
+    run_id: str = ""  # the markers' run id (hex) of the process
+
+    def unix_at(self, ns: int) -> float:
+        """Wall-clock time (Unix seconds) of the process's ``perf_counter_ns`` value ``ns``."""
+        return self.start_unix + (ns - self.start_ns) / NS
+
+    @property
+    def last_unix(self) -> float:
+        """When this session was last heard of (end, else its latest record), Unix s."""
+        return self.unix_at(self.end_ns if self.end_ns is not None else self.last_ns)
 
 
 class _Partial:
@@ -111,13 +121,15 @@ class RankAggregator:
         self.stored_iterations = {False: 0, True: 0}  # keyed by "is validation"
         self.sessions: list[Session] = []
         self.training_before_s = 0.0  # effective Training time of earlier sessions
+        self.downtime_s = 0.0  # between a process's end and the next one's start
+        self.redone_s = 0.0  # training after a checkpoint, lost by a resume from it
         self.abandoned_iterations = 0
         self._open: dict[tuple[bool, int], dict[int, _Partial]] = {}
         self._standalone_seen: dict[int, int] = {}
 
     # -- sessions -------------------------------------------------------------------
 
-    def begin_session(self, start_unix: float, start_ns: int) -> int:
+    def begin_session(self, start_unix: float, start_ns: int, run_id: str = "") -> int:
         """Start a process session (after ``load_state`` when resuming); returns its number.
 
         Warmup counting restarts: a new process runs on a cold GPU.
@@ -125,7 +137,7 @@ class RankAggregator:
         number = self.sessions[-1].number + 1 if self.sessions else 0
         if not self.sessions:
             self.run_start_unix = start_unix
-        self.sessions.append(Session(number, start_unix, start_ns, start_ns))
+        self.sessions.append(Session(number, start_unix, start_ns, start_ns, run_id=run_id))
         self._open.clear()
         self._standalone_seen.clear()
         return number
@@ -145,6 +157,25 @@ class RankAggregator:
         current = self.sessions[-1]
         end_ns = current.end_ns if current.end_ns is not None else current.last_ns
         return self.training_before_s + (end_ns - current.start_ns) / NS
+
+    def wall_s(self) -> float:
+        """Wall time of the split in seconds, from the first start to the latest activity:
+        the effective Training time plus downtime and redone work between sessions.
+        """
+        if not self.sessions:
+            return 0.0
+        return self.sessions[-1].last_unix - self.run_start_unix
+
+    def account_resume(self, saved_unix: float, previous_end_unix: float | None,
+                       start_unix: float) -> None:
+        """Add one resume's cost: the training done after the checkpoint taken at
+        ``saved_unix`` up to the previous process's end (redone), and the time from that
+        end to the new process's start (downtime). Unix seconds; an unknown end counts the
+        whole interval as downtime.
+        """
+        end = saved_unix if previous_end_unix is None else max(previous_end_unix, saved_unix)
+        self.redone_s += end - saved_unix
+        self.downtime_s += max(0.0, start_unix - end)
 
     # -- records --------------------------------------------------------------------
 
@@ -233,6 +264,9 @@ class RankAggregator:
             "rank": self.rank,
             "run_start_unix": self.run_start_unix,
             "training_s": self.training_s(),
+            "saved_unix": self.sessions[-1].last_unix if self.sessions else self.run_start_unix,
+            "downtime_s": self.downtime_s,
+            "redone_s": self.redone_s,
             "stored_iterations": {"train": self.stored_iterations[False],
                                   "validation": self.stored_iterations[True]},
             "custom_names": {str(k): v for k, v in self.custom_names.items()},
@@ -244,16 +278,27 @@ class RankAggregator:
             },
         }
 
-    def load_state(self, state: dict) -> None:
-        """Restore ``to_state`` output (of the current schema); KeyError/ValueError if broken."""
+    def load_state(self, state: dict, continue_run: str = "") -> None:
+        """Restore ``to_state`` output (of the current schema); KeyError/ValueError if broken.
+
+        ``continue_run``: the run id (hex) of a process that is still running and whose
+        session the state's last one is (a new sidecar took over): that session stays open
+        and its whole time is measured again from its start.
+        """
         self.run_start_unix = float(state["run_start_unix"])
         self.training_before_s = float(state["training_s"])
+        self.downtime_s = float(state["downtime_s"])
+        self.redone_s = float(state["redone_s"])
         self.stored_iterations = {False: int(state["stored_iterations"]["train"]),
                                   True: int(state["stored_iterations"]["validation"])}
         self.custom_names = {int(k): str(v) for k, v in state["custom_names"].items()}
         self.sessions = [Session(**s) for s in state["sessions"]]
         for s in self.sessions:  # the state's sessions are over: their time is in training_s
             s.end_ns = s.end_ns if s.end_ns is not None else s.last_ns
+        last = self.sessions[-1] if self.sessions else None
+        if continue_run and last is not None and last.run_id == continue_run:
+            self.training_before_s -= (last.end_ns - last.start_ns) / NS
+            last.end_ns = None
         # A session appended by begin_session measures from its own start; the sessions
         # above no longer count (their effective time is training_before_s).
         self.series = {

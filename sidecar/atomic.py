@@ -1,5 +1,6 @@
 """The one place where the sidecar writes files: atomically, so a crash never leaves a
 truncated file (write beside the target, flush to disk, then rename over it).
+``sidecar.disk_quota`` can make these writes fail as on a full disk (a test hook).
 """
 
 from __future__ import annotations
@@ -7,6 +8,8 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+
+from sidecar import disk_quota
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -18,8 +21,8 @@ def write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            disk_quota.write(handle, Path(tmp), text.encode("utf-8"))
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(tmp, 0o644)

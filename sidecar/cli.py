@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -59,9 +60,10 @@ def _parser() -> argparse.ArgumentParser:
 def _status(endpoint: str, as_json: bool) -> int:
     from markers.transport import Sender  # the client side of the same wire
 
-    sender = Sender(endpoint, b"\0" * 16, 0)
+    sender = Sender(endpoints.connect_address(endpoint), b"\0" * 16, 0)
     try:
-        reply = sender.request({"type": "status"}, STATUS_TIMEOUT_S)
+        reply = sender.request({"type": "status"}, STATUS_TIMEOUT_S,
+                               connect_timeout_s=STATUS_TIMEOUT_S)
     finally:
         sender.close()
     if reply is None:
@@ -103,5 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     if not command:
         print("sidecar run: give the command after --", file=sys.stderr)
         return 2
-    return serve(Config(args.endpoint or endpoints.private_endpoint(),
-                        interval_s=args.interval), command)
+    if args.endpoint:
+        return serve(Config(args.endpoint, interval_s=args.interval), command)
+    endpoint = endpoints.private_endpoint()
+    try:
+        return serve(Config(endpoint, interval_s=args.interval), command)
+    finally:  # the job's private folder (its socket file is already gone)
+        with contextlib.suppress(OSError):
+            Path(endpoint.removeprefix("ipc://")).parent.rmdir()

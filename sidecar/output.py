@@ -31,6 +31,17 @@ def _read_text(path: Path) -> str:
         return ""
 
 
+def previous_activity(out_dir: Path, split: int) -> float | None:
+    """When the split's last process was last heard of (Unix s), as the ``run.json`` of
+    ``out_dir`` says; None when unknown (no file, or one we did not write).
+    """
+    try:
+        entry = json.loads(_read_text(out_dir / RUN_FILE))["splits"][str(split)]
+        return float(entry["last_unix"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def run_json(split: Split, existing: str) -> str:
     """The text of ``run.json``: this split's run metadata merged into what other splits
     of the same folder wrote there before (their entries under ``splits`` are kept).
@@ -46,6 +57,10 @@ def run_json(split: Split, existing: str) -> str:
         "cause": split.cause,
         "sessions": max((len(a.sessions) for a in split.ranks.values()), default=0),
         "ranks": sorted(split.ranks),
+        "last_unix": max((a.sessions[-1].last_unix for a in split.ranks.values() if a.sessions),
+                         default=None),
+        "training_s": max((a.training_s() for a in split.ranks.values()), default=None),
+        "wall_s": max((a.wall_s() for a in split.ranks.values()), default=None),
     }
     document = {
         "host": info.get("host"),
@@ -78,7 +93,7 @@ def render(split: Split, resources: Report, with_state: bool) -> dict[Path, str]
         block = summary.computational_block(
             ranks, [name for _, name in split.gpus],
             summary.Throughput(split.batch_size("train"), split.settings.accumulation_steps),
-            summary.Throughput(split.batch_size("validation")), resources.lines)
+            summary.Throughput(split.batch_size("validation")), split.gaps, resources.lines)
         summary_path = split.split_dir / SUMMARY_FILE
         files[summary_path] = summary.replace_block(_read_text(summary_path), block)
     if resources.frame is not None:

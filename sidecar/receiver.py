@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,8 @@ from typing import Any
 import zmq
 
 from markers import wire
+from sidecar.connections import ConnectionWatch
+from sidecar.endpoints import bind_address
 from sidecar.registry import Registry
 
 # Frames read per poll before the server gets to run its timers.
@@ -32,24 +35,20 @@ class Incoming:
     control: dict[str, Any] | None
 
 
-def bind_address(endpoint: str) -> str:
-    """The address to bind for ``endpoint``: a tcp endpoint without a host binds to
-    loopback (``tcp://:5555`` -> ``tcp://127.0.0.1:5555``); ``tcp://*:5555`` binds to all.
-    """
-    if endpoint.startswith("tcp://:"):
-        return "tcp://127.0.0.1:" + endpoint[len("tcp://:"):]
-    return endpoint
-
-
 def ipc_path(endpoint: str) -> Path | None:
     """The socket file of an ipc endpoint, None for other transports."""
     return Path(endpoint[len("ipc://"):]) if endpoint.startswith("ipc://") else None
 
 
 class Receiver:
-    """Owns the ROUTER socket; ``read`` returns what arrived, ``reply`` answers a sender."""
+    """Owns the ROUTER socket; ``read`` returns what arrived, ``reply`` answers a sender.
 
-    def __init__(self, endpoint: str, registry: Registry) -> None:
+    ``run_alive(run_id)`` tells whether a run's process lives (None: unknown run); it lets
+    the connection watch tell dropped connections from dead clients.
+    """
+
+    def __init__(self, endpoint: str, registry: Registry,
+                 run_alive: Callable[[bytes], bool | None]) -> None:
         self.endpoint = bind_address(endpoint)
         self.registry = registry
         self.context = zmq.Context.instance()
@@ -63,11 +62,15 @@ class Receiver:
             self._bind_private(path)
         else:
             self.socket.bind(self.endpoint)
+        self.connections = ConnectionWatch(self.socket, registry.reject, run_alive)
 
     def _bind_private(self, path: Path) -> None:
-        """Bind an ipc socket readable and writable by its owner only (0600)."""
+        """Bind an ipc socket readable and writable by its owner only (0600); a folder
+        created for it is private (0700).
+        """
         if not path.parent.exists():
             path.parent.mkdir(mode=0o700, parents=True)
+            os.chmod(path.parent, 0o700)  # mkdir's mode is filtered by the umask
         old = os.umask(0o177)
         try:
             self.socket.bind(self.endpoint)
@@ -78,15 +81,20 @@ class Receiver:
     def read(self, timeout_ms: int) -> list[Incoming]:
         """Wait up to ``timeout_ms`` for frames; return up to ``BATCH`` decoded messages."""
         out: list[Incoming] = []
+        self.connections.poll()
         if not self.socket.poll(timeout_ms, zmq.POLLIN):
             return out
+        self.connections.poll()
         for _ in range(BATCH):
             try:
-                parts = self.socket.recv_multipart(zmq.NOBLOCK, copy=True)
+                frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
-            message = self.decode(parts)
+            message = self.decode([frame.bytes for frame in frames])
             if message is not None:
+                control_type = message.control["type"] if message.control else None
+                self.connections.message(frames[-1].get(zmq.SRCFD), message.header.run_id,
+                                         control_type)
                 out.append(message)
         return out
 
@@ -112,6 +120,7 @@ class Receiver:
 
     def close(self) -> None:
         """Close the socket and remove an ipc socket file."""
+        self.connections.close()
         self.socket.close(linger=0)
         path = ipc_path(self.endpoint)
         if path is not None:

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from markers import wire
-from sidecar import state
-from sidecar.aggregator import P_END, P_FLAGS, P_PHASE, P_START, Settings
+from sidecar import output, state
+from sidecar.aggregator import P_END, P_FLAGS, P_PHASE, P_START, RankAggregator, Settings
 from sidecar.split import Split
 
 log = logging.getLogger("sidecar")
@@ -43,6 +43,9 @@ class Stream:
     rank: int
     pid: int
     host: str
+    start_unix: float = 0.0
+    start_ns: int = 0
+    previous_end_unix: float | None = None  # last activity of the split's previous process
     last_seq: int = -1
     received: int = 0
     finished: bool = False
@@ -92,6 +95,7 @@ class Registry:
         self.splits: dict[tuple[Path, int], Split] = {}
         self.rejected: Counter[str] = Counter()
         self.records_received = 0
+        self.last_error: str | None = None  # the latest refusal or write error, for status
         self._pending: dict[bytes, list[tuple[float, wire.Header, array]]] = {}
         self._pending_count = 0
 
@@ -118,6 +122,11 @@ class Registry:
         """Register a run (or note a repeated hello); the reply tells the markers the session
         and the epoch to continue from. Raises WireError for a malformed hello, Refused for
         one the policy refuses.
+
+        A hello with ``resume`` continues the split from its state file; a repeated hello
+        (``repeat``) of a run this sidecar does not know comes from a process that kept
+        training while no sidecar listened: its session goes on from the state file, and
+        the span since the checkpoint is recorded as a gap.
         """
         known = self.streams.get(header.run_id)
         if known is not None:
@@ -129,36 +138,41 @@ class Registry:
         split_index = _int(body, "split", 0) or 0
         settings = settings_from_hello(body)
         start_ns = _int(body, "start_ns", 0) or 0
-        resume = bool(body.get("resume", False)) or bool(body.get("repeat", False))
+        start_unix = body.get("start_unix")
+        start_unix = float(start_unix) if isinstance(start_unix, (int, float)) else now
+        repeat = bool(body.get("repeat", False))
+        resume = bool(body.get("resume", False)) or repeat
         folder = self.resolve_out_dir(out_dir, cwd)
         key = (folder, split_index)
         split = self.splits.get(key)
         info = {k: body.get(k) for k in ("host", "user", "job_id", "command", "cwd",
-                                          "start_unix", "versions")}
+                                          "versions")}
+        info["start_unix"] = start_unix
+        previous_end = output.previous_activity(folder, split_index)
+        old = split.ranks.get(header.rank) if split is not None else None
+        if old is not None and old.sessions:
+            previous_end = max(previous_end or 0.0, old.sessions[-1].last_unix)
         if split is None or (not resume and header.rank in split.ranks):
             split = self.splits[key] = Split(folder, split_index, settings, info)
         split.settings = settings
         split.status, split.cause, split.end_unix = "running", None, None
+        stream = Stream(header.run_id, split, header.rank, _int(body, "pid", 0) or 0,
+                        str(body.get("host", "")), start_unix, start_ns, previous_end)
         warning = None
         agg = None
         if resume:
             try:
-                agg = split.load_state(state.load(state.state_path(split.split_dir)),
-                                       header.rank)
+                agg = self._restore(stream, state.load(state.state_path(split.split_dir)),
+                                    now, repeat)
             except state.StateError as exc:
                 warning = f"{exc}; starting this split afresh"
-            except (KeyError, ValueError, TypeError) as exc:
-                warning = (f"state file does not fit schema {state.SCHEMA} ({exc!r}); "
-                           "starting this split afresh")
         if agg is None:
             agg = split.fresh_rank(header.rank) if resume else split.rank(header.rank)
+            agg.begin_session(start_unix, start_ns, stream.key)
+            if repeat:
+                split.gaps.append((start_unix, now))
         if warning:
             log.warning("run %s: %s", header.run_id.hex(), warning)
-        start_unix = body.get("start_unix")
-        agg.begin_session(float(start_unix) if isinstance(start_unix, (int, float)) else now,
-                          start_ns)
-        stream = Stream(header.run_id, split, header.rank, _int(body, "pid", 0) or 0,
-                        str(body.get("host", "")))
         self.streams[header.run_id] = stream
         split.dirty = True
         self.on_stream(stream)
@@ -168,6 +182,53 @@ class Registry:
         if warning:
             reply["warning"] = warning
         return reply
+
+    def _restore(self, stream: Stream, saved: dict[str, Any], now: float,
+                 repeat: bool) -> RankAggregator:
+        """Continue ``stream``'s rank from the state document ``saved``; returns its
+        aggregator with the process's session open. Raises StateError (with the reason)
+        for a state of another schema that cannot be upgraded or that does not fit it.
+        """
+        split = stream.split
+        saved = state.upgrade(saved)
+        continuing = stream.key if repeat else ""
+        try:
+            agg = split.load_state(saved, stream.rank, continuing)
+            saved_unix = float(saved["ranks"].get(str(stream.rank), {}).get(
+                "saved_unix", stream.start_unix))
+        except (KeyError, ValueError, TypeError, AttributeError) as exc:
+            split.fresh_rank(stream.rank)
+            raise state.StateError(f"saved state does not fit schema {state.SCHEMA} "
+                                   f"({type(exc).__name__}: {exc})") from None
+        if repeat:  # a new sidecar took over a running process: what came since is missing
+            split.gaps.append((max(saved_unix, stream.start_unix), now))
+            stream.received = split.received.get(stream.key, 0)
+        if not (agg.sessions and agg.sessions[-1].end_ns is None):
+            agg.account_resume(saved_unix, stream.previous_end_unix, stream.start_unix)
+            agg.begin_session(stream.start_unix, stream.start_ns, stream.key)
+        return agg
+
+    def load_state(self, stream: Stream, saved: Any) -> dict[str, Any]:
+        """A ``load_state`` control: continue ``stream``'s split from a state the user kept
+        (``run.state_dict()`` of an earlier process). The reply carries the epoch to go on
+        from, or ``ok: False`` and the reason.
+        """
+        try:
+            agg = self._restore(stream, saved, 0.0, repeat=False)
+        except state.StateError as exc:
+            agg = stream.split.rank(stream.rank)
+            if not agg.sessions or agg.sessions[-1].end_ns is not None:  # reset by the failure
+                agg.begin_session(stream.start_unix, stream.start_ns, stream.key)
+            log.warning("run %s: state not loaded: %s", stream.key, exc)
+            return {"ok": False, "error": str(exc)}
+        stream.split.dirty = True
+        return {"ok": True, "session": agg.sessions[-1].number, "epoch": self._next_epoch(agg)}
+
+    def state_of(self, stream: Stream) -> dict[str, Any]:
+        """A ``state`` control: the state document of ``stream``'s split (for the user's own
+        checkpoint); the same content as the state file of a checkpoint.
+        """
+        return {"ok": True, "state": state.document(stream.split.to_state())}
 
     @staticmethod
     def _next_epoch(agg: Any) -> int:
@@ -192,6 +253,7 @@ class Registry:
             stream.received += lost  # counted once
         count = len(values) // wire.RECORD_WIDTH
         stream.received += count
+        split.received[stream.key] = stream.received
         good = self._valid(stream, values)
         if good is not values:
             self.reject("bad_record", "a record with an unknown phase, unknown flags or end "
@@ -304,6 +366,7 @@ class Registry:
             "lost": sum(sum(s.lost.values()) for s in self.splits.values()),
             "rejected": sum(self.rejected.values()),
             "rejected_by_kind": dict(self.rejected),
+            "last_error": self.last_error,
             "runs": [
                 {"run_id": s.key, "out_dir": str(s.split.out_dir), "split": s.split.split,
                  "rank": s.rank, "pid": s.pid, "host": s.host, "records": s.received,

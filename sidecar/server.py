@@ -17,10 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from markers import wire
 from sidecar import output
+from sidecar.liveness import describe_exit, pid_alive
 from sidecar.monitor import ResourceMonitor
 from sidecar.receiver import Incoming, Receiver
 from sidecar.registry import Refused, Registry, Stream
@@ -44,20 +43,6 @@ class Config:
     interval_s: float = DEFAULT_INTERVAL_S  # resource sampling period
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def describe_exit(returncode: int) -> str:
-    """Human cause for a process exit status (negative: killed by that signal)."""
-    if returncode < 0:
-        return f"killed by signal {-returncode} ({signal.Signals(-returncode).name})"
-    return f"exited with status {returncode}"
-
-
 class Server:
     """A running sidecar; ``run()`` returns the exit status for the command line."""
 
@@ -69,7 +54,7 @@ class Server:
             config.interval_s, os.environ.get("CUDA_VISIBLE_DEVICES") if own_job else None,
             all_splits_share_gpus=own_job)
         self.registry = Registry(self._resolve_out_dir, self._on_stream, self._on_records)
-        self.receiver = Receiver(config.endpoint, self.registry)
+        self.receiver = Receiver(config.endpoint, self.registry, self._run_alive)
         self._signal: int | None = None
         self._gone: dict[bytes, float] = {}  # run id -> when its process was first seen gone
         self._next_liveness = 0.0
@@ -83,7 +68,10 @@ class Server:
         if root is None:
             return (Path(cwd) / path).resolve()
         root = root.resolve()
-        resolved = (root / path).resolve()
+        try:
+            resolved = (root / path).resolve()  # follows symlinks and '..'
+        except (OSError, ValueError) as exc:
+            raise Refused(f"out_dir {out_dir!r} cannot be resolved: {exc}") from None
         if not resolved.is_relative_to(root):
             raise Refused(f"out_dir {out_dir!r} lies outside the daemon's root {root}")
         return resolved
@@ -94,6 +82,21 @@ class Server:
 
     def _on_records(self, stream: Stream, values: array) -> None:
         self.monitor.note_records(stream.split, stream.rank, values)
+
+    def _outside_root(self, split: Split) -> str | None:
+        """Why ``split``'s folder may not be written now (a symlink put there since the
+        run started points outside the root), or None.
+        """
+        root = self.config.root
+        if root is None or split.split_dir.resolve().is_relative_to(root.resolve()):
+            return None
+        return f"{split.split_dir} now lies outside the daemon's root {root}; nothing written"
+
+    def _run_alive(self, run_id: bytes) -> bool | None:
+        stream = self.registry.streams.get(run_id)
+        if stream is None or not stream.is_local():
+            return None
+        return pid_alive(stream.pid)
 
     # -- writing --------------------------------------------------------------------
 
@@ -108,13 +111,17 @@ class Server:
     def write(self, split: Split, with_state: bool = False) -> str | None:
         """Write ``split``'s files; returns the error text, None on success."""
         try:
+            refusal = self._outside_root(split)
+            if refusal:
+                raise PermissionError(refusal)
             output.write_split(split, self.monitor.report(split, self.records_line(split)),
                                with_state)
         except OSError as exc:
-            error = f"cannot write {split.split_dir}: {exc}"
+            # without the file name: it is a fresh temporary one at each try
+            error = f"cannot write {split.split_dir}: {exc.strerror or exc}"
             if split.write_error != error:
                 log.error("%s (data kept in memory, retried every %.0f s)", error, RETRY_S)
-            split.write_error = error
+            split.write_error = self.registry.last_error = error
             return error
         return None
 
@@ -139,6 +146,7 @@ class Server:
             reply = {"ok": False, "error": str(exc)}
         except Refused as exc:
             self.registry.reject("refused", str(exc))
+            self.registry.last_error = str(exc)
             reply = {"ok": False, "error": str(exc)}
         if "reply_to" in body and reply is not None:
             self.receiver.reply(message.identity, {"reply_to": body["reply_to"], **reply})
@@ -152,6 +160,10 @@ class Server:
         except Exception as exc:  # the loop must survive anything
             log.exception("internal error on a message from run %s", message.header.run_id.hex())
             self.registry.reject("internal_error", repr(exc))
+            body = message.control or {}
+            if "reply_to" in body:  # a waiting client learns at once, not by its timeout
+                self.receiver.reply(message.identity, {"reply_to": body["reply_to"],
+                                                       "ok": False, "error": repr(exc)})
 
     def _control(self, header: wire.Header, body: dict[str, Any],
                  now: float) -> dict[str, Any] | None:
@@ -160,6 +172,8 @@ class Server:
             return {"ok": True, **self.status()}
         if kind == "hello":
             return self.registry.hello(header, body, now)
+        if kind == "bye":  # a client's goodbye before it closes (see sidecar.connections)
+            return None
         stream = self.registry.stream_for(header, kind)
         if stream is None:
             return {"ok": False, "error": "unknown run: no hello received"}
@@ -177,6 +191,10 @@ class Server:
             if which not in ("train", "validation") or not isinstance(value, int) or value < 1:
                 raise wire.WireError("malformed", "batch_size needs kind and a positive value")
             split.batch_sizes.setdefault(which, value)
+        elif kind == "state":
+            return self.registry.state_of(stream)
+        elif kind == "load_state":
+            return self.registry.load_state(stream, body.get("state"))
         elif kind == "checkpoint":
             return self._reply_written(split, with_state=True)
         elif kind == "finish":
@@ -198,10 +216,8 @@ class Server:
 
     def status(self) -> dict[str, Any]:
         """The status view: the registry's counts plus the server's own state."""
-        errors = [s.write_error for s in self.registry.splits.values() if s.write_error]
         return {**self.registry.status(), "endpoint": self.receiver.endpoint,
-                "root": str(self.config.root) if self.config.root else None,
-                "last_error": errors[-1] if errors else None}
+                "root": str(self.config.root) if self.config.root else None}
 
     # -- processes ------------------------------------------------------------------
 
@@ -213,7 +229,7 @@ class Server:
     def check_processes(self, now: float) -> None:
         """Declare incomplete every local run whose process is gone without finishing."""
         for stream in self.registry.live_streams():
-            if not stream.is_local() or _pid_alive(stream.pid):
+            if not stream.is_local() or pid_alive(stream.pid):
                 self._gone.pop(stream.run_id, None)
                 continue
             first_seen = self._gone.setdefault(stream.run_id, now)
@@ -234,7 +250,7 @@ class Server:
         if self.child is not None:
             return self.child.poll() is not None
         owner = self.config.owner_pid
-        return owner is not None and not _pid_alive(owner)
+        return owner is not None and not pid_alive(owner)
 
     # -- loop -----------------------------------------------------------------------
 
@@ -252,6 +268,7 @@ class Server:
             self._next_liveness = now + TICK_S
             self.check_processes(now)
         self.registry.expire_pending(now)
+        self.receiver.connections.poll()
         if now >= self._next_retry:
             self._next_retry = now + RETRY_S
             for split in self.registry.splits.values():
@@ -294,10 +311,10 @@ class Server:
 
     def _finalize(self) -> None:
         now = time.time()
-        if self._signal is not None:
+        cause = self._child_cause()  # the job's own end, also when a signal was forwarded
+        if cause is None and self._signal is not None:
             cause = f"sidecar stopped by {signal.Signals(self._signal).name}"
-        else:
-            cause = self._child_cause() or "the training process is gone"
+        cause = cause or "the training process is gone"
         for stream in self.registry.live_streams():
             self._end_stream(stream, cause, now)
         self.write_dirty()

@@ -28,6 +28,8 @@ class Split:
         self.batch_sizes: dict[str, int] = {}  # read from the batches when not given
         self.dropped: dict[str, int] = {}  # per run id (hex): records the markers could not send
         self.lost: dict[str, int] = {}  # per run id: sent but never received here
+        self.received: dict[str, int] = {}  # per run id: records taken, lost ones included
+        self.gaps: list[tuple[float, float]] = []  # (from, to) Unix s: no sidecar saved
         self.rejected = 0
         self.dirty = True
         self.write_error: str | None = None
@@ -82,12 +84,17 @@ class Split:
             "batch_sizes": self.batch_sizes,
             "dropped": self.dropped,
             "lost": self.lost,
+            "received": self.received,
+            "gaps": [list(g) for g in self.gaps],
             "rejected": self.rejected,
             "ranks": {str(r): agg.to_state() for r, agg in self.ranks.items()},
         }
 
-    def load_state(self, state: dict[str, Any], rank: int) -> RankAggregator:
-        """Restore ``rank`` (and the split-wide lists) from a checkpoint's state.
+    def load_state(self, state: dict[str, Any], rank: int,
+                   continue_run: str = "") -> RankAggregator:
+        """Restore ``rank`` (and the split-wide lists) from a checkpoint's state (current
+        schema, see ``sidecar.state.upgrade``); ``continue_run`` as in
+        ``RankAggregator.load_state``.
 
         Raises KeyError/ValueError/TypeError for a state that does not fit the schema.
         """
@@ -96,9 +103,11 @@ class Split:
         self.batch_sizes.update({str(k): int(v) for k, v in state["batch_sizes"].items()})
         self.dropped.update({str(k): int(v) for k, v in state["dropped"].items()})
         self.lost.update({str(k): int(v) for k, v in state["lost"].items()})
+        self.received.update({str(k): int(v) for k, v in state["received"].items()})
+        self.gaps = [(float(a), float(b)) for a, b in state["gaps"]]
         self.rejected = max(self.rejected, int(state["rejected"]))
         agg = self.fresh_rank(rank)
         saved = state["ranks"].get(str(rank))
         if saved is not None:
-            agg.load_state(saved)
+            agg.load_state(saved, continue_run)
         return agg

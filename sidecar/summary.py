@@ -152,8 +152,27 @@ def _rank_lines(ranks: Sequence[RankAggregator]) -> list[str]:
     return out
 
 
+def time_lines(agg: RankAggregator, gaps: Sequence[tuple[float, float]]) -> list[str]:
+    """The Training time account of rank ``agg``: the effective time (the Training row),
+    the wall time including downtime between processes and work redone after a resume from
+    a checkpoint, and each gap during which no sidecar saved the run's records (seconds
+    since the run started).
+    """
+    sessions = len(agg.sessions)
+    out = [f"Training time: effective {agg.training_s():.2f} s over {sessions} "
+           f"session{'s' if sessions != 1 else ''}; wall {agg.wall_s():.2f} s",
+           f"  including downtime {agg.downtime_s:.2f} s and redone work {agg.redone_s:.2f} s "
+           "(work after the last checkpoint, done again on resume)"]
+    for start, end in gaps:
+        out.append(f"Sidecar gap: from {start - agg.run_start_unix:.2f} s to "
+                   f"{end - agg.run_start_unix:.2f} s no sidecar saved this run's records "
+                   "(the sidecar was gone; the run went on)")
+    return out
+
+
 def computational_block(ranks: Sequence[RankAggregator], gpu_names: Sequence[str],
                         train: Throughput, validation: Throughput,
+                        gaps: Sequence[tuple[float, float]],
                         resource_lines: Sequence[str]) -> list[str]:
     """All lines of our block: the reference table (rank 0 = ``ranks[0]``), the streaming
     figures, custom phases, the rank comparison, then ``resource_lines`` (the resources
@@ -172,7 +191,8 @@ def computational_block(ranks: Sequence[RankAggregator], gpu_names: Sequence[str
     val_images = Throughput(validation.batch_size, 1)
     lines += ["", *_throughput_lines(agg, wire.VALIDATION_LOOP, VAL_GPU_PHASES, val_images,
                                      on_gpu)]
-    for extra in (_streaming_lines(agg), _custom_lines(agg, on_gpu), _rank_lines(ranks)):
+    for extra in (time_lines(agg, gaps), _streaming_lines(agg), _custom_lines(agg, on_gpu),
+                  _rank_lines(ranks)):
         if extra:
             lines += ["", *extra]
     lines += [STARS, "", *resource_lines, STARS]

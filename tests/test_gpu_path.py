@@ -10,11 +10,11 @@ import re
 
 import pytest
 import torch  # noqa: F401  - the markers look for CUDA only in a script that uses torch
-from conftest import Sidecar, read_tsv
-from fake_cuda import FakeBackend, FakeEvent
 
 import markers
 import markers.gpu
+from tests.fake_cuda import FakeBackend, FakeEvent
+from tests.helpers import Sidecar, read_tsv
 
 MIB = 1024 * 1024
 PHASE_GPU_MS = 0.75

@@ -15,7 +15,6 @@ import types
 from pathlib import Path
 
 import pytest
-from fake_cuda import FakeBackend
 
 from markers.gpu import (
     NOT_MEASURED,
@@ -24,6 +23,7 @@ from markers.gpu import (
     open_gpu_timer,
     phase_peak,
 )
+from tests.fake_cuda import FakeBackend
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1024 * 1024

@@ -9,13 +9,12 @@ import time
 from array import array
 from pathlib import Path
 
-from fake_pynvml import FakeGpu, FakeNvml
-
 from markers import wire
 from sidecar.aggregator import Settings
 from sidecar.monitor import ResourceMonitor
 from sidecar.samplers.nvml import NvmlUnavailable, open_nvml
 from sidecar.split import Split
+from tests.fake_pynvml import FakeGpu, FakeNvml
 
 INTERVAL_S = 0.05
 

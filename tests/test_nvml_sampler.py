@@ -7,7 +7,6 @@ from collections.abc import Iterator
 
 import pynvml
 import pytest
-from fake_pynvml import MIB, FakeGpu, FakeNvml
 
 from sidecar.samplers.nvml import (
     GpuSample,
@@ -16,6 +15,7 @@ from sidecar.samplers.nvml import (
     open_nvml,
     resolve_visible_devices,
 )
+from tests.fake_pynvml import MIB, FakeGpu, FakeNvml
 
 UUIDS = [f"GPU-{i}{i}{i}{i}aaaa-0000-0000-0000-00000000000{i}" for i in range(4)]
 

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Sidecar, read_tsv
 
 import markers
 from sidecar.summary import TITLE_LINE
+from tests.helpers import Sidecar, read_tsv
 
 STANDARD_COLUMNS = [
     "measurement #", "Training (s)", "Epoch (s)", "Training loop (s)",

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 import zmq
-from fake_cuda import FakeBackend
 
 from markers import wire
 from markers.buffer import FLUSH_RECORDS, RecordBuffer
 from markers.gpu import GpuTimer
 from markers.transport import Sender
+from tests.fake_cuda import FakeBackend
 
 P = {name: i for i, name in enumerate(wire.RECORD_FIELDS)}
 HELLO = {"type": "hello", "accumulation_steps": 1}

@@ -1,0 +1,103 @@
+"""Which client connections the sidecar's socket dropped, so they can be counted.
+
+ZeroMQ enforces the message size cap (``ZMQ_MAXMSGSIZE``) by closing the connection of a
+peer that sends a bigger message, silently. A monitor socket on the ROUTER reports every
+connection's end with its file descriptor, and each received message carries the
+descriptor it came on (``SRCFD``), so the two can be joined: a connection that ends
+without a goodbye (``finish``, ``status`` or ``bye``) while its client lives was dropped by
+this side: a message over the cap, or a ZMTP protocol error. Those are counted as rejected
+input of kind ``connection_dropped``; handshakes that fail (a peer of an incompatible
+socket type or protocol) as ``handshake``. A client whose process died is left to the
+liveness check, which reports the run as incomplete.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+from markers import wire
+
+GOODBYES = frozenset({"finish", "status", "bye"})
+# A disconnect is judged this long after it was seen: a client killed by a signal loses
+# its connection a moment before its process shows as gone.
+JUDGE_AFTER_S = 0.5
+_EVENTS = (zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+           | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+
+
+@dataclass
+class _Peer:
+    run_id: bytes | None = None
+    said_goodbye: bool = False
+    handshake_failed: bool = False
+
+
+class ConnectionWatch:
+    """Joins the ROUTER's monitor events with the messages read; reports dropped ones.
+
+    ``reject(kind, detail)`` counts one; ``run_alive(run_id)`` tells whether the process of
+    a run still lives (None when the run is unknown).
+    """
+
+    def __init__(self, socket: zmq.Socket, reject: Callable[[str, str], None],
+                 run_alive: Callable[[bytes], bool | None]) -> None:
+        self._monitor = socket.get_monitor_socket(_EVENTS)
+        self._socket = socket
+        self._reject = reject
+        self._run_alive = run_alive
+        self._peers: dict[int, _Peer] = {}
+        self._ended: list[tuple[float, _Peer]] = []
+
+    def message(self, fd: int, run_id: bytes, control_type: str | None) -> None:
+        """Note a message read from the connection ``fd`` (its control type, if any)."""
+        peer = self._peers.setdefault(fd, _Peer())
+        if run_id != bytes(16):
+            peer.run_id = run_id
+        peer.said_goodbye = control_type in GOODBYES
+
+    def poll(self) -> None:
+        """Read the monitor's events and judge connections that ended long enough ago.
+
+        Call it before reading messages: a connection's ACCEPTED event then comes before
+        its messages. An ended connection keeps its entry until its descriptor is reused,
+        so its last messages, read after the event, still count (a goodbye among them).
+        """
+        now = time.monotonic()
+        while self._monitor.poll(0):
+            try:
+                event = parse_monitor_message(self._monitor.recv_multipart(zmq.NOBLOCK))
+            except (zmq.ZMQError, ValueError):
+                break
+            kind, fd = event["event"], int(event["value"])
+            if kind == zmq.EVENT_ACCEPTED:
+                self._peers[fd] = _Peer()
+            elif kind == zmq.EVENT_DISCONNECTED:
+                self._ended.append((now, self._peers.setdefault(fd, _Peer())))
+            else:
+                self._peers.setdefault(fd, _Peer()).handshake_failed = True
+                self._reject("handshake", "a peer failed the ZeroMQ handshake (incompatible "
+                             "socket type or protocol)")
+        while self._ended and now - self._ended[0][0] >= JUDGE_AFTER_S:
+            peer = self._ended.pop(0)[1]
+            for fd in [fd for fd, known in self._peers.items() if known is peer]:
+                del self._peers[fd]
+            self._judge(peer)
+
+    def _judge(self, peer: _Peer) -> None:
+        if peer.said_goodbye or peer.handshake_failed:
+            return
+        if peer.run_id is not None and self._run_alive(peer.run_id) is False:
+            return  # the client died: the liveness check reports its run
+        self._reject("connection_dropped", "a connection ended without a goodbye while its "
+                     f"client lives: a message over {wire.MAX_MESSAGE_BYTES} bytes (the "
+                     "socket's cap) or a protocol error")
+
+    def close(self) -> None:
+        """Stop monitoring."""
+        self._socket.disable_monitor()
+        self._monitor.close(linger=0)
