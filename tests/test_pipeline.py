@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
 import statistics
+import subprocess
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -13,7 +16,7 @@ import pytest
 
 import markers
 from sidecar.summary import TITLE_LINE
-from tests.helpers import Sidecar, read_tsv
+from tests.helpers import Sidecar, env, read_tsv
 
 STANDARD_COLUMNS = [
     "measurement #", "Training (s)", "Epoch (s)", "Training loop (s)",
@@ -234,8 +237,6 @@ def test_two_splits_in_one_process_are_independent(sidecar: Sidecar) -> None:
     for split, batches in ((0, 4), (1, 6)):
         frame = read_tsv(sidecar.split_dir(split=split) / "logs" / "computational.tsv")
         assert frame["Training loop (s)"].notna().sum() == batches
-    import json
-
     document = json.loads((sidecar.root / "maps" / "run.json").read_text())
     assert set(document["splits"]) == {"0", "1"}
     assert document["status"] == "completed"
@@ -267,8 +268,6 @@ def test_exception_in_the_loop_writes_files_marked_failed(sidecar: Sidecar) -> N
                                                          warmup_iterations=0) as run:
         train(run, epochs=1, train_batches=3, val_batches=1)
         raise RuntimeError("loss is NaN")
-    import json
-
     document = json.loads((sidecar.root / "maps" / "run.json").read_text())
     assert document["status"] == "failed"
     assert "loss is NaN" in document["cause"]
@@ -306,3 +305,23 @@ def test_without_endpoint_a_private_sidecar_is_started(tmp_path: Path,
         train(run, epochs=1, train_batches=2, val_batches=1)
     logs = tmp_path / "private" / "training" / "split-0" / "logs"
     assert read_tsv(logs / "computational.tsv")["Training loop (s)"].notna().sum() == 2
+
+
+@pytest.mark.parametrize(("command", "status"), [
+    (["-c", "import sys; sys.exit(3)"], 3),
+    (["-c", "pass"], 0),
+])
+def test_sidecar_run_passes_the_exit_status_through(tmp_path: Path, command: list[str],
+                                                     status: int) -> None:
+    result = subprocess.run([sys.executable, "-m", "sidecar", "run", "--quiet", "--",
+                             sys.executable, *command], cwd=tmp_path, env=env(),
+                            capture_output=True, timeout=120)
+    assert result.returncode == status, result.stderr
+
+
+def test_sidecar_run_of_a_missing_command_says_so(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "sidecar", "run", "--quiet", "--",
+                             str(tmp_path / "no-such-program")], cwd=tmp_path, env=env(),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 127
+    assert "cannot start" in result.stderr
