@@ -152,6 +152,10 @@ class ResourceMonitor:
         else:
             entry[1].host.add_root(pid)
 
+    def forget(self, split: Split) -> None:
+        """Stop keeping ``split``'s samples (it ended and was written)."""
+        self.splits.pop(id(split), None)
+
     def add_gpu(self, uuid: str) -> None:
         """A GPU a job reported using: sample it too."""
         self._pending_uuids.add(uuid)

@@ -357,6 +357,21 @@ class Registry:
         """Streams whose process has not finished."""
         return [s for s in self.streams.values() if not s.finished]
 
+    def prune(self, now: float, keep_s: float) -> list[Split]:
+        """Forget splits that ended more than ``keep_s`` seconds ago and are written (a
+        long-lived daemon must not grow with every job it served); returns them. Their
+        files and state stay on disk for a resume.
+        """
+        gone = [split for key, split in self.splits.items()
+                if split.end_unix is not None and now - split.end_unix > keep_s
+                and not split.dirty and self.splits.get(key) is split]
+        for split in gone:
+            del self.splits[(split.out_dir, split.split)]
+        ids = {id(split) for split in gone}
+        for run_id in [r for r, s in self.streams.items() if id(s.split) in ids]:
+            del self.streams[run_id]
+        return gone
+
     def status(self) -> dict[str, Any]:
         """The status view (``sidecar status --json``)."""
         return {

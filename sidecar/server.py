@@ -31,6 +31,7 @@ log = logging.getLogger("sidecar")
 TICK_S = 0.2
 LIVENESS_S = 0.4  # a process found gone is declared dead on the next check
 RETRY_S = 5.0  # a failed write is retried this often (and at every checkpoint/finish)
+KEEP_ENDED_S = 600.0  # an ended split stays in memory (and in status) this long
 
 
 @dataclass(frozen=True)
@@ -274,6 +275,8 @@ class Server:
             for split in self.registry.splits.values():
                 if split.write_error and split.dirty:
                     self.write(split)
+            for split in self.registry.prune(now, KEEP_ENDED_S):
+                self.monitor.forget(split)
 
     def run(self) -> int:
         """Serve until stopped (signal, job or owner gone); write everything; return the
