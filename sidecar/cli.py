@@ -75,9 +75,12 @@ def _status(endpoint: str, as_json: bool) -> int:
     if as_json:
         print(json.dumps(reply))
         return 0
-    print(f"sidecar pid {reply['pid']} on {reply['endpoint']}")
-    print(f"records {reply['records']}, dropped {reply['dropped']}, lost {reply['lost']}, "
-          f"rejected {reply['rejected']} {reply['rejected_by_kind'] or ''}".rstrip())
+    samplers = reply["samplers"]
+    print(f"sidecar pid {reply['pid']} on {reply['endpoint']}; sampling every "
+          f"{samplers['interval_s']:g} s: host {samplers['host']}, GPU {samplers['gpu']}")
+    print(f"records {reply['records']} ({reply['records_per_s']:.0f}/s), dropped "
+          f"{reply['dropped']}, lost {reply['lost']}, rejected {reply['rejected']} "
+          f"{reply['rejected_by_kind'] or ''}".rstrip())
     if reply.get("last_error"):
         print(f"last error: {reply['last_error']}")
     for run in reply["runs"]:

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import time
 from array import array
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,9 @@ class Server:
         self._signal: int | None = None
         self._gone: dict[bytes, float] = {}  # run id -> when its process was first seen gone
         self._next_liveness = 0.0
+        # (monotonic s, records received) every TICK_S: the status view's record rate
+        self._rate_window: deque[tuple[float, int]] = deque([(time.monotonic(), 0)],
+                                                            maxlen=int(10 / TICK_S))
         self._next_retry = 0.0
 
     # -- policy ---------------------------------------------------------------------
@@ -216,9 +220,17 @@ class Server:
         return {"ok": error is None, "error": error, "out_dir": str(split.out_dir)}
 
     def status(self) -> dict[str, Any]:
-        """The status view: the registry's counts plus the server's own state."""
+        """The status view: the registry's counts plus the server's own state: the record
+        rate over the last ~10 s and whether each sampler is on."""
+        now, records = time.monotonic(), self.registry.records_received
+        then, before = self._rate_window[0]
+        self._rate_window.append((now, records))
+        gpu_off = self.monitor.gpu_off_reason
         return {**self.registry.status(), "endpoint": self.receiver.endpoint,
-                "root": str(self.config.root) if self.config.root else None}
+                "root": str(self.config.root) if self.config.root else None,
+                "records_per_s": (records - before) / (now - then) if now > then else 0.0,
+                "samplers": {"host": "on", "gpu": "on" if gpu_off is None else
+                             f"off ({gpu_off})", "interval_s": self.config.interval_s}}
 
     # -- processes ------------------------------------------------------------------
 
@@ -268,6 +280,7 @@ class Server:
         if now >= self._next_liveness:
             self._next_liveness = now + TICK_S
             self.check_processes(now)
+            self._rate_window.append((time.monotonic(), self.registry.records_received))
         self.registry.expire_pending(now)
         self.receiver.connections.poll()
         if now >= self._next_retry:

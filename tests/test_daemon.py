@@ -32,13 +32,16 @@ def test_status_json_is_one_object_with_the_contract_keys(serve, short_tmp: Path
     assert isinstance(view["runs"], list) and len(view["runs"]) == 1
     assert view["records"] > 0 and view["dropped"] == 0 and view["rejected"] == 0
     assert view["runs"][0]["status"] == "completed"
+    assert view["records_per_s"] >= 0
+    assert view["samplers"]["host"] == "on" and view["samplers"]["gpu"].startswith(
+        ("on", "off ("))
     # a relative out_dir lands under the root, whatever the job's cwd
     assert run_json(short_tmp / "root" / "job1")["status"] == "completed"
     assert not (short_tmp / "job1").exists()
     text = subprocess.run([sys.executable, "-m", "sidecar", "status", "--endpoint",
                            sidecar.endpoint], env=env(), capture_output=True, text=True,
                           timeout=30, check=True).stdout
-    assert "records" in text and "job1" in text
+    assert "records" in text and "job1" in text and "sampling every 1 s: host on" in text
 
 
 @pytest.mark.parametrize("where", ["dotdot", "absolute", "symlink"])
