@@ -24,7 +24,7 @@ def make_loaders(n_train: int, n_val: int, batch_size: int) -> tuple[DataLoader,
 
     def dataset(n: int) -> TensorDataset:
         labels = torch.randint(0, 10, (n,), generator=generator)
-        features = centers[labels] + 2.0 * torch.randn(n, 784, generator=generator)
+        features = centers[labels] + 9.0 * torch.randn(n, 784, generator=generator)
         return TensorDataset(features, labels)
 
     return (DataLoader(dataset(n_train), batch_size=batch_size, shuffle=True),
@@ -44,7 +44,7 @@ def main() -> None:
                                             args.batch_size)
     model = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(),
                           nn.Linear(256, 10))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
 
     run = markers.start_run(out_dir=args.out_dir, split=0, warmup_iterations=10,

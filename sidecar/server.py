@@ -109,9 +109,9 @@ class Server:
         """The record counts of ``split`` for its summary."""
         streams = [s for s in self.registry.streams.values() if s.split is split]
         received = sum(s.received for s in streams) - sum(split.lost.values())
-        return (f"Records: received {received}, dropped {sum(split.dropped.values())} "
-                f"(markers could not send), lost {sum(split.lost.values())} (sent but not "
-                f"received here), rejected {split.rejected}")
+        return (f"Records: received {received}, dropped {sum(split.dropped.values())} (not "
+                f"sent), lost {sum(split.lost.values())} (sent, never received), rejected "
+                f"{split.rejected}")
 
     def write(self, split: Split, with_state: bool = False) -> str | None:
         """Write ``split``'s files; returns the error text, None on success."""

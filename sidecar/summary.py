@@ -107,17 +107,20 @@ def _throughput_lines(agg: RankAggregator, loop_phase: int, gpu_phases: Sequence
     return out
 
 
+def _streaming_line(label: str, series: PhaseSeries) -> str:
+    return f"{label:<22} | {welford_cell(series.wall):<36} | {welford_cell(series.gpu)}".rstrip()
+
+
 def _streaming_lines(agg: RankAggregator) -> list[str]:
-    out = ["All post-warmup measurements (streaming; the table shows the stored rows):"]
+    """Every post-warmup measurement, past the cap: two wider cells (counts grow large)."""
+    out = ["All post-warmup measurements (streaming; the table above shows the stored rows):",
+           f"{'Phase':^22} | {'Time (s)':^36} | {'GPU Time (s)':^36}".rstrip()]
     for label, indent, phase, _ in TRAIN_LINES[1:] + VAL_LINES:
         series = agg.series.get(phase)
         if series is not None:
-            out.append(table_line(" " * indent + label, welford_cell(series.wall),
-                                  welford_cell(series.gpu), ""))
+            out.append(_streaming_line(" " * indent + label, series))
     for phase in sorted(p for p in agg.series if p >= wire.FIRST_CUSTOM_ID):
-        series = agg.series[phase]
-        out.append(table_line(agg.custom_names[phase], welford_cell(series.wall),
-                              welford_cell(series.gpu), ""))
+        out.append(_streaming_line(agg.custom_names[phase], agg.series[phase]))
     return out
 
 

@@ -325,3 +325,24 @@ def test_sidecar_run_of_a_missing_command_says_so(tmp_path: Path) -> None:
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 127
     assert "cannot start" in result.stderr
+
+
+def test_ranks_write_their_own_files_and_the_summary_compares_them(
+        sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch) -> None:
+    runs = []
+    for rank in (0, 1):  # two ranks of one job sharing the node's sidecar
+        monkeypatch.setenv("RANK", str(rank))
+        runs.append(markers.start_run(out_dir="maps", warmup_iterations=0))
+    for rank, run in enumerate(runs):
+        with run:
+            train(run, epochs=1, train_batches=3 + rank, val_batches=1)
+    logs = sidecar.split_dir() / "logs"
+    assert read_tsv(logs / "computational.tsv")["Training loop (s)"].notna().sum() == 3
+    assert read_tsv(logs / "computational-rank1.tsv")["Training loop (s)"].notna().sum() == 4
+    assert set(read_tsv(logs / "phases-rank1.tsv")["rank"]) == {1}
+    summary = (sidecar.split_dir() / "summary.log").read_text()
+    assert "Ranks (stored rows, mean s):" in summary
+    assert re.search(r"^ +0 \| +3 \|", summary, re.M)
+    assert re.search(r"^ +1 \| +4 \|", summary, re.M)
+    assert json.loads((sidecar.root / "maps" / "run.json").read_text())["splits"]["0"][
+        "ranks"] == [0, 1]
