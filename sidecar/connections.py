@@ -4,7 +4,7 @@ ZeroMQ enforces the message size cap (``ZMQ_MAXMSGSIZE``) by closing the connect
 peer that sends a bigger message, silently. A monitor socket on the ROUTER reports every
 connection's end with its file descriptor, and each received message carries the
 descriptor it came on (``SRCFD``), so the two can be joined: a connection that ends
-without a goodbye (``finish``, ``status`` or ``bye``) while its client lives was dropped by
+without a goodbye (``finish`` or ``status``) while its client lives was dropped by
 this side: a message over the cap, or a ZMTP protocol error. Those are counted as rejected
 input of kind ``connection_dropped``; handshakes that fail (a peer of an incompatible
 socket type or protocol) as ``handshake``. A client whose process died is left to the
@@ -22,7 +22,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from markers import wire
 
-GOODBYES = frozenset({"finish", "status", "bye"})
+GOODBYES = frozenset({"finish", "status"})
 # A disconnect is judged this long after it was seen: a client killed by a signal loses
 # its connection a moment before its process shows as gone.
 JUDGE_AFTER_S = 0.5

@@ -177,8 +177,6 @@ class Server:
             return {"ok": True, **self.status()}
         if kind == "hello":
             return self.registry.hello(header, body, now)
-        if kind == "bye":  # a client's goodbye before it closes (see sidecar.connections)
-            return None
         stream = self.registry.stream_for(header, kind)
         if stream is None:
             return {"ok": False, "error": "unknown run: no hello received"}
