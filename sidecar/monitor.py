@@ -148,7 +148,10 @@ class ResourceMonitor:
         """Sample ``pid``'s process tree (with the split's GPUs) for ``split``."""
         entry = self.splits.get(id(split))
         if entry is None:
-            self.splits[id(split)] = (split, SplitResources(pid))
+            resources = SplitResources(pid)
+            # A first host round now: the baseline of CPU time and the starting memory.
+            resources.host_samples.append(resources.host.sample(time.monotonic_ns()))
+            self.splits[id(split)] = (split, resources)
         else:
             entry[1].host.add_root(pid)
 
