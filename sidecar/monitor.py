@@ -8,7 +8,9 @@ answers its first hello at once; until it is open, GPU sampling is pending.
 
 from __future__ import annotations
 
+import importlib
 import logging
+import os
 import threading
 import time
 from array import array
@@ -41,6 +43,20 @@ log = logging.getLogger("sidecar")
 SETTLE_NS = 2_000_000_000
 # Sampling rounds kept per split; past it every other round is dropped (resolution halves).
 MAX_ROUNDS = 50_000
+# Test hook: "module:factory" of a stand-in for pynvml (machines without a GPU run the
+# whole sampling path with it, e.g. tests.fake_pynvml:two_busy_gpus). Unset in use.
+TEST_NVML_VARIABLE = "SIDECAR_TEST_NVML"
+
+
+def open_job_gpus(visible_devices: str | None) -> nvml.NvmlSampler | nvml.NvmlUnavailable:
+    """``nvml.open_nvml`` on the real pynvml, or on the stand-in ``SIDECAR_TEST_NVML``
+    names."""
+    spec = os.environ.get(TEST_NVML_VARIABLE)
+    if not spec:
+        return nvml.open_nvml(visible_devices)
+    module, _, factory = spec.partition(":")
+    return nvml.open_nvml(visible_devices, api=getattr(importlib.import_module(module),
+                                                        factory)())
 
 
 @dataclass
@@ -121,7 +137,7 @@ class ResourceMonitor:
 
     def __init__(self, interval_s: float, visible_devices: str | None,
                  all_splits_share_gpus: bool,
-                 open_gpus: Callable[[str | None], Any] = nvml.open_nvml) -> None:
+                 open_gpus: Callable[[str | None], Any] = open_job_gpus) -> None:
         self.interval_s = interval_s
         self.all_splits_share_gpus = all_splits_share_gpus
         self.splits: dict[int, tuple[Split, SplitResources]] = {}

@@ -11,6 +11,7 @@ an nvmlInit error or hang.
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -221,3 +222,20 @@ class FakeNvml:
         assert request.metrics[0].metricId == pynvml.NVML_GPM_METRIC_SM_UTIL
         request.metrics[0].value = gpu.gpm_sm_util
         return request
+
+
+def two_busy_gpus() -> FakeNvml:
+    """Two GPUs whose utilization follows the clock (busy in the first 300 ms of every
+    500 ms): the fake a sidecar process loads through ``SIDECAR_TEST_NVML``."""
+
+    class ClockedGpu(FakeGpu):
+        @property  # type: ignore[misc]
+        def util(self) -> int:
+            return 90 if time.monotonic() % 0.5 < 0.3 else 10
+
+        @util.setter
+        def util(self, _value: int) -> None:
+            pass
+
+    return FakeNvml([ClockedGpu(uuid="GPU-0a0a0a0a", name="NVIDIA Fake 0"),
+                     ClockedGpu(uuid="GPU-1b1b1b1b", name="NVIDIA Fake 1")])
