@@ -32,7 +32,10 @@ def _interval(parser: argparse.ArgumentParser) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sidecar", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="sidecar", description="The monitor's sidecar process: receives the markers' "
+        "records, samples GPUs and the job's processes, writes computational.tsv, "
+        "summary.log and more. See README.md.")
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("run", help="run CMD under a sidecar, write files when it ends")
