@@ -73,6 +73,11 @@ def main() -> None:
             print(f"epoch {epoch}: validation accuracy "
                   f"{correct / len(val_loader.dataset):.3f}", flush=True)
             run.checkpoint()
+    if run.out_dir is not None:
+        split = run.out_dir / "training" / "split-0"
+        print(f"\nfiles written by the sidecar: {split / 'summary.log'}, "
+              f"{split / 'logs'}/{{computational,phases,resources}}.tsv, "
+              f"{run.out_dir / 'run.json'}")
 
 
 if __name__ == "__main__":

@@ -139,5 +139,7 @@ def start_run(out_dir: str | os.PathLike[str] = "maps", split: int = 0,
     first_epoch = reply.get("epoch") if reply else 0
     run = Run(sender, hello, monitored, on_close,
               first_epoch if isinstance(first_epoch, int) else 0)
+    folder = reply.get("out_dir") if reply else None
+    run.out_dir = Path(folder) if isinstance(folder, str) else None
     atexit.register(run.close_at_exit)
     return run

@@ -15,6 +15,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 from markers import wire
@@ -145,6 +146,7 @@ class Run:
                  on_close: Callable[[], None] | None = None, first_epoch: int = 0) -> None:
         self._sender = sender
         self.monitored = monitored
+        self.out_dir: Path | None = None  # the run folder as the sidecar resolved it
         self._on_close = on_close
         self._accumulation = int(hello["accumulation_steps"])
         self._buffer = RecordBuffer(sender, hello, perf_counter_ns())

@@ -302,6 +302,7 @@ def test_without_endpoint_a_private_sidecar_is_started(tmp_path: Path,
     monkeypatch.chdir(tmp_path)
     with markers.start_run(out_dir="private", warmup_iterations=0) as run:
         assert run.monitored
+        assert run.out_dir == (tmp_path / "private").resolve()
         train(run, epochs=1, train_batches=2, val_batches=1)
     logs = tmp_path / "private" / "training" / "split-0" / "logs"
     assert read_tsv(logs / "computational.tsv")["Training loop (s)"].notna().sum() == 2
