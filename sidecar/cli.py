@@ -13,7 +13,7 @@ from sidecar import endpoints
 from sidecar.samplers import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
 from sidecar.server import Config, serve
 
-STATUS_TIMEOUT_S = 3.0
+STATUS_TIMEOUT_S = 5.0  # a busy daemon answers after the messages queued before
 
 
 def _interval_s(text: str) -> float:

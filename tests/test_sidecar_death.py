@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from markers.transport import SNDHWM
-from tests.helpers import progress, run_json, split_dir, start_job, wait_for
+from tests.helpers import progress, run_json, split_dir, start_job, status, wait_for
 
 # The markers queue at most SNDHWM messages of at most FLUSH_RECORDS (256) records of
 # 24 bytes while no sidecar takes them: about 6 MB, plus ZeroMQ's own overhead.
@@ -56,8 +56,11 @@ def test_sigkill_of_the_sidecar_then_a_new_one_takes_over(serve, short_tmp: Path
           f"slowest checkpoint {absent['max_checkpoint_s']:.4f} s")
 
     second = serve()  # same endpoint; the markers reconnect and re-announce the run
-    view = wait_for(lambda: (v := second.status())["runs"] and v["runs"][0]["records"] > 0
-                    and v, 30, "the new sidecar to take the run over")
+    # The markers' whole queue (SNDHWM messages) reaches the new sidecar at once; a status
+    # request waits behind it, so one that times out is simply asked again.
+    view = wait_for(lambda: (v := status(second.endpoint, 5.0)) and v["runs"]
+                    and v["runs"][0]["records"] > 0 and v, 60,
+                    "the new sidecar to take the run over")
     assert view["runs"][0]["pid"] == job.pid
     wait_for(lambda: progress(path)["checkpoints_ok"] > absent["checkpoints_ok"], 30,
              "a checkpoint answered by the new sidecar")
