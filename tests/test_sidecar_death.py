@@ -28,7 +28,7 @@ def test_sigkill_of_the_sidecar_then_a_new_one_takes_over(serve, short_tmp: Path
     stop, burst, path = short_tmp / "stop", short_tmp / "burst", short_tmp / "p.json"
     job = start_job(first.endpoint, short_tmp, "--out-dir", str(out), "--iters", "100",
                     "--stop-file", str(stop), "--burst-file", str(burst), "--progress",
-                    str(path), "--warmup", "2", "--cap", "1000000")
+                    str(path), "--warmup", "2", "--cap", "2000")
     checkpointed = wait_for(lambda: (p := progress(path)).get("checkpoints_ok", 0) >= 2 and p,
                             60, "two checkpoints")
     # Some records must reach the first sidecar after its last checkpoint (they are lost

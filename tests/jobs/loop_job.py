@@ -113,8 +113,10 @@ def main() -> None:
             progress["dropped"] = run.dropped
             progress["rss"] = process.memory_info().rss
             write_progress(args.progress, progress)
+        # Training ends here; finish() (leaving the block) then waits for the sidecar's
+        # final write, which the Training time does not include.
+        progress["elapsed_s"] = time.monotonic() - started
     progress["done"] = True
-    progress["elapsed_s"] = time.monotonic() - started
     write_progress(args.progress, progress)
 
 
