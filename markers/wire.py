@@ -53,7 +53,6 @@ RECORD_FIELDS = (
     "peak_bytes",
 )
 RECORD_WIDTH = len(RECORD_FIELDS)
-FIELD_INDEX = {name: i for i, name in enumerate(RECORD_FIELDS)}
 
 FLAG_IN_ITERATION = 1  # part of a training or validation iteration (summed per iteration)
 FLAG_VALIDATION = 2  # recorded during validation

@@ -92,17 +92,15 @@ class Session:
 class _Partial:
     """Sums of one phase within an open iteration (``__slots__``: many are made)."""
 
-    __slots__ = ("end_ns", "gpu_ns", "peak_bytes", "start_ns", "wall_ns")
+    __slots__ = ("gpu_ns", "peak_bytes", "start_ns", "wall_ns")
 
     def __init__(self, start_ns: int) -> None:
         self.start_ns = start_ns
-        self.end_ns = start_ns
         self.wall_ns = 0
         self.gpu_ns = -1
         self.peak_bytes = -1
 
     def add(self, start_ns: int, end_ns: int, gpu_ns: int, peak_bytes: int) -> None:
-        self.end_ns = end_ns
         self.wall_ns += end_ns - start_ns
         if gpu_ns >= 0:
             self.gpu_ns = gpu_ns + max(self.gpu_ns, 0)
@@ -123,7 +121,6 @@ class RankAggregator:
         self.training_before_s = 0.0  # effective Training time of earlier sessions
         self.downtime_s = 0.0  # between a process's end and the next one's start
         self.redone_s = 0.0  # training after a checkpoint, lost by a resume from it
-        self.abandoned_iterations = 0
         self._open: dict[tuple[bool, int], dict[int, _Partial]] = {}
         self._standalone_seen: dict[int, int] = {}
 
@@ -147,7 +144,6 @@ class RankAggregator:
         if self.sessions:
             current = self.sessions[-1]
             current.end_ns = end_ns if end_ns is not None else current.last_ns
-        self.abandoned_iterations += len(self._open)
         self._open.clear()
 
     def training_s(self) -> float:
@@ -226,7 +222,6 @@ class RankAggregator:
         stale = [k for k in self._open if k[0] == validation and k[1] < iteration]
         for k in stale:
             del self._open[k]
-        self.abandoned_iterations += len(stale)
         if loop_record[P_BATCH] < self.settings.warmup_iterations:
             return
         store = self.stored_iterations[validation] < self.settings.num_measurements
