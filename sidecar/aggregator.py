@@ -121,6 +121,7 @@ class RankAggregator:
         self.training_before_s = 0.0  # effective Training time of earlier sessions
         self.downtime_s = 0.0  # between a process's end and the next one's start
         self.redone_s = 0.0  # training after a checkpoint, lost by a resume from it
+        self.gpu_not_measured = 0  # phases whose GPU time the markers could not take
         self._open: dict[tuple[bool, int], dict[int, _Partial]] = {}
         self._standalone_seen: dict[int, int] = {}
 
@@ -186,6 +187,8 @@ class RankAggregator:
             session.last_ns = max(session.last_ns, record[P_END])
             phase = record[P_PHASE]
             flags = record[P_FLAGS]
+            if flags & wire.FLAG_GPU_DROPPED:
+                self.gpu_not_measured += 1
             if phase in UNCAPPED:
                 self._measure(phase, record, record[P_END] - record[P_START], record[P_GPU],
                               record[P_PEAK], store=True)
@@ -262,6 +265,7 @@ class RankAggregator:
             "saved_unix": self.sessions[-1].last_unix if self.sessions else self.run_start_unix,
             "downtime_s": self.downtime_s,
             "redone_s": self.redone_s,
+            "gpu_not_measured": self.gpu_not_measured,
             "stored_iterations": {"train": self.stored_iterations[False],
                                   "validation": self.stored_iterations[True]},
             "custom_names": {str(k): v for k, v in self.custom_names.items()},
@@ -284,6 +288,7 @@ class RankAggregator:
         self.training_before_s = float(state["training_s"])
         self.downtime_s = float(state["downtime_s"])
         self.redone_s = float(state["redone_s"])
+        self.gpu_not_measured = int(state.get("gpu_not_measured", 0))  # added within schema 2
         self.stored_iterations = {False: int(state["stored_iterations"]["train"]),
                                   True: int(state["stored_iterations"]["validation"])}
         self.custom_names = {int(k): str(v) for k, v in state["custom_names"].items()}

@@ -15,7 +15,7 @@ import threading
 import time
 from array import array
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -240,13 +240,13 @@ class ResourceMonitor:
 
     # -- reporting ------------------------------------------------------------------
 
-    def report(self, split: Split, records_line: str) -> Report:
+    def report(self, split: Split, records_lines: Sequence[str]) -> Report:
         """The resources block and resources.tsv rows of ``split`` (everything sampled so
         far is attributed when the split has ended)."""
         entry = self.splits.get(id(split))
         if entry is None:
             return Report(resources_block([], None, "no process of this run was watched", {},
-                                          records_line), None)
+                                          records_lines), None)
         resources = entry[1]
         if split.status != "running" and not resources.closed:
             # A last round at the end, so a run shorter than the interval has figures too.
@@ -260,7 +260,7 @@ class ResourceMonitor:
         lines = resources_block(summarize_gpus(resources.gpu_samples),
                                 summarize_host(resources.host_samples)
                                 if resources.host_samples else None,
-                                off_reason, attribution, records_line)
+                                off_reason, attribution, records_lines)
         agg = split.ranks.get(0)
         run_start_ns = 0
         if agg is not None and agg.sessions:

@@ -105,13 +105,17 @@ class Server:
 
     # -- writing --------------------------------------------------------------------
 
-    def records_line(self, split: Split) -> str:
+    def records_lines(self, split: Split) -> list[str]:
         """The record counts of ``split`` for its summary."""
         streams = [s for s in self.registry.streams.values() if s.split is split]
         received = sum(s.received for s in streams) - sum(split.lost.values())
-        return (f"Records: received {received}, dropped {sum(split.dropped.values())} (not "
-                f"sent), lost {sum(split.lost.values())} (sent, never received), rejected "
-                f"{split.rejected}")
+        lines = [f"Records: received {received}, dropped {sum(split.dropped.values())} (not "
+                 f"sent), lost {sum(split.lost.values())} (sent, never received), rejected "
+                 f"{split.rejected}"]
+        if split.gpus:  # the markers' CUDA event pool ran dry or a device call failed
+            not_measured = sum(agg.gpu_not_measured for agg in split.ranks.values())
+            lines.append(f"GPU times not measured: {not_measured} phases")
+        return lines
 
     def write(self, split: Split, with_state: bool = False) -> str | None:
         """Write ``split``'s files; returns the error text, None on success."""
@@ -119,7 +123,7 @@ class Server:
             refusal = self._outside_root(split)
             if refusal:
                 raise PermissionError(refusal)
-            output.write_split(split, self.monitor.report(split, self.records_line(split)),
+            output.write_split(split, self.monitor.report(split, self.records_lines(split)),
                                with_state)
         except OSError as exc:
             # without the file name: it is a fresh temporary one at each try

@@ -61,3 +61,22 @@ def test_gpu_columns_are_seconds_and_mib_and_the_summary_names_the_gpu(
                         r"3\.00e\+02 ± 0\.00e\+00 \[9\]", forward)
     document = json.loads((sidecar.root / "maps" / "run.json").read_text())
     assert document["gpus"] == [{"uuid": CompletingBackend.device_uuid, "name": "Fake GPU"}]
+
+
+def test_phases_the_event_pool_could_not_time_are_counted_in_the_summary(
+        sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch) -> None:
+    # One event pair for three phases per step: the pool runs dry until a flush frees it.
+    monkeypatch.setattr(markers.gpu, "open_gpu_timer",
+                        lambda **_: markers.gpu.GpuTimer(CompletingBackend(), 1))
+    with markers.start_run(out_dir="maps", warmup_iterations=0, train_batch_size=8) as run:
+        for _batch in run.train_batches([[0] * 8] * 20):
+            for phase in ("forward", "backward", "optimization"):
+                with run.phase(phase):
+                    pass
+    frame = read_tsv(sidecar.split_dir() / "logs" / "computational.tsv")
+    summary = (sidecar.split_dir() / "summary.log").read_text()
+    match = re.search(r"^GPU times not measured: (\d+) phases$", summary, re.M)
+    assert match is not None
+    untimed = sum(int(frame[f"{p} (s)"].notna().sum() - frame[f"{p} GPU (s)"].notna().sum())
+                  for p in ("Forward", "Backward", "Optimization"))
+    assert untimed > 0 and int(match[1]) == untimed  # every step is stored (cap 100)

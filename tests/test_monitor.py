@@ -58,7 +58,7 @@ def test_gpu_use_is_attributed_to_the_phases_that_ran(tmp_path: Path) -> None:
         records.extend((label_id, 0, 0, -1, 0, start, end, -1, -1))
     monitor.note_records(split, 0, records)
     split.set_status("completed", None)
-    report = monitor.report(split, "Records: test")
+    report = monitor.report(split, ["Records: test"])
 
     text = "\n".join(report.lines)
     assert "GPU 0: 'Fake A' GPU-aaaa" in text and "GPU 1: 'Fake B' GPU-bbbb" in text
@@ -88,9 +88,9 @@ def test_a_split_takes_only_the_gpus_its_job_reported(tmp_path: Path) -> None:
     run_phase(monitor, 0.2)
     for split in (used, cpu_only):
         split.set_status("completed", None)
-    used_frame = monitor.report(used, "").frame
+    used_frame = monitor.report(used, []).frame
     assert used_frame is not None and set(used_frame["gpu uuid"].dropna()) == {"GPU-bbbb"}
-    text = "\n".join(monitor.report(cpu_only, "").lines)
+    text = "\n".join(monitor.report(cpu_only, []).lines)
     assert "GPU sampling: off (the job used no GPU)" in text
 
 
@@ -104,7 +104,7 @@ def test_without_a_driver_gpu_sampling_is_off_and_host_sampling_goes_on(
     monitor.watch(split, os.getpid())
     run_phase(monitor, 0.2)
     split.set_status("incomplete", "test")
-    report = monitor.report(split, "")
+    report = monitor.report(split, [])
     assert "GPU sampling: off (no NVIDIA driver: test)" in report.lines
     assert report.frame is not None and len(report.frame) >= 2
     assert report.frame["gpu index"].isna().all()

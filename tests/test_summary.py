@@ -156,7 +156,7 @@ def test_resources_block_with_gpu_off() -> None:
     host = summarize_host([HostSample(START, 0.0, 10.0, None, 20.0, 1),
                            HostSample(START + S, 100.0, 12.0, 11.0, 21.0, 1)])
     lines = resources_block([], host, "no NVIDIA driver: NVML Shared Library Not Found", {},
-                            "Records: dropped 3, rejected 2")
+                            ["Records: dropped 3, rejected 2"])
     assert lines[:3] == ["Resources", "-" * WIDTH,
                          "GPU sampling: off (no NVIDIA driver: NVML Shared Library Not Found)"]
     assert lines[-1] == "Records: dropped 3, rejected 2"
@@ -171,7 +171,7 @@ def test_resources_block_with_gpus_and_attribution() -> None:
     attribution = attribute_phases(samples, [("Forward", START, START + 4 * S),
                                              (long_label, START, START + S)])
     lines = resources_block(summarize_gpus(samples), None, None, attribution,
-                            "Records: dropped 0, rejected 0")
+                            ["Records: dropped 0, rejected 0"])
     assert all(len(line) <= WIDTH for line in lines), max(lines, key=len)
     text = "\n".join(lines)
     assert "GPU 0: 'Fake 0' GPU-0 (4 samples over 4.0 s)" in text
@@ -188,7 +188,7 @@ def test_resources_block_with_gpus_and_attribution() -> None:
 def test_resources_block_fields_missing() -> None:
     summary = summarize_gpus([gpu_sample(START, power_w=None, power_source=None,
                                          temperature_c=None)])[0]
-    text = "\n".join(resources_block([summary], None, None, {}, "Records: none"))
+    text = "\n".join(resources_block([summary], None, None, {}, ["Records: none"]))
     assert "Power (W)" in text and "mean n/a" in text
     assert "Energy (J)                n/a" in text
     assert "SM activity" not in text  # optional field absent: no line

@@ -272,7 +272,7 @@ def _attribution_lines(attribution: dict[str, PhaseAttribution]) -> list[str]:
 
 def resources_block(gpu: list[GpuSummary], host: HostSummary | None,
                     gpu_off_reason: str | None, attribution: dict[str, PhaseAttribution],
-                    records_line: str) -> list[str]:
+                    records_lines: Sequence[str]) -> list[str]:
     """The lines (no newlines, at most 106 characters) of summary.log's resources block.
 
     ``gpu_off_reason`` set means GPU sampling was off (or stopped) and is said so; GPU
@@ -295,7 +295,7 @@ def resources_block(gpu: list[GpuSummary], host: HostSummary | None,
         ]
     if attribution:
         lines.extend(_attribution_lines(attribution))
-    lines += ["", records_line]
+    lines += ["", *records_lines]
     return lines
 
 
