@@ -5,6 +5,14 @@ A phase writes three integers into ``slots`` at ``n`` (see ``markers.wire``) and
 else happens per phase on a CPU. On a GPU a phase also reserves a GPU slot, filled once
 its CUDA events have completed; ``flush`` sends only the slots before the first GPU slot
 still pending, so records reach the sidecar in order, and never waits for the GPU.
+
+Custom phase declarations go out before any records message that follows them; one that
+cannot be queued is retried at each flush, and records are not sent ahead of it (they
+would name an id the sidecar does not know). The declarations also ride in every
+repeated hello, so a sidecar that takes over a running process learns them all.
+
+In a forked child (a DataLoader worker) the buffer cannot send: it counts its phases
+instead (``markers.forks``) and the parent reports the total.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ from time import perf_counter_ns
 from typing import Any
 
 from markers import wire
+from markers.forks import ChildCounts
 from markers.transport import Sender
 
 FLUSH_RECORDS = 256  # per message: ~6 KiB, the ~20 µs cost of a send spread thin
@@ -39,7 +48,29 @@ class RecordBuffer:
         self._contexts: list[int] = []  # offsets of the context slots in ``slots``
         self._pending: list[tuple[int, int]] = []  # (offset of a GPU slot, timer slot)
         self._next_hello_ns = now_ns + HELLO_EVERY_NS
+        self._undeclared: list[dict[str, Any]] = []  # phase declarations not queued yet
+        self._sent_since_context = False  # records of the current context already sent
+        self.children = ChildCounts()
+        self.in_child = False  # this copy lives in a forked child: count, never send
         self._write_context()
+
+    def declare(self, phase_id: int, name: str) -> None:
+        """Declare custom phase ``name`` as ``phase_id`` to the sidecar (now if it can be
+        queued, else before the next records) and in every repeated hello."""
+        self.hello.setdefault("phases", {})[name] = phase_id
+        self._undeclared.append({"type": wire.PHASE, "id": phase_id, "name": name})
+        self._send_declarations()
+
+    def _send_declarations(self) -> bool:
+        while self._undeclared:
+            if not self.sender.send_control(self._undeclared[0]):
+                return False
+            del self._undeclared[0]
+        return True
+
+    def recorded_since_context(self) -> bool:
+        """Whether any phase was recorded since the last ``set_context``."""
+        return self._sent_since_context or self.n > self._contexts[-1] + _SLOTS
 
     def set_context(self, flags: int, epoch: int, iteration: int, batch: int) -> None:
         """The context of the phases that follow (iteration boundaries, epoch ends)."""
@@ -52,6 +83,7 @@ class RecordBuffer:
         if contexts and contexts[-1] == n - _SLOTS:
             n -= _SLOTS  # nothing was recorded under the previous context: replace it
             contexts.pop()
+        self._sent_since_context = False
         contexts.append(n)
         slots = self.slots
         slots[n], slots[n + 1], slots[n + 2] = self._context
@@ -85,14 +117,25 @@ class RecordBuffer:
 
     def flush(self) -> None:
         """Send every slot whose GPU values are known; never waits, never raises."""
+        if self.in_child:
+            self.children.report(self._phase_count(self.n))
+            self._keep_from(self.n)
+            return  # deadline stays 0: a child reports at every phase (it may end any time)
         now_ns = perf_counter_ns()
         self.deadline_ns = now_ns + FLUSH_AGE_NS
         ready = self._resolve_gpu()
         if ready:
             count = self._phase_count(ready)
             if count:
-                self.sender.send_records(self.slots[:ready], count)
+                if self._send_declarations():
+                    self.sender.send_records(self.slots[:ready], count)
+                else:  # the queue is full: the records could not go either
+                    self.sender.dropped += count
+                if self._contexts[-1] < ready - _SLOTS:
+                    self._sent_since_context = True
             self._keep_from(ready)
+        if self.children.collect():
+            self.hello["worker_phases"] = self.children.total
         if now_ns >= self._next_hello_ns:
             self._next_hello_ns = now_ns + HELLO_EVERY_NS
             self.sender.send_control({**self.hello, "repeat": True})
@@ -109,6 +152,19 @@ class RecordBuffer:
             self.slots[offset:offset + _SLOTS] = array(
                 "q", (wire.TAG_GPU if gpu_ns >= 0 else _NO_GPU, gpu_ns, peak))
         self._pending = []
+
+    def enter_child(self) -> None:
+        """In a forked child: forget the parent's unsent records and GPU timing; from now on
+        every phase is counted and reported to the parent at once."""
+        self.gpu = None
+        self._pending = []
+        self._undeclared = []
+        self.children.in_child()
+        self.in_child = True
+        self.n = 0
+        self._contexts = []
+        self._write_context()
+        self.deadline_ns = 0
 
     # -- internals ------------------------------------------------------------------
 

@@ -5,7 +5,8 @@ stores into the preallocated ``markers.buffer.RecordBuffer`` and one comparison;
 buffer goes out as one message every ``FLUSH_RECORDS`` records or ``FLUSH_AGE_NS``,
 whichever comes first, and at epoch ends, checkpoints and finish. Iteration boundaries
 write a context slot (epoch, iteration, warmup gate) that the phases after it share.
-Nothing here waits on the GPU or raises into the loop.
+Nothing here waits on the GPU or raises into the loop. The iteration model every loop
+shape follows is described in docs/iteration-model.md.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from markers import wire
+from markers import forks, wire
 from markers.buffer import RecordBuffer
 from markers.transport import Sender
 
@@ -57,25 +58,31 @@ class Phase:
 
     ``__exit__`` writes three integers into the buffer inline and compares once: it runs
     at every phase of every step. Once the script uses CUDA the Run turns its markers into
-    ``GpuPhase`` (same slots), so the CPU path carries no GPU test.
+    ``GpuPhase`` (same slots), so the CPU path carries no GPU test. A phase entered again
+    inside itself (a decorated helper called within the same phase) is one measurement,
+    the outer one: the inner entries only count their depth.
     """
 
-    __slots__ = ("_buffer", "_id", "_outer", "_slot", "_start")
+    __slots__ = ("_buffer", "_depth", "_id", "_slot", "_start")
 
     def __init__(self, buffer: RecordBuffer, phase_id: int) -> None:
         self._buffer = buffer
         self._id = phase_id
         self._start = 0  # 0: not entered
         self._slot = -1  # the GPU timer slot of the current entry (GpuPhase)
-        self._outer: list[tuple[int, int]] = []  # (start, slot) of entries this one nests in
+        self._depth = 0  # entries inside the open one
 
     def __enter__(self) -> Phase:
-        if self._start:  # the same phase entered again inside itself (recursion)
-            self._outer.append((self._start, self._slot))
+        if self._start:  # entered again inside itself: the outer entry measures
+            self._depth += 1
+            return self
         self._start = perf_counter_ns()
         return self
 
     def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
+        if self._depth:
+            self._depth -= 1
+            return
         end_ns = perf_counter_ns()
         buffer = self._buffer
         n = buffer.n
@@ -84,12 +91,9 @@ class Phase:
         slots[n + 1] = self._start
         slots[n + 2] = end_ns
         buffer.n = n = n + 3
+        self._start = 0
         if n >= buffer.flush_at or end_ns >= buffer.deadline_ns:
             buffer.flush()
-        if self._outer:
-            self._start, self._slot = self._outer.pop()
-        else:
-            self._start = 0
 
     def begin(self) -> None:
         """Start the phase now (for hooks and callbacks that cannot use ``with``)."""
@@ -115,38 +119,65 @@ class GpuPhase(Phase):
 
     def __enter__(self) -> Phase:
         if self._start:
-            self._outer.append((self._start, self._slot))
+            self._depth += 1
+            return self
         self._slot = self._buffer.gpu.begin()
         self._start = perf_counter_ns()
         return self
 
     def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
+        if self._depth:
+            self._depth -= 1
+            return
         end_ns = perf_counter_ns()
         buffer = self._buffer
         buffer.gpu.end(self._slot)
         # Entered before CUDA came up (slot -1): recorded as "GPU not measured".
         buffer.record_gpu(self._id, self._start, end_ns, self._slot)
-        self._start, self._slot = self._outer.pop() if self._outer else (0, -1)
+        self._start, self._slot = 0, -1
 
 
 class _Span:
-    """A context manager over a begin/end pair of ``Run`` primitives (epoch, validation)."""
+    """A context manager over a begin/end pair of ``Run`` primitives (epoch, validation);
+    an exception leaving it ends the span as cut short (``failed``)."""
 
     __slots__ = ("_begin", "_end")
 
-    def __init__(self, begin: Callable[[], None], end: Callable[[], None]) -> None:
+    def __init__(self, begin: Callable[[], None], end: Callable[[bool], None]) -> None:
         self._begin, self._end = begin, end
 
     def __enter__(self) -> _Span:
         self._begin()
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self._end()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
+        self._end(exc_type is not None)
+
+
+class _Iteration:
+    """An iteration begun and not yet ended: where it started, its context slot, the
+    batches it held and the time it was suspended (a validation inside it)."""
+
+    __slots__ = ("batches", "context", "excluded_ns", "recorded", "start_ns", "validation")
+
+    def __init__(self, validation: bool, start_ns: int,
+                 context: tuple[int, int, int, int]) -> None:
+        self.validation = validation
+        self.start_ns = start_ns
+        self.context = context  # (flags, epoch, iteration, batch)
+        self.batches = 0
+        self.excluded_ns = 0
+        self.recorded = False  # phases recorded in it before a suspension
 
 
 class Run:
-    """One monitored training run of one split (created by ``markers.start_run``)."""
+    """One monitored training run of one split (created by ``markers.start_run``).
+
+    The iteration model (SPEC §4, docs/iteration-model.md) lives in the primitives: an
+    iteration runs from fetching its batch to fetching the next (or leaving the loop);
+    every iteration that holds anything ends with exactly one loop record, complete or
+    flagged incomplete, so nothing of it can move into a later one.
+    """
 
     def __init__(self, sender: Sender, hello: dict[str, Any], monitored: bool,
                  on_close: Callable[[], None] | None = None, first_epoch: int = 0) -> None:
@@ -156,17 +187,22 @@ class Run:
         self._on_close = on_close
         self._accumulation = int(hello["accumulation_steps"])
         self._buffer = RecordBuffer(sender, hello, perf_counter_ns())
-        self._phases: dict[str, Phase] = {}
+        self._phases: dict[str, Phase | _NullPhase] = {}
         self._next_custom = wire.FIRST_CUSTOM_ID
         self._epoch = first_epoch  # epochs continue across resumes
-        self._epoch_start_ns = 0
-        self._validation_start_ns = 0
+        self._epoch_start_ns = 0  # 0: no epoch open
+        self._validation_start_ns = 0  # 0: no validation pass open
+        self._validation_suspended = False  # the open pass suspended a training iteration
         self._iterations = [0, 0]  # training, validation iterations so far (by `validation`)
         self._net_batches = 0  # batches that went through the network in this process
-        self._open: tuple[bool, int] | None = None  # the open iteration: (validation, start)
+        self._open: _Iteration | None = None
+        self._suspended: tuple[_Iteration, int] | None = None  # (iteration, since ns)
+        self._left: list[tuple[_Iteration, int]] = []  # loops left: (iteration, end ns)
+        self._context = (0, self._epoch, -1, 0)
         self._batch_sizes_sent: set[str] = set()
         self._finished = False
-        self._buffer.set_context(0, self._epoch, -1, 0)
+        self._buffer.set_context(*self._context)
+        forks.on_fork(self, Run._before_fork, Run._enter_child)
 
     # -- public API -----------------------------------------------------------------
 
@@ -175,28 +211,28 @@ class Run:
         """Records that could not be sent so far (sidecar absent or slow)."""
         return self._sender.dropped
 
-    def phase(self, name: str) -> Phase:
+    def phase(self, name: str) -> Phase | _NullPhase:
         """The marker of phase ``name``: a canonical one (forward, backward, optimization,
-        evaluation, metrics) or a custom name, which gets its own column.
-        Use as a context manager or a decorator; the same object is returned each time.
+        evaluation, metrics) or a custom name, which gets its own column (tabs and
+        newlines in it become spaces). A custom name equal to a standard label in any
+        case (``Forward``, ``Epoch``, ``Training loop``, ...) is refused with one
+        RuntimeWarning and measures nothing. Use as a context manager or a decorator;
+        the same object is returned each time.
         """
         marker = self._phases.get(name)
         if marker is None:
-            phase_id = wire.CANONICAL_PHASE_NAMES.get(name)
-            if phase_id is None:
-                phase_id = self._next_custom
-                self._next_custom += 1
-                self._sender.send_control({"type": wire.PHASE, "id": phase_id, "name": name})
-            kind = Phase if self._buffer.gpu is None else GpuPhase
-            marker = self._phases[name] = kind(self._buffer, phase_id)
+            marker = self._phases[name] = self._new_phase(name)
         return marker
 
     def epoch(self) -> _Span:
-        """Context manager around one epoch (the Epoch column)."""
+        """Context manager around one epoch (the Epoch column); an exception leaving it
+        keeps the epoch in phases.tsv flagged incomplete."""
         return _Span(self.begin_epoch, self.end_epoch)
 
     def validation(self) -> _Span:
-        """Context manager around one validation pass (the Validation column)."""
+        """Context manager around one validation pass (the Validation column). Inside a
+        training iteration it suspends that iteration: its Training loop time excludes
+        the pass."""
         return _Span(self.begin_validation, self.end_validation)
 
     def train_batches(self, loader: Iterable[Any]) -> Iterator[Any]:
@@ -214,6 +250,7 @@ class Run:
 
         Waits for the sidecar's answer at most ``timeout_s``; True when it wrote.
         """
+        self._settle()
         self._buffer.flush()
         reply = self._sender.request({"type": wire.CHECKPOINT}, timeout_s)
         return bool(reply and reply.get("ok"))
@@ -226,6 +263,7 @@ class Run:
         an empty dict when the run is not monitored or no sidecar answered (loading an
         empty dict later is a no-op). Never raises.
         """
+        self._settle()
         self._buffer.flush()
         reply = self._sender.request({"type": wire.STATE}, timeout_s)
         state = reply.get("state") if reply and reply.get("ok") else None
@@ -241,6 +279,7 @@ class Run:
         """
         if not state:
             return False
+        self._settle()
         self._buffer.flush()
         reply = self._sender.request({"type": wire.LOAD_STATE, "state": state}, timeout_s)
         if not (reply and reply.get("ok")):
@@ -251,23 +290,34 @@ class Run:
         epoch = reply.get("epoch")
         if isinstance(epoch, int):
             self._epoch = epoch
-            self._buffer.set_context(0, epoch, -1, self._net_batches)
+            self._set_outside()
         return True
 
     def finish(self, status: str = "completed", error: str | None = None) -> None:
         """End the run: send everything (waiting at most ``GPU_DRAIN_S`` for GPU times
         still in flight), have the sidecar write its files (waiting at most
         ``FINISH_TIMEOUT_S``), close the connection. Safe to call more than once.
+
+        An iteration, epoch or validation pass still open is cut short: kept in phases.tsv
+        flagged incomplete (an iteration left by a loop's ``break`` before a completed
+        finish is whole).
         """
         if self._finished:
             return
         self._finished = True
         end_ns = perf_counter_ns()
+        self._close_all(status == "failed", end_ns)
         if self._buffer.gpu is not None:
             self._buffer.drain_gpu()
         self._buffer.flush()
+        worker_phases = self._buffer.children.collect()
+        if worker_phases:
+            warnings.warn(f"markers: {worker_phases} phases inside DataLoader workers were not "
+                          "measured (a worker process cannot send; time them in the main "
+                          "process)", RuntimeWarning, stacklevel=2)
         reply = self._sender.request({"type": wire.FINISH, "status": status, "error": error,
-                                      "end_ns": end_ns}, FINISH_TIMEOUT_S)
+                                      "end_ns": end_ns, "worker_phases": worker_phases},
+                                     FINISH_TIMEOUT_S)
         if reply is None:
             reason = (f"within {FINISH_TIMEOUT_S:.0f} s" if self._sender.connected
                       else "(no sidecar connected)")
@@ -298,100 +348,336 @@ class Run:
     # -- primitives: loop helpers, module hooks and framework callbacks drive these -----
 
     def begin_epoch(self) -> None:
-        """An epoch starts now."""
-        self._epoch_start_ns = perf_counter_ns()
+        """An epoch starts now (an epoch still open is cut short)."""
+        self._settle()
+        now_ns = perf_counter_ns()
+        if self._epoch_start_ns:
+            self._record_in(self._context, wire.FLAG_INCOMPLETE, wire.EPOCH,
+                            self._epoch_start_ns, now_ns)
+        self._epoch_start_ns = now_ns
+        self._record_in(self._context, wire.FLAG_BEGIN, wire.EPOCH, now_ns, now_ns)
 
-    def end_epoch(self) -> None:
-        """The epoch begun by ``begin_epoch`` ends now (one Epoch measurement); the next
-        phases belong to the next epoch. Sends what is buffered."""
-        self._buffer.record(wire.EPOCH, self._epoch_start_ns, perf_counter_ns())
+    def end_epoch(self, failed: bool = False) -> None:
+        """The epoch begun by ``begin_epoch`` ends now: one Epoch measurement, or, when
+        ``failed`` (cut short by an exception or a signal), a row flagged incomplete. An
+        iteration still open ends with it. The next phases belong to the next epoch;
+        sends what is buffered."""
+        self._settle(failed)
+        end_ns = perf_counter_ns()
+        self._end_open(failed, end_ns)
+        if self._epoch_start_ns:
+            self._record_in(self._context, wire.FLAG_INCOMPLETE if failed else 0, wire.EPOCH,
+                            self._epoch_start_ns, end_ns)
+        self._epoch_start_ns = 0
         self._epoch += 1
-        self._buffer.set_context(0, self._epoch, -1, self._net_batches)
+        self._set_outside()
         self._buffer.flush()
 
     def begin_validation(self) -> None:
-        """A validation pass starts now."""
-        self._validation_start_ns = perf_counter_ns()
+        """A validation pass starts now. Inside a training iteration the pass suspends it:
+        the pass is its own Validation measurement and the iteration's loop time
+        excludes it."""
+        self._settle()
+        now_ns = perf_counter_ns()
+        if self._validation_start_ns:
+            self._record_in(self._context, wire.FLAG_INCOMPLETE, wire.VALIDATION,
+                            self._validation_start_ns, now_ns)
+        self._validation_suspended = self._suspend(now_ns) or self._validation_suspended
+        self._validation_start_ns = now_ns
+        self._record_in(self._context, wire.FLAG_BEGIN, wire.VALIDATION, now_ns, now_ns)
 
-    def end_validation(self) -> None:
-        """The validation pass ends now (one Validation measurement)."""
-        self._buffer.record(wire.VALIDATION, self._validation_start_ns, perf_counter_ns())
+    def end_validation(self, failed: bool = False) -> None:
+        """The validation pass ends now: one Validation measurement (flagged incomplete
+        when ``failed``); a training iteration it suspended goes on."""
+        self._settle(failed)
+        end_ns = perf_counter_ns()
+        if self._open is not None and self._open.validation:
+            self._end_open(failed, end_ns)
+        if self._validation_start_ns:
+            self._record_in(self._context, wire.FLAG_INCOMPLETE if failed else 0,
+                            wire.VALIDATION, self._validation_start_ns, end_ns)
+        self._validation_start_ns = 0
+        if self._validation_suspended:
+            self._validation_suspended = False
+            self._resume(end_ns)
         self._buffer.flush()
 
     def begin_iteration(self, validation: bool = False, start_ns: int | None = None) -> None:
         """A training (or validation) iteration starts at ``start_ns`` (perf_counter_ns;
         default now): the phases that follow belong to it. With accumulation, one training
-        iteration is one optimization step."""
+        iteration is one optimization step. An iteration of the same kind still open is cut
+        short (flagged incomplete); a validation iteration inside a training one suspends
+        it."""
         if start_ns is None:
             start_ns = perf_counter_ns()
-        self._open = (validation, start_ns)
-        flags = wire.FLAG_IN_ITERATION | (wire.FLAG_VALIDATION if validation else 0)
-        self._buffer.set_context(flags, self._epoch, self._iterations[validation],
-                                 self._net_batches)
+        self._settle()
+        if self._open is not None:
+            if validation and not self._open.validation:
+                self._suspend(start_ns)
+            else:
+                self._drop_open(start_ns)
+        elif not validation and self._suspended is not None:
+            self._resume(start_ns)  # the suspended one was never ended: cut it short
+            self._drop_open(start_ns)
+        context = (wire.FLAG_IN_ITERATION | (wire.FLAG_VALIDATION if validation else 0),
+                   self._epoch, self._iterations[validation], self._net_batches)
+        self._open = _Iteration(validation, start_ns, context)
+        self._set_context(*context)
 
     def data_loaded(self, start_ns: int, end_ns: int | None = None) -> None:
         """The open iteration's batch was fetched from ``start_ns`` to ``end_ns`` (default
         now; perf_counter_ns): one Training (or Validation) data loading phase."""
-        validation = self._open[0] if self._open is not None else False
+        validation = self._open.validation if self._open is not None else False
         self._buffer.record(wire.VALIDATION_DATA_LOADING if validation
                             else wire.TRAINING_DATA_LOADING, start_ns,
                             perf_counter_ns() if end_ns is None else end_ns)
 
     def batch_done(self) -> None:
-        """A batch went through the network (counts towards warmup)."""
+        """A batch went through the network (counts towards warmup and towards the
+        batches of the open iteration, which throughput counts)."""
         self._net_batches += 1
+        if self._open is not None:
+            self._open.batches += 1
 
     def end_iteration(self, end_ns: int | None = None) -> None:
         """The open iteration ends at ``end_ns`` (default now): one Training (or Validation)
-        loop measurement. Without an open iteration, nothing happens."""
-        if self._open is None:
+        loop measurement holding the batches it really held. Without an open iteration,
+        nothing happens. Phases after it are outside any iteration until the next one."""
+        iteration = self._open
+        if iteration is None:
             return
-        validation, start_ns = self._open
         self._open = None
-        self._buffer.record(wire.VALIDATION_LOOP if validation else wire.TRAINING_LOOP,
-                            start_ns, perf_counter_ns() if end_ns is None else end_ns)
+        self._end(iteration, perf_counter_ns() if end_ns is None else end_ns, 0)
+        self._set_outside()
+
+    def leave_iteration(self) -> None:
+        """Phases from now on are outside any iteration; an iteration still open is cut
+        short: kept in phases.tsv flagged incomplete, never measured."""
+        self._settle()
+        now_ns = perf_counter_ns()
+        if self._open is not None:
+            self._drop_open(now_ns)
+        if self._suspended is not None:
+            self._resume(now_ns)
+            self._drop_open(now_ns)
+        self._set_outside()
+
+    # -- the iteration model --------------------------------------------------------
+
+    def _set_context(self, flags: int, epoch: int, iteration: int, batch: int) -> None:
+        self._context = (flags, epoch, iteration, batch)
+        self._buffer.set_context(flags, epoch, iteration, batch)
+
+    def _set_outside(self) -> None:
+        self._set_context(0, self._epoch, -1, self._net_batches)
+
+    def _record_in(self, context: tuple[int, int, int, int], flags: int, tag: int,
+                   start_ns: int, end_ns: int) -> None:
+        """Record one slot under ``context`` with ``flags`` added, then go back to the
+        current context (epoch spans, flagged and late loop records)."""
+        buffer = self._buffer
+        if self._open is not None:
+            self._open.recorded |= buffer.recorded_since_context()
+        context_flags, epoch, iteration, batch = context
+        buffer.set_context(context_flags | flags, epoch, iteration, batch)
+        buffer.record(tag, start_ns, end_ns)
+        buffer.set_context(*self._context)
+
+    def _end(self, iteration: _Iteration, end_ns: int, flags: int) -> None:
+        """Send ``iteration``'s loop record (its batch count in the tag; its suspended
+        time taken off its end, so the wall time excludes it)."""
+        validation = iteration.validation
+        tag = (wire.VALIDATION_LOOP if validation else wire.TRAINING_LOOP) \
+            | iteration.batches << wire.BATCHES_SHIFT
+        end_ns = max(end_ns - iteration.excluded_ns, iteration.start_ns)
+        if not flags and iteration.context == self._context:
+            self._buffer.record(tag, iteration.start_ns, end_ns)
+        else:
+            self._record_in(iteration.context, flags, tag, iteration.start_ns, end_ns)
         self._iterations[validation] += 1
         if not validation and self._buffer.gpu is None \
                 and self._iterations[False] % GPU_CHECK_EVERY == 0:
             self._open_gpu()
 
-    def leave_iteration(self) -> None:
-        """Phases from now on are outside any iteration; an iteration still open is left
-        unfinished and never measured."""
+    def _drop_open(self, end_ns: int) -> None:
+        """Cut the open iteration short: flagged incomplete when anything belongs to it,
+        else forgotten (nothing on the wire names it)."""
+        iteration = self._open
+        if iteration is None:
+            return
         self._open = None
-        self._buffer.set_context(0, self._epoch, -1, self._net_batches)
+        if iteration.batches or iteration.recorded or (
+                iteration.context == self._context and self._buffer.recorded_since_context()):
+            self._end(iteration, end_ns, wire.FLAG_INCOMPLETE)
+        self._set_outside()
+
+    def _end_open(self, failed: bool, end_ns: int) -> None:
+        """At the end of an epoch, a pass or the run: an iteration still open (or
+        suspended) ends there, whole when it held a batch and nothing failed."""
+        if self._suspended is not None and self._open is None:
+            self._resume(end_ns)
+        iteration = self._open
+        if iteration is None:
+            return
+        if iteration.batches and not failed:
+            self.end_iteration(end_ns)
+        else:
+            self._drop_open(end_ns)
+
+    def _close_all(self, failed: bool, end_ns: int) -> None:
+        """At finish: settle, end what is open (an epoch or pass never ended is cut)."""
+        self._settle(failed)
+        if self._open is not None and self._open.validation:
+            self._end_open(failed, end_ns)
+        self._end_open(failed, end_ns)
+        for phase, start_ns in ((wire.VALIDATION, self._validation_start_ns),
+                                (wire.EPOCH, self._epoch_start_ns)):
+            if start_ns:
+                self._record_in(self._context, wire.FLAG_INCOMPLETE, phase, start_ns, end_ns)
+        self._validation_start_ns = self._epoch_start_ns = 0
+
+    def _leave_loop(self, end_ns: int) -> None:
+        """A loop was left (``break``, or an exception in its body): its iteration ends
+        at ``end_ns``, whole or cut short as the next primitive tells (``_settle``)."""
+        iteration = self._open
+        if iteration is None:
+            return
+        self._open = None
+        self._left.append((iteration, end_ns))
+        self._set_outside()
+
+    def _settle(self, failed: bool = False) -> None:
+        """Decide the iterations of loops left since the last primitive: cut short when
+        ``failed`` (an exception reached an epoch, a pass or the run), else whole."""
+        if self._left:
+            left, self._left = self._left, []
+            for iteration, end_ns in left:
+                self._end(iteration, end_ns, wire.FLAG_INCOMPLETE if failed else 0)
+
+    def _suspend(self, now_ns: int) -> bool:
+        """Suspend the open training iteration (a validation inside it); True if one was."""
+        iteration = self._open
+        if iteration is None or iteration.validation or self._suspended is not None:
+            return False
+        iteration.recorded |= self._buffer.recorded_since_context()
+        self._suspended = (iteration, now_ns)
+        self._open = None
+        self._set_outside()
+        return True
+
+    def _resume(self, now_ns: int) -> None:
+        """Go on with the suspended training iteration; the time away is excluded."""
+        if self._suspended is None:
+            return
+        if self._open is not None:  # a validation iteration left open inside it
+            self._drop_open(now_ns)
+        iteration, since_ns = self._suspended
+        self._suspended = None
+        iteration.excluded_ns += now_ns - since_ns
+        self._open = iteration
+        self._set_context(*iteration.context)
+
+    # -- phases and forks -------------------------------------------------------------
+
+    def _new_phase(self, name: str) -> Phase | _NullPhase:
+        phase_id = wire.CANONICAL_PHASE_NAMES.get(name)
+        if phase_id is None:
+            try:
+                clean = wire.custom_phase_name(str(name))
+            except ValueError as exc:
+                warnings.warn(f"markers: phase {name!r} refused ({exc}); it is not measured",
+                              RuntimeWarning, stacklevel=3)
+                return _NULL_PHASE
+            same = self._phases.get(clean)  # "a\tb" is the phase "a b"
+            if same is not None:
+                return same
+            if self._next_custom - wire.FIRST_CUSTOM_ID >= wire.MAX_CUSTOM_PHASES:
+                warnings.warn(f"markers: phase {name!r} refused (more than "
+                              f"{wire.MAX_CUSTOM_PHASES} custom phases); it is not measured",
+                              RuntimeWarning, stacklevel=3)
+                return _NULL_PHASE
+            phase_id = self._next_custom
+            self._next_custom += 1
+            self._buffer.declare(phase_id, clean)
+            kind = Phase if self._buffer.gpu is None else GpuPhase
+            marker = self._phases[clean] = kind(self._buffer, phase_id)
+            return marker
+        kind = Phase if self._buffer.gpu is None else GpuPhase
+        return kind(self._buffer, phase_id)
+
+    def _markers(self) -> list[Phase]:
+        return [m for m in self._phases.values() if isinstance(m, Phase)]
+
+    def _before_fork(self) -> None:
+        if not self._finished:
+            self._buffer.children.before_fork()
+
+    def _enter_child(self) -> None:
+        """In a forked child (a DataLoader worker): this process cannot send; its phases
+        are counted for the parent, on the CPU path, and the child never finishes the
+        run."""
+        self._finished = True
+        self._buffer.enter_child()
+        for marker in self._markers():
+            marker.__class__ = Phase
+            marker._start = marker._depth = 0
 
     # -- loop drivers ---------------------------------------------------------------
 
     def _batches(self, loader: Iterable[Any], validation: bool) -> Iterator[Any]:
+        """The loop driver: an iteration begins before its first batch is fetched (phases
+        timed inside the loader belong to the batch it loads) and ends after its last
+        batch (``accumulation_steps`` for training) or where the loop is left."""
         per_iteration = 1 if validation else self._accumulation
         kind = "validation" if validation else "train"
+        suspended = validation and self._suspend(perf_counter_ns())
         self._open_gpu()  # CUDA may have come up since the last loop
         iterator = iter(loader)
-        in_iteration = 0
+        iteration: _Iteration | None = None  # the iteration this loop has open
+        yielded = False
         try:
             while True:
                 start_ns = perf_counter_ns()
+                if iteration is None:
+                    self.begin_iteration(validation, start_ns)
+                    iteration = self._open
                 try:
                     batch = next(iterator)
                 except StopIteration:
                     break
-                if in_iteration == 0:
-                    self.begin_iteration(validation, start_ns)
                 self.data_loaded(start_ns)
                 if kind not in self._batch_sizes_sent:
                     self._send_batch_size(kind, batch)
+                yielded = True
                 yield batch
+                yielded = False
                 self.batch_done()
-                in_iteration += 1
-                if in_iteration == per_iteration:
+                if iteration.batches == per_iteration:
                     self.end_iteration()
-                    in_iteration = 0
-            if in_iteration:  # the last, shorter accumulation step of the epoch
-                self.end_iteration()
+                    iteration = None
+            if iteration is not None and iteration is self._open:
+                # The last, shorter step ends where the fetch that found no batch began;
+                # a step with no batch is no iteration.
+                if iteration.batches:
+                    self.end_iteration(start_ns)
+                else:
+                    self._drop_open(start_ns)
+        except GeneratorExit:
+            # Left with ``break`` or by an exception in the loop body: which one, the next
+            # primitive tells (an epoch, pass or run ending with an exception).
+            if yielded:
+                self.batch_done()
+            if iteration is not None and iteration is self._open:
+                self._leave_loop(perf_counter_ns())
+            raise
+        except BaseException:
+            # The loader itself raised: the iteration it was fetching is cut short.
+            if iteration is not None and iteration is self._open:
+                self._drop_open(perf_counter_ns())
+            raise
         finally:
-            # A loop left early leaves its iteration open: it is never measured.
-            self.leave_iteration()
+            if suspended:
+                self._resume(perf_counter_ns())
 
     def _send_batch_size(self, kind: str, batch: Any) -> None:
         self._batch_sizes_sent.add(kind)
@@ -410,7 +696,7 @@ class Run:
         if timer is not None:
             self._buffer.flush()  # what came before has no GPU slots
             self._buffer.gpu = timer
-            for marker in self._phases.values():
+            for marker in self._markers():
                 marker.__class__ = GpuPhase
             self._sender.send_control({"type": wire.GPU, "uuid": timer.device_uuid,
                                        "name": timer.device_name})
@@ -476,7 +762,7 @@ class NullRun:
     def end_iteration(self, end_ns: int | None = None) -> None:
         """Does nothing."""
 
-    def _nothing(self) -> None:
+    def _nothing(self, *args: object, **kwargs: object) -> None:
         return None
 
     begin_epoch = end_epoch = begin_validation = end_validation = _nothing

@@ -103,6 +103,8 @@ class Sender:
         timeout.
         """
         deadline = time.monotonic() + timeout_s
+        if os.getpid() != self._pid:  # a forked child must not touch the parent's sockets
+            return None
         if not self.wait_connected(min(connect_timeout_s, timeout_s)):
             return None
         request_id = f"{self.seq}-{os.getpid()}"

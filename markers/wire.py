@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 MAGIC = b"TLMR"
-VERSION = 1
+VERSION = 2  # 2: a loop slot's tag carries its batch count; flags INCOMPLETE and BEGIN
 
 KIND_RECORDS = 1
 KIND_CONTROL = 2
@@ -51,15 +51,18 @@ RECORD_FIELDS = (
     "end_ns",
     "gpu_ns",
     "peak_bytes",
+    "batches",  # loop records: batches the iteration really held (0 on other records)
 )
 RECORD_WIDTH = len(RECORD_FIELDS)
 # Offsets of the fields within one decoded record (the order of RECORD_FIELDS).
-(P_PHASE, P_FLAGS, P_EPOCH, P_ITERATION, P_BATCH, P_START, P_END, P_GPU, P_PEAK) = range(
-    RECORD_WIDTH)
+(P_PHASE, P_FLAGS, P_EPOCH, P_ITERATION, P_BATCH, P_START, P_END, P_GPU, P_PEAK,
+ P_BATCHES) = range(RECORD_WIDTH)
 
 FLAG_IN_ITERATION = 1  # part of a training or validation iteration (summed per iteration)
 FLAG_VALIDATION = 2  # recorded during validation
 FLAG_GPU_DROPPED = 4  # a GPU measurement was wanted but could not be made
+FLAG_INCOMPLETE = 8  # cut short (exception, signal, left unfinished): kept, not measured
+FLAG_BEGIN = 16  # an Epoch/Validation span began at start_ns (start == end); its end follows
 
 # The packed slots on the wire: (tag, a, b). The low 16 bits of a tag say what a slot is.
 SLOT_WIDTH = 3
@@ -67,6 +70,8 @@ SLOT_BYTES = 8 * SLOT_WIDTH
 TAG_CONTEXT = 0xFFFF  # tag | flags << 16 | epoch << 32; a = iteration; b = batch
 TAG_GPU = 0xFFFE  # a = gpu_ns, b = peak_bytes of the phase slot before; tag | flags << 16
 TAG_MASK = 0xFFFF
+# A phase slot's tag is its id; a loop slot's tag also carries its batch count above it.
+BATCHES_SHIFT = 16
 
 # Canonical phases: id -> column label. Ids are part of the protocol; never renumber.
 TRAINING = 0
@@ -83,6 +88,10 @@ EVALUATION = 10
 METRICS = 11
 FIRST_CUSTOM_ID = 64
 MAX_PHASE_ID = 0xFFFD
+MAX_NAME_CHARS = 200  # a custom phase name's length limit (its column label)
+# Custom phases per run: their declarations ride in every hello, which must stay under
+# MAX_CONTROL_BYTES (4000 names of 200 characters: about 0.85 MB).
+MAX_CUSTOM_PHASES = 4000
 
 PHASE_LABELS: dict[int, str] = {
     TRAINING: "Training",
@@ -107,6 +116,32 @@ CANONICAL_PHASE_NAMES: dict[str, int] = {
     "evaluation": EVALUATION,
     "metrics": METRICS,
 }
+
+LOOP_IDS = frozenset({TRAINING_LOOP, VALIDATION_LOOP})
+
+# Column stems a custom name may not take, in lower case: each standard label and the
+# "<label> GPU" stem of the GPU columns ("<name> (s)" would shadow a standard column).
+_RESERVED_NAMES = frozenset(
+    [label.casefold() for label in PHASE_LABELS.values()]
+    + [f"{PHASE_LABELS[p]} GPU".casefold() for p in (FORWARD, BACKWARD, OPTIMIZATION,
+                                                      EVALUATION, METRICS)])
+
+
+def custom_phase_name(name: str) -> str:
+    """``name`` as a custom phase's identity: tabs, newlines and carriage returns replaced
+    by spaces (a column label must not break the TSV).
+
+    Raises ValueError for an empty name, one over ``MAX_NAME_CHARS`` characters or one
+    that equals a standard label in any case (``Forward``, ``epoch``, ``Training loop``,
+    ``Forward GPU``, ...): it would shadow a standard column.
+    """
+    clean = name.replace("\t", " ").replace("\n", " ").replace("\r", " ")
+    if not 0 < len(clean) <= MAX_NAME_CHARS:
+        raise ValueError(f"a phase name needs 1-{MAX_NAME_CHARS} characters, got {len(clean)}")
+    if clean.casefold() in _RESERVED_NAMES:
+        raise ValueError(f"{clean!r} is a standard column's name")
+    return clean
+
 
 # Control message types (the "type" key of a CONTROL body). Markers -> sidecar:
 HELLO = "hello"  # a run starts (or re-announces itself): its settings and identity
@@ -224,9 +259,9 @@ def decode_records(frame: bytes) -> array:
         else:
             last_phase = len(records)
             flags, epoch, iteration, batch = context
-            if tag >> 16:  # a phase slot is its id alone: mark the record bad (all flags)
-                flags = -1
-            records.extend((kind, flags, epoch, iteration, batch, a, b, -1, -1))
+            # Above the id: a loop slot's batch count; the sidecar rejects it elsewhere.
+            records.extend((kind, flags, epoch, iteration, batch, a, b, -1, -1,
+                            tag >> BATCHES_SHIFT))
     return records
 
 

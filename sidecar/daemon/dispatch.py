@@ -93,6 +93,7 @@ class Dispatcher:
         if status not in ("completed", "failed"):
             raise wire.WireError("malformed", "finish status must be completed or failed")
         end_ns, error = body.get("end_ns"), body.get("error")
+        self.registry.note_worker_phases(stream, body.get("worker_phases"))
         self.registry.finish(stream, status, error if isinstance(error, str) else None,
                              end_ns if isinstance(end_ns, int) else None, now)
         return self._written(stream.split)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from markers import wire
-from markers.wire import P_END, P_FLAGS, P_PHASE, P_START
+from markers.wire import P_BATCHES, P_END, P_FLAGS, P_PHASE, P_START
 from sidecar.model import state
 from sidecar.model.aggregator import RankAggregator, Settings
 from sidecar.model.split import Split
@@ -24,7 +24,8 @@ from sidecar.model.split import Split
 log = logging.getLogger("sidecar")
 
 HOSTNAME = socket.gethostname()
-KNOWN_FLAGS = wire.FLAG_IN_ITERATION | wire.FLAG_VALIDATION | wire.FLAG_GPU_DROPPED
+KNOWN_FLAGS = (wire.FLAG_IN_ITERATION | wire.FLAG_VALIDATION | wire.FLAG_GPU_DROPPED
+               | wire.FLAG_INCOMPLETE | wire.FLAG_BEGIN)
 # Records of a run we have not heard the hello of yet (a restarted sidecar) wait this long
 # for the markers' periodic hello, at most this many messages in all.
 PENDING_S = 5.0
@@ -50,7 +51,10 @@ class Stream:
     last_seq: int = -1
     received: int = 0
     finished: bool = False
-    custom_ids: set[int] = field(default_factory=set)
+    custom_names: dict[int, str] = field(default_factory=dict)  # declared: wire id -> name
+    # wire id -> key in the aggregator ``_keys_of`` (names map to keys, ids are per process)
+    _keys: dict[int, int] = field(default_factory=dict)
+    _keys_of: object = None
 
     @property
     def key(self) -> str:
@@ -61,6 +65,13 @@ class Stream:
         """True when the process runs on this host, so its pid can be watched."""
         return self.host == HOSTNAME
 
+    def custom_keys(self, agg: RankAggregator) -> dict[int, int]:
+        """This process's custom phase ids mapped to ``agg``'s keys, by name."""
+        if self._keys_of is not agg or len(self._keys) != len(self.custom_names):
+            self._keys = {i: agg.custom_key(name) for i, name in self.custom_names.items()}
+            self._keys_of = agg
+        return self._keys
+
 
 def _int(body: dict[str, Any], key: str, default: int | None = None, low: int = 0) -> int | None:
     value = body.get(key, default)
@@ -69,6 +80,23 @@ def _int(body: dict[str, Any], key: str, default: int | None = None, low: int = 
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
         raise wire.WireError("malformed", f"hello field {key!r} must be an integer >= {low}")
     return value
+
+
+def _phase_id(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) \
+            or not wire.FIRST_CUSTOM_ID <= value <= wire.MAX_PHASE_ID:
+        raise wire.WireError("malformed", f"a custom phase id must lie in {wire.FIRST_CUSTOM_ID}"
+                             f"-{wire.MAX_PHASE_ID}, got {value!r}")
+    return value
+
+
+def _phase_name(value: Any) -> str:
+    if not isinstance(value, str):
+        raise wire.WireError("malformed", "a custom phase name must be a string")
+    try:
+        return wire.custom_phase_name(value)
+    except ValueError as exc:
+        raise wire.WireError("malformed", f"custom phase name refused: {exc}") from None
 
 
 def settings_from_hello(body: dict[str, Any]) -> Settings:
@@ -137,7 +165,9 @@ class Registry:
         """
         known = self.streams.get(header.run_id)
         if known is not None:
+            self._hello_news(known, body)
             return {"ok": True, "session": known.split.rank(known.rank).sessions[-1].number}
+        self._declarations(body)  # checked before anything changes
         out_dir = body.get("out_dir")
         cwd = body.get("cwd", "/")
         if not isinstance(out_dir, str) or not out_dir or not isinstance(cwd, str):
@@ -181,6 +211,7 @@ class Registry:
         if warning:
             log.warning("run %s: %s", header.run_id.hex(), warning)
         self.streams[header.run_id] = stream
+        self._hello_news(stream, body)
         split.dirty = True
         self.on_stream(stream)
         self._replay_pending(header.run_id)
@@ -189,6 +220,30 @@ class Registry:
         if warning:
             reply["warning"] = warning
         return reply
+
+    def _hello_news(self, stream: Stream, body: dict[str, Any]) -> None:
+        """What a (repeated) hello tells of a known process: its custom phases (a sidecar
+        that took over never saw their declarations) and its DataLoader workers' phases."""
+        stream.custom_names.update(self._declarations(body))
+        self.note_worker_phases(stream, body.get("worker_phases"))
+
+    @staticmethod
+    def _declarations(body: dict[str, Any]) -> dict[int, str]:
+        """The ``phases`` map of a hello (name -> id) as id -> name; WireError if bad."""
+        phases = body.get("phases", {})
+        if not isinstance(phases, dict) or len(phases) > wire.MAX_CUSTOM_PHASES:
+            raise wire.WireError("malformed", "hello 'phases' must map at most "
+                                 f"{wire.MAX_CUSTOM_PHASES} names to ids")
+        return {_phase_id(phase_id): _phase_name(name) for name, phase_id in phases.items()}
+
+    def note_worker_phases(self, stream: Stream, count: Any) -> None:
+        """The phases timed in ``stream``'s DataLoader workers so far (a running total;
+        ignored unless a non-negative integer)."""
+        if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
+            session = stream.split.rank(stream.rank).sessions[-1]
+            if count > session.worker_phases:
+                session.worker_phases = count
+                stream.split.dirty = True
 
     def _restore(self, stream: Stream, saved: dict[str, Any], now: float,
                  repeat: bool) -> RankAggregator:
@@ -261,11 +316,13 @@ class Registry:
         count = len(values) // wire.RECORD_WIDTH
         stream.received += count
         split.received[stream.key] = stream.received
-        good = self._valid(stream, values)
+        agg = split.rank(stream.rank)
+        good = self._checked(stream, values, agg)
         if good is not values:
-            self.reject("bad_record", "a record with an unknown phase, unknown flags or end "
-                        "before start", count - len(good) // wire.RECORD_WIDTH, split)
-        split.rank(stream.rank).add_records(good)
+            self.reject("bad_record", "a record with an unknown phase, unknown flags, a batch "
+                        "count off a loop record or end before start",
+                        count - len(good) // wire.RECORD_WIDTH, split)
+        agg.add_records(good)
         self.on_records(stream, good)
         self.records_received += len(good) // wire.RECORD_WIDTH
         split.dirty = True
@@ -279,15 +336,23 @@ class Registry:
         return True
 
     @staticmethod
-    def _valid(stream: Stream, values: array) -> array:
-        """``values`` itself when every record is good, else a copy of the good ones."""
+    def _checked(stream: Stream, values: array, agg: RankAggregator) -> array:
+        """``values`` with custom phase ids mapped to ``agg``'s keys (in place), itself when
+        every record is good, else a copy of the good ones."""
         width = wire.RECORD_WIDTH
-        bad = [
-            i for i in range(0, len(values), width)
-            if not (0 < values[i + P_PHASE] < wire.FIRST_CUSTOM_ID
-                    or values[i + P_PHASE] in stream.custom_ids)
-            or values[i + P_FLAGS] & ~KNOWN_FLAGS or values[i + P_END] < values[i + P_START]
-        ]
+        keys = stream.custom_keys(agg)
+        bad = []
+        for i in range(0, len(values), width):
+            phase = values[i + P_PHASE]
+            if phase >= wire.FIRST_CUSTOM_ID and phase in keys:
+                values[i + P_PHASE] = phase = keys[phase]
+            elif phase not in wire.PHASE_LABELS or phase == wire.TRAINING:
+                bad.append(i)
+                continue
+            batches = values[i + P_BATCHES]
+            if values[i + P_FLAGS] & ~KNOWN_FLAGS or values[i + P_END] < values[i + P_START] \
+                    or batches < 0 or (batches and phase not in wire.LOOP_IDS):
+                bad.append(i)
         if not bad:
             return values
         bad_set = set(bad)
@@ -339,14 +404,12 @@ class Registry:
         return stream
 
     def declare_phase(self, stream: Stream, body: dict[str, Any]) -> None:
-        """A custom phase id and name; WireError("malformed") when out of range or unnamed."""
-        phase_id, name = body.get("id"), body.get("name")
-        if not isinstance(phase_id, int) or not wire.FIRST_CUSTOM_ID <= phase_id <= \
-                wire.MAX_PHASE_ID or not isinstance(name, str) or not 0 < len(name) <= 200:
-            raise wire.WireError("malformed", "phase declaration needs an id >= "
-                                 f"{wire.FIRST_CUSTOM_ID} and a name of 1-200 characters")
-        stream.custom_ids.add(phase_id)
-        stream.split.rank(stream.rank).custom_names[phase_id] = name
+        """A custom phase id and name: the name is the phase's identity in the split.
+        WireError("malformed") for an id out of range or declared with another name, or a
+        name that is empty, too long or a standard label's."""
+        phase_id, name = _phase_id(body.get("id")), _phase_name(body.get("name"))
+        if stream.custom_names.setdefault(phase_id, name) != name:
+            raise wire.WireError("malformed", f"phase id {phase_id} declared again as {name!r}")
 
     def finish(self, stream: Stream, status: str, cause: str | None, end_ns: int | None,
                now: float) -> None:

@@ -1,6 +1,6 @@
 """Turns one rank's ordered phase records into stored measurements and streaming figures.
 
-Semantics (SPEC §4):
+Semantics (SPEC §4, docs/iteration-model.md):
 
 * Records flagged ``FLAG_IN_ITERATION`` belong to one training or validation iteration
   (an optimization step spans ``accumulation_steps`` batches). Their times are summed per
@@ -9,11 +9,20 @@ Semantics (SPEC §4):
   through the network before it began reach ``warmup_iterations`` (so row *i* of
   Forward, Backward and Optimization is the same iteration), stored while fewer than
   ``num_measurements`` iterations of that kind are stored in the split (across resumes).
-* Any other capped record (a phase outside ``train_batches``/``val_batches``) is its own
-  measurement; its warmup counts that phase's occurrences in the process.
+  The loop record carries the batches the iteration really held (throughput counts them).
+* A loop record flagged ``FLAG_INCOMPLETE`` (an iteration cut short), an iteration whose
+  loop record never comes (a later one of its kind closed first, or its process ended)
+  and an Epoch or Validation cut short (flagged, or begun and never ended) are kept as
+  *flagged* rows (phases.tsv only, ``incomplete``): never a measurement.
+* A standard phase outside any iteration is a flagged row (``outside``): it never enters
+  the iteration-aligned columns. A custom phase outside any iteration is its own
+  measurement (warmup counts its occurrences in the process) in its own column — until
+  the phase is measured inside an iteration: its column is then iteration-aligned and
+  its outside rows become flagged rows.
 * Epoch and Validation are never warmed up nor capped. Training is derived from the
   sessions: one value per split, resumed time added up.
-* Every measured value also feeds a streaming count/mean/std, past the cap.
+* Every measured value also feeds a streaming count/mean/std, past the cap. Flagged
+  rows are kept up to ``num_measurements`` per phase.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from markers import wire
 from markers.wire import (
     P_BATCH,
+    P_BATCHES,
     P_END,
     P_EPOCH,
     P_FLAGS,
@@ -38,6 +48,8 @@ from sidecar.model.units import BYTES_PER_MIB, NS_PER_S
 
 UNCAPPED = frozenset({wire.EPOCH, wire.VALIDATION})
 LOOP_PHASES = {False: wire.TRAINING_LOOP, True: wire.VALIDATION_LOOP}
+OUTSIDE = "outside"  # flag of a row measured outside any iteration
+INCOMPLETE = "incomplete"  # flag of a row cut short: kept, never a measurement
 
 
 @dataclass(frozen=True)
@@ -63,15 +75,19 @@ class Row:
     batch: int
     session: int
     start_s: float  # since the run (first session) started
+    batches: int = 0  # batches of the row's iteration (0 outside iterations)
+    flag: str = ""  # "", OUTSIDE or INCOMPLETE (phases.tsv's flag column)
 
 
 @dataclass
 class PhaseSeries:
-    """The stored rows of a phase and its streaming figures over all measurements."""
+    """The stored rows of a phase, its streaming figures over all measurements, and its
+    flagged rows (phases.tsv only: cut short, or outside the iteration-aligned column)."""
 
     rows: list[Row] = field(default_factory=list)
     wall: Welford = field(default_factory=Welford)
     gpu: Welford = field(default_factory=Welford)
+    flagged: list[Row] = field(default_factory=list)
 
 
 @dataclass
@@ -84,6 +100,7 @@ class Session:
     last_ns: int
     end_ns: int | None = None
     run_id: str = ""  # the markers' run id (hex) of the process
+    worker_phases: int = 0  # phases timed in its DataLoader workers: not measured
 
     def unix_at(self, ns: int) -> float:
         """Wall-clock time (Unix seconds) of the process's ``perf_counter_ns`` value ``ns``."""
@@ -128,8 +145,22 @@ class RankAggregator:
         self.downtime_s = 0.0  # between a process's end and the next one's start
         self.redone_s = 0.0  # training after a checkpoint, lost by a resume from it
         self.gpu_not_measured = 0  # phases whose GPU time the markers could not take
-        self._open: dict[tuple[bool, int], dict[int, _Partial]] = {}
+        self.aligned_custom: set[int] = set()  # custom phases measured inside iterations
+        self._names: dict[str, int] = {}  # custom name -> its key in ``series``
+        # Open iterations: their phases' sums and the context record of each.
+        self._open: dict[tuple[bool, int], tuple[array, dict[int, _Partial]]] = {}
+        self._spans: dict[int, array] = {}  # Epoch/Validation begun, not ended: begin record
         self._standalone_seen: dict[int, int] = {}
+
+    def custom_key(self, name: str) -> int:
+        """The key of custom phase ``name`` in ``series`` (its identity is its name, across
+        processes, resumes and sidecars); a new name gets the next free key."""
+        key = self._names.get(name)
+        if key is None:
+            key = max(self.custom_names, default=wire.FIRST_CUSTOM_ID - 1) + 1
+            self.custom_names[key] = name
+            self._names[name] = key
+        return key
 
     # -- sessions -------------------------------------------------------------------
 
@@ -143,15 +174,24 @@ class RankAggregator:
             self.run_start_unix = start_unix
         self.sessions.append(Session(number, start_unix, start_ns, start_ns, run_id=run_id))
         self._open.clear()
+        self._spans.clear()
         self._standalone_seen.clear()
         return number
 
     def end_session(self, end_ns: int | None) -> None:
-        """Close the current session at ``end_ns`` (or its last record when unknown)."""
-        if self.sessions:
-            current = self.sessions[-1]
-            current.end_ns = end_ns if end_ns is not None else current.last_ns
-        self._open.clear()
+        """Close the current session at ``end_ns`` (or its last record when unknown).
+        Iterations, epochs and validation passes still open were cut short (the process
+        ended inside them): kept as flagged rows, up to the session's last record."""
+        if not self.sessions:
+            return
+        current = self.sessions[-1]
+        current.end_ns = end_ns if end_ns is not None else current.last_ns
+        for key in list(self._open):
+            self._cut_iteration(key)
+        for phase, begin in self._spans.items():
+            self._flag(phase, begin, max(current.last_ns, begin[P_START]) - begin[P_START],
+                       -1, -1, INCOMPLETE)
+        self._spans.clear()
 
     def training_s(self) -> float:
         """Effective Training time in seconds: earlier sessions plus the current one."""
@@ -185,7 +225,7 @@ class RankAggregator:
     def add_records(self, values: array) -> None:
         """Aggregate decoded records (flat int64 values, ``wire.RECORD_WIDTH`` per record).
 
-        The caller has checked phase ids against the declared phases.
+        The caller has checked the records and mapped custom phase ids to ``custom_key``.
         """
         session = self.sessions[-1]
         for offset in range(0, len(values), wire.RECORD_WIDTH):
@@ -196,25 +236,49 @@ class RankAggregator:
             if flags & wire.FLAG_GPU_DROPPED:
                 self.gpu_not_measured += 1
             if phase in UNCAPPED:
-                self._measure(phase, record, record[P_END] - record[P_START], record[P_GPU],
-                              record[P_PEAK], store=True)
+                self._add_span(phase, record, flags)
             elif flags & wire.FLAG_IN_ITERATION:
                 self._add_to_iteration(record, bool(flags & wire.FLAG_VALIDATION))
             else:
-                seen = self._standalone_seen.get(phase, 0)
-                self._standalone_seen[phase] = seen + 1
-                if seen >= self.settings.warmup_iterations:
-                    series = self.series.get(phase)
-                    stored = len(series.rows) if series else 0
-                    self._measure(phase, record, record[P_END] - record[P_START], record[P_GPU],
-                                  record[P_PEAK],
-                                  store=stored < self.settings.num_measurements)
+                self._add_outside(phase, record)
+
+    def _add_span(self, phase: int, record: array, flags: int) -> None:
+        """An Epoch or Validation record: its begin mark, its end, or its end cut short."""
+        if flags & wire.FLAG_BEGIN:
+            earlier = self._spans.get(phase)
+            if earlier is not None:  # begun again without an end: the earlier one was cut
+                self._flag(phase, earlier, record[P_START] - earlier[P_START], -1, -1,
+                           INCOMPLETE)
+            self._spans[phase] = record
+            return
+        self._spans.pop(phase, None)
+        wall_ns = record[P_END] - record[P_START]
+        if flags & wire.FLAG_INCOMPLETE:
+            self._flag(phase, record, wall_ns, record[P_GPU], record[P_PEAK], INCOMPLETE)
+        else:
+            self._measure(phase, record, wall_ns, record[P_GPU], record[P_PEAK], store=True)
+
+    def _add_outside(self, phase: int, record: array) -> None:
+        """A phase outside any iteration: a standard one (or a custom one whose column is
+        iteration-aligned) is a flagged row; another custom one is its own measurement."""
+        wall_ns = record[P_END] - record[P_START]
+        if phase < wire.FIRST_CUSTOM_ID or phase in self.aligned_custom:
+            self._flag(phase, record, wall_ns, record[P_GPU], record[P_PEAK], OUTSIDE)
+            return
+        seen = self._standalone_seen.get(phase, 0)
+        self._standalone_seen[phase] = seen + 1
+        if seen >= self.settings.warmup_iterations:
+            series = self.series.get(phase)
+            stored = len(series.rows) if series else 0
+            self._measure(phase, record, wall_ns, record[P_GPU], record[P_PEAK],
+                          store=stored < self.settings.num_measurements, flag=OUTSIDE)
 
     def _add_to_iteration(self, record: array, validation: bool) -> None:
         key = (validation, record[P_ITERATION])
-        phases = self._open.get(key)
-        if phases is None:
-            phases = self._open[key] = {}
+        entry = self._open.get(key)
+        if entry is None:
+            entry = self._open[key] = (record, {})
+        phases = entry[1]
         phase = record[P_PHASE]
         partial = phases.get(phase)
         if partial is None:
@@ -225,40 +289,83 @@ class RankAggregator:
 
     def _close_iteration(self, key: tuple[bool, int], loop_record: array) -> None:
         validation, iteration = key
-        phases = self._open.pop(key)
-        # Iterations of the same kind left open before this one were abandoned (a loop
-        # left with ``break``): they are never measured.
-        stale = [k for k in self._open if k[0] == validation and k[1] < iteration]
-        for k in stale:
-            del self._open[k]
+        _, phases = self._open.pop(key)
+        # Iterations of the same kind still open before this one never got their loop
+        # record (a message lost on the way): cut short.
+        for stale in [k for k in self._open if k[0] == validation and k[1] < iteration]:
+            self._cut_iteration(stale)
+        batches = loop_record[P_BATCHES] or (1 if validation
+                                             else self.settings.accumulation_steps)
+        if loop_record[P_FLAGS] & wire.FLAG_INCOMPLETE:
+            self._flag_iteration(loop_record, phases, batches)
+            return
         if loop_record[P_BATCH] < self.settings.warmup_iterations:
             return
         store = self.stored_iterations[validation] < self.settings.num_measurements
         if store:
             self.stored_iterations[validation] += 1
         for phase, partial in phases.items():
+            if phase >= wire.FIRST_CUSTOM_ID and phase not in self.aligned_custom:
+                self._align(phase)
             self._measure(phase, loop_record, partial.wall_ns, partial.gpu_ns,
-                          partial.peak_bytes, store, start_ns=partial.start_ns)
+                          partial.peak_bytes, store, start_ns=partial.start_ns,
+                          batches=batches)
 
-    def _measure(self, phase: int, record: array, wall_ns: int, gpu_ns: int, peak_bytes: int,
-                 store: bool, start_ns: int | None = None) -> None:
+    def _cut_iteration(self, key: tuple[bool, int]) -> None:
+        """An open iteration whose loop record never came: its phases are flagged rows."""
+        context, phases = self._open.pop(key)
+        self._flag_iteration(context, phases, 0)
+
+    def _flag_iteration(self, context: array, phases: dict[int, _Partial],
+                        batches: int) -> None:
+        for phase, partial in phases.items():
+            self._flag(phase, context, partial.wall_ns, partial.gpu_ns, partial.peak_bytes,
+                       INCOMPLETE, start_ns=partial.start_ns, batches=batches)
+
+    def _align(self, phase: int) -> None:
+        """Custom ``phase`` is measured inside an iteration from now on: its column holds
+        iteration-aligned rows only; what it measured outside iterations becomes flagged."""
+        self.aligned_custom.add(phase)
+        series = self.series.get(phase)
+        if series is not None:
+            series.flagged.extend(series.rows)
+            series.rows, series.wall, series.gpu = [], Welford(), Welford()
+
+    def _series(self, phase: int) -> PhaseSeries:
         series = self.series.get(phase)
         if series is None:
             series = self.series[phase] = PhaseSeries()
-        wall_s = wall_ns / NS_PER_S
-        gpu_s = gpu_ns / NS_PER_S if gpu_ns >= 0 else None
-        series.wall.add(wall_s)
-        if gpu_s is not None:
-            series.gpu.add(gpu_s)
-        if not store:
-            return
+        return series
+
+    def _row(self, record: array, wall_ns: int, gpu_ns: int, peak_bytes: int,
+             start_ns: int | None, batches: int, flag: str) -> Row:
         session = self.sessions[-1]
         begin_ns = record[P_START] if start_ns is None else start_ns
         start_s = (session.start_unix - self.run_start_unix
                    + (begin_ns - session.start_ns) / NS_PER_S)
-        series.rows.append(Row(
-            wall_s, gpu_s, peak_bytes / BYTES_PER_MIB if peak_bytes >= 0 else None,
-            record[P_EPOCH], record[P_ITERATION], record[P_BATCH], session.number, start_s))
+        return Row(wall_ns / NS_PER_S, gpu_ns / NS_PER_S if gpu_ns >= 0 else None,
+                   peak_bytes / BYTES_PER_MIB if peak_bytes >= 0 else None,
+                   record[P_EPOCH], record[P_ITERATION], record[P_BATCH], session.number,
+                   start_s, batches, flag)
+
+    def _flag(self, phase: int, record: array, wall_ns: int, gpu_ns: int, peak_bytes: int,
+              flag: str, start_ns: int | None = None, batches: int = 0) -> None:
+        """Keep a flagged row (phases.tsv only), up to ``num_measurements`` per phase."""
+        series = self._series(phase)
+        if len(series.flagged) < self.settings.num_measurements:
+            series.flagged.append(self._row(record, wall_ns, gpu_ns, peak_bytes, start_ns,
+                                            batches, flag))
+
+    def _measure(self, phase: int, record: array, wall_ns: int, gpu_ns: int, peak_bytes: int,
+                 store: bool, start_ns: int | None = None, batches: int = 0,
+                 flag: str = "") -> None:
+        series = self._series(phase)
+        series.wall.add(wall_ns / NS_PER_S)
+        if gpu_ns >= 0:
+            series.gpu.add(gpu_ns / NS_PER_S)
+        if store:
+            series.rows.append(self._row(record, wall_ns, gpu_ns, peak_bytes, start_ns,
+                                         batches, flag))
 
     # -- state ----------------------------------------------------------------------
 
@@ -275,10 +382,12 @@ class RankAggregator:
             "stored_iterations": {"train": self.stored_iterations[False],
                                   "validation": self.stored_iterations[True]},
             "custom_names": {str(k): v for k, v in self.custom_names.items()},
+            "aligned_custom": sorted(self.aligned_custom),
             "sessions": [asdict(s) for s in self.sessions],
             "series": {
                 str(phase): {"rows": [asdict(r) for r in s.rows], "wall": s.wall.to_list(),
-                             "gpu": s.gpu.to_list()}
+                             "gpu": s.gpu.to_list(),
+                             "flagged": [asdict(r) for r in s.flagged]}
                 for phase, s in self.series.items()
             },
         }
@@ -298,6 +407,9 @@ class RankAggregator:
         self.stored_iterations = {False: int(state["stored_iterations"]["train"]),
                                   True: int(state["stored_iterations"]["validation"])}
         self.custom_names = {int(k): str(v) for k, v in state["custom_names"].items()}
+        self._names = {name: key for key, name in self.custom_names.items()}
+        # Added within schema 2 (absent from older documents: nothing was aligned then).
+        self.aligned_custom = {int(k) for k in state.get("aligned_custom", [])}
         self.sessions = [Session(**s) for s in state["sessions"]]
         for s in self.sessions:  # the state's sessions are over: their time is in training_s
             s.end_ns = s.end_ns if s.end_ns is not None else s.last_ns
@@ -309,6 +421,7 @@ class RankAggregator:
         # above no longer count (their effective time is training_before_s).
         self.series = {
             int(phase): PhaseSeries([Row(**r) for r in s["rows"]], Welford.from_list(s["wall"]),
-                                    Welford.from_list(s["gpu"]))
+                                    Welford.from_list(s["gpu"]),
+                                    [Row(**r) for r in s.get("flagged", [])])
             for phase, s in state["series"].items()
         }

@@ -29,10 +29,9 @@ VAL_GPU_PHASES = layout.VAL_GPU_PHASES
 
 @dataclass(frozen=True)
 class Throughput:
-    """What a throughput line needs: images per optimization step and where they come from."""
+    """What a throughput line needs: the loop's batch size (None when unknown)."""
 
     batch_size: int | None
-    accumulation_steps: int = 1
 
 
 def cell(values: Sequence[float]) -> str:
@@ -86,18 +85,33 @@ def _phase_lines(agg: RankAggregator, lines: list[tuple[str, int, int, bool]],
 
 def _throughput_lines(agg: RankAggregator, loop_phase: int, gpu_phases: Sequence[int],
                       images: Throughput, on_gpu: bool) -> list[str]:
+    """Samples in the stored loop rows over their summed time (each row holds the batches
+    its step really held: a short last accumulation step counts its own, SPEC §3); GPU
+    throughput: the mean samples per stored step over the mean GPU seconds of the
+    ``gpu_phases`` added up."""
     if images.batch_size is None:
         return ["Throughput: unknown (batch size not given and not readable from the batches)"]
-    per_step = images.batch_size * images.accumulation_steps
-    loop = _stored(agg.series.get(loop_phase), "wall_s")
-    out = [f"Throughput: {per_step / statistics.fmean(loop):.2f} images/s" if loop
-           else "Throughput: no measurement"]
+    series = agg.series.get(loop_phase)
+    rows = series.rows if series is not None else []
+    if not rows:
+        return ["Throughput: no measurement"]
+    samples = images.batch_size * sum(r.batches for r in rows)
+    out = [f"Throughput: {samples / sum(r.wall_s for r in rows):.2f} images/s"]
     if on_gpu:
         gpu_means = [_stored(agg.series.get(p), "gpu_s") for p in gpu_phases]
         gpu_s = sum(statistics.fmean(v) for v in gpu_means if v)
         if gpu_s > 0:
-            out.append(f"GPU throughput: {per_step / gpu_s:.2f} images/s")
+            out.append(f"GPU throughput: {samples / len(rows) / gpu_s:.2f} images/s")
     return out
+
+
+def _worker_lines(ranks: Sequence[RankAggregator]) -> list[str]:
+    """The phases timed inside DataLoader worker processes, which cannot be measured."""
+    count = sum(s.worker_phases for agg in ranks for s in agg.sessions)
+    if not count:
+        return []
+    return [f"{count} phases inside DataLoader workers were not measured (a worker process "
+            "cannot send; time them in the main process)"]
 
 
 def _streaming_line(label: str, series: PhaseSeries) -> str:
@@ -184,11 +198,10 @@ def computational_block(ranks: Sequence[RankAggregator], gpu_names: Sequence[str
     lines += ["", *_throughput_lines(agg, wire.TRAINING_LOOP, TRAIN_GPU_PHASES, train, on_gpu),
               DASHES]
     lines += _phase_lines(agg, VAL_LINES, on_gpu)
-    val_images = Throughput(validation.batch_size, 1)
-    lines += ["", *_throughput_lines(agg, wire.VALIDATION_LOOP, VAL_GPU_PHASES, val_images,
+    lines += ["", *_throughput_lines(agg, wire.VALIDATION_LOOP, VAL_GPU_PHASES, validation,
                                      on_gpu)]
     for extra in (time_lines(agg, gaps), _streaming_lines(agg), _custom_lines(agg, on_gpu),
-                  _rank_lines(ranks)):
+                  _rank_lines(ranks), _worker_lines(ranks)):
         if extra:
             lines += ["", *extra]
     lines += [STARS, "", *resource_lines, STARS]

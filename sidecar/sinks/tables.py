@@ -23,7 +23,7 @@ COLUMNS: list[tuple[str, int, str]] = [
 ]
 
 PHASES_COLUMNS = ["phase", "epoch", "iteration", "batch", "rank", "session", "start (s)",
-                  "wall (s)", "GPU (s)", "GPU peak (MB)"]
+                  "wall (s)", "GPU (s)", "GPU peak (MB)", "batches", "flag"]
 
 
 def _column(rows: list[Row], attribute: str) -> pd.Series:
@@ -51,11 +51,13 @@ def computational_frame(agg: RankAggregator) -> pd.DataFrame:
 
 
 def phases_frame(agg: RankAggregator) -> pd.DataFrame:
-    """The long table of ``agg``: one row per stored measurement, ordered by start time."""
+    """The long table of ``agg``: one row per stored measurement and per flagged row (cut
+    short, or outside any iteration: ``flag`` says which), ordered by start time.
+    ``batches`` is the batches of the row's iteration (0 outside iterations)."""
     records = [
         (wire.phase_label(phase, agg.custom_names), r.epoch, r.iteration, r.batch, agg.rank,
-         r.session, r.start_s, r.wall_s, r.gpu_s, r.peak_mib)
-        for phase, series in agg.series.items() for r in series.rows
+         r.session, r.start_s, r.wall_s, r.gpu_s, r.peak_mib, r.batches, r.flag)
+        for phase, series in agg.series.items() for r in series.rows + series.flagged
     ]
     frame = pd.DataFrame.from_records(records, columns=PHASES_COLUMNS)
     return frame.sort_values("start (s)", kind="stable").reset_index(drop=True)

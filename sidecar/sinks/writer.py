@@ -116,7 +116,7 @@ def render(split: Split, resources: ResourceFigures, counts: RecordCounts,
     if ranks:
         block = summary.computational_block(
             ranks, [name for _, name in split.gpus],
-            summary.Throughput(split.batch_size("train"), split.settings.accumulation_steps),
+            summary.Throughput(split.batch_size("train")),
             summary.Throughput(split.batch_size("validation")), split.gaps, block_lines)
         summary_path = split.split_dir / layout.SUMMARY_FILE
         files[summary_path] = summary.replace_block(_read_text(summary_path), block)

@@ -89,7 +89,8 @@ def bad_frame(rng: random.Random, good: Client, kind: str) -> bytes:
         frame = stranger.records(rng.randrange(1, 5))
         return frame[:len(frame) - rng.randrange(1, wire.SLOT_BYTES)]
     if kind == "unknown_version":
-        header = wire.HEADER.pack(wire.MAGIC, rng.choice([0, 2, 3, 255]), wire.KIND_RECORDS,
+        version = rng.choice([v for v in (0, 1, 2, 3, 255) if v != wire.VERSION])
+        header = wire.HEADER.pack(wire.MAGIC, version, wire.KIND_RECORDS,
                                   0, 0, 0, 0, stranger.run_id)
         return header + records(1).tobytes()
     if kind == "unknown_run":

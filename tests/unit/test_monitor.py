@@ -76,7 +76,8 @@ def test_gpu_use_is_attributed_to_the_phases_that_ran(tmp_path: Path) -> None:
         for gpu in gpus:
             gpu.util, gpu.power_instant_mw = util, power_mw
         start, end = run_phase(monitor, 0.6)
-        records.extend((label_id, 0, 0, -1, 0, start, end, -1, -1))
+        records.extend((label_id, 0, 0, -1, 0, start, end, -1, -1)
+                       + (0,) * (wire.RECORD_WIDTH - 9))  # fields after peak_bytes
     monitor.note_records(split, 0, records)
     split.set_status("completed", None)
     report = _report(monitor, split, ["Records: test"])

@@ -67,8 +67,13 @@ def test_malformed_hellos_and_phase_declarations_are_refused(tmp_path: Path) -> 
         registry.declare_phase(stream, {"id": 3, "name": "low id"})
     with pytest.raises(wire.WireError):
         registry.declare_phase(stream, {"id": wire.FIRST_CUSTOM_ID, "name": ""})
-    registry.declare_phase(stream, {"id": wire.FIRST_CUSTOM_ID, "name": "augment"})
-    assert stream.custom_ids == {wire.FIRST_CUSTOM_ID}
+    for reserved in ("Forward", "TRAINING LOOP", "epoch", "forward gpu"):
+        with pytest.raises(wire.WireError):  # it would shadow a standard column
+            registry.declare_phase(stream, {"id": wire.FIRST_CUSTOM_ID, "name": reserved})
+    registry.declare_phase(stream, {"id": wire.FIRST_CUSTOM_ID, "name": "aug\tment"})
+    assert stream.custom_names == {wire.FIRST_CUSTOM_ID: "aug ment"}
+    with pytest.raises(wire.WireError):  # one id, one name
+        registry.declare_phase(stream, {"id": wire.FIRST_CUSTOM_ID, "name": "other"})
 
 
 def test_records_before_the_hello_wait_then_count(tmp_path: Path) -> None:

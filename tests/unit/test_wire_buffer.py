@@ -54,14 +54,18 @@ def test_slots_expand_to_records_with_their_context() -> None:
     slots = array("q", [*wire.context_slot(wire.FLAG_IN_ITERATION, 3, 7, 40),
                         wire.FORWARD, 100, 150, wire.TAG_GPU, 30, 4096,
                         wire.BACKWARD, 150, 300,
+                        wire.TRAINING_LOOP | 3 << wire.BATCHES_SHIFT, 90, 310,
                         *wire.context_slot(0, 3, -1, 41), wire.EPOCH, 0, 400])
     header = wire.pack_header(wire.KIND_RECORDS, 0, 0, 0, 0, b"x" * 16)
     records = rows(wire.decode_records(wire.encode_records(header, slots)))
-    assert records == [
+    assert [r[:wire.P_PEAK + 1] for r in records] == [
         (wire.FORWARD, wire.FLAG_IN_ITERATION, 3, 7, 40, 100, 150, 30, 4096),
         (wire.BACKWARD, wire.FLAG_IN_ITERATION, 3, 7, 40, 150, 300, -1, -1),
+        (wire.TRAINING_LOOP, wire.FLAG_IN_ITERATION, 3, 7, 40, 90, 310, -1, -1),
         (wire.EPOCH, 0, 3, -1, 41, 0, 400, -1, -1),
     ]
+    # The loop slot's batch count rides above its id; other records hold 0.
+    assert [r[wire.P_BATCHES] for r in records] == [0, 0, 3, 0]
 
 
 @pytest.mark.parametrize(("body", "kind"), [
