@@ -51,6 +51,7 @@ class RecordBuffer:
         self._undeclared: list[dict[str, Any]] = []  # phase declarations not queued yet
         self._sent_since_context = False  # records of the current context already sent
         self.children = ChildCounts()
+        self.flushes = 0  # with ``n``: tells whether anything was recorded since a moment
         self.in_child = False  # this copy lives in a forked child: count, never send
         self._write_context()
 
@@ -121,6 +122,7 @@ class RecordBuffer:
             self.children.report(self._phase_count(self.n))
             self._keep_from(self.n)
             return  # deadline stays 0: a child reports at every phase (it may end any time)
+        self.flushes += 1
         now_ns = perf_counter_ns()
         self.deadline_ns = now_ns + FLUSH_AGE_NS
         ready = self._resolve_gpu()

@@ -634,7 +634,8 @@ class Run:
         self._open_gpu()  # CUDA may have come up since the last loop
         iterator = iter(loader)
         iteration: _Iteration | None = None  # the iteration this loop has open
-        yielded = False
+        buffer = self._buffer
+        fetched: tuple[int, int] | None = None  # the buffer when a yielded batch was fetched
         try:
             while True:
                 start_ns = perf_counter_ns()
@@ -648,9 +649,9 @@ class Run:
                 self.data_loaded(start_ns)
                 if kind not in self._batch_sizes_sent:
                     self._send_batch_size(kind, batch)
-                yielded = True
+                fetched = (buffer.n, buffer.flushes)
                 yield batch
-                yielded = False
+                fetched = None
                 self.batch_done()
                 if iteration.batches == per_iteration:
                     self.end_iteration()
@@ -663,12 +664,18 @@ class Run:
                 else:
                     self._drop_open(start_ns)
         except GeneratorExit:
-            # Left with ``break`` or by an exception in the loop body: which one, the next
-            # primitive tells (an epoch, pass or run ending with an exception).
-            if yielded:
+            # Left with ``break`` or by an exception in the loop body. The yielded batch went
+            # through the network when the body recorded anything after its fetch. An
+            # iteration holding a batch ends here, whole or cut short as the next
+            # primitive tells (an epoch, pass or run ending with an exception); one
+            # without (left before its batch was used) is cut short.
+            if fetched is not None and fetched != (buffer.n, buffer.flushes):
                 self.batch_done()
             if iteration is not None and iteration is self._open:
-                self._leave_loop(perf_counter_ns())
+                if iteration.batches:
+                    self._leave_loop(perf_counter_ns())
+                else:
+                    self._drop_open(perf_counter_ns())
             raise
         except BaseException:
             # The loader itself raised: the iteration it was fetching is cut short.

@@ -294,11 +294,13 @@ class RankAggregator:
         # record (a message lost on the way): cut short.
         for stale in [k for k in self._open if k[0] == validation and k[1] < iteration]:
             self._cut_iteration(stale)
+        if loop_record[P_FLAGS] & wire.FLAG_INCOMPLETE:
+            self._flag_iteration(loop_record, phases, loop_record[P_BATCHES])
+            return
+        # A loop record without a count (primitives driven without ``batch_done``): a
+        # whole step.
         batches = loop_record[P_BATCHES] or (1 if validation
                                              else self.settings.accumulation_steps)
-        if loop_record[P_FLAGS] & wire.FLAG_INCOMPLETE:
-            self._flag_iteration(loop_record, phases, batches)
-            return
         if loop_record[P_BATCH] < self.settings.warmup_iterations:
             return
         store = self.stored_iterations[validation] < self.settings.num_measurements
