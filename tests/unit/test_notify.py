@@ -1,0 +1,121 @@
+"""sd_notify (sidecar.daemon.notify) against a real AF_UNIX datagram socket, as systemd
+would hold it: path and abstract addresses, the watchdog's owner rule, and the notifier's
+lifecycle: READY, STATUS, WATCHDOG only while the loop and the samplers make progress,
+STOPPING.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sidecar.daemon.notify import SystemdNotifier, notify, watchdog_period_s
+
+
+class Manager:
+    """The service manager's end: a bound datagram socket that collects messages."""
+
+    def __init__(self, address: str) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(address)
+        self.sock.setblocking(False)
+
+    def messages(self) -> list[str]:
+        """Every datagram received so far."""
+        out = []
+        while True:
+            try:
+                out.append(self.sock.recv(4096).decode())
+            except BlockingIOError:
+                return out
+
+
+@pytest.fixture
+def manager(tmp_path: Path) -> Iterator[Manager]:
+    sock = Manager(str(tmp_path / "notify"))
+    yield sock
+    sock.sock.close()
+
+
+@dataclass(frozen=True)
+class Snap:
+    """The fields of the daemon's snapshot that the notifier reads."""
+
+    loop_monotonic: float
+    sampler_round_monotonic: float | None
+    runs: tuple[dict[str, Any], ...] = field(default=())
+    records_per_s: float = 0.0
+
+
+def test_path_socket_gets_the_datagram(manager: Manager, tmp_path: Path) -> None:
+    assert notify("READY=1", {"NOTIFY_SOCKET": str(tmp_path / "notify")})
+    assert manager.messages() == ["READY=1"]
+
+
+def test_abstract_socket_gets_the_datagram() -> None:
+    name = f"trainmon-test-{os.getpid()}"
+    manager = Manager("\0" + name)
+    try:
+        assert notify("WATCHDOG=1", {"NOTIFY_SOCKET": "@" + name})
+        assert manager.messages() == ["WATCHDOG=1"]
+    finally:
+        manager.sock.close()
+
+
+def test_nothing_is_sent_without_notify_socket(manager: Manager) -> None:
+    assert not notify("READY=1", {})
+    notifier = SystemdNotifier(5.0, {"WATCHDOG_USEC": "1000000"})
+    notifier.ready(Snap(0.0, None))
+    notifier.stopping()
+    assert manager.messages() == []
+
+
+def test_a_vanished_manager_is_not_an_error(tmp_path: Path) -> None:
+    assert not notify("READY=1", {"NOTIFY_SOCKET": str(tmp_path / "nobody")})
+
+
+@pytest.mark.parametrize(("environ", "period_s"), [
+    ({"WATCHDOG_USEC": "1000000"}, 0.5),
+    ({"WATCHDOG_USEC": "1000000", "WATCHDOG_PID": str(os.getpid())}, 0.5),
+    ({"WATCHDOG_USEC": "1000000", "WATCHDOG_PID": str(os.getpid() + 1)}, None),
+    ({"WATCHDOG_USEC": "0"}, None),
+    ({"WATCHDOG_USEC": "soon"}, None),
+    ({}, None),
+])
+def test_watchdog_period_honours_the_owner(environ: dict[str, str],
+                                           period_s: float | None) -> None:
+    assert watchdog_period_s(environ) == period_s
+
+
+def test_lifecycle_pings_only_while_loop_and_samplers_progress(manager: Manager,
+                                                               tmp_path: Path) -> None:
+    now = [100.0]
+    environ = {"NOTIFY_SOCKET": str(tmp_path / "notify"), "WATCHDOG_USEC": "1000000"}
+    notifier = SystemdNotifier(2.0, environ, clock=lambda: now[0])
+    running = ({"status": "running"}, {"status": "completed"})
+    notifier.ready(Snap(100.0, None, running, 1234.4))
+    assert manager.messages() == ["READY=1\nSTATUS=2 runs (1 running), 1234 records/s",
+                                  "WATCHDOG=1"]
+    now[0] = 100.3  # not due yet (every 0.5 s)
+    notifier.tick(Snap(100.3, 100.0, running, 1234.0))
+    assert manager.messages() == []
+    now[0] = 100.6
+    notifier.tick(Snap(100.6, 100.0, running, 1234.0))
+    assert manager.messages() == ["WATCHDOG=1"]
+    now[0] = 103.0  # the samplers' last round is 3 s old: stuck, no ping
+    notifier.tick(Snap(103.0, 100.0, running, 10.0))
+    assert manager.messages() == ["STATUS=2 runs (1 running), 10 records/s"]
+    now[0] = 103.2  # the loop's last turn is 3 s old: stuck, no ping
+    notifier.tick(Snap(100.2, 103.1, running, 10.0))
+    assert manager.messages() == []
+    now[0] = 103.4  # both move again: pings resume at once
+    notifier.tick(Snap(103.4, 103.3, running, 10.0))
+    assert manager.messages() == ["WATCHDOG=1"]
+    notifier.stopping()
+    assert manager.messages()[0].startswith("STOPPING=1\n")
