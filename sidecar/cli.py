@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from markers import endpoints
+from sidecar.daemon.notify import SystemdNotifier, stall_s_for
 from sidecar.daemon.server import Config, serve
 from sidecar.resources.samplers import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
 
@@ -108,7 +109,9 @@ def main(argv: list[str] | None = None, **seams: Any) -> int:
             return 2
         config = Config(args.endpoint or endpoints.daemon_endpoint(), args.root,
                         args.owner_pid, args.interval)
-        return serve(config, **seams)
+        # sd_notify for systemd (Type=notify, watchdog); sends nothing without NOTIFY_SOCKET
+        notifier = SystemdNotifier(stall_s_for(args.interval))
+        return serve(config, **{**seams, "hooks": [notifier, *seams.get("hooks", ())]})
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not command:
         print("sidecar run: give the command after --", file=sys.stderr)

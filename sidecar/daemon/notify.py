@@ -16,9 +16,16 @@ import os
 import socket
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+
+from sidecar.daemon.snapshot import Snapshot
 
 STATUS_EVERY_S = 1.0  # a STATUS= line at most this often (only when its text changed)
+
+
+def stall_s_for(interval_s: float) -> float:
+    """How old the samplers' last round may be before the daemon counts as stuck: two
+    sampling periods, plus room for a loop turn that writes files."""
+    return 2 * interval_s + 2.0
 
 
 def notify(message: str, environ: Mapping[str, str] = os.environ) -> bool:
@@ -56,10 +63,10 @@ def watchdog_period_s(environ: Mapping[str, str] = os.environ) -> float | None:
     return usec / 2e6
 
 
-def status_line(snapshot: Any) -> str:
+def status_line(snapshot: Snapshot) -> str:
     """The STATUS= text for a snapshot: how many runs (and how many still running) and the
     record rate."""
-    running = sum(1 for run in snapshot.runs if run.get("status") == "running")
+    running = sum(1 for run in snapshot.runs if run.status == "running")
     return (f"{len(snapshot.runs)} runs ({running} running), "
             f"{snapshot.records_per_s:.0f} records/s")
 
@@ -68,7 +75,7 @@ class SystemdNotifier:
     """Lifecycle hooks (``ready``/``tick``/``stopping``) that speak sd_notify.
 
     ``stall_s``: the watchdog is fed only while the loop turned and the samplers completed
-    a round within that many seconds (give it more than the sampling interval).
+    a round within that many seconds (``stall_s_for`` gives it for a sampling interval).
     ``environ`` and ``clock`` (monotonic seconds, the snapshot's clock) are seams for tests.
     """
 
@@ -82,21 +89,21 @@ class SystemdNotifier:
         self._next_status = 0.0
         self._status: str | None = None
 
-    def healthy(self, snapshot: Any, now: float) -> bool:
+    def healthy(self, snapshot: Snapshot, now: float) -> bool:
         """True when the loop turned and the samplers completed a round (or have not
         started one yet) within ``stall_s`` of ``now``."""
         sampled = snapshot.sampler_round_monotonic
         return (now - snapshot.loop_monotonic <= self.stall_s
                 and (sampled is None or now - sampled <= self.stall_s))
 
-    def ready(self, snapshot: Any) -> None:
+    def ready(self, snapshot: Snapshot) -> None:
         """READY=1 with the first STATUS= line: the socket is bound, the samplers are up."""
         self._status = status_line(snapshot)
         self._next_status = self._clock() + STATUS_EVERY_S
         notify(f"READY=1\nSTATUS={self._status}", self._environ)
         self.tick(snapshot)
 
-    def tick(self, snapshot: Any) -> None:
+    def tick(self, snapshot: Snapshot) -> None:
         """Each loop turn: WATCHDOG=1 when due and healthy; STATUS= when due and changed."""
         now = self._clock()
         if self._watchdog_s is not None and now >= self._next_ping \

@@ -9,13 +9,12 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from sidecar.daemon.notify import SystemdNotifier, notify, watchdog_period_s
+from sidecar.daemon.snapshot import RunView, Snapshot
 
 
 class Manager:
@@ -43,14 +42,13 @@ def manager(tmp_path: Path) -> Iterator[Manager]:
     sock.sock.close()
 
 
-@dataclass(frozen=True)
-class Snap:
-    """The fields of the daemon's snapshot that the notifier reads."""
-
-    loop_monotonic: float
-    sampler_round_monotonic: float | None
-    runs: tuple[dict[str, Any], ...] = field(default=())
-    records_per_s: float = 0.0
+def Snap(loop_monotonic: float, sampler_round_monotonic: float | None,
+         statuses: tuple[str, ...] = (), records_per_s: float = 0.0) -> Snapshot:
+    """A daemon snapshot with these times, runs of these statuses and this rate."""
+    runs = tuple(RunView(f"{i:032x}", "/r", 0, 0, 1, "h", 0, status, None)
+                 for i, status in enumerate(statuses))
+    return Snapshot(1, "ipc:///s", "/r", 0.0, loop_monotonic, sampler_round_monotonic, 0, 0,
+                    0, 0, {}, None, records_per_s, 10.0, {}, runs)
 
 
 def test_path_socket_gets_the_datagram(manager: Manager, tmp_path: Path) -> None:
@@ -98,7 +96,7 @@ def test_lifecycle_pings_only_while_loop_and_samplers_progress(manager: Manager,
     now = [100.0]
     environ = {"NOTIFY_SOCKET": str(tmp_path / "notify"), "WATCHDOG_USEC": "1000000"}
     notifier = SystemdNotifier(2.0, environ, clock=lambda: now[0])
-    running = ({"status": "running"}, {"status": "completed"})
+    running = ("running", "completed")
     notifier.ready(Snap(100.0, None, running, 1234.4))
     assert manager.messages() == ["READY=1\nSTATUS=2 runs (1 running), 1234 records/s",
                                   "WATCHDOG=1"]
