@@ -21,6 +21,8 @@ class RunView:
     records: int  # records received from it
     status: str  # running, completed, failed, incomplete
     write_error: str | None
+    job_id: str | None  # the Slurm job id the run reported
+    user: str | None  # the kernel's word on an ipc socket, else what the run reported
 
 
 @dataclass(frozen=True)

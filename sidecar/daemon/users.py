@@ -1,18 +1,13 @@
-"""Users kept apart on a shared node daemon (SPEC §5 "another user's folder", §8).
+"""Users kept apart on a shared node daemon (``sidecar serve --shared``; SPEC §5 "another
+user's folder", §8).
 
-Who sent a message is what the kernel says, never what the message claims. libzmq takes
-the peer credentials of every ipc connection (``SO_PEERCRED``) when it accepts it and
-hands them out with each message as the ``Peer-Address`` property, ``host:uid:gid:pid``;
-a peer cannot override it (its handshake metadata never replaces that property; the
-``User-Id`` property, in contrast, can be sent by the peer and is not used).
-``tests/unit/test_users.py`` checks both against a real forked client and a hand-made
-handshake.
-
-A shared daemon runs as root. Each user's runs go under ``ROOT/<user>/``, a folder
-created 0700 and owned by that user; every file access made for a user's messages runs
-with the thread's file-system identity switched to that user (``setfsuid``/``setfsgid``,
-per thread), so the kernel itself refuses what the user could not do: writing into
-another user's folder, following a symlink planted there, reading another user's files.
+A shared daemon runs as root and knows each connection's user from the kernel
+(``sidecar.ingest.peers``). Each user's runs go under ``ROOT/<user>/``, a folder created
+0700 and owned by that user; every file access made for a user runs with the loop
+thread's file-system identity switched to that user (``setfsuid``/``setfsgid``, per
+thread), so the kernel itself refuses what the user could not do: writing into another
+user's folder, following a symlink planted there, reading another user's files. What
+the daemon creates there belongs to the user.
 """
 
 from __future__ import annotations
@@ -20,56 +15,17 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import pwd
 import stat
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import zmq
+from sidecar.ingest.peers import Peer
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
 class ForeignFolder(Exception):
     """A user's folder cannot be used: it is not a real folder owned by that user."""
-
-
-@dataclass(frozen=True)
-class Peer:
-    """The kernel's credentials of a client connection (at the time it connected)."""
-
-    uid: int
-    gid: int
-    pid: int
-
-    @property
-    def name(self) -> str:
-        """The user's login name; the uid as text when the system does not know it."""
-        return user_name(self.uid)
-
-
-def peer_of(frame: zmq.Frame) -> Peer | None:
-    """The credentials of the ipc connection ``frame`` came on; None when libzmq gives
-    none (only call it for messages read from an ipc socket: a tcp peer address has
-    another form).
-    """
-    try:
-        address = frame.get("Peer-Address")
-    except zmq.ZMQError:
-        return None
-    parts = address.rsplit(":", 3) if isinstance(address, str) else []
-    if len(parts) != 4 or not all(p.isdigit() for p in parts[1:]):
-        return None
-    return Peer(int(parts[1]), int(parts[2]), int(parts[3]))
-
-
-def user_name(uid: int) -> str:
-    """The login name of ``uid``, or the uid as text when it has no passwd entry."""
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
 
 
 @contextlib.contextmanager
@@ -94,7 +50,8 @@ def acting_as(uid: int, gid: int) -> Iterator[None]:
 
 
 def user_folder(root: Path, peer: Peer) -> Path:
-    """``root/<user>``, created 0700 and owned by the user if missing; returns it.
+    """``root/<user>``, created 0700 and owned by the user if missing; returns it. Call it
+    as root (not inside ``acting_as``).
 
     Raises ForeignFolder when it exists but is not a folder of that user's (a symlink,
     a file, someone else's folder), OSError when it cannot be created.

@@ -272,6 +272,13 @@ class ResourceMonitor:
             off_reason, {label: a.result() for label, a in resources.attribution.items()},
             resources.gpu_samples, resources.host_samples, run_start_ns)
 
+    def gpu_status(self) -> list[dict[str, Any]]:
+        """Per sampled GPU: index, uuid, name, whether NVML still answers for it (``lost``
+        and why) and the calls it does not support, with NVML's reason
+        (``NvmlSampler.status``); [] while GPU sampling is off."""
+        gpus = self.gpus
+        return gpus.status()["gpus"] if gpus is not None else []
+
     def close(self) -> None:
         """Stop GPU sampling (NVML shutdown, bounded)."""
         if self.gpus is not None:

@@ -45,7 +45,7 @@ def manager(tmp_path: Path) -> Iterator[Manager]:
 def Snap(loop_monotonic: float, sampler_round_monotonic: float | None,
          statuses: tuple[str, ...] = (), records_per_s: float = 0.0) -> Snapshot:
     """A daemon snapshot with these times, runs of these statuses and this rate."""
-    runs = tuple(RunView(f"{i:032x}", "/r", 0, 0, 1, "h", 0, status, None)
+    runs = tuple(RunView(f"{i:032x}", "/r", 0, 0, 1, "h", 0, status, None, None, None)
                  for i, status in enumerate(statuses))
     return Snapshot(1, "ipc:///s", "/r", 0.0, loop_monotonic, sampler_round_monotonic, 0, 0,
                     0, 0, {}, None, records_per_s, 10.0, {}, runs)

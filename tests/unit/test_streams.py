@@ -10,7 +10,7 @@ from tests.support.frames import Client
 
 
 def test_ended_and_written_splits_are_forgotten_after_a_while(tmp_path: Path) -> None:
-    registry = Registry(lambda out_dir, cwd: tmp_path / out_dir)
+    registry = Registry(lambda out_dir, cwd, owner: tmp_path / out_dir)
     frame = Client().hello("job")
     header, body = wire.decode_header(frame), wire.decode_control(frame)
     registry.hello(header, body, now=100.0)

@@ -1,6 +1,7 @@
-"""sidecar.daemon.users: the peer credentials libzmq reports for an ipc connection (a real
-client forked under another uid; a hand-made handshake that tries to forge them) and the
-per-thread file identity of a shared daemon. Needs root (skipped otherwise).
+"""The peer credentials libzmq reports for an ipc connection (``sidecar.ingest.peers``: a
+real client forked under another uid; a hand-made handshake that tries to forge them) and
+the per-thread file identity of a shared daemon (``sidecar.daemon.users``). Needs root
+(skipped otherwise).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from pathlib import Path
 import pytest
 import zmq
 
-from sidecar.daemon.users import ForeignFolder, Peer, acting_as, peer_of, user_folder
+from sidecar.daemon.users import ForeignFolder, acting_as, user_folder
+from sidecar.ingest.peers import Peer, peer_of
 
 NOBODY = 65534
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (other uids)")
