@@ -1,5 +1,17 @@
-"""The text of our block in ``summary.log``, laid out as the reference lays it out (SPEC §3),
-and its replacement inside a file that may hold other people's text.
+"""The text of our blocks in ``summary.log`` and their replacement inside a file that may
+hold other people's text (SPEC §3).
+
+Three blocks, in this order, each closed by a line of 106 stars:
+
+1. the reference's ``Computational Summary`` block, line for line as the reference prints
+   it (title, GPU names on a GPU, the training and validation tables, throughput), so a
+   script that reads from its title to the first star line reads what it knows;
+2. our additions, under a title line of their own: the Training time account, the
+   streaming figures over all post-warmup measurements, custom phases, ranks;
+3. the resources block, under the line ``Resources``.
+
+Every ``mean ± std [n]`` cell uses the sample standard deviation (n − 1 in the
+denominator), as pandas' ``Series.std()`` in the reference.
 """
 
 from __future__ import annotations
@@ -8,13 +20,24 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import pandas as pd
+
 from markers import wire
 from sidecar.aggregator import PhaseSeries, RankAggregator
 from sidecar.stats import Welford
 
 WIDTH = 106
-TITLE = " Computational Summary (mean ± std [n measurements]) "
-TITLE_LINE = "*" * ((WIDTH - len(TITLE) + 1) // 2) + TITLE + "*" * ((WIDTH - len(TITLE)) // 2)
+
+
+def _title_line(title: str) -> str:
+    """``title`` centred in a line of stars WIDTH wide (one star more on the left when odd,
+    as the reference centres its title)."""
+    return "*" * ((WIDTH - len(title) + 1) // 2) + title + "*" * ((WIDTH - len(title)) // 2)
+
+
+TITLE_LINE = _title_line(" Computational Summary (mean ± std [n measurements]) ")
+ADDITIONS_LINE = _title_line(" Beyond the reference: training time, all measurements, "
+                             "custom phases, ranks ")
 STARS = "*" * WIDTH
 DASHES = "-" * WIDTH
 RESOURCES = "Resources"
@@ -43,16 +66,23 @@ class Throughput:
 
 
 def cell(values: Sequence[float]) -> str:
-    """``mean ± std [n]`` in %.2e (population std), ``mean [1]`` for one value, '' for none."""
+    """``mean ± std [n]`` in %.2e with the sample std (n − 1), ``mean [1]`` for one value,
+    '' for none.
+
+    Computed as the reference computes it, with pandas' ``mean()`` and ``std()``: a mean
+    that falls on a rounding tie of %.2e (exact values such as 6.875e-04) then prints the
+    reference's digits, not those of a differently rounded sum.
+    """
     if not values:
         return ""
     if len(values) == 1:
         return f"{values[0]:.2e} [1]"
-    return f"{statistics.fmean(values):.2e} ± {statistics.pstdev(values):.2e} [{len(values)}]"
+    series = pd.Series(values, dtype="float64")
+    return f"{series.mean():.2e} ± {series.std():.2e} [{len(values)}]"
 
 
 def welford_cell(stats: Welford) -> str:
-    """The same cell from streaming statistics."""
+    """The same cell from streaming statistics (their std is the sample std too)."""
     if stats.count == 0:
         return ""
     if stats.count == 1:
@@ -177,9 +207,9 @@ def computational_block(ranks: Sequence[RankAggregator], gpu_names: Sequence[str
                         train: Throughput, validation: Throughput,
                         gaps: Sequence[tuple[float, float]],
                         resource_lines: Sequence[str]) -> list[str]:
-    """All lines of our block: the reference table (rank 0 = ``ranks[0]``), the streaming
-    figures, custom phases, the rank comparison, then ``resource_lines`` (the resources
-    block, which starts with the line ``Resources``) and a closing line.
+    """All lines of our three blocks (see the module docstring): the reference's block for
+    rank 0 (``ranks[0]``), our additions, then ``resource_lines`` (the resources block,
+    which starts with the line ``Resources``) and a closing star line.
     """
     agg = ranks[0]
     on_gpu = bool(gpu_names)
@@ -193,19 +223,20 @@ def computational_block(ranks: Sequence[RankAggregator], gpu_names: Sequence[str
     lines += _phase_lines(agg, VAL_LINES, on_gpu)
     val_images = Throughput(validation.batch_size, 1)
     lines += ["", *_throughput_lines(agg, wire.VALIDATION_LOOP, VAL_GPU_PHASES, val_images,
-                                     on_gpu)]
-    for extra in (time_lines(agg, gaps), _streaming_lines(agg), _custom_lines(agg, on_gpu),
-                  _rank_lines(ranks)):
-        if extra:
-            lines += ["", *extra]
+                                     on_gpu), STARS]
+    lines += ["", ADDITIONS_LINE]
+    parts = [part for part in (time_lines(agg, gaps), _streaming_lines(agg),
+                               _custom_lines(agg, on_gpu), _rank_lines(ranks)) if part]
+    for i, part in enumerate(parts):
+        lines += [*([""] if i else []), *part]
     lines += [STARS, "", *resource_lines, STARS]
     return lines
 
 
 def replace_block(existing: str, block: Sequence[str]) -> str:
-    """``existing`` with our previous block (title line to the closing line after
-    ``Resources``) replaced by ``block``; text that is not ours is kept. Without a previous
-    block, ours is appended.
+    """``existing`` with our previous blocks (the reference block's title line to the
+    closing star line after ``Resources``) replaced by ``block``; text that is not ours is
+    kept. Without a previous block, ours is appended.
     """
     lines = existing.splitlines()
     new = list(block)
