@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.helpers import env, read_tsv, split_dir
+from tests.support.helpers import env, read_tsv, split_dir
 
 # The marked loop, run by ``sidecar run``. Known sleeps per phase; ``--fake-gpu`` times the
 # phases on the fake CUDA backend in the job (no GPU here), with varying GPU times.
@@ -36,7 +36,7 @@ LOOP = textwrap.dedent("""
         import torch  # noqa: F401  - the markers look for CUDA only once torch is imported
 
         import markers.gpu
-        from tests.fake_cuda import FakeBackend
+        from tests.support.fake_cuda import FakeBackend
 
         class VaryingBackend(FakeBackend):
             def record(self, event):

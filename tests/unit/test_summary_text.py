@@ -9,8 +9,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.stats import Welford
-from sidecar.summary import ADDITIONS_LINE, STARS, TITLE_LINE, cell, replace_block, welford_cell
+from sidecar.model.stats import Welford
+from sidecar.sinks.summary import (
+    ADDITIONS_LINE,
+    STARS,
+    TITLE_LINE,
+    cell,
+    replace_block,
+    welford_cell,
+)
 
 finite = st.floats(min_value=1e-6, max_value=1e3, allow_nan=False)
 
