@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from markers import endpoints
+from markers import endpoints, wire
 from sidecar.daemon.notify import SystemdNotifier, stall_s_for
 from sidecar.daemon.server import Config, serve
 from sidecar.resources.samplers import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
@@ -99,7 +99,7 @@ def _gpu_line(gpu: dict[str, Any]) -> str:
 
 
 def _status(endpoint: str, job: str | None, as_json: bool) -> int:
-    reply = _ask("status", endpoint, {"type": "status"})
+    reply = _ask("status", endpoint, {"type": wire.STATUS})
     if reply is None:
         return 1
     reply.pop("ok", None)
@@ -127,7 +127,7 @@ def _status(endpoint: str, job: str | None, as_json: bool) -> int:
 
 
 def _finish(endpoint: str, job: str) -> int:
-    reply = _ask("finish", endpoint, {"type": "finish_job", "job_id": job})
+    reply = _ask("finish", endpoint, {"type": wire.FINISH_JOB, "job_id": job})
     if reply is None:
         return 1
     if not reply.get("ok"):
