@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
+from tests.support.helpers import REPO
 
 UNITS = REPO / "systemd"
 # The scores of `systemd-analyze security --offline=true` recorded in docs/node-daemon.md.
