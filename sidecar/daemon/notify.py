@@ -4,10 +4,11 @@ namespace). Without ``NOTIFY_SOCKET`` nothing is sent, so the daemon behaves the
 outside systemd.
 
 ``SystemdNotifier`` plugs into the server's lifecycle hooks: READY=1 once the socket is
-bound and the samplers are up, a STATUS= line (runs, records/s) when it changes,
-WATCHDOG=1 every half ``WATCHDOG_USEC`` only while the loop turns and the samplers
-complete rounds (a hung NVML call or a stuck loop stops the pings and systemd restarts
-the daemon), STOPPING=1 when the shutdown writing begins.
+bound and the samplers are up (NVML opened or found unavailable: at most its 5 s bound),
+a STATUS= line (runs, records/s) when it changes, WATCHDOG=1 every half
+``WATCHDOG_USEC`` only while the loop turns and the samplers complete rounds (a hung
+NVML call or a stuck loop stops the pings and systemd restarts the daemon), STOPPING=1
+when the shutdown writing begins.
 """
 
 from __future__ import annotations
@@ -88,6 +89,8 @@ class SystemdNotifier:
         self._next_ping = 0.0
         self._next_status = 0.0
         self._status: str | None = None
+        self._bound = False
+        self._ready = False
 
     def healthy(self, snapshot: Snapshot, now: float) -> bool:
         """True when the loop turned and the samplers completed a round (or have not
@@ -97,14 +100,21 @@ class SystemdNotifier:
                 and (sampled is None or now - sampled <= self.stall_s))
 
     def ready(self, snapshot: Snapshot) -> None:
-        """READY=1 with the first STATUS= line: the socket is bound, the samplers are up."""
-        self._status = status_line(snapshot)
-        self._next_status = self._clock() + STATUS_EVERY_S
-        notify(f"READY=1\nSTATUS={self._status}", self._environ)
+        """The socket is bound: READY=1 (with the first STATUS= line) now if the samplers
+        are set up, else at the first loop turn where they are."""
+        self._bound = True
         self.tick(snapshot)
 
     def tick(self, snapshot: Snapshot) -> None:
-        """Each loop turn: WATCHDOG=1 when due and healthy; STATUS= when due and changed."""
+        """Each loop turn: READY=1 when it becomes true; after it, WATCHDOG=1 when due and
+        healthy, STATUS= when due and changed."""
+        if not self._ready:
+            if not (self._bound and snapshot.samplers_started):
+                return
+            self._ready = True
+            self._status = status_line(snapshot)
+            self._next_status = self._clock() + STATUS_EVERY_S
+            notify(f"READY=1\nSTATUS={self._status}", self._environ)
         now = self._clock()
         if self._watchdog_s is not None and now >= self._next_ping \
                 and self.healthy(snapshot, now):

@@ -243,6 +243,7 @@ class Server:
             root=str(self.config.root) if self.config.root else None,
             taken_unix=time.time(), loop_monotonic=now,
             sampler_round_monotonic=self.monitor.last_round_monotonic,
+            samplers_started=self.monitor.started(),
             records=registry.records_received, dropped=counts["dropped"],
             lost=counts["lost"], rejected=counts["rejected"],
             rejected_by_kind=counts["rejected_by_kind"], last_error=registry.last_error,

@@ -35,6 +35,7 @@ class Snapshot:
     taken_unix: float  # wall clock when taken
     loop_monotonic: float  # time.monotonic() of the loop turn that took it
     sampler_round_monotonic: float | None  # when the samplers last completed a round
+    samplers_started: bool  # every sampler is set up (NVML opened, or found unavailable)
     records: int
     dropped: int
     lost: int

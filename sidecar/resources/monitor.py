@@ -272,6 +272,10 @@ class ResourceMonitor:
             off_reason, {label: a.result() for label, a in resources.attribution.items()},
             resources.gpu_samples, resources.host_samples, run_start_ns)
 
+    def started(self) -> bool:
+        """True once NVML is opened or found unavailable (its opener thread ended)."""
+        return not self._opener.is_alive()
+
     def gpu_status(self) -> list[dict[str, Any]]:
         """Per sampled GPU: index, uuid, name, whether NVML still answers for it (``lost``
         and why) and the calls it does not support, with NVML's reason

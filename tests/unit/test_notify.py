@@ -43,12 +43,14 @@ def manager(tmp_path: Path) -> Iterator[Manager]:
 
 
 def Snap(loop_monotonic: float, sampler_round_monotonic: float | None,
-         statuses: tuple[str, ...] = (), records_per_s: float = 0.0) -> Snapshot:
-    """A daemon snapshot with these times, runs of these statuses and this rate."""
+         statuses: tuple[str, ...] = (), records_per_s: float = 0.0,
+         started: bool = True) -> Snapshot:
+    """A daemon snapshot with these times, runs of these statuses, this rate, samplers
+    set up or not."""
     runs = tuple(RunView(f"{i:032x}", "/r", 0, 0, 1, "h", 0, status, None, None, None)
                  for i, status in enumerate(statuses))
-    return Snapshot(1, "ipc:///s", "/r", 0.0, loop_monotonic, sampler_round_monotonic, 0, 0,
-                    0, 0, {}, None, records_per_s, 10.0, {}, runs)
+    return Snapshot(1, "ipc:///s", "/r", 0.0, loop_monotonic, sampler_round_monotonic,
+                    started, 0, 0, 0, 0, {}, None, records_per_s, 10.0, {}, runs)
 
 
 def test_path_socket_gets_the_datagram(manager: Manager, tmp_path: Path) -> None:
@@ -117,3 +119,18 @@ def test_lifecycle_pings_only_while_loop_and_samplers_progress(manager: Manager,
     assert manager.messages() == ["WATCHDOG=1"]
     notifier.stopping()
     assert manager.messages()[0].startswith("STOPPING=1\n")
+
+
+def test_ready_waits_for_the_samplers(manager: Manager, tmp_path: Path) -> None:
+    now = [10.0]
+    environ = {"NOTIFY_SOCKET": str(tmp_path / "notify"), "WATCHDOG_USEC": "1000000"}
+    notifier = SystemdNotifier(2.0, environ, clock=lambda: now[0])
+    notifier.tick(Snap(10.0, None))  # a turn before the socket is bound: nothing
+    notifier.ready(Snap(10.0, None, started=False))  # bound, NVML still opening
+    now[0] = 11.0
+    notifier.tick(Snap(11.0, 10.8, started=False))
+    assert manager.messages() == []
+    now[0] = 11.2
+    notifier.tick(Snap(11.2, 11.0))
+    assert manager.messages() == ["READY=1\nSTATUS=0 runs (0 running), 0 records/s",
+                                  "WATCHDOG=1"]
