@@ -139,6 +139,7 @@ def test_two_users_are_kept_apart(users: tuple[str, str], short_tmp: Path) -> No
     endpoint = f"ipc://{short_tmp}/s.sock"
     daemon = _daemon(short_tmp, "--shared")
     stop_file = short_tmp / "stop"
+    long_job = None
     try:
         wait_for(lambda: status(endpoint, 0.5), 30, "the shared daemon to answer")
         assert (short_tmp / "s.sock").stat().st_mode & 0o777 == 0o666
@@ -173,7 +174,8 @@ def test_two_users_are_kept_apart(users: tuple[str, str], short_tmp: Path) -> No
         assert [(r["user"], r["status"]) for r in view["runs"]] == [(alice, "incomplete")]
     finally:
         stop_file.touch()
-        os.waitpid(long_job, 0)
+        if long_job is not None:
+            os.waitpid(long_job, 0)
         daemon.terminate()
         daemon.wait(20)
     for user, out_dir in ((alice, "maps-a"), (bob, "maps-b")):
