@@ -28,7 +28,7 @@ from sidecar.daemon.liveness import describe_exit, pid_alive
 from sidecar.daemon.policy import OutDirPolicy
 from sidecar.daemon.snapshot import RunView, Snapshot
 from sidecar.daemon.users import ForeignFolder, acting_as, user_folder
-from sidecar.ingest.peers import Peer
+from sidecar.ingest.peers import Peer, user_name
 from sidecar.ingest.receiver import Incoming, Receiver
 from sidecar.ingest.streams import HOSTNAME, Refused, Registry, Stream
 from sidecar.model.split import Split
@@ -172,8 +172,8 @@ class Server:
                 return f"run {stream.key} belongs to {stream.owner.name}, not {peer.name}"
             return None
         if peer is not None and peer.uid not in (os.geteuid(), 0):
-            return (f"user {peer.name} may not use the sidecar of "
-                    f"{Peer(os.geteuid(), 0, 0).name}; use your own or the node's shared one")
+            return (f"user {peer.name} may not use the sidecar of {user_name(os.geteuid())}; "
+                    "use your own or the node's shared one")
         return None
 
     def _take_hello(self, body: dict[str, Any], peer: Peer | None) -> None:

@@ -10,6 +10,7 @@ uid and a hand-made handshake.
 
 from __future__ import annotations
 
+import functools
 import pwd
 from dataclasses import dataclass
 
@@ -28,10 +29,18 @@ class Peer:
     @property
     def name(self) -> str:
         """The user's login name; the uid as text when the system does not know it."""
-        try:
-            return pwd.getpwuid(self.uid).pw_name
-        except KeyError:
-            return str(self.uid)
+        return user_name(self.uid)
+
+
+@functools.lru_cache(maxsize=4096)
+def user_name(uid: int) -> str:
+    """The login name of ``uid``, or the uid as text when the system does not know it.
+    Cached: the status view names every run's user at each loop turn, and a directory
+    service lookup can be slow."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 def peer_of(frame: zmq.Frame) -> Peer | None:
