@@ -299,3 +299,35 @@ def test_accumulation_with_a_short_last_step_counts_its_own_batches(folder: Path
     assert_aligned(result)
     loop_s = sum(result.column("Training loop"))
     assert f"Throughput: {4 * 7 / loop_s:.2f} images/s" in result.summary
+
+
+def test_custom_phases_survive_a_sidecar_takeover_and_a_full_queue(serve,
+                                                                   short_tmp: Path) -> None:
+    first = serve()
+    out, state = short_tmp / "root" / "taken", short_tmp
+    job = subprocess.Popen([sys.executable, str(REPO / "tests" / "support" / "jobs" /
+                                                "takeover_job.py"), str(out), str(state)],
+                           cwd=short_tmp, env=env(SIDECAR_ENDPOINT=first.endpoint),
+                           stdin=subprocess.DEVNULL)
+    wait_for(lambda: (state / "checkpointed").exists() or job.poll() is not None, 60,
+             "the first checkpoint")
+    first.process.send_signal(signal.SIGKILL)
+    first.process.wait(10)
+    (state / "go").touch()
+    # 1000 declarations and their records while no sidecar listens: the queue overflows.
+    wait_for(lambda: (state / "declared").exists() or job.poll() is not None, 60,
+             "the names to be used")
+    second = serve()  # same endpoint: it learns the run, and every name, from the hello
+    wait_for(lambda: (v := second.status()) and v["runs"] and v["runs"][0]["records"] > 2000,
+             60, "the new sidecar to take the run over")
+    (state / "stop").touch()
+    assert job.wait(60) == 0
+    frame = read_tsv(split_dir(out) / "logs" / "computational.tsv")
+    custom = [c[:-4] for c in frame.columns[23:]]
+    assert sorted(custom) == sorted(["early", *(f"name {i:04d}" for i in range(1000))])
+    assert frame["early (s)"].notna().sum() > 3  # before and after the takeover, one column
+    summary = (split_dir(out) / "summary.log").read_text()
+    rejected = re.search(r"Records: .*rejected (\d+)", summary)
+    assert rejected is not None and rejected[1] == "0", summary
+    dropped = re.search(r"Records: received \d+, dropped (\d+)", summary)
+    assert dropped is not None and int(dropped[1]) > 0  # the queue did overflow
