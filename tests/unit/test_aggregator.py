@@ -90,13 +90,97 @@ def test_accumulation_sums_the_phases_of_one_step() -> None:
     assert agg.series[wire.FORWARD].rows[0].start_s == pytest.approx(0.001)
 
 
-def test_an_abandoned_iteration_is_never_measured() -> None:
+def flagged(agg: RankAggregator, phase: int) -> list[tuple[float, str]]:
+    series = agg.series.get(phase)
+    return [(round(r.wall_s * 1000, 6), r.flag) for r in series.flagged] if series else []
+
+
+def test_an_iteration_whose_loop_record_never_came_is_kept_flagged() -> None:
     agg = aggregator()
-    values = (record(wire.FORWARD, 0, 5, iteration=0)  # left with break: no loop record
+    values = (record(wire.FORWARD, 0, 5, iteration=0)  # its loop record was lost
               + iteration(1, 10.0, batch=1))
     agg.add_records(array("q", values))
     assert walls(agg, wire.FORWARD) == [2.0]
     assert [r.iteration for r in agg.series[wire.FORWARD].rows] == [1]
+    assert flagged(agg, wire.FORWARD) == [(5.0, "incomplete")]
+    assert agg.stored_iterations[False] == 1
+
+
+def test_an_incomplete_loop_record_flags_its_iteration_and_measures_nothing() -> None:
+    agg = aggregator()
+    cut = TRAIN | wire.FLAG_INCOMPLETE
+    values = (record(wire.TRAINING_DATA_LOADING, 0, 1) + record(wire.FORWARD, 1, 4)
+              + record(wire.TRAINING_LOOP, 0, 6, flags=cut, batches=1)
+              + iteration(1, 10.0, batch=1))
+    agg.add_records(array("q", values))
+    assert walls(agg, wire.TRAINING_LOOP) == [3.0]  # iteration 1 only
+    assert flagged(agg, wire.TRAINING_LOOP) == [(6.0, "incomplete")]
+    assert flagged(agg, wire.FORWARD) == [(3.0, "incomplete")]
+    assert agg.series[wire.FORWARD].wall.count == 1  # streaming figures: measurements only
+    assert agg.series[wire.TRAINING_LOOP].flagged[0].batches == 1
+
+
+def test_spans_cut_short_or_never_ended_are_kept_flagged() -> None:
+    agg = aggregator()
+    begin = wire.FLAG_BEGIN
+    values = (record(wire.EPOCH, 0, 0, flags=begin) + record(wire.EPOCH, 0, 50, flags=0)
+              + record(wire.EPOCH, 50, 50, flags=begin)
+              + record(wire.EPOCH, 50, 70, flags=wire.FLAG_INCOMPLETE, epoch=1)
+              + record(wire.VALIDATION, 70, 70, flags=begin, epoch=2)
+              + record(wire.EPOCH, 70, 70, flags=begin, epoch=2)
+              + record(wire.FORWARD, 71, 90, epoch=2))  # then the process ends
+    agg.add_records(array("q", values))
+    agg.end_session(None)
+    assert walls(agg, wire.EPOCH) == [50.0]
+    assert flagged(agg, wire.EPOCH) == [(20.0, "incomplete"), (20.0, "incomplete")]
+    assert flagged(agg, wire.VALIDATION) == [(20.0, "incomplete")]  # up to the last record
+    assert flagged(agg, wire.FORWARD) == [(19.0, "incomplete")]  # its iteration was open
+
+
+def test_phases_outside_iterations_stay_out_of_the_aligned_columns() -> None:
+    agg = aggregator()
+    probe = agg.custom_key("probe")
+    values = (iteration(0, 0.0, 0) + record(wire.FORWARD, 5, 9, flags=0)
+              + record(probe, 9, 10, flags=0) + record(probe, 10, 12, flags=0))
+    agg.add_records(array("q", values))
+    assert walls(agg, wire.FORWARD) == [2.0]
+    assert flagged(agg, wire.FORWARD) == [(4.0, "outside")]
+    # A custom phase only ever used outside iterations is its own column, flagged outside.
+    assert walls(agg, probe) == [1.0, 2.0]
+    assert {r.flag for r in agg.series[probe].rows} == {"outside"}
+    # Once measured inside an iteration, its column is iteration-aligned only.
+    inside = record(probe, 20, 23, iteration=1, batch=1)
+    agg.add_records(array("q", inside + iteration(1, 20.0, 1) + record(probe, 30, 31, flags=0)))
+    assert walls(agg, probe) == [3.0]
+    assert [r.iteration for r in agg.series[probe].rows] == [1]
+    assert flagged(agg, probe) == [(1.0, "outside"), (2.0, "outside"), (1.0, "outside")]
+    assert agg.series[probe].wall.count == 1
+
+
+def test_loop_records_carry_the_batches_their_step_held() -> None:
+    agg = aggregator(accumulation_steps=3)
+    values = (record(wire.FORWARD, 0, 3) + record(wire.TRAINING_LOOP, 0, 4, batches=3)
+              + record(wire.FORWARD, 5, 6, iteration=1)
+              + record(wire.TRAINING_LOOP, 5, 7, iteration=1, batches=1)
+              + record(wire.FORWARD, 8, 9, iteration=2)
+              + record(wire.TRAINING_LOOP, 8, 10, iteration=2))  # no count: a whole step
+    agg.add_records(array("q", values))
+    assert [r.batches for r in agg.series[wire.TRAINING_LOOP].rows] == [3, 1, 3]
+    assert [r.batches for r in agg.series[wire.FORWARD].rows] == [3, 1, 3]
+
+
+def test_custom_phases_are_keyed_by_name_and_survive_the_state() -> None:
+    agg = aggregator()
+    a, b = agg.custom_key("a"), agg.custom_key("b")
+    assert (a, b) == (wire.FIRST_CUSTOM_ID, wire.FIRST_CUSTOM_ID + 1)
+    assert agg.custom_key("a") == a
+    agg.add_records(array("q", record(a, 0, 1) + record(wire.TRAINING_LOOP, 0, 2)
+                          + record(wire.FORWARD, 3, 4, flags=0)))
+    copy = RankAggregator(0, Settings(), 0.0)
+    copy.load_state(agg.to_state())
+    assert copy.custom_key("b") == b and copy.custom_key("c") == b + 1
+    assert copy.aligned_custom == {a}
+    assert [r.flag for r in copy.series[wire.FORWARD].flagged] == ["outside"]
 
 
 def test_uncapped_phases_are_always_stored_and_validation_has_its_own_cap() -> None:

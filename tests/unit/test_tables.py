@@ -12,7 +12,7 @@ from tests.unit.test_aggregator import aggregator, iteration, record
 
 def test_computational_frame_has_the_reference_columns_then_custom_ones() -> None:
     agg = aggregator()
-    agg.custom_names[wire.FIRST_CUSTOM_ID] = "augment"
+    agg.custom_key("augment")
     values = []
     for i in range(3):
         values += iteration(i, 10.0 * i, batch=i)
