@@ -192,7 +192,6 @@ class Run:
         self._epoch = first_epoch  # epochs continue across resumes
         self._epoch_start_ns = 0  # 0: no epoch open
         self._validation_start_ns = 0  # 0: no validation pass open
-        self._validation_suspended = False  # the open pass suspended a training iteration
         self._iterations = [0, 0]  # training, validation iterations so far (by `validation`)
         self._net_batches = 0  # batches that went through the network in this process
         self._open: _Iteration | None = None
@@ -382,13 +381,14 @@ class Run:
         if self._validation_start_ns:
             self._record_in(self._context, wire.FLAG_INCOMPLETE, wire.VALIDATION,
                             self._validation_start_ns, now_ns)
-        self._validation_suspended = self._suspend(now_ns) or self._validation_suspended
+        self._suspend(now_ns)
         self._validation_start_ns = now_ns
         self._record_in(self._context, wire.FLAG_BEGIN, wire.VALIDATION, now_ns, now_ns)
 
     def end_validation(self, failed: bool = False) -> None:
         """The validation pass ends now: one Validation measurement (flagged incomplete
-        when ``failed``); a training iteration it suspended goes on."""
+        when ``failed``); a training iteration it (or a validation iteration begun inside
+        it) suspended goes on."""
         self._settle(failed)
         end_ns = perf_counter_ns()
         if self._open is not None and self._open.validation:
@@ -397,9 +397,7 @@ class Run:
             self._record_in(self._context, wire.FLAG_INCOMPLETE if failed else 0,
                             wire.VALIDATION, self._validation_start_ns, end_ns)
         self._validation_start_ns = 0
-        if self._validation_suspended:
-            self._validation_suspended = False
-            self._resume(end_ns)
+        self._resume(end_ns)
         self._buffer.flush()
 
     def begin_iteration(self, validation: bool = False, start_ns: int | None = None) -> None:
@@ -410,7 +408,8 @@ class Run:
         it."""
         if start_ns is None:
             start_ns = perf_counter_ns()
-        self._settle()
+        if self._left:
+            self._settle()
         if self._open is not None:
             if validation and not self._open.validation:
                 self._suspend(start_ns)
@@ -654,7 +653,9 @@ class Run:
                 fetched = None
                 self.batch_done()
                 if iteration.batches == per_iteration:
-                    self.end_iteration()
+                    # The next turn begins the next iteration at once: no context between.
+                    self._open = None
+                    self._end(iteration, perf_counter_ns(), 0)
                     iteration = None
             if iteration is not None and iteration is self._open:
                 # The last, shorter step ends where the fetch that found no batch began;

@@ -162,6 +162,12 @@ class RankAggregator:
             self._names[name] = key
         return key
 
+    def measured_custom(self) -> list[int]:
+        """The custom phases with at least one measurement (flagged rows alone make no
+        column), in the order of their keys."""
+        return sorted(p for p, s in self.series.items()
+                      if p >= wire.FIRST_CUSTOM_ID and s.wall.count)
+
     # -- sessions -------------------------------------------------------------------
 
     def begin_session(self, start_unix: float, start_ns: int, run_id: str = "") -> int:

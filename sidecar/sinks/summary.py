@@ -149,15 +149,15 @@ def _streaming_lines(agg: RankAggregator) -> list[str]:
            f"{'Phase':^22} | {'Time (s)':^36} | {'GPU Time (s)':^36}".rstrip()]
     for row in layout.PHASE_ROWS[1:]:  # every phase but Training (its time is the account)
         series = agg.series.get(row.phase)
-        if series is not None:
+        if series is not None and series.wall.count:
             out.append(_streaming_line(" " * row.indent + row.summary_label, series))
-    for phase in sorted(p for p in agg.series if p >= wire.FIRST_CUSTOM_ID):
+    for phase in agg.measured_custom():
         out.append(_streaming_line(agg.custom_names[phase], agg.series[phase]))
     return out
 
 
 def _custom_lines(agg: RankAggregator, on_gpu: bool) -> list[str]:
-    custom = sorted(p for p in agg.series if p >= wire.FIRST_CUSTOM_ID)
+    custom = agg.measured_custom()
     if not custom:
         return []
     out = ["Custom phases (stored rows):"]

@@ -43,7 +43,7 @@ def computational_frame(agg: RankAggregator) -> pd.DataFrame:
             continue
         series = agg.series.get(phase)
         columns[label] = _column(series.rows if series else [], attribute)
-    for phase in sorted(p for p in agg.series if p >= wire.FIRST_CUSTOM_ID):
+    for phase in agg.measured_custom():
         columns[f"{agg.custom_names[phase]} (s)"] = _column(agg.series[phase].rows, _TIME)
     frame = pd.DataFrame(columns)
     frame.index.name = layout.INDEX_LABEL
