@@ -1,4 +1,4 @@
-"""The ``sidecar`` command line (SPEC §2): run, serve, status."""
+"""The ``sidecar`` command line (SPEC §2): run, serve, status, report."""
 
 from __future__ import annotations
 
@@ -57,7 +57,39 @@ def _parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", help="live view of a running sidecar")
     status.add_argument("--endpoint", help="default: the daemon's endpoint")
     status.add_argument("--json", action="store_true", help="print one JSON object")
+
+    report = commands.add_parser("report", help="cluster-wide GPU report from run folders "
+                                 "or a Prometheus server")
+    report.add_argument("paths", nargs="*", type=Path, metavar="PATH",
+                        help="run folders, or folders holding them at any depth")
+    report.add_argument("--out", type=Path, default=Path("report"),
+                        help="folder for jobs.tsv, gpus.tsv, summary.tsv, report.md and "
+                        "report.html (default ./report)")
+    report.add_argument("--html", type=Path, help="write the page here instead")
     return parser
+
+
+def _report(args: argparse.Namespace) -> int:
+    from sidecar.report import build  # pandas and numpy: only for this command
+    from sidecar.report.progress import Progress
+
+    missing = [str(p) for p in args.paths if not p.exists()]
+    if not args.paths or missing:
+        print("sidecar report: " + (f"no such folder: {', '.join(missing)}" if missing else
+                                    "give the folders holding the run folders"),
+              file=sys.stderr)
+        return 2
+    report = build.from_folders(args.paths, Progress("reading run folders").update)
+    for folder, reason in report.damaged.itertuples(index=False, name=None):
+        print(f"sidecar report: skipped {folder}: {reason}", file=sys.stderr)
+    try:
+        written = build.write(report, args.out, args.html)
+    except OSError as exc:
+        print(f"sidecar report: cannot write the report: {exc}", file=sys.stderr)
+        return 1
+    print(f"{len(report.jobs)} jobs, {len(report.damaged)} damaged folders skipped; wrote "
+          + ", ".join(str(p) for p in written))
+    return 0
 
 
 def _status(endpoint: str, as_json: bool) -> int:
@@ -98,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "status":
         return _status(args.endpoint or endpoints.daemon_endpoint(), args.json)
+    if args.command == "report":
+        return _report(args)
     logging.basicConfig(format="sidecar[%(process)d] %(levelname)s: %(message)s",
                         level=logging.WARNING if args.quiet else logging.INFO)
     if args.command == "serve":

@@ -52,6 +52,7 @@ def run_json(split: Split, existing: str) -> str:
         previous = {}
     splits = previous.get("splits") if isinstance(previous.get("splits"), dict) else {}
     info = split.info
+    first = split.ranks.get(0) or next(iter(split.ranks.values()), None)
     splits[str(split.split)] = {
         "status": split.status,
         "cause": split.cause,
@@ -63,6 +64,8 @@ def run_json(split: Split, existing: str) -> str:
         "wall_s": max((a.wall_s() for a in split.ranks.values()), default=None),
     }
     document = {
+        # the run id of the split's first process: the `run` label of the metrics (SPEC §7)
+        "run_id": first.sessions[0].run_id if first and first.sessions else None,
         "host": info.get("host"),
         "user": info.get("user"),
         "job_id": info.get("job_id"),
@@ -70,6 +73,9 @@ def run_json(split: Split, existing: str) -> str:
         "cwd": info.get("cwd"),
         "start": _iso(info.get("start_unix")),
         "end": _iso(split.end_unix),
+        # the same instants to the microsecond: the report's wall time (SPEC §6)
+        "start_unix": info.get("start_unix"),
+        "end_unix": split.end_unix,
         "status": split.status,
         "cause": split.cause,
         "gpus": [{"uuid": uuid, "name": name} for uuid, name in split.gpus],
