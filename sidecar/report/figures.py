@@ -36,6 +36,7 @@ PHASE_COLUMNS = {
     "backward": wire.PHASE_LABELS[wire.BACKWARD],
     "optimization": wire.PHASE_LABELS[wire.OPTIMIZATION],
 }
+PLOT_POINTS = 400
 _LABELS = [label for label, _, _ in COLUMNS]
 _THROUGHPUT = re.compile(r"^Throughput: (?:([0-9.e+-]+) images/s|.*)$", re.M)
 _RECORDS = re.compile(r"^Records: received \d+, dropped (\d+)", re.M)
@@ -45,7 +46,8 @@ _RECORDS = re.compile(r"^Records: received \d+, dropped (\d+)", re.M)
 class Figures:
     """Figures of many splits: ``splits`` has one row per split (in the order given),
     ``gpus`` one row per split and GPU (UUID), ``utilization`` the samples behind the GPU
-    utilization plot (split, uuid, gpu index, time s, utilization %)."""
+    utilization plot (split, gpu index, time s, utilization %), at most ``PLOT_POINTS``
+    per split and GPU."""
 
     splits: pd.DataFrame
     gpus: pd.DataFrame
@@ -212,10 +214,14 @@ def _resources(files: Sequence[SplitFiles]) -> tuple[pd.DataFrame, pd.DataFrame,
         "power mean (W)": _weighted_mean(group, dt, power, n),
         "energy (J)": _energy(group, dt, gpu["energy"].to_numpy(float), power, n),
     })
-    utilization = pd.DataFrame({"split": gpu["split"].to_numpy(),
-                                "uuid": gpu["uuid"].array,
-                                "gpu": gpu["index"].to_numpy(int), "time (s)": gt,
-                                "utilization (%)": gpu["util"].to_numpy(float)})
+    # the plots' samples: at most PLOT_POINTS per GPU, evenly thinned
+    sizes = np.bincount(group, minlength=n)
+    first = np.cumsum(sizes) - sizes
+    position = np.arange(len(group)) - first[group]
+    keep = position % np.maximum(1, -(-sizes // PLOT_POINTS))[group] == 0
+    utilization = pd.DataFrame({"split": gpu["split"].to_numpy()[keep],
+                                "gpu": gpu["index"].to_numpy(int)[keep], "time (s)": gt[keep],
+                                "utilization (%)": gpu["util"].to_numpy(float)[keep]})
     return host, gpus, utilization
 
 

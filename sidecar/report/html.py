@@ -4,9 +4,10 @@ inlined; the tables and the plots' data are embedded as JSON and drawn in the br
 Nothing is fetched from the network.
 
 To keep the page light for thousands of jobs, the utilization plots cover the
-``UTILIZATION_JOBS`` jobs with the most GPU-hours, at most ``UTILIZATION_POINTS`` points
-per GPU (evenly thinned), and the phase breakdown the ``PHASE_JOBS`` jobs with the most
-GPU-hours (then the longest); the tables hold every job.
+``UTILIZATION_JOBS`` jobs with the most GPU-hours (at most
+``sidecar.report.figures.PLOT_POINTS`` points per GPU, evenly thinned), and the phase
+breakdown the ``PHASE_JOBS`` jobs with the most GPU-hours (then the longest); the tables
+hold every job.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import pandas as pd
 from sidecar.report.figures import PHASE_COLUMNS
 
 UTILIZATION_JOBS = 20
-UTILIZATION_POINTS = 400
 PHASE_JOBS = 40
 PHASE_PARTS = ("loading", "forward", "backward", "optimization")
 
@@ -46,18 +46,16 @@ def _table(frame: pd.DataFrame) -> dict[str, Any]:
                      for row in frame.itertuples(index=False, name=None)]}
 
 
-def _utilization(jobs: pd.DataFrame, samples: pd.DataFrame,
-                 first_split: pd.Series) -> list[dict[str, Any]]:
+def _utilization(jobs: pd.DataFrame, samples: pd.DataFrame) -> list[dict[str, Any]]:
     """Per plotted job: x (time) and one column per GPU, aligned (None where missing)."""
     chosen = jobs[jobs["GPUs"] > 0].nlargest(UTILIZATION_JOBS, "GPU-hours")
     out = []
     for position, job in chosen.iterrows():
-        rows = samples[samples["split"] == first_split[position]]
+        rows = samples[samples["job"] == position]
         if rows.empty:
             continue
         wide = rows.pivot_table(index="time (s)", columns="gpu", values="utilization (%)",
                                 aggfunc="last")
-        wide = wide.iloc[::max(1, math.ceil(len(wide) / UTILIZATION_POINTS))]
         out.append({
             "title": f"{job['folder']} ({job['GPU model']})",
             "gpus": [f"GPU {g}" for g in wide.columns],
@@ -90,15 +88,14 @@ def _gpu_hours(summary: pd.DataFrame, by: str) -> dict[str, Any]:
 
 
 def render(jobs: pd.DataFrame, gpus: pd.DataFrame, summary: pd.DataFrame,
-           damaged: pd.DataFrame, phase_means: pd.DataFrame, samples: pd.DataFrame,
-           first_split: pd.Series) -> str:
+           damaged: pd.DataFrame, phase_means: pd.DataFrame, samples: pd.DataFrame) -> str:
     """The page. ``phase_means`` (per job: ``<phase> mean (s)`` columns of
-    ``PHASE_COLUMNS``), ``samples`` (split, gpu, time (s), utilization (%)) and
-    ``first_split`` (per job: the split whose samples are plotted) share the jobs' index.
+    ``PHASE_COLUMNS``) shares the jobs' index; ``samples`` (job, gpu, time (s),
+    utilization (%)) names the job by that index.
     """
     data = {
         "jobs": _table(jobs), "gpus": _table(gpus), "summary": _table(summary),
-        "damaged": _table(damaged), "utilization": _utilization(jobs, samples, first_split),
+        "damaged": _table(damaged), "utilization": _utilization(jobs, samples),
         "phases": _phases(jobs, phase_means),
         "gpu_hours": {by: _gpu_hours(summary, by) for by in ("user", "GPU model")},
     }

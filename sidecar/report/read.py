@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,20 +130,3 @@ def read_run_folder(folder: Path) -> RunFolder:
         return RunFolder(folder, meta, [_split_files(folder, k, v) for k, v in splits])
     except OSError as exc:
         raise Damaged(f"unreadable: {exc.strerror or exc}") from None
-
-
-def read_all(paths: Iterable[Path], progress: Callable[[int, int], None] = lambda i, n: None
-             ) -> tuple[list[RunFolder], list[tuple[Path, str]]]:
-    """Every run folder under ``paths``: the readable ones and, for the others, (folder,
-    reason). ``progress(done, total)`` is called as folders are read.
-    """
-    folders = list(find_run_folders(paths))
-    good: list[RunFolder] = []
-    damaged: list[tuple[Path, str]] = []
-    for i, folder in enumerate(folders):
-        try:
-            good.append(read_run_folder(folder))
-        except Damaged as exc:
-            damaged.append((folder, str(exc)))
-        progress(i + 1, len(folders))
-    return good, damaged
