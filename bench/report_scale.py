@@ -31,9 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.results import machine_line, write_section  # noqa: E402
-from sidecar.samplers.summary import RESOURCES_COLUMNS  # noqa: E402
-from sidecar.summary import STARS, TITLE_LINE  # noqa: E402
-from sidecar.tables import COLUMNS, INDEX_LABEL, to_tsv  # noqa: E402
+from sidecar.sinks.layout import INDEX_LABEL  # noqa: E402
+from sidecar.sinks.resources_text import RESOURCES_COLUMNS  # noqa: E402
+from sidecar.sinks.summary import STARS, TITLE_LINE  # noqa: E402
+from sidecar.sinks.tables import COLUMNS, to_tsv  # noqa: E402
 
 TEMPLATES = 8
 ROWS = 100

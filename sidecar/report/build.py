@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sidecar.atomic import write_atomic
 from sidecar.report import figures, html, jobs, markdown, read
-from sidecar.tables import to_tsv
+from sidecar.sinks.atomic import write_atomic
+from sidecar.sinks.tables import to_tsv
 
 CHUNK = 1000
 PHASE_MEANS = [f"{name} mean (s)" for name in figures.PHASE_COLUMNS]

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sidecar import output
-from sidecar.samplers.summary import RESOURCES_COLUMNS
-from sidecar.tables import COLUMNS, INDEX_LABEL
+from sidecar.sinks import layout
+from sidecar.sinks.resources_text import RESOURCES_COLUMNS
+from sidecar.sinks.tables import COLUMNS
 
 # What a computational.tsv header starts with; custom phase columns may follow.
-COMPUTATIONAL_HEADER = "\t".join([INDEX_LABEL, *(label for label, _, _ in COLUMNS)]).encode()
+COMPUTATIONAL_HEADER = "\t".join([layout.INDEX_LABEL, *(label for label, _, _ in COLUMNS)]).encode()
 RESOURCES_HEADER = "\t".join(RESOURCES_COLUMNS).encode()
 REQUIRED_KEYS = ("status", "start", "splits")
 
@@ -55,7 +55,7 @@ def find_run_folders(paths: Iterable[Path]) -> Iterator[Path]:
     """
     for root in paths:
         for folder, subfolders, files in os.walk(root):
-            if output.RUN_FILE in files:
+            if layout.RUN_FILE in files:
                 subfolders.clear()
                 yield Path(folder)
             else:
@@ -87,17 +87,17 @@ def _split_files(folder: Path, split: int, entry: Any) -> SplitFiles:
     if not isinstance(entry, dict):
         raise Damaged(f"run.json: split {split} is not an object")
     training_s = entry.get("training_s")
-    split_dir = folder / "training" / f"split-{split}"
-    logs = split_dir / "logs"
+    split_dir = layout.split_dir(folder, split)
+    logs = layout.logs_dir(folder, split)
     try:
-        computational, columns = _body(logs / "computational.tsv", COMPUTATIONAL_HEADER,
+        computational, columns = _body(logs / layout.computational_file(0), COMPUTATIONAL_HEADER,
                                        exact=False)
-        summary = (split_dir / output.SUMMARY_FILE).read_text(encoding="utf-8",
+        summary = (split_dir / layout.SUMMARY_FILE).read_text(encoding="utf-8",
                                                               errors="replace")
     except FileNotFoundError as exc:
         raise Damaged(f"split {split}: {Path(exc.filename).name} missing") from None
     try:
-        resources, _ = _body(logs / output.RESOURCES_FILE, RESOURCES_HEADER, exact=True)
+        resources, _ = _body(logs / layout.RESOURCES_FILE, RESOURCES_HEADER, exact=True)
     except FileNotFoundError:  # no sample was taken (a very short run)
         resources = b""
     return SplitFiles(split, float(training_s) if isinstance(training_s, (int, float))
@@ -110,7 +110,7 @@ def read_run_folder(folder: Path) -> RunFolder:
     truncated or foreign one.
     """
     try:
-        meta = json.loads((folder / output.RUN_FILE).read_bytes())
+        meta = json.loads((folder / layout.RUN_FILE).read_bytes())
     except OSError as exc:
         raise Damaged(f"run.json unreadable: {exc.strerror or exc}") from None
     except (ValueError, RecursionError):

@@ -19,7 +19,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.helpers import JOB, env, read_tsv
+from sidecar.report.jobs import JOB_COLUMNS
+from tests.support.helpers import JOB, env, read_tsv
 
 CHROMIUM = "chromium-headless-shell"
 INPUT_BOUND = textwrap.dedent("""
@@ -39,16 +40,18 @@ INPUT_BOUND = textwrap.dedent("""
                     time.sleep(0.004)
 """)
 FAST = ("cluster/alice/fast", [str(JOB), "--iters", "40", "--sleep", "0.005"],
-        {"SIDECAR_TEST_NVML": "tests.fake_pynvml:two_busy_gpus"})
-SLOW_INPUT = ("cluster/bob/2026/week1/input", ["input_bound.py"], {})
-FAILED = ("cluster/failed", [str(JOB), "--raise-at-epoch", "1", "--iters", "10"], {})
+        ["--fake-nvml", "two_busy_gpus"])
+SLOW_INPUT = ("cluster/bob/2026/week1/input", ["input_bound.py"], [])
+FAILED = ("cluster/failed", [str(JOB), "--raise-at-epoch", "1", "--iters", "10"], [])
 
 
-def _sidecar_run(root: Path, out_dir: str, args: list[str], extra: dict[str, str]) -> int:
+def _sidecar_run(root: Path, out_dir: str, args: list[str], seams: list[str]) -> int:
+    """``sidecar run`` of a job (through the test launcher: ``seams`` are its options)."""
     return subprocess.run(
-        [sys.executable, "-m", "sidecar", "run", "--quiet", "--interval", "0.2", "--",
-         sys.executable, *args, *([] if args[0] == "input_bound.py" else ["--out-dir"]),
-         out_dir], cwd=root, env=env(**extra), capture_output=True, timeout=120).returncode
+        [sys.executable, "-m", "tests.support.launcher", *seams, "--", "run", "--quiet",
+         "--interval", "0.2", "--", sys.executable, *args,
+         *([] if args[0] == "input_bound.py" else ["--out-dir"]), out_dir],
+        cwd=root, env=env(), capture_output=True, timeout=120).returncode
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +148,6 @@ def test_jobs_tsv_figures_come_from_the_folders_own_files(
         cluster: Path, report: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
     out, result = report
     jobs = read_tsv(out / "jobs.tsv")
-    from sidecar.report.jobs import JOB_COLUMNS
     assert list(jobs.columns) == JOB_COLUMNS
     assert sorted(jobs["folder"]) == sorted(f"cluster/{p[0].removeprefix('cluster/')}"
                                             for p in (FAST, SLOW_INPUT, FAILED))
