@@ -14,6 +14,7 @@ from markers import endpoints
 from sidecar.daemon.server import Config, serve
 from sidecar.resources.samplers import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
 
+DEFAULT_METRICS_ADDR = "127.0.0.1"
 STATUS_TIMEOUT_S = 5.0  # a busy daemon answers after the messages queued before
 
 
@@ -32,6 +33,21 @@ def _interval(parser: argparse.ArgumentParser) -> None:
                         f"{DEFAULT_INTERVAL_S:g}, minimum {MIN_INTERVAL_S:g})")
 
 
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a TCP port (0-65535)")
+    return value
+
+
+def _metrics(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--metrics-port", type=_port, help="serve Prometheus /metrics on "
+                        "this port (0: any free one)")
+    parser.add_argument("--metrics-addr", default=DEFAULT_METRICS_ADDR,
+                        help=f"address /metrics binds to (default {DEFAULT_METRICS_ADDR}: "
+                        "this host only)")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sidecar", description="The monitor's sidecar process: receives the markers' "
@@ -43,6 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--endpoint", help="ipc:// or tcp:// address (default: a private ipc "
                      "socket)")
     _interval(run)
+    _metrics(run)
     run.add_argument("--quiet", action="store_true", help="log warnings and errors only")
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
 
@@ -53,6 +70,7 @@ def _parser() -> argparse.ArgumentParser:
                      "unless --owner-pid is given)")
     srv.add_argument("--owner-pid", type=int, help=argparse.SUPPRESS)
     _interval(srv)
+    _metrics(srv)
     srv.add_argument("--quiet", action="store_true", help="log warnings and errors only")
 
     status = commands.add_parser("status", help="live view of a running sidecar")
@@ -136,6 +154,11 @@ def main(argv: list[str] | None = None, **seams: Any) -> int:
         return _report(args)
     logging.basicConfig(format="sidecar[%(process)d] %(levelname)s: %(message)s",
                         level=logging.WARNING if args.quiet else logging.INFO)
+    if args.metrics_port is not None:
+        from sidecar.sinks.metrics import MetricsExporter  # prometheus_client: only here
+
+        exporter = MetricsExporter(args.metrics_port, args.metrics_addr)
+        seams["hooks"] = [*seams.get("hooks", ()), exporter]
     if args.command == "serve":
         if args.root is None and args.owner_pid is None:
             print("sidecar serve: --root DIR is required", file=sys.stderr)

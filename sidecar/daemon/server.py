@@ -25,7 +25,7 @@ from sidecar.daemon.dispatch import Dispatcher
 from sidecar.daemon.lifecycle import Lifecycle
 from sidecar.daemon.liveness import describe_exit, pid_alive
 from sidecar.daemon.policy import OutDirPolicy
-from sidecar.daemon.snapshot import RunView, Snapshot
+from sidecar.daemon.snapshot import RunView, Snapshot, split_view
 from sidecar.ingest.receiver import Incoming, Receiver
 from sidecar.ingest.streams import Refused, Registry, Stream
 from sidecar.model.split import Split
@@ -194,7 +194,9 @@ class Server:
             rate_window_s=now - then,
             samplers={"host": "on", "gpu": "on" if gpu_off is None else f"off ({gpu_off})",
                       "interval_s": self.config.interval_s},
-            runs=tuple(RunView(**run) for run in counts["runs"]))
+            runs=tuple(RunView(**run) for run in counts["runs"]),
+            splits=tuple(split_view(split, self.monitor.live(split))
+                         for split in registry.splits.values()))
         return self.snapshot
 
     def _call_hooks(self, method: str, *args: Any) -> None:
