@@ -85,20 +85,38 @@ def _parser() -> argparse.ArgumentParser:
                         help="folder for jobs.tsv, gpus.tsv, summary.tsv, report.md and "
                         "report.html (default ./report)")
     report.add_argument("--html", type=Path, help="write the page here instead")
+    report.add_argument("--prometheus", metavar="URL", help="build the report from this "
+                        "Prometheus server's series instead of run folders")
+    report.add_argument("--since", metavar="DURATION", help="with --prometheus: the runs "
+                        "with series in this last span (30m, 6h, 7d, ...)")
     return parser
 
 
 def _report(args: argparse.Namespace) -> int:
-    from sidecar.report import build  # pandas and numpy: only for this command
+    # pandas and numpy: imported only for this command
+    from sidecar.report import build
     from sidecar.report.progress import Progress
+    from sidecar.report.prometheus import PrometheusError, from_prometheus
 
-    missing = [str(p) for p in args.paths if not p.exists()]
-    if not args.paths or missing:
-        print("sidecar report: " + (f"no such folder: {', '.join(missing)}" if missing else
-                                    "give the folders holding the run folders"),
-              file=sys.stderr)
-        return 2
-    report = build.from_folders(args.paths, Progress("reading run folders").update)
+    if args.prometheus:
+        if args.paths or not args.since:
+            print("sidecar report: --prometheus URL takes --since DURATION and no PATH",
+                  file=sys.stderr)
+            return 2
+        try:
+            report = from_prometheus(args.prometheus, args.since)
+        except PrometheusError as exc:
+            print(f"sidecar report: {exc}", file=sys.stderr)
+            return 1
+    else:
+        missing = [str(p) for p in args.paths if not p.exists()]
+        if not args.paths or missing:
+            print("sidecar report: " + (f"no such folder: {', '.join(missing)}" if missing
+                                        else "give the folders holding the run folders "
+                                        "(or --prometheus URL --since DURATION)"),
+                  file=sys.stderr)
+            return 2
+        report = build.from_folders(args.paths, Progress("reading run folders").update)
     for folder, reason in report.damaged.itertuples(index=False, name=None):
         print(f"sidecar report: skipped {folder}: {reason}", file=sys.stderr)
     try:

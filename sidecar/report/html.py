@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from sidecar.report.figures import PHASE_COLUMNS
+from sidecar.report.jobs import names
 
 UTILIZATION_JOBS = 20
 PHASE_JOBS = 40
@@ -48,7 +49,8 @@ def _table(frame: pd.DataFrame) -> dict[str, Any]:
 
 def _utilization(jobs: pd.DataFrame, samples: pd.DataFrame) -> list[dict[str, Any]]:
     """Per plotted job: x (time) and one column per GPU, aligned (None where missing)."""
-    chosen = jobs[jobs["GPUs"] > 0].nlargest(UTILIZATION_JOBS, "GPU-hours")
+    chosen = jobs.assign(name=names(jobs))
+    chosen = chosen[chosen["GPUs"] > 0].nlargest(UTILIZATION_JOBS, "GPU-hours")
     out = []
     for position, job in chosen.iterrows():
         rows = samples[samples["job"] == position]
@@ -57,7 +59,7 @@ def _utilization(jobs: pd.DataFrame, samples: pd.DataFrame) -> list[dict[str, An
         wide = rows.pivot_table(index="time (s)", columns="gpu", values="utilization (%)",
                                 aggfunc="last")
         out.append({
-            "title": f"{job['folder']} ({job['GPU model']})",
+            "title": f"{job['name']} ({job['GPU model']})",
             "gpus": [f"GPU {g}" for g in wide.columns],
             "columns": [[_json_value(v) for v in wide.index]]
             + [[_json_value(v) for v in wide[g]] for g in wide.columns],
@@ -78,7 +80,7 @@ def _phases(jobs: pd.DataFrame, phase_means: pd.DataFrame) -> dict[str, Any]:
         rest -= share
         series.append({"label": PHASE_COLUMNS[name], "values": [_json_value(v) for v in share]})
     series.append({"label": "other", "values": [_json_value(max(v, 0.0)) for v in rest]})
-    return {"labels": [str(f) for f in frame["folder"]], "series": series}
+    return {"labels": [str(f) for f in names(frame)], "series": series}
 
 
 def _gpu_hours(summary: pd.DataFrame, by: str) -> dict[str, Any]:

@@ -65,6 +65,13 @@ def _weighted(frame: pd.DataFrame, by: str | list[str], weight: str,
     return (num / den).where(den > 0)
 
 
+def names(frame: pd.DataFrame) -> pd.Series:
+    """How the page and report.md name each job: its folder, else (a report from
+    Prometheus) its run id."""
+    folder = frame["folder"].fillna("")
+    return folder.where(folder != "", frame["run_id"])
+
+
 def flags(frame: pd.DataFrame) -> pd.Series:
     """The ``flags`` cell of each row of a jobs frame (comma-separated, '' for none)."""
     conditions = {

@@ -1,11 +1,14 @@
-"""``report.md``: the report's tables as Markdown, each run named by its folder, the worst
-offenders first (most flags, then most GPU-hours)."""
+"""``report.md``: the report's tables as Markdown, each run named by its folder (its run
+id when built from Prometheus), the worst offenders first (most flags, then most
+GPU-hours)."""
 
 from __future__ import annotations
 
 import math
 
 import pandas as pd
+
+from sidecar.report.jobs import names
 
 JOB_VIEW = ["folder", "user", "host", "status", "wall (s)", "GPUs", "GPU model", "GPU-hours",
             "GPU utilization mean (%)", "GPU memory peak (%)", "data loading share (%)",
@@ -40,6 +43,8 @@ def worst_first(jobs: pd.DataFrame) -> pd.DataFrame:
 def render(jobs: pd.DataFrame, gpus: pd.DataFrame, summary: pd.DataFrame,
            damaged: pd.DataFrame) -> str:
     """The text of report.md."""
+    jobs = jobs.assign(folder=names(jobs))
+    gpus = gpus.assign(folder=names(gpus))
     lines = [f"# GPU report: {len(jobs)} jobs", "",
              "Built by `sidecar report` from the run folders' own files; every figure is in "
              "jobs.tsv, gpus.tsv and summary.tsv beside this file.", "",
