@@ -39,10 +39,23 @@ INPUT_BOUND = textwrap.dedent("""
                 with run.phase("forward"):
                     time.sleep(0.004)
 """)
+TWO_SPLITS = textwrap.dedent("""
+    import sys, time
+    import markers
+
+    for split, (sleep_s, batch) in enumerate([(0.004, 8), (0.012, 8)]):
+        with markers.start_run(out_dir=sys.argv[1], split=split, warmup_iterations=1,
+                               train_batch_size=batch) as run:
+            with run.epoch():
+                for _ in run.train_batches([[0] * batch] * (40 - 20 * split)):
+                    with run.phase("forward"):
+                        time.sleep(sleep_s)
+""")
 FAST = ("cluster/alice/fast", [str(JOB), "--iters", "40", "--sleep", "0.005"],
         ["--fake-nvml", "two_busy_gpus"])
 SLOW_INPUT = ("cluster/bob/2026/week1/input", ["input_bound.py"], [])
 FAILED = ("cluster/failed", [str(JOB), "--raise-at-epoch", "1", "--iters", "10"], [])
+SPLITS = ("cluster/carol/two-splits", ["two_splits.py"], [])
 
 
 def _sidecar_run(root: Path, out_dir: str, args: list[str], seams: list[str]) -> int:
@@ -50,7 +63,8 @@ def _sidecar_run(root: Path, out_dir: str, args: list[str], seams: list[str]) ->
     return subprocess.run(
         [sys.executable, "-m", "tests.support.launcher", *seams, "--", "run", "--quiet",
          "--interval", "0.2", "--", sys.executable, *args,
-         *([] if args[0] == "input_bound.py" else ["--out-dir"]), out_dir],
+         *([] if args[0].endswith("s.py") or args[0] == "input_bound.py" else ["--out-dir"]),
+         out_dir],
         cwd=root, env=env(), capture_output=True, timeout=120).returncode
 
 
@@ -59,9 +73,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Run folders of three real jobs and two damaged folders under ``<root>/cluster``."""
     root = tmp_path_factory.mktemp("report")
     (root / "input_bound.py").write_text(INPUT_BOUND)
+    (root / "two_splits.py").write_text(TWO_SPLITS)
     assert _sidecar_run(root, *FAST) == 0
     assert _sidecar_run(root, *SLOW_INPUT) == 0
     assert _sidecar_run(root, *FAILED) != 0
+    assert _sidecar_run(root, *SPLITS) == 0
     # a copy whose computational.tsv was cut in the middle of a line (half-written)
     cut = root / "cluster" / "alice" / "cut"
     shutil.copytree(root / FAST[0], cut)
@@ -149,9 +165,8 @@ def test_jobs_tsv_figures_come_from_the_folders_own_files(
     out, result = report
     jobs = read_tsv(out / "jobs.tsv")
     assert list(jobs.columns) == JOB_COLUMNS
-    assert sorted(jobs["folder"]) == sorted(f"cluster/{p[0].removeprefix('cluster/')}"
-                                            for p in (FAST, SLOW_INPUT, FAILED))
-    for _, row in jobs.iterrows():
+    assert sorted(jobs["folder"]) == sorted(p[0] for p in (FAST, SLOW_INPUT, FAILED, SPLITS))
+    for _, row in jobs[jobs["folder"] != SPLITS[0]].iterrows():
         _check_row(row, cluster / row["folder"])
     by_folder = jobs.set_index("folder")
     assert by_folder.loc[SLOW_INPUT[0], "flags"] == "input-bound"
@@ -165,6 +180,35 @@ def test_jobs_tsv_figures_come_from_the_folders_own_files(
     assert "[#" not in result.stderr  # no progress bar on a pipe
 
 
+def test_a_run_of_two_splits_weighs_them_by_training_time(
+        cluster: Path, report: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    out, _ = report
+    row = read_tsv(out / "jobs.tsv").set_index("folder").loc[SPLITS[0]]
+    folder = cluster / SPLITS[0]
+    meta = json.loads((folder / "run.json").read_text())
+    weights, throughputs, shares = [], [], []
+    for split in ("0", "1"):
+        logs = folder / "training" / f"split-{split}"
+        weights.append(meta["splits"][split]["training_s"])
+        throughputs.append(_summary_number((logs / "summary.log").read_text(),
+                                           r"^Throughput: ([0-9.]+) images/s"))
+        comp = read_tsv(logs / "logs" / "computational.tsv")
+        shares.append(comp["Training data loading (s)"].mean()
+                      / comp["Training loop (s)"].mean() * 100)
+    assert throughputs[0] > 1.2 * throughputs[1]  # the splits differ: the weights matter
+    total = sum(weights)
+    assert _close(row["train throughput (samples/s)"],
+                  sum(w * t for w, t in zip(weights, throughputs, strict=True)) / total)
+    assert _close(row["data loading share (%)"],
+                  sum(w * s for w, s in zip(weights, shares, strict=True)) / total)
+    # run.json: from the earliest split's start to the latest split's end
+    starts = [meta["splits"][k]["start_unix"] for k in ("0", "1")]
+    ends = [meta["splits"][k]["end_unix"] for k in ("0", "1")]
+    assert meta["start_unix"] == min(starts) and meta["end_unix"] == max(ends)
+    assert _close(row["wall (s)"], max(ends) - min(starts))
+    assert row["run_id"] == meta["splits"]["0"]["run_id"] != meta["splits"]["1"]["run_id"]
+
+
 def test_gpus_and_summary_tables(report: tuple[Path, subprocess.CompletedProcess[str]]
                                  ) -> None:
     out, _ = report
@@ -174,7 +218,7 @@ def test_gpus_and_summary_tables(report: tuple[Path, subprocess.CompletedProcess
     assert _close(gpus["power mean (W)"].sum(), jobs["power mean (W)"].sum())
     summary = read_tsv(out / "summary.tsv").set_index(["by", "name"])
     user = summary.loc[("user", "root" if os.getuid() == 0 else jobs["user"][0])]
-    assert user["jobs"] == 3 and user["failed"] == 1 and user["input-bound"] == 1
+    assert user["jobs"] == 4 and user["failed"] == 1 and user["input-bound"] == 1
     assert _close(user["GPU-hours"], jobs["GPU-hours"].sum())
     model = summary.loc[("GPU model", "NVIDIA Fake 0, NVIDIA Fake 1")]
     assert model["jobs"] == 1
@@ -204,7 +248,7 @@ def test_progress_bar_on_a_terminal_only(cluster: Path, tmp_path: Path) -> None:
         if follower >= 0:
             os.close(follower)
     assert result.returncode == 0
-    assert b"reading run folders [" + b"#" * 40 + b"] 5/5" in shown
+    assert b"reading run folders [" + b"#" * 40 + b"] 6/6" in shown
 
 
 def test_report_html_draws_offline_in_chromium(
