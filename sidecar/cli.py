@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import logging
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,12 @@ def _port(text: str) -> int:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"{value} is not a TCP port (0-65535)")
     return value
+
+
+def _duration(text: str) -> str:
+    if not re.fullmatch(r"(\d+(ms|s|m|h|d|w|y))+", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 30m, 6h or 7d")
+    return text
 
 
 def _metrics(parser: argparse.ArgumentParser) -> None:
@@ -87,8 +94,9 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--html", type=Path, help="write the page here instead")
     report.add_argument("--prometheus", metavar="URL", help="build the report from this "
                         "Prometheus server's series instead of run folders")
-    report.add_argument("--since", metavar="DURATION", help="with --prometheus: the runs "
-                        "with series in this last span (30m, 6h, 7d, ...)")
+    report.add_argument("--since", metavar="DURATION", type=_duration,
+                        help="with --prometheus: the runs with series in this last span "
+                        "(30m, 6h, 7d, ...)")
     return parser
 
 

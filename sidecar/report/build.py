@@ -70,8 +70,12 @@ def from_folders(paths: Sequence[Path], progress: Callable[[int, int], None]) ->
             parts.append(_chunk(runs, done))
             done += len(runs)
             runs = []
-    if not parts:
-        parts.append(_chunk([], 0))
+    if not parts:  # no readable folder: empty tables of the right columns and types
+        parts.append((jobs.typed(pd.DataFrame(columns=jobs.JOB_COLUMNS), jobs.JOB_COLUMNS),
+                      jobs.typed(pd.DataFrame(columns=jobs.GPU_COLUMNS), jobs.GPU_COLUMNS),
+                      pd.DataFrame(columns=PHASE_MEANS, dtype="float64"),
+                      pd.DataFrame({"gpu": [], "time (s)": [], "utilization (%)": [],
+                                    "job": []})))
     job_table, gpu_table, phase_means, samples = (
         pd.concat(column, ignore_index=True) for column in zip(*parts, strict=True))
     return Report(job_table, gpu_table, jobs.summary(job_table), damaged_frame(damaged),

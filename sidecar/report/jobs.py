@@ -31,6 +31,9 @@ GPU_COLUMNS = [
     "GPU utilization mean (%)", "GPU memory peak (MB)", "GPU memory peak (%)",
     "energy (kWh)", "power mean (W)", "flags",
 ]
+TEXT_COLUMNS = frozenset({"run_id", "folder", "host", "user", "slurm_job_id", "command",
+                          "start", "end", "status", "cause", "uuid", "GPU model", "flags"})
+INT_COLUMNS = frozenset({"GPUs", "records dropped", "gpu"})
 FLAGS = ("idle-gpu", "input-bound", "memory-pressure", "failed", "incomplete")
 SUMMARY_GROUPS = (("host", "host"), ("user", "user"), ("GPU model", "GPU model"))
 IDLE_GPU_PCT = 10.0
@@ -51,6 +54,15 @@ def _text(value: object) -> str:
 def _number(value: object) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
         else np.nan
+
+
+def typed(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """``frame``'s ``columns`` in their types (text, integer, float), also when it has no
+    row (pandas makes empty columns of type object)."""
+    return pd.DataFrame({
+        c: frame[c].astype(object) if c in TEXT_COLUMNS else
+        frame[c].astype("int64") if c in INT_COLUMNS else frame[c].astype("float64")
+        for c in columns})
 
 
 def _weighted(frame: pd.DataFrame, by: str | list[str], weight: str,
@@ -169,7 +181,7 @@ def tables(runs: Sequence[RunFolder], figures: Figures) -> tuple[pd.DataFrame, p
     per_gpu["status"] = ""  # a GPU is not failed or incomplete: its job is
     per_gpu["data loading share (%)"] = np.nan
     per_gpu["flags"] = flags(per_gpu)
-    return jobs[JOB_COLUMNS], per_gpu[GPU_COLUMNS]
+    return typed(jobs, JOB_COLUMNS), typed(per_gpu, GPU_COLUMNS)
 
 
 def summary(jobs: pd.DataFrame) -> pd.DataFrame:

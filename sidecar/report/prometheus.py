@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -37,7 +36,6 @@ from sidecar.report.build import PHASE_MEANS, Report, damaged_frame
 from sidecar.report.figures import PLOT_POINTS
 
 TIMEOUT_S = 30.0
-DURATION = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
 RUN = ["run", "user", "host", "slurm_job_id"]
 _PHASE = "trainmon_phase_duration_seconds"
 _KEYS = {"loop": "train_loop", "loading": "train_loading", "forward": "forward",
@@ -144,10 +142,9 @@ def _samples(url: str, since: str, runs: pd.Series) -> pd.DataFrame:
 
 
 def from_prometheus(url: str, since: str) -> Report:
-    """The report of every run with series in the last ``since`` (a Prometheus duration,
-    e.g. ``6h``); raises PrometheusError when the server cannot answer."""
-    if not DURATION.match(since):
-        raise PrometheusError(f"--since {since!r} is not a duration such as 30m, 6h or 7d")
+    """The report of every run with series in the last ``since`` (a Prometheus duration
+    such as ``6h``, checked by the caller); raises PrometheusError when the server cannot
+    answer or refuses a query."""
     runs = _runs(url, since)
     run = runs["run"]
     sums = {name: _phase(url, since, phase, "sum").reindex(run).to_numpy()
@@ -198,7 +195,7 @@ def from_prometheus(url: str, since: str) -> Report:
     table["energy (kWh)"] = per_job["energy"].to_numpy()
     table["power mean (W)"] = per_job["power"].to_numpy()
     table["flags"] = jobs.flags(table)
-    job_table = table[jobs.JOB_COLUMNS]
+    job_table = jobs.typed(table, jobs.JOB_COLUMNS)
 
     per_gpu = gpus.merge(job_table[["run_id", "folder", "host", "user"]], left_on="run",
                          right_on="run_id").rename(columns={"model": "GPU model"})
@@ -207,5 +204,5 @@ def from_prometheus(url: str, since: str) -> Report:
     per_gpu["flags"] = jobs.flags(per_gpu)
     phase_means = pd.DataFrame({column: means[name] for column, name in
                                 zip(PHASE_MEANS, _KEYS, strict=True)})
-    return Report(job_table, per_gpu[jobs.GPU_COLUMNS], jobs.summary(job_table),
+    return Report(job_table, jobs.typed(per_gpu, jobs.GPU_COLUMNS), jobs.summary(job_table),
                   damaged_frame([]), phase_means, _samples(url, since, run))

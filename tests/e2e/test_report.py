@@ -272,3 +272,17 @@ def test_report_html_draws_offline_in_chromium(
     subprocess.run([CHROMIUM, *offline, f"--screenshot={shot}", "--window-size=1200,900",
                     (out / "report.html").as_uri()], capture_output=True, timeout=120)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+
+
+def test_no_run_folder_gives_empty_tables_and_a_missing_path_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    run = [sys.executable, "-m", "sidecar", "report"]
+    result = subprocess.run([*run, "empty", "--out", "out"], cwd=tmp_path, env=env(),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "out" / "jobs.tsv").read_text().split("\n") == [
+        "\t".join(JOB_COLUMNS), ""]
+    missing = subprocess.run([*run, "nowhere"], cwd=tmp_path, env=env(), capture_output=True,
+                             text=True, timeout=120)
+    assert missing.returncode == 2
+    assert missing.stderr.strip() == "sidecar report: no such folder: nowhere"
