@@ -26,6 +26,7 @@ import pandas as pd
 from markers import wire
 from sidecar.report.read import SplitFiles
 from sidecar.sinks.resources_text import RESOURCES_COLUMNS
+from sidecar.sinks.summary import TITLE_LINE
 from sidecar.sinks.tables import COLUMNS
 
 # computational.tsv columns the report reads: its name here -> label of the column
@@ -71,7 +72,8 @@ def _read(bodies: Sequence[bytes], fields: int, usecols: dict[str, int],
     buffer = _joined(bodies)
     names = ["split", *(f"c{i}" for i in range(fields))]
     if not buffer:
-        return pd.DataFrame({name: pd.Series(dtype="float64") for name in ["split", *usecols]})
+        return pd.DataFrame({"split": pd.Series(dtype="int64")} | {
+            name: pd.Series(dtype=(dtypes or {}).get(name, "float64")) for name in usecols})
     columns = {f"c{position}": name for name, position in usecols.items()}
     types = {f"c{usecols[name]}": kind for name, kind in (dtypes or {}).items()}
     frame = pd.read_csv(io.BytesIO(buffer), sep="\t", header=None, names=names,
@@ -102,14 +104,16 @@ def _phase_means(files: Sequence[SplitFiles]) -> pd.DataFrame:
 
 
 def _summary_figures(files: Sequence[SplitFiles]) -> pd.DataFrame:
-    """Throughputs and dropped records, as summary.log states them (one regex per file)."""
+    """Throughputs and dropped records, as our block of summary.log states them (one regex
+    per file; text of others before the block is not read)."""
     train, val, dropped = [], [], []
     for f in files:
-        throughputs = [float(m[1]) if m[1] else np.nan for m in _THROUGHPUT.finditer(f.summary)]
+        block = f.summary[f.summary.index(TITLE_LINE):]  # read.py checked it is there
+        throughputs = [float(m[1]) if m[1] else np.nan for m in _THROUGHPUT.finditer(block)]
         throughputs += [np.nan] * (2 - len(throughputs))
         train.append(throughputs[0])
         val.append(throughputs[1])
-        records = _RECORDS.search(f.summary)
+        records = _RECORDS.search(block)
         dropped.append(int(records[1]) if records else 0)
     return pd.DataFrame({"train throughput": train, "val throughput": val,
                          "dropped": dropped})

@@ -16,6 +16,7 @@ from typing import Any
 
 from sidecar.sinks import layout
 from sidecar.sinks.resources_text import RESOURCES_COLUMNS
+from sidecar.sinks.summary import TITLE_LINE
 from sidecar.sinks.tables import COLUMNS
 
 # What a computational.tsv header starts with; custom phase columns may follow.
@@ -96,6 +97,8 @@ def _split_files(folder: Path, split: int, entry: Any) -> SplitFiles:
                                                               errors="replace")
     except FileNotFoundError as exc:
         raise Damaged(f"split {split}: {Path(exc.filename).name} missing") from None
+    if TITLE_LINE not in summary:
+        raise Damaged(f"split {split}: summary.log holds no computational summary")
     try:
         resources, _ = _body(logs / layout.RESOURCES_FILE, RESOURCES_HEADER, exact=True)
     except FileNotFoundError:  # no sample was taken (a very short run)

@@ -286,3 +286,16 @@ def test_no_run_folder_gives_empty_tables_and_a_missing_path_exit_2(tmp_path: Pa
                              text=True, timeout=120)
     assert missing.returncode == 2
     assert missing.stderr.strip() == "sidecar report: no such folder: nowhere"
+
+
+def test_a_split_without_samples_is_reported_without_resource_figures(
+        cluster: Path, tmp_path: Path) -> None:
+    shutil.copytree(cluster / SLOW_INPUT[0], tmp_path / "runs" / "quick")
+    (tmp_path / "runs" / "quick" / "training" / "split-0" / "logs" / "resources.tsv").unlink()
+    result = subprocess.run([sys.executable, "-m", "sidecar", "report", "runs", "--out",
+                             "out"], cwd=tmp_path, env=env(), capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0 and "skipped" not in result.stderr, result.stderr
+    row = read_tsv(tmp_path / "out" / "jobs.tsv").iloc[0]
+    assert math.isnan(row["CPU mean (%)"]) and math.isnan(row["memory peak (MB)"])
+    assert row["flags"] == "input-bound" and row["train throughput (samples/s)"] > 0
