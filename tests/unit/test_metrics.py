@@ -43,8 +43,9 @@ def _split(run_id: str) -> SplitView:
 
 def _snapshot(*splits: SplitView) -> Snapshot:
     return Snapshot(pid=1, endpoint="ipc://x", root=None, taken_unix=0.0, loop_monotonic=0.0,
-                    sampler_round_monotonic=None, records=0, dropped=0, lost=0, rejected=0,
-                    rejected_by_kind={}, last_error=None, records_per_s=0.0,
+                    sampler_round_monotonic=None, samplers_started=True, records=0,
+                    dropped=0, lost=0, rejected=0, rejected_by_kind={}, last_error=None,
+                    records_per_s=0.0,
                     rate_window_s=0.0, samplers={}, runs=(), splits=splits)
 
 
