@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from markers import wire
 from sidecar.model.aggregator import RankAggregator
 from sidecar.model.split import Split
 from sidecar.resources.monitor import SplitResources
@@ -125,13 +124,11 @@ def _rank_view(split: Split, agg: RankAggregator) -> RankView:
                    s.wall.mean * s.wall.count, s.gpu.count, s.gpu.mean * s.gpu.count)
         for phase, s in sorted(agg.series.items()))
     train_batch, val_batch = split.batch_size("train"), split.batch_size("validation")
-    loops = {kind: agg.series[phase].wall.count if phase in agg.series else 0
-             for kind, phase in (("train", wire.TRAINING_LOOP), ("val", wire.VALIDATION_LOOP))}
+    batches = agg.measured_batches  # what each measured step really held
     return RankView(
         agg.rank, phases, agg.training_s(),
-        loops["train"] * train_batch * split.settings.accumulation_steps
-        if train_batch else None,
-        loops["val"] * val_batch if val_batch else None)
+        batches[False] * train_batch if train_batch else None,
+        batches[True] * val_batch if val_batch else None)
 
 
 def _gpu_view(sample: GpuSample, first_energy_j: float | None) -> GpuView:

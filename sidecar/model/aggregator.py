@@ -140,6 +140,8 @@ class RankAggregator:
         self.series: dict[int, PhaseSeries] = {}
         self.custom_names: dict[int, str] = {}
         self.stored_iterations = {False: 0, True: 0}  # keyed by "is validation"
+        # Batches of every measured iteration, past the cap (samples = batch size × this).
+        self.measured_batches = {False: 0, True: 0}
         self.sessions: list[Session] = []
         self.training_before_s = 0.0  # effective Training time of earlier sessions
         self.downtime_s = 0.0  # between a process's end and the next one's start
@@ -309,6 +311,7 @@ class RankAggregator:
                                              else self.settings.accumulation_steps)
         if loop_record[P_BATCH] < self.settings.warmup_iterations:
             return
+        self.measured_batches[validation] += batches
         store = self.stored_iterations[validation] < self.settings.num_measurements
         if store:
             self.stored_iterations[validation] += 1
@@ -389,6 +392,8 @@ class RankAggregator:
             "gpu_not_measured": self.gpu_not_measured,
             "stored_iterations": {"train": self.stored_iterations[False],
                                   "validation": self.stored_iterations[True]},
+            "measured_batches": {"train": self.measured_batches[False],
+                                 "validation": self.measured_batches[True]},
             "custom_names": {str(k): v for k, v in self.custom_names.items()},
             "aligned_custom": sorted(self.aligned_custom),
             "sessions": [asdict(s) for s in self.sessions],
@@ -414,6 +419,13 @@ class RankAggregator:
         self.gpu_not_measured = int(state.get("gpu_not_measured", 0))  # added within schema 2
         self.stored_iterations = {False: int(state["stored_iterations"]["train"]),
                                   True: int(state["stored_iterations"]["validation"])}
+        # Added within schema 2: absent, each measured iteration counts as a whole step.
+        batches = state.get("measured_batches") or {
+            kind: int(state["series"].get(str(phase), {}).get("wall", [0])[0]) * per_step
+            for kind, phase, per_step in (
+                ("train", wire.TRAINING_LOOP, self.settings.accumulation_steps),
+                ("validation", wire.VALIDATION_LOOP, 1))}
+        self.measured_batches = {False: int(batches["train"]), True: int(batches["validation"])}
         self.custom_names = {int(k): str(v) for k, v in state["custom_names"].items()}
         self._names = {name: key for key, name in self.custom_names.items()}
         # Added within schema 2 (absent from older documents: nothing was aligned then).

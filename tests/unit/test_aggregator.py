@@ -167,6 +167,10 @@ def test_loop_records_carry_the_batches_their_step_held() -> None:
     agg.add_records(array("q", values))
     assert [r.batches for r in agg.series[wire.TRAINING_LOOP].rows] == [3, 1, 3]
     assert [r.batches for r in agg.series[wire.FORWARD].rows] == [3, 1, 3]
+    assert agg.measured_batches == {False: 7, True: 0}  # samples counted past the cap too
+    copy = RankAggregator(0, Settings(accumulation_steps=3), 0.0)
+    copy.load_state(agg.to_state())
+    assert copy.measured_batches == {False: 7, True: 0}
 
 
 def test_custom_phases_are_keyed_by_name_and_survive_the_state() -> None:
