@@ -66,6 +66,14 @@ class ChildCounts:
             self.total += sum(n for (n,) in _COUNT.iter_unpack(data))
 
 
+    def close(self) -> None:
+        """In the parent, once the run is over: no more counts are read."""
+        for fd in (self._read_fd, self._write_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._read_fd = self._write_fd = -1
+
+
 def on_fork(owner: object, before: Callable[[object], None],
             child: Callable[[object], None]) -> None:
     """Call ``before(owner)`` in the parent before every fork and ``child(owner)`` in each

@@ -323,6 +323,7 @@ class Run:
             warnings.warn(f"markers: the sidecar did not confirm writing the files {reason}",
                           RuntimeWarning, stacklevel=2)
         self._sender.close()
+        self._buffer.children.close()
         if self._on_close is not None:
             self._on_close()
 

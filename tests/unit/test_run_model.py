@@ -150,3 +150,23 @@ def test_phases_in_a_forked_child_are_counted_for_the_parent(wired) -> None:
     assert [r["phase"] for r in sent] == [wire.FORWARD]  # only the parent's
     assert run._buffer.children.total == 5
     assert run._buffer.hello["worker_phases"] == 5
+
+
+def test_a_validation_loop_inside_a_training_loop_suspends_its_iteration(wired) -> None:
+    run, router = wired
+    for step, _ in enumerate(run.train_batches([1, 2])):
+        with run.phase("forward"):
+            pass
+        if step == 1:  # val_batches alone, no run.validation() around it
+            for _ in run.val_batches([1, 2]):
+                time.sleep(0.01)
+        with run.phase("optimization"):
+            pass
+    sent = records(run, router)
+    train = [r for r in sent if r["phase"] == wire.TRAINING_LOOP]
+    val = [r for r in sent if r["phase"] == wire.VALIDATION_LOOP]
+    assert [r["end_ns"] - r["start_ns"] < 5_000_000 for r in train] == [True, True]
+    assert [r["end_ns"] - r["start_ns"] >= 10_000_000 for r in val] == [True, True]
+    optimization = [r for r in sent if r["phase"] == wire.OPTIMIZATION]
+    assert [(r["flags"], r["iteration"]) for r in optimization] == [
+        (wire.FLAG_IN_ITERATION, 0), (wire.FLAG_IN_ITERATION, 1)]
