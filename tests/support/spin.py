@@ -93,13 +93,32 @@ class SpinSGD(torch.optim.SGD):
         self.truth, self.step_s = truth, step_s
 
     def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:  # Lightning's forward and backward: not the step's cost
+            with torch.enable_grad():
+                loss = closure()
         cost_s = self.truth.cost("optimization", self.step_s)
         start = time.perf_counter()
-        result = super().step(closure)
+        super().step()
         while time.perf_counter() - start < cost_s:
             pass
         self.truth.seconds["optimization"].append(time.perf_counter() - start)
-        return result
+        return loss
+
+
+class SpinBatches:
+    """A re-iterable loader of ``batches`` spinning batches (``spin_loader`` per pass)."""
+
+    def __init__(self, truth: Truth, batches: int, seconds: float, part: str = "loading",
+                 size: int = 4) -> None:
+        self.truth, self.batches, self.seconds, self.part, self.size = (
+            truth, batches, seconds, part, size)
+
+    def __len__(self) -> int:
+        return self.batches
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return spin_loader(self.truth, self.batches, self.seconds, self.size, self.part)
 
 
 def spin_loader(truth: Truth, batches: int, seconds: float = 0.0, size: int = 4,
