@@ -96,3 +96,16 @@ def test_ddp_on_two_cpu_processes_writes_the_rank_files(sidecar: Sidecar) -> Non
         # distributed sampler); the first step is warmup.
         assert read_tsv(logs / name)["Forward (s)"].notna().sum() == 3, name
     assert (folder / "truth-0.json.rank1").is_file()
+
+
+def test_the_callback_never_raises_into_the_trainer(caplog: pytest.LogCaptureFixture) -> None:
+    from markers.integrations.lightning import MonitorCallback
+
+    callback = MonitorCallback(warmup_iterations=0)
+    # A trainer without the attributes the callback reads: the error is logged once.
+    assert callback.setup(object(), None, "fit") is None
+    assert callback.on_train_epoch_start(object(), None) is None
+    errors = [r for r in caplog.records if r.name == "markers.integrations"]
+    assert len(errors) == 1 and "setup" in errors[0].getMessage()
+    with pytest.raises(TypeError, match="unknown keyword arguments"):
+        MonitorCallback(warmup=3)
