@@ -160,6 +160,7 @@ class _Hooks:
         self._state = _START
         self._last_eval_mode = False  # the latest evaluation ran in eval mode
         self._depth = 0  # nesting of instrumented forwards
+        self._step_depth = 0  # nesting of optimizer steps
         self._marker: Any = None  # the phase the outermost forward stamps
         self._batches = 0  # batches in the open training iteration
         self._after_backward = False  # the next training forward starts a new batch
@@ -363,9 +364,16 @@ class _Hooks:
     # -- optimizer ------------------------------------------------------------------
 
     def _step_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._optimization.begin()
+        # A step inside a step (a subclass calling super().step(), both wrapped by torch's
+        # hook caller; an optimizer wrapping another) is part of the outer one.
+        self._step_depth += 1
+        if self._step_depth == 1:
+            self._optimization.begin()
 
     def _step_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._step_depth -= 1
+        if self._step_depth:
+            return
         self._optimization.end()
         self._last_ns = now = perf_counter_ns()
         self._pending_backward = False

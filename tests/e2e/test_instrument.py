@@ -317,3 +317,24 @@ def test_a_failing_hook_warns_once_and_training_goes_on(sidecar: Sidecar) -> Non
         assert len([w for w in caught if "a hook failed" in str(w.message)]) == 1
         hooks.remove()
     assert table(sidecar)["Forward (s)"].isna().all()
+
+
+def test_without_an_optimizer_the_models_own_steps_end_the_iterations(
+        sidecar: Sidecar) -> None:
+    truth = Truth()
+    model, optimizer = spin_parts(truth)
+    foreign = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)  # not the model's
+    with markers.start_run(out_dir="maps", warmup_iterations=1):
+        markers.instrument(model)  # the global step hooks
+        for x, y in spin_loader(truth, 6, SPINS["loading"]):
+            nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            foreign.step()
+    frame = table(sidecar)
+    for name in TRAINING:
+        assert len(column(frame, name)) == 5, name
+    assert_close(column(frame, "Optimization (s)"), truth.seconds["optimization"][1:],
+                 "Optimization")
+    assert_close(column(frame, "Training data loading (s)"), truth.seconds["loading"][1:],
+                 "Data loading")

@@ -109,3 +109,13 @@ def test_the_callback_never_raises_into_the_trainer(caplog: pytest.LogCaptureFix
     assert len(errors) == 1 and "setup" in errors[0].getMessage()
     with pytest.raises(TypeError, match="unknown keyword arguments"):
         MonitorCallback(warmup=3)
+
+
+def test_the_pytorch_lightning_namespace_accepts_the_callback() -> None:
+    pytorch_lightning = pytest.importorskip("pytorch_lightning")
+    from markers.integrations.lightning import MonitorCallback
+
+    callback = MonitorCallback()
+    trainer = pytorch_lightning.Trainer(callbacks=[callback], logger=False,
+                                        enable_checkpointing=False, enable_progress_bar=False)
+    assert callback in trainer.callbacks
