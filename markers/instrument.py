@@ -97,9 +97,11 @@ def instrument(model: torch.nn.Module | Iterable[torch.nn.Module],
                run: Run | NullRun | None = None) -> Instrumentation:
     """Stamp Forward, Backward, Optimization, Evaluation, data loading and the iteration
     boundaries of ``run`` (default: the run ``start_run`` returned last) through hooks on
-    ``model`` (a module or several) and ``optimizer`` (one, several in stepping order, or
-    None for every optimizer over the model's parameters). See the module docstring for
-    what each hook measures. Returns the handle whose ``remove()`` takes the hooks off.
+    ``model`` (a module or several) and ``optimizer`` (one, several in stepping order,
+    None for every optimizer over the model's parameters, or an empty sequence for none:
+    when a framework callback stamps Optimization and drives the iterations). Call it once
+    per run, with every module and optimizer. See the module docstring for what each hook
+    measures. Returns the handle whose ``remove()`` takes the hooks off.
 
     Raises RuntimeError when no run was given and none was started, TypeError when
     ``model`` holds something that is not a ``torch.nn.Module``.

@@ -42,9 +42,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from markers.instrument import Instrumentation, _Hooks
+from markers.instrument import Instrumentation, instrument
 from markers.integrations.monitor import Monitor, never_raise
-from markers.run import Run
 
 STATE_FILE = "trainmon-state.json"
 
@@ -71,9 +70,9 @@ class MonitorCallback(Monitor, TrainerCallback):
                    val_batch_size=args.per_device_eval_batch_size)
         if state.global_step > 0:
             self._resume(args, state)
-        if model is not None and isinstance(self.run, Run):
-            # Phases only: the iterations and Optimization come from the Trainer's events.
-            self._hooks = Instrumentation(_Hooks(self.run, [model], optimizers=[]))
+        if model is not None:
+            # No optimizer: the iterations and Optimization come from the Trainer's events.
+            self._hooks = instrument(model, (), self.run)
 
     def _resume(self, args: Any, state: Any) -> None:
         candidates = [Path(args.output_dir) / f"checkpoint-{state.global_step}"]
