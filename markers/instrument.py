@@ -149,7 +149,6 @@ class _Hooks:
 
         self._torch = torch
         self._run = run
-        self._modules = modules
         self._forward = run.phase("forward")
         self._backward = run.phase("backward")
         self._optimization = run.phase("optimization")
@@ -194,8 +193,8 @@ class _Hooks:
     # -- safety ---------------------------------------------------------------------
 
     def _safe(self, hook: Callable[..., Any]) -> Callable[..., Any]:
-        """``hook`` that never raises (one warning, then every hook comes off) and that
-        Dynamo never traces."""
+        """``hook`` that never raises (one warning, then every hook stops measuring) and
+        that Dynamo never traces."""
         def guarded(*args: Any) -> None:
             if self._failed:
                 return

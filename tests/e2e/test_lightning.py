@@ -42,10 +42,10 @@ def sums(values: list[float], group: int) -> list[float]:
 
 @pytest.mark.parametrize("accumulation", [1, 2])
 def test_rows_follow_the_hooks_with_accumulation(sidecar: Sidecar, accumulation: int) -> None:
-    truth, folder = fit(sidecar, "--accumulation", str(accumulation))
+    truth, folder = fit(sidecar, "--accumulation", str(accumulation), "--batches", "8")
     frame = read_tsv(split_dir(folder) / "logs" / "computational.tsv")
-    steps = 2 * 6 // accumulation
-    for name in TRAINING:  # 2 epochs of 6 batches; the first step is warmup
+    steps = 2 * 8 // accumulation
+    for name in TRAINING:  # 2 epochs of 8 batches; the first step is warmup
         assert frame[name].notna().sum() == steps - 1, name
     assert frame["Epoch (s)"].notna().sum() == 2
     assert frame["Validation (s)"].notna().sum() == 2  # not the sanity check
