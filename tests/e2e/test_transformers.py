@@ -77,6 +77,21 @@ def test_tiny_bert_with_accumulation_and_evaluation_inside_training(
     assert "Throughput: " in summary and "unknown" not in summary.split("Throughput: ")[1][:20]
 
 
+def test_evaluation_at_epoch_ends_lies_inside_its_epoch(sidecar: Sidecar) -> None:
+    _truth, out = train(sidecar, "--model", "bert", "--eval-epochs")
+    logs = split_dir(out) / "logs"
+    counts = computational(out).drop(columns="measurement #").notna().sum()
+    assert counts["Validation (s)"] == 2 and counts["Epoch (s)"] == 2
+    assert counts["Training loop (s)"] == 7  # 4 steps per epoch, the first is warmup
+    phases = read_tsv(logs / "phases.tsv")
+    epochs = phases[phases["phase"] == "Epoch"].sort_values("epoch")
+    passes = phases[phases["phase"] == "Validation"].sort_values("start (s)")
+    for (_, epoch), (_, validation) in zip(epochs.iterrows(), passes.iterrows(), strict=True):
+        assert epoch["start (s)"] <= validation["start (s)"]
+        assert (validation["start (s)"] + validation["wall (s)"]
+                <= epoch["start (s)"] + epoch["wall (s)"] + 1e-6)
+
+
 def test_rows_against_known_costs(sidecar: Sidecar) -> None:
     # 32 samples, batches of 4, accumulation 2: 4 steps per epoch, 2 epochs, 7 rows after
     # warmup (enough that a step descheduled on this busy machine is not a third of them).

@@ -4,7 +4,7 @@ part really took to ``--truth``.
 
     python tests/support/jobs/transformers_job.py --truth t.json --out OUT
         [--model spin|bert] [--accumulation N] [--max-steps S] [--eval-steps E]
-        [--save-steps S] [--resume]
+        [--eval-epochs] [--save-steps S] [--resume]
 """
 
 from __future__ import annotations
@@ -87,6 +87,7 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=-1)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--eval-steps", type=int, default=0)
+    parser.add_argument("--eval-epochs", action="store_true", help="evaluate at epoch ends")
     parser.add_argument("--save-steps", type=int, default=0)
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args()
@@ -107,7 +108,8 @@ def main() -> None:
     training_args = TrainingArguments(
         output_dir=args.out, per_device_train_batch_size=4, per_device_eval_batch_size=4,
         gradient_accumulation_steps=args.accumulation, num_train_epochs=args.epochs,
-        max_steps=args.max_steps, eval_strategy="steps" if args.eval_steps else "no",
+        max_steps=args.max_steps,
+        eval_strategy="epoch" if args.eval_epochs else "steps" if args.eval_steps else "no",
         eval_steps=args.eval_steps or None,
         save_strategy="steps" if args.save_steps else "no", save_steps=args.save_steps or 500,
         logging_strategy="no", report_to=[], use_cpu=True, dataloader_num_workers=0,
