@@ -192,6 +192,7 @@ class Run:
         self._epoch = first_epoch  # epochs continue across resumes
         self._epoch_start_ns = 0  # 0: no epoch open
         self._validation_start_ns = 0  # 0: no validation pass open
+        self._boundary_ns = 0  # the latest begin or end of an epoch or validation pass
         self._iterations = [0, 0]  # training, validation iterations so far (by `validation`)
         self._net_batches = 0  # batches that went through the network in this process
         self._open: _Iteration | None = None
@@ -354,7 +355,7 @@ class Run:
         if self._epoch_start_ns:
             self._record_in(self._context, wire.FLAG_INCOMPLETE, wire.EPOCH,
                             self._epoch_start_ns, now_ns)
-        self._epoch_start_ns = now_ns
+        self._epoch_start_ns = self._boundary_ns = now_ns
         self._record_in(self._context, wire.FLAG_BEGIN, wire.EPOCH, now_ns, now_ns)
 
     def end_epoch(self, failed: bool = False) -> None:
@@ -363,7 +364,7 @@ class Run:
         iteration still open ends with it. The next phases belong to the next epoch;
         sends what is buffered."""
         self._settle(failed)
-        end_ns = perf_counter_ns()
+        end_ns = self._boundary_ns = perf_counter_ns()
         self._end_open(failed, end_ns)
         if self._epoch_start_ns:
             self._record_in(self._context, wire.FLAG_INCOMPLETE if failed else 0, wire.EPOCH,
@@ -383,7 +384,7 @@ class Run:
             self._record_in(self._context, wire.FLAG_INCOMPLETE, wire.VALIDATION,
                             self._validation_start_ns, now_ns)
         self._suspend(now_ns)
-        self._validation_start_ns = now_ns
+        self._validation_start_ns = self._boundary_ns = now_ns
         self._record_in(self._context, wire.FLAG_BEGIN, wire.VALIDATION, now_ns, now_ns)
 
     def end_validation(self, failed: bool = False) -> None:
@@ -391,7 +392,7 @@ class Run:
         when ``failed``); a training iteration it (or a validation iteration begun inside
         it) suspended goes on."""
         self._settle(failed)
-        end_ns = perf_counter_ns()
+        end_ns = self._boundary_ns = perf_counter_ns()
         if self._open is not None and self._open.validation:
             self._end_open(failed, end_ns)
         if self._validation_start_ns:
@@ -622,6 +623,32 @@ class Run:
             marker.__class__ = Phase
             marker._start = marker._depth = 0
 
+    # -- what hooks and callbacks read to agree with the loop drivers -----------------
+
+    @property
+    def iteration(self) -> tuple[bool, int] | None:
+        """The open iteration as ``(validation, start_ns)``, or None between iterations."""
+        it = self._open
+        return (it.validation, it.start_ns) if it is not None else None
+
+    @property
+    def in_validation(self) -> bool:
+        """True between ``begin_validation`` and ``end_validation``."""
+        return self._validation_start_ns != 0
+
+    @property
+    def last_boundary_ns(self) -> int:
+        """When the latest epoch or validation pass began or ended (perf_counter_ns; 0
+        before any): time before it belongs to no iteration that starts after it."""
+        return self._boundary_ns
+
+    def batch_seen(self, validation: bool, batch: Any) -> None:
+        """Read the batch size from the first training (or validation) batch, when
+        ``start_run`` was not given it."""
+        kind = "validation" if validation else "train"
+        if kind not in self._batch_sizes_sent:
+            self._send_batch_size(kind, batch)
+
     # -- loop drivers ---------------------------------------------------------------
 
     def _batches(self, loader: Iterable[Any], validation: bool) -> Iterator[Any]:
@@ -629,7 +656,6 @@ class Run:
         timed inside the loader belong to the batch it loads) and ends after its last
         batch (``accumulation_steps`` for training) or where the loop is left."""
         per_iteration = 1 if validation else self._accumulation
-        kind = "validation" if validation else "train"
         suspended = validation and self._suspend(perf_counter_ns())
         self._open_gpu()  # CUDA may have come up since the last loop
         iterator = iter(loader)
@@ -647,8 +673,7 @@ class Run:
                 except StopIteration:
                     break
                 self.data_loaded(start_ns)
-                if kind not in self._batch_sizes_sent:
-                    self._send_batch_size(kind, batch)
+                self.batch_seen(validation, batch)
                 fetched = (buffer.n, buffer.flushes)
                 yield batch
                 fetched = None
@@ -745,6 +770,9 @@ class NullRun:
     monitored = False
     out_dir: Path | None = None
     dropped = 0
+    iteration: tuple[bool, int] | None = None
+    in_validation = False
+    last_boundary_ns = 0
 
     def phase(self, name: str) -> _NullPhase:
         """A marker that measures nothing."""
@@ -769,6 +797,9 @@ class NullRun:
         """Does nothing."""
 
     def end_iteration(self, end_ns: int | None = None) -> None:
+        """Does nothing."""
+
+    def batch_seen(self, validation: bool, batch: Any) -> None:
         """Does nothing."""
 
     def _nothing(self, *args: object, **kwargs: object) -> None:
