@@ -14,6 +14,10 @@ Semantics (SPEC §4):
 * Epoch and Validation are never warmed up nor capped. Training is derived from the
   sessions: one value per split, resumed time added up.
 * Every measured value also feeds a streaming count/mean/std, past the cap.
+* A stored loop row keeps the batch size of its iteration (``Row.batch_size``): the size
+  given at the start of its session, else the one the markers read from the batches from
+  that iteration on. Throughput sums what each row held, so a size that changes (across a
+  resume, or a short last batch) counts right.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ class Row:
     batch: int
     session: int
     start_s: float  # since the run (first session) started
+    batch_size: int | None = None  # samples per batch of the iteration (loop rows only)
 
 
 @dataclass
@@ -130,6 +135,9 @@ class RankAggregator:
         self.gpu_not_measured = 0  # phases whose GPU time the markers could not take
         self._open: dict[tuple[bool, int], dict[int, _Partial]] = {}
         self._standalone_seen: dict[int, int] = {}
+        # Batch sizes read from the batches in this session, by "is validation": (first
+        # iteration, size or None when the batches could not tell), in order.
+        self._read_sizes: dict[bool, list[tuple[int, int | None]]] = {False: [], True: []}
 
     # -- sessions -------------------------------------------------------------------
 
@@ -144,6 +152,7 @@ class RankAggregator:
         self.sessions.append(Session(number, start_unix, start_ns, start_ns, run_id=run_id))
         self._open.clear()
         self._standalone_seen.clear()
+        self._read_sizes = {False: [], True: []}
         return number
 
     def end_session(self, end_ns: int | None) -> None:
@@ -179,6 +188,25 @@ class RankAggregator:
         end = saved_unix if previous_end_unix is None else max(previous_end_unix, saved_unix)
         self.redone_s += end - saved_unix
         self.downtime_s += max(0.0, start_unix - end)
+
+    def note_batch_size(self, validation: bool, iteration: int, size: int | None) -> None:
+        """The markers read ``size`` (None: unreadable) from the batches of this session
+        from ``iteration`` on."""
+        self._read_sizes[validation].append((iteration, size))
+
+    def batch_size(self, validation: bool, iteration: int) -> int | None:
+        """Samples per batch of ``iteration`` of this session: as given at its start, else
+        as read from the batches; None when unknown."""
+        given = (self.settings.val_batch_size if validation
+                 else self.settings.train_batch_size)
+        if given is not None:
+            return given
+        size = None
+        for first, read in self._read_sizes[validation]:
+            if first > iteration:
+                break
+            size = read
+        return size
 
     # -- records --------------------------------------------------------------------
 
@@ -236,12 +264,16 @@ class RankAggregator:
         store = self.stored_iterations[validation] < self.settings.num_measurements
         if store:
             self.stored_iterations[validation] += 1
+        loop_phase = LOOP_PHASES[validation]
         for phase, partial in phases.items():
             self._measure(phase, loop_record, partial.wall_ns, partial.gpu_ns,
-                          partial.peak_bytes, store, start_ns=partial.start_ns)
+                          partial.peak_bytes, store, start_ns=partial.start_ns,
+                          batch_size=self.batch_size(validation, iteration)
+                          if phase == loop_phase else None)
 
     def _measure(self, phase: int, record: array, wall_ns: int, gpu_ns: int, peak_bytes: int,
-                 store: bool, start_ns: int | None = None) -> None:
+                 store: bool, start_ns: int | None = None,
+                 batch_size: int | None = None) -> None:
         series = self.series.get(phase)
         if series is None:
             series = self.series[phase] = PhaseSeries()
@@ -258,7 +290,8 @@ class RankAggregator:
                    + (begin_ns - session.start_ns) / NS_PER_S)
         series.rows.append(Row(
             wall_s, gpu_s, peak_bytes / BYTES_PER_MIB if peak_bytes >= 0 else None,
-            record[P_EPOCH], record[P_ITERATION], record[P_BATCH], session.number, start_s))
+            record[P_EPOCH], record[P_ITERATION], record[P_BATCH], session.number, start_s,
+            batch_size))
 
     # -- state ----------------------------------------------------------------------
 

@@ -9,14 +9,12 @@ test variable; tests start ``python -m tests.support.launcher [SEAMS] -- SIDECAR
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 from pathlib import Path
 from typing import Any
 
 from sidecar import cli
 from sidecar.resources.samplers import nvml
-from sidecar.sinks.atomic import write_atomic
 from tests.support import fake_pynvml
 from tests.support.disk_quota import DiskQuota
 
@@ -30,7 +28,7 @@ def seams(fake_nvml: str | None, disk_quota: str | None) -> dict[str, Any]:
     if disk_quota:
         folder, _, size = disk_quota.rpartition(":")
         quota = DiskQuota(Path(folder), int(size))
-        result["write_file"] = functools.partial(write_atomic, write_bytes=quota.write)
+        result["write_bytes"] = quota.write
     return result
 
 
