@@ -49,8 +49,9 @@ def _first_dims(batch: Any, depth: int = 3) -> set[int] | None:
         items = list(batch.values())
     elif isinstance(batch, (list, tuple)):
         items = list(batch)
-        if items and all(isinstance(item, str) for item in items) or isinstance(batch, list) \
-                and items and all(isinstance(item, (int, float)) for item in items):
+        texts = all(isinstance(item, str) for item in items)
+        scalars = isinstance(batch, list) and all(isinstance(i, (int, float)) for i in items)
+        if items and (texts or scalars):
             return {len(items)}  # texts, or scalar samples
         if isinstance(batch, list) and items and all(
                 isinstance(item, (list, tuple, Mapping)) for item in items):

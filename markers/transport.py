@@ -12,8 +12,9 @@ of waiting for a reply that cannot come.
 No message larger than the sidecar's cap (``wire.MAX_MESSAGE_BYTES``) is ever sent: libzmq
 would drop the whole connection for it. A payload of any size (a saved state) travels as
 ``part`` messages of ``wire.PART_BYTES`` before the request that uses it. While a request
-is being worked on, the sidecar sends progress replies; each one restarts the wait, so a
-long write is waited for and a gone or stuck sidecar is given up after ``timeout_s``.
+is being worked on (or a write this run asked for earlier, such as a checkpoint's, is
+still going on), the sidecar sends progress replies; each one restarts the wait, so a long
+write is waited for and a gone or stuck sidecar is given up after ``timeout_s``.
 """
 
 from __future__ import annotations
@@ -112,11 +113,11 @@ class Sender:
         size) goes first as ``part`` messages; the sidecar hands it to the request.
 
         Waits at most ``timeout_s`` seconds without news: a progress reply from the sidecar
-        (it is working on this request) restarts that wait, up to ``PROGRESS_LIMIT_S`` in
-        all. Without a connected sidecar (after waiting ``connect_timeout_s`` for one) it
-        returns None at once: the training loop is never held up by an absent sidecar.
-        Replies to earlier requests that arrive late are skipped. Returns None when no
-        reply came; ``last_failure`` then says why.
+        (it is working on this request, or still writing for an earlier one of this run)
+        restarts that wait, up to ``PROGRESS_LIMIT_S`` in all. Without a connected sidecar
+        (after waiting ``connect_timeout_s`` for one) it returns None at once: the training
+        loop is never held up by an absent sidecar. Replies to earlier requests that arrive
+        late are skipped. Returns None when no reply came; ``last_failure`` then says why.
         """
         started = time.monotonic()
         deadline = started + timeout_s
@@ -145,11 +146,12 @@ class Sender:
                 reply = json.loads(self._socket.recv(zmq.NOBLOCK))
             except (zmq.ZMQError, ValueError):
                 continue
-            if not isinstance(reply, dict) or reply.get("reply_to") != request_id:
+            if not isinstance(reply, dict):
                 continue
-            if "progress" not in reply:
+            if "progress" in reply:  # on this run's socket: news of this run's work
+                deadline = min(time.monotonic() + timeout_s, started + PROGRESS_LIMIT_S)
+            elif reply.get("reply_to") == request_id:
                 return reply
-            deadline = min(time.monotonic() + timeout_s, started + PROGRESS_LIMIT_S)
         return self._failed(f"no answer and no progress within {timeout_s:g} s")
 
     def _failed(self, reason: str) -> None:

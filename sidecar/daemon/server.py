@@ -161,7 +161,9 @@ class Server:
         return None
 
     def _progress(self, what: str) -> None:
-        """Tell the client waiting for this write (a finish) that it goes on."""
+        """Tell the client whose request caused this write that it goes on: a finish
+        waiting for it, or a run that checkpointed and may ask for more meanwhile (its
+        markers take any progress reply as news)."""
         if self._waiting is not None:
             identity, reply_to = self._waiting
             self.receiver.reply(identity, {"reply_to": reply_to, "progress": what})
@@ -191,13 +193,14 @@ class Server:
             self.registry.reject("refused", str(exc))
             self.registry.last_error = str(exc)
             reply = {"ok": False, "error": str(exc)}
-        finally:
-            self._waiting = None
         if "reply_to" in body and reply is not None:
             self.receiver.reply(message.identity, {"reply_to": body["reply_to"], **reply})
-        later, self.dispatcher.later = self.dispatcher.later, []
-        for action in later:
-            action()
+        try:  # a checkpoint's writing: its progress still goes to that client (see _progress)
+            later, self.dispatcher.later = self.dispatcher.later, []
+            for action in later:
+                action()
+        finally:
+            self._waiting = None
 
     def handle_safely(self, message: Incoming) -> None:
         """``handle``, with any error counted and logged: one bad message never stops the

@@ -23,7 +23,7 @@ Semantics (SPEC §4):
 from __future__ import annotations
 
 from array import array
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from markers import wire
 from markers.wire import (
@@ -68,6 +68,9 @@ class Row:
     session: int
     start_s: float  # since the run (first session) started
     batch_size: int | None = None  # samples per batch of the iteration (loop rows only)
+
+
+ROW_FIELDS = tuple(f.name for f in fields(Row))
 
 
 @dataclass
@@ -310,7 +313,9 @@ class RankAggregator:
             "custom_names": {str(k): v for k, v in self.custom_names.items()},
             "sessions": [asdict(s) for s in self.sessions],
             "series": {
-                str(phase): {"rows": [asdict(r) for r in s.rows], "wall": s.wall.to_list(),
+                str(phase): {"rows": [{name: getattr(r, name) for name in ROW_FIELDS}
+                                      for r in s.rows],  # asdict is 10x slower on 10^5 rows
+                             "wall": s.wall.to_list(),
                              "gpu": s.gpu.to_list()}
                 for phase, s in self.series.items()
             },

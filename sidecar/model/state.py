@@ -40,7 +40,7 @@ def document(state: dict[str, Any]) -> dict[str, Any]:
 
 def dumps(state: dict[str, Any]) -> str:
     """The text of a state file for ``state`` (stamped with the current schema)."""
-    return json.dumps(document(state), indent=1)
+    return json.dumps(document(state), separators=(",", ":"))  # compact: it can be large
 
 
 def upgrade(state: Any, where: str = "state") -> dict[str, Any]:
