@@ -140,6 +140,9 @@ class ResourceMonitor:
         self._schedule = Schedule(interval_s, time.monotonic_ns())
         self._pending_uuids: set[str] = set()
         self.last_round_monotonic: float | None = None  # when the last due round completed
+        # Set once an NVML call hung: rounds no longer count as complete, so the node
+        # daemon's watchdog stops and systemd restarts it (a fresh NVML in a new process).
+        self.hung_reason: str | None = None
         self._opener = threading.Thread(target=self._open, args=(visible_devices, open_gpus),
                                         name="nvml-open", daemon=True)
         self._opener.start()
@@ -217,7 +220,8 @@ class ResourceMonitor:
         self._schedule.advance(now_ns)
         self._sample([(s, r) for s, r in self.splits.values() if s.status == "running"],
                      now_ns)
-        self.last_round_monotonic = time.monotonic()
+        if self.hung_reason is None:
+            self.last_round_monotonic = time.monotonic()
 
     def _sample(self, live: list[tuple[Split, SplitResources]], now_ns: int) -> None:
         if not live:
@@ -243,6 +247,8 @@ class ResourceMonitor:
             self.gpu_off_reason = f"stopped: {gpus.reason}"
             log.error("GPU sampling %s", self.gpu_off_reason)
             self.gpus = None
+            if gpus.hung:
+                self.hung_reason = gpus.reason
         return samples
 
     def _for_split(self, split: Split, samples: list[nvml.GpuSample]) -> list[nvml.GpuSample]:
@@ -293,6 +299,17 @@ class ResourceMonitor:
         run_start_ns = session.start_ns - int((session.start_unix - agg.run_start_unix) * 1e9)
         return run_start_ns, [run_start_ns + int((s.start_unix - agg.run_start_unix) * 1e9)
                               for s in agg.sessions]
+
+    def started(self) -> bool:
+        """True once NVML is opened or found unavailable (its opener thread ended)."""
+        return not self._opener.is_alive()
+
+    def gpu_status(self) -> list[dict[str, Any]]:
+        """Per sampled GPU: index, uuid, name, whether NVML still answers for it (``lost``
+        and why) and the calls it does not support, with NVML's reason
+        (``NvmlSampler.status``); [] while GPU sampling is off."""
+        gpus = self.gpus
+        return gpus.status()["gpus"] if gpus is not None else []
 
     def close(self) -> None:
         """Stop GPU sampling (NVML shutdown, bounded)."""
