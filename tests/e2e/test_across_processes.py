@@ -357,6 +357,17 @@ def test_sys_exit_inside_the_run(serve, short_tmp: Path, code: int, expected: st
     assert document["cause"] == (None if code == 0 else f"SystemExit: {code}")
 
 
+def test_a_keyboard_interrupt_the_user_handled_ends_the_run_completed(serve,
+                                                                      short_tmp: Path) -> None:
+    sidecar = serve()
+    out = short_tmp / "root" / "ctrl-c"
+    finished(job(short_tmp, "--out-dir", str(out), "--interrupt-at", "4", "--progress",
+                 str(short_tmp / "p.json"), endpoint=sidecar.endpoint))
+    assert progress(short_tmp / "p.json")["interrupted"]
+    assert run_json(out)["status"] == "completed"
+    assert len(phases(out).query("phase == 'Epoch'")) == 1
+
+
 # -- the wire -------------------------------------------------------------------------------
 
 def test_the_markers_survive_a_dropped_connection(serve, short_tmp: Path) -> None:

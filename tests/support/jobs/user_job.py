@@ -15,6 +15,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -66,6 +67,9 @@ def main() -> None:
     parser.add_argument("--state-in-loop", type=int, default=-1,
                         help="call run.state_dict() inside this iteration of epoch 0")
     parser.add_argument("--fail-at-epoch", type=int, default=-1)
+    parser.add_argument("--interrupt-at", type=int, default=-1,
+                        help="Ctrl-C (SIGINT to itself) in this iteration of epoch 0, caught: "
+                        "training stops there, the script ends normally")
     parser.add_argument("--exit", type=int, help="sys.exit(CODE) after the last epoch")
     parser.add_argument("--user-log", action="store_true",
                         help="log lines of our own into summary.log with a FileHandler")
@@ -101,6 +105,13 @@ def main() -> None:
                 for i, _batch in enumerate(run.train_batches(data)):
                     with run.phase("forward"):
                         time.sleep(args.sleep)
+                    if epoch == 0 and i == args.interrupt_at:
+                        try:
+                            os.kill(os.getpid(), signal.SIGINT)
+                            time.sleep(10)
+                        except KeyboardInterrupt:
+                            progress["interrupted"] = True
+                            break
                     if epoch == 0 and i == args.state_in_loop:
                         begin = time.perf_counter()
                         run.state_dict()
@@ -118,6 +129,8 @@ def main() -> None:
                 args.state_out.write_text(json.dumps(run.state_dict()))
             progress["epochs"] = epoch + 1
             write_progress(args.progress, progress)
+            if progress.get("interrupted"):
+                break
         progress["elapsed_s"] = time.perf_counter() - started
         write_progress(args.progress, progress)
         while args.stop_file is not None and not args.stop_file.exists():
