@@ -84,7 +84,8 @@ class Server:
             config.interval_s, os.environ.get("CUDA_VISIBLE_DEVICES") if own_job else None,
             all_splits_share_gpus=own_job, open_gpus=open_gpus)
         self.registry = Registry(self.policy.resolve, self._on_stream, self._on_records,
-                                 writer.previous_activity, self._claim)
+                                 writer.previous_activity, self._claim,
+                                 lambda stream: not stream.is_local() or pid_alive(stream.pid))
         self.receiver = Receiver(config.endpoint, self.registry, self._run_alive,
                                  shared=config.shared)
         self.dispatcher = Dispatcher(self.registry, self.monitor, self.write, self.status_for,

@@ -117,7 +117,8 @@ class Registry:
     ``previous_activity(folder, split)`` tells when the split's last process was last
     heard of (Unix s, from the run folder; None when unknown), ``claim(split_dir)`` takes
     the split's folder for this sidecar (raises Refused when another live sidecar holds
-    it; None when the folder cannot be used now, the writes will say why).
+    it; None when the folder cannot be used now, the writes will say why), ``alive(stream)``
+    whether a stream's process still lives (False only when known to be gone).
 
     One writer per split (SPEC §4): a hello for a split and rank that a live run of this
     sidecar feeds, or whose folder another sidecar claimed, is refused. A resume takes
@@ -129,10 +130,12 @@ class Registry:
                  on_records: Callable[[Stream, array], None] = lambda stream, values: None,
                  previous_activity: Callable[[Path, int], float | None] = lambda f, s: None,
                  claim: Callable[[Path], Claim | None] = lambda split_dir: None,
+                 alive: Callable[[Stream], bool] = lambda stream: True,
                  ) -> None:
         self.resolve_out_dir = resolve_out_dir
         self.previous_activity = previous_activity
         self.claim = claim
+        self.alive = alive
         self.claims: dict[tuple[Path, int], Claim] = {}
         # Per split, what its lock file says of the last run started on each rank:
         # {"ranks": {rank: {"run_id", "lineage", "start_unix", "pid", "host"}}, ...}
@@ -289,10 +292,15 @@ class Registry:
     def _one_writer(self, key: tuple[Path, int], split: Split | None, rank: int) -> None:
         """Refuse a second live writer of the split (Refused); claim its folder."""
         for other in self.streams.values():
-            if other.split is split and other.rank == rank and not other.finished:
-                raise Refused(f"split {key[1]} of {key[0]} (rank {rank}) is being written by "
-                              f"run {other.key[:8]} (pid {other.pid} on {other.host}) under "
-                              "this sidecar; one writer per split: this run is not monitored")
+            if other.split is not split or other.rank != rank or other.finished:
+                continue
+            if not self.alive(other):  # killed and restarted faster than the liveness check
+                self.finish(other, "incomplete", f"process {other.pid} ended without "
+                            "finish()", None, other.split.rank(rank).sessions[-1].last_unix)
+                continue
+            raise Refused(f"split {key[1]} of {key[0]} (rank {rank}) is being written by "
+                          f"run {other.key[:8]} (pid {other.pid} on {other.host}) under this "
+                          "sidecar; one writer per split: this run is not monitored")
         if key not in self.claims:
             claim = self.claim(key[0] / "training" / f"split-{key[1]}")
             if claim is not None:
