@@ -257,7 +257,8 @@ class Run:
         The same content as the state file ``checkpoint()`` writes (a JSON-compatible dict
         with a ``schema`` key). Waits for the sidecar at most ``timeout_s`` seconds without
         progress; returns an empty dict when the run is not monitored or no sidecar
-        answered (loading an empty dict later is a no-op). Never raises. The time spent
+        answered (then with one RuntimeWarning saying why; loading an empty dict later is
+        a no-op). Never raises. The time spent
         here is kept out of the iteration it is called in.
         """
         start_ns = perf_counter_ns()
@@ -265,7 +266,13 @@ class Run:
         reply = self._sender.request({"type": wire.STATE}, timeout_s)
         self._exclude_from_iteration(start_ns)
         state = reply.get("state") if reply and reply.get("ok") else None
-        return state if isinstance(state, dict) else {}
+        if not isinstance(state, dict):
+            if self.monitored:  # an empty dict means nothing was saved: say why
+                reason = reply.get("error") if reply else self._sender.last_failure
+                warnings.warn(f"markers: state_dict() got no state ({reason})",
+                              RuntimeWarning, stacklevel=2)
+            return {}
+        return state
 
     def load_state_dict(self, state: dict[str, Any],
                         timeout_s: float = STATE_TIMEOUT_S) -> bool:
