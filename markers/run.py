@@ -258,8 +258,8 @@ class Run:
         with a ``schema`` key). Waits for the sidecar at most ``timeout_s`` seconds without
         progress; returns an empty dict when the run is not monitored or no sidecar
         answered (then with one RuntimeWarning saying why; loading an empty dict later is
-        a no-op). Never raises. The time spent
-        here is kept out of the iteration it is called in.
+        a no-op). Never raises. The time spent here is kept out of the iteration it is
+        called in.
         """
         start_ns = perf_counter_ns()
         self._buffer.flush()
