@@ -75,6 +75,26 @@ class SplitResources:
         self.attributed_ns = 0  # rounds up to this time are attributed
         self.attribution: dict[str, _Attribution] = {}
         self.closed = False  # the split ended and its last round was taken
+        # running figures for the live view (/metrics), kept past thinning
+        self.cpu_s = 0.0  # CPU time of the job's tree: cpu_pct integrated over the rounds
+        self.latest_gpu: dict[str, nvml.GpuSample] = {}  # per UUID
+        self.first_energy_j: dict[str, float] = {}  # per UUID: the first counter reading
+
+    def add_host(self, sample: HostSample) -> None:
+        """Keep a host sample and add its CPU time (psutil's cpu_percent is the mean over
+        the time since the previous reading, so percent × window is CPU seconds)."""
+        if self.host_samples:
+            window_s = (sample.t_ns - self.host_samples[-1].t_ns) / 1e9
+            self.cpu_s += sample.cpu_pct / 100.0 * window_s
+        self.host_samples.append(sample)
+
+    def add_gpus(self, samples: list[nvml.GpuSample]) -> None:
+        """Keep GPU samples and note each GPU's latest and first energy reading."""
+        self.gpu_samples += samples
+        for sample in samples:
+            self.latest_gpu[sample.uuid] = sample
+            if sample.energy_j is not None:
+                self.first_energy_j.setdefault(sample.uuid, sample.energy_j)
 
     def thin(self) -> None:
         """Halve the rounds kept once there are MAX_ROUNDS (bounded memory on long runs)."""
@@ -165,7 +185,7 @@ class ResourceMonitor:
         if entry is None:
             resources = SplitResources(pid)
             # A first host round now: the baseline of CPU time and the starting memory.
-            resources.host_samples.append(resources.host.sample(time.monotonic_ns()))
+            resources.add_host(resources.host.sample(time.monotonic_ns()))
             self.splits[id(split)] = (split, resources)
             return True
         entry[1].host.add_root(pid)
@@ -228,8 +248,8 @@ class ResourceMonitor:
             return
         gpu_samples = self._sample_gpus(live, now_ns)
         for split, resources in live:
-            resources.host_samples.append(resources.host.sample(now_ns))
-            resources.gpu_samples += self._for_split(split, gpu_samples)
+            resources.add_host(resources.host.sample(now_ns))
+            resources.add_gpus(self._for_split(split, gpu_samples))
             resources.thin()
             resources.attribute(now_ns - SETTLE_NS)
 
@@ -299,6 +319,12 @@ class ResourceMonitor:
         run_start_ns = session.start_ns - int((session.start_unix - agg.run_start_unix) * 1e9)
         return run_start_ns, [run_start_ns + int((s.start_unix - agg.run_start_unix) * 1e9)
                               for s in agg.sessions]
+
+    def live(self, split: Split) -> SplitResources | None:
+        """The running samples and figures of ``split`` (None when it is not watched);
+        read on the loop thread only."""
+        entry = self.splits.get(id(split))
+        return entry[1] if entry is not None else None
 
     def started(self) -> bool:
         """True once NVML is opened or found unavailable (its opener thread ended)."""

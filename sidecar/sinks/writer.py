@@ -76,15 +76,25 @@ def previous_activity(out_dir: Path, split: int) -> float | None:
         return None
 
 
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None
+
+
 def _split_entry(split: Split) -> dict[str, Any]:
     """The ``run.json`` entry of one split: its own status, times and metadata."""
     info = split.info
     aggs = [a for a in split.ranks.values() if a.sessions]
+    first = split.ranks.get(0) or next(iter(split.ranks.values()), None)
+    start_unix = min((a.run_start_unix for a in aggs), default=info.get("start_unix"))
     return {
+        # the run id of the split's first process: the `run` label of the metrics (SPEC §7)
+        "run_id": first.sessions[0].run_id if first and first.sessions else None,
         "status": split.status,
         "cause": split.cause,
-        "start": _iso(min((a.run_start_unix for a in aggs), default=info.get("start_unix"))),
+        "start": _iso(start_unix),
         "end": _iso(split.end_unix),
+        "start_unix": start_unix,
+        "end_unix": split.end_unix,
         "sessions": max((len(a.sessions) for a in split.ranks.values()), default=0),
         "ranks": sorted(split.ranks),
         "last_unix": max((a.sessions[-1].last_unix for a in aggs), default=None),
@@ -98,9 +108,10 @@ def _split_entry(split: Split) -> dict[str, Any]:
 def run_json(split: Split, existing: str) -> str:
     """The text of ``run.json``: this split's entry merged into what other splits of the
     same folder wrote there before (their entries under ``splits`` are kept), and a top
-    level that describes the whole run: status and cause of the worst split (failed >
-    incomplete > running > completed), the earliest start, the latest end (none while a
-    split runs), every GPU of every split. Call it under ``folder_lock``.
+    level that describes the whole run (SPEC §3): status and cause of the worst split
+    (failed > incomplete > running > completed), the earliest start, the latest end (none
+    while a split runs), every GPU of every split, run_id the lowest split's. Call it
+    under ``folder_lock``.
     """
     try:
         previous = json.loads(existing) if existing else {}
@@ -109,12 +120,14 @@ def run_json(split: Split, existing: str) -> str:
     previous = previous if isinstance(previous, dict) else {}
     splits = previous.get("splits") if isinstance(previous.get("splits"), dict) else {}
     splits[str(split.split)] = _split_entry(split)
-    entries = [e for e in splits.values() if isinstance(e, dict)]
+    entries = [e for _, e in sorted((int(k), e) for k, e in splits.items()
+                                    if k.isdigit() and isinstance(e, dict))]
+    starts = [t for t in (_number(e.get("start_unix")) for e in entries) if t is not None]
+    ends = [t for t in (_number(e.get("end_unix")) for e in entries) if t is not None]
+    start_unix = min(starts, default=None)
+    end_unix = max(ends) if len(ends) == len(entries) else None  # none while one runs
     worst = max(entries, key=lambda e: RUN_STATUS_ORDER.index(e.get("status"))
                 if e.get("status") in RUN_STATUS_ORDER else 0)
-    starts = [e["start"] for e in entries if isinstance(e.get("start"), str)]
-    ends = [e["end"] for e in entries if isinstance(e.get("end"), str)]
-    running = any(e.get("status") == "running" for e in entries)
     gpus: dict[str, dict[str, Any]] = {}
     for entry in entries:
         for gpu in entry.get("gpus") or []:
@@ -122,9 +135,13 @@ def run_json(split: Split, existing: str) -> str:
                 gpus[gpu.get("uuid")] = gpu
     info = split.info
     document = {
+        "run_id": entries[0].get("run_id"),
         **{key: info.get(key) for key in ("host", "user", "job_id", "command", "cwd")},
-        "start": min(starts, default=None),  # ISO 8601 in UTC: they sort as text
-        "end": None if running else max(ends, default=None),
+        "start": _iso(start_unix),
+        "end": _iso(end_unix),
+        # the same instants to the microsecond: the report's wall time (SPEC §6)
+        "start_unix": start_unix,
+        "end_unix": end_unix,
         "status": worst.get("status"),
         "cause": worst.get("cause"),
         "gpus": list(gpus.values()),
