@@ -131,6 +131,9 @@ class RankAggregator:
         self.series: dict[int, PhaseSeries] = {}
         self.custom_names: dict[int, str] = {}
         self.stored_iterations = {False: 0, True: 0}  # keyed by "is validation"
+        # Samples of every measured iteration of known batch size (past the cap too), by
+        # "is validation"; None until one size is known.
+        self.samples: dict[bool, int | None] = {False: None, True: None}
         self.sessions: list[Session] = []
         self.training_before_s = 0.0  # effective Training time of earlier sessions
         self.downtime_s = 0.0  # between a process's end and the next one's start
@@ -268,11 +271,14 @@ class RankAggregator:
         if store:
             self.stored_iterations[validation] += 1
         loop_phase = LOOP_PHASES[validation]
+        size = self.batch_size(validation, iteration)
+        if size is not None:
+            batches = 1 if validation else self.settings.accumulation_steps
+            self.samples[validation] = (self.samples[validation] or 0) + size * batches
         for phase, partial in phases.items():
             self._measure(phase, loop_record, partial.wall_ns, partial.gpu_ns,
                           partial.peak_bytes, store, start_ns=partial.start_ns,
-                          batch_size=self.batch_size(validation, iteration)
-                          if phase == loop_phase else None)
+                          batch_size=size if phase == loop_phase else None)
 
     def _measure(self, phase: int, record: array, wall_ns: int, gpu_ns: int, peak_bytes: int,
                  store: bool, start_ns: int | None = None,
@@ -310,6 +316,7 @@ class RankAggregator:
             "gpu_not_measured": self.gpu_not_measured,
             "stored_iterations": {"train": self.stored_iterations[False],
                                   "validation": self.stored_iterations[True]},
+            "samples": {"train": self.samples[False], "validation": self.samples[True]},
             "custom_names": {str(k): v for k, v in self.custom_names.items()},
             "sessions": [asdict(s) for s in self.sessions],
             "series": {
@@ -335,6 +342,8 @@ class RankAggregator:
         self.gpu_not_measured = int(state.get("gpu_not_measured", 0))  # added within schema 2
         self.stored_iterations = {False: int(state["stored_iterations"]["train"]),
                                   True: int(state["stored_iterations"]["validation"])}
+        samples = state.get("samples") or {}  # added within schema 3
+        self.samples = {False: samples.get("train"), True: samples.get("validation")}
         self.custom_names = {int(k): str(v) for k, v in state["custom_names"].items()}
         self.sessions = [Session(**s) for s in state["sessions"]]
         for s in self.sessions:  # the state's sessions are over: their time is in training_s
