@@ -293,6 +293,15 @@ def test_resources_accumulate_across_sessions(short_tmp: Path) -> None:
     received = int(re.search(r"Records: received (\d+)", summary)[1])
     assert received >= len(phases(out))  # both sessions' records (stored rows are fewer)
     assert received > 2 * 40 * 3  # more than one session's worth
+    # `sidecar report` reads the same sessions the same way
+    report = subprocess.run(sidecar_command("report", str(out), "--out", str(short_tmp / "r")),
+                            capture_output=True, text=True, env=env(), timeout=120)
+    assert report.returncode == 0, report.stderr
+    row = pd.read_csv(short_tmp / "r" / "jobs.tsv", sep="\t").iloc[0]
+    energies = [float(e) for e in re.findall(r"Energy \(J\)\s+(\S+) \(counter\)", summary)]
+    assert abs(row["energy (kWh)"] - sum(energies) / 3.6e6) <= 1e-3 * row["energy (kWh)"]
+    utils = [float(u) for u in re.findall(r"Utilization \(%\) +mean ([0-9.]+)", summary)]
+    assert abs(row["GPU utilization mean (%)"] - sum(utils) / len(utils)) <= 0.051
 
 
 # -- batch sizes ----------------------------------------------------------------------------
