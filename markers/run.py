@@ -183,15 +183,19 @@ class Run:
         # batches cannot tell), None before the first batch, -1 when given (not read).
         self._read_sizes: list[int | None] = [None if hello.get(key) is None else -1
                                               for key in ("train_batch_size", "val_batch_size")]
+        self._sized = [-1, -1]  # the iteration whose size was read last (by ``validation``)
         self._buffer = RecordBuffer(sender, hello, perf_counter_ns())
         self._phases: dict[str, Phase] = {}
         self._next_custom = wire.FIRST_CUSTOM_ID
         self._epoch = first_epoch  # epochs continue across resumes
         self._epoch_start_ns = 0
         self._validation_start_ns = 0
+        self._in_validation = False
+        self._boundary_ns = 0  # the latest begin or end of an epoch or validation pass
         self._iterations = [0, 0]  # training, validation iterations so far (by `validation`)
         self._net_batches = 0  # batches that went through the network in this process
         self._open: tuple[bool, int] | None = None  # the open iteration: (validation, start)
+        self._excluded_ns = 0  # of the open iteration: checkpoints made in it
         self._finished = False
         self._buffer.set_context(0, self._epoch, -1, 0)
 
@@ -348,23 +352,27 @@ class Run:
 
     def begin_epoch(self) -> None:
         """An epoch starts now."""
-        self._epoch_start_ns = perf_counter_ns()
+        self._epoch_start_ns = self._boundary_ns = perf_counter_ns()
 
     def end_epoch(self) -> None:
         """The epoch begun by ``begin_epoch`` ends now (one Epoch measurement); the next
         phases belong to the next epoch. Sends what is buffered."""
-        self._buffer.record(wire.EPOCH, self._epoch_start_ns, perf_counter_ns())
+        self._boundary_ns = perf_counter_ns()
+        self._buffer.record(wire.EPOCH, self._epoch_start_ns, self._boundary_ns)
         self._epoch += 1
         self._buffer.set_context(0, self._epoch, -1, self._net_batches)
         self._buffer.flush()
 
     def begin_validation(self) -> None:
         """A validation pass starts now."""
-        self._validation_start_ns = perf_counter_ns()
+        self._validation_start_ns = self._boundary_ns = perf_counter_ns()
+        self._in_validation = True
 
     def end_validation(self) -> None:
         """The validation pass ends now (one Validation measurement)."""
-        self._buffer.record(wire.VALIDATION, self._validation_start_ns, perf_counter_ns())
+        self._boundary_ns = perf_counter_ns()
+        self._in_validation = False
+        self._buffer.record(wire.VALIDATION, self._validation_start_ns, self._boundary_ns)
         self._buffer.flush()
 
     def begin_iteration(self, validation: bool = False, start_ns: int | None = None) -> None:
@@ -374,6 +382,7 @@ class Run:
         if start_ns is None:
             start_ns = perf_counter_ns()
         self._open = (validation, start_ns)
+        self._excluded_ns = 0
         flags = wire.FLAG_IN_ITERATION | (wire.FLAG_VALIDATION if validation else 0)
         self._buffer.set_context(flags, self._epoch, self._iterations[validation],
                                  self._net_batches)
@@ -398,7 +407,8 @@ class Run:
         validation, start_ns = self._open
         self._open = None
         self._buffer.record(wire.VALIDATION_LOOP if validation else wire.TRAINING_LOOP,
-                            start_ns, perf_counter_ns() if end_ns is None else end_ns)
+                            start_ns + self._excluded_ns,
+                            perf_counter_ns() if end_ns is None else end_ns)
         self._iterations[validation] += 1
         if not validation and self._buffer.gpu is None \
                 and self._iterations[False] % GPU_CHECK_EVERY == 0:
@@ -407,21 +417,54 @@ class Run:
     def leave_iteration(self) -> None:
         """Phases from now on are outside any iteration; an iteration still open is left
         unfinished and never measured."""
+        if self._open is not None:
+            # The next iteration gets a number of its own: nothing of the left one (whose
+            # records went out under this number) merges into it.
+            self._iterations[self._open[0]] += 1
         self._open = None
         self._buffer.set_context(0, self._epoch, -1, self._net_batches)
 
     def _exclude_from_iteration(self, start_ns: int) -> None:
         """Keep the time since ``start_ns`` (a checkpoint, a state request) out of the open
-        iteration: its start moves later by as much."""
+        iteration: its loop record starts that much later (``iteration`` stays the same,
+        hooks compare it)."""
         if self._open is not None:
-            validation, begun_ns = self._open
-            self._open = (validation, begun_ns + perf_counter_ns() - start_ns)
+            self._excluded_ns += perf_counter_ns() - start_ns
+
+    # -- what hooks and callbacks read to agree with the loop drivers -----------------
+
+    @property
+    def iteration(self) -> tuple[bool, int] | None:
+        """The open iteration as ``(validation, start_ns)``, or None between iterations."""
+        return self._open
+
+    @property
+    def in_validation(self) -> bool:
+        """True between ``begin_validation`` and ``end_validation``."""
+        return self._in_validation
+
+    @property
+    def last_boundary_ns(self) -> int:
+        """When the latest epoch or validation pass began or ended (perf_counter_ns; 0
+        before any): time before it belongs to no iteration that starts after it."""
+        return self._boundary_ns
+
+    def batch_seen(self, validation: bool, batch: Any) -> None:
+        """A batch of the open iteration was fetched: its size is read (when ``start_run``
+        was not given it) from the first batch of each iteration, and sent when it
+        changed."""
+        if self._read_sizes[validation] == -1:
+            return
+        iteration = self._iterations[validation]
+        if self._sized[validation] == iteration:
+            return
+        self._sized[validation] = iteration
+        self._note_batch_size(validation, batch)
 
     # -- loop drivers ---------------------------------------------------------------
 
     def _batches(self, loader: Iterable[Any], validation: bool) -> Iterator[Any]:
         per_iteration = 1 if validation else self._accumulation
-        read_sizes = self._read_sizes[validation] != -1
         self._open_gpu()  # CUDA may have come up since the last loop
         iterator = iter(loader)
         in_iteration = 0
@@ -435,8 +478,7 @@ class Run:
                 if in_iteration == 0:
                     self.begin_iteration(validation, start_ns)
                 self.data_loaded(start_ns)
-                if read_sizes and in_iteration == 0:
-                    self._note_batch_size(validation, batch)
+                self.batch_seen(validation, batch)
                 yield batch
                 self.batch_done()
                 in_iteration += 1
@@ -518,6 +560,9 @@ class NullRun:
     monitored = False
     out_dir: Path | None = None
     dropped = 0
+    iteration: tuple[bool, int] | None = None
+    in_validation = False
+    last_boundary_ns = 0
 
     def phase(self, name: str) -> _NullPhase:
         """A marker that measures nothing."""
@@ -542,6 +587,9 @@ class NullRun:
         """Does nothing."""
 
     def end_iteration(self, end_ns: int | None = None) -> None:
+        """Does nothing."""
+
+    def batch_seen(self, validation: bool, batch: Any) -> None:
         """Does nothing."""
 
     def _nothing(self) -> None:
