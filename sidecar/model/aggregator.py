@@ -23,12 +23,16 @@ Semantics (SPEC §4, docs/iteration-model.md):
   sessions: one value per split, resumed time added up.
 * Every measured value also feeds a streaming count/mean/std, past the cap. Flagged
   rows are kept up to ``num_measurements`` per phase.
+* A stored loop row keeps the batch size of its iteration (``Row.batch_size``): the size
+  given at the start of its session, else the one the markers read from the batches from
+  that iteration on. Throughput sums what each row held (batch size × its batches), so a
+  size that changes (across a resume, or a short last batch) counts right.
 """
 
 from __future__ import annotations
 
 from array import array
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from markers import wire
 from markers.wire import (
@@ -75,8 +79,12 @@ class Row:
     batch: int
     session: int
     start_s: float  # since the run (first session) started
+    batch_size: int | None = None  # samples per batch of the iteration (loop rows only)
     batches: int = 0  # batches of the row's iteration (0 outside iterations)
     flag: str = ""  # "", OUTSIDE or INCOMPLETE (phases.tsv's flag column)
+
+
+ROW_FIELDS = tuple(f.name for f in fields(Row))
 
 
 @dataclass
@@ -140,8 +148,9 @@ class RankAggregator:
         self.series: dict[int, PhaseSeries] = {}
         self.custom_names: dict[int, str] = {}
         self.stored_iterations = {False: 0, True: 0}  # keyed by "is validation"
-        # Batches of every measured iteration, past the cap (samples = batch size × this).
-        self.measured_batches = {False: 0, True: 0}
+        # Samples of every measured iteration of known batch size (past the cap too), by
+        # "is validation"; None until one size is known.
+        self.samples: dict[bool, int | None] = {False: None, True: None}
         self.sessions: list[Session] = []
         self.training_before_s = 0.0  # effective Training time of earlier sessions
         self.downtime_s = 0.0  # between a process's end and the next one's start
@@ -153,6 +162,9 @@ class RankAggregator:
         self._open: dict[tuple[bool, int], tuple[array, dict[int, _Partial]]] = {}
         self._spans: dict[int, array] = {}  # Epoch/Validation begun, not ended: begin record
         self._standalone_seen: dict[int, int] = {}
+        # Batch sizes read from the batches in this session, by "is validation": (first
+        # iteration, size or None when the batches could not tell), in order.
+        self._read_sizes: dict[bool, list[tuple[int, int | None]]] = {False: [], True: []}
 
     def custom_key(self, name: str) -> int:
         """The key of custom phase ``name`` in ``series`` (its identity is its name, across
@@ -184,6 +196,7 @@ class RankAggregator:
         self._open.clear()
         self._spans.clear()
         self._standalone_seen.clear()
+        self._read_sizes = {False: [], True: []}
         return number
 
     def end_session(self, end_ns: int | None) -> None:
@@ -227,6 +240,25 @@ class RankAggregator:
         end = saved_unix if previous_end_unix is None else max(previous_end_unix, saved_unix)
         self.redone_s += end - saved_unix
         self.downtime_s += max(0.0, start_unix - end)
+
+    def note_batch_size(self, validation: bool, iteration: int, size: int | None) -> None:
+        """The markers read ``size`` (None: unreadable) from the batches of this session
+        from ``iteration`` on."""
+        self._read_sizes[validation].append((iteration, size))
+
+    def batch_size(self, validation: bool, iteration: int) -> int | None:
+        """Samples per batch of ``iteration`` of this session: as given at its start, else
+        as read from the batches; None when unknown."""
+        given = (self.settings.val_batch_size if validation
+                 else self.settings.train_batch_size)
+        if given is not None:
+            return given
+        size = None
+        for first, read in self._read_sizes[validation]:
+            if first > iteration:
+                break
+            size = read
+        return size
 
     # -- records --------------------------------------------------------------------
 
@@ -311,16 +343,19 @@ class RankAggregator:
                                              else self.settings.accumulation_steps)
         if loop_record[P_BATCH] < self.settings.warmup_iterations:
             return
-        self.measured_batches[validation] += batches
         store = self.stored_iterations[validation] < self.settings.num_measurements
         if store:
             self.stored_iterations[validation] += 1
+        loop_phase = LOOP_PHASES[validation]
+        size = self.batch_size(validation, iteration)
+        if size is not None:
+            self.samples[validation] = (self.samples[validation] or 0) + size * batches
         for phase, partial in phases.items():
             if phase >= wire.FIRST_CUSTOM_ID and phase not in self.aligned_custom:
                 self._align(phase)
             self._measure(phase, loop_record, partial.wall_ns, partial.gpu_ns,
                           partial.peak_bytes, store, start_ns=partial.start_ns,
-                          batches=batches)
+                          batches=batches, batch_size=size if phase == loop_phase else None)
 
     def _cut_iteration(self, key: tuple[bool, int]) -> None:
         """An open iteration whose loop record never came: its phases are flagged rows."""
@@ -349,7 +384,7 @@ class RankAggregator:
         return series
 
     def _row(self, record: array, wall_ns: int, gpu_ns: int, peak_bytes: int,
-             start_ns: int | None, batches: int, flag: str) -> Row:
+             start_ns: int | None, batch_size: int | None, batches: int, flag: str) -> Row:
         session = self.sessions[-1]
         begin_ns = record[P_START] if start_ns is None else start_ns
         start_s = (session.start_unix - self.run_start_unix
@@ -357,7 +392,7 @@ class RankAggregator:
         return Row(wall_ns / NS_PER_S, gpu_ns / NS_PER_S if gpu_ns >= 0 else None,
                    peak_bytes / BYTES_PER_MIB if peak_bytes >= 0 else None,
                    record[P_EPOCH], record[P_ITERATION], record[P_BATCH], session.number,
-                   start_s, batches, flag)
+                   start_s, batch_size, batches, flag)
 
     def _flag(self, phase: int, record: array, wall_ns: int, gpu_ns: int, peak_bytes: int,
               flag: str, start_ns: int | None = None, batches: int = 0) -> None:
@@ -365,18 +400,18 @@ class RankAggregator:
         series = self._series(phase)
         if len(series.flagged) < self.settings.num_measurements:
             series.flagged.append(self._row(record, wall_ns, gpu_ns, peak_bytes, start_ns,
-                                            batches, flag))
+                                            None, batches, flag))
 
     def _measure(self, phase: int, record: array, wall_ns: int, gpu_ns: int, peak_bytes: int,
                  store: bool, start_ns: int | None = None, batches: int = 0,
-                 flag: str = "") -> None:
+                 flag: str = "", batch_size: int | None = None) -> None:
         series = self._series(phase)
         series.wall.add(wall_ns / NS_PER_S)
         if gpu_ns >= 0:
             series.gpu.add(gpu_ns / NS_PER_S)
         if store:
             series.rows.append(self._row(record, wall_ns, gpu_ns, peak_bytes, start_ns,
-                                         batches, flag))
+                                         batch_size, batches, flag))
 
     # -- state ----------------------------------------------------------------------
 
@@ -392,15 +427,17 @@ class RankAggregator:
             "gpu_not_measured": self.gpu_not_measured,
             "stored_iterations": {"train": self.stored_iterations[False],
                                   "validation": self.stored_iterations[True]},
-            "measured_batches": {"train": self.measured_batches[False],
-                                 "validation": self.measured_batches[True]},
+            "samples": {"train": self.samples[False], "validation": self.samples[True]},
             "custom_names": {str(k): v for k, v in self.custom_names.items()},
             "aligned_custom": sorted(self.aligned_custom),
             "sessions": [asdict(s) for s in self.sessions],
             "series": {
-                str(phase): {"rows": [asdict(r) for r in s.rows], "wall": s.wall.to_list(),
+                str(phase): {"rows": [{name: getattr(r, name) for name in ROW_FIELDS}
+                                      for r in s.rows],  # asdict is 10x slower on 10^5 rows
+                             "wall": s.wall.to_list(),
                              "gpu": s.gpu.to_list(),
-                             "flagged": [asdict(r) for r in s.flagged]}
+                             "flagged": [{name: getattr(r, name) for name in ROW_FIELDS}
+                                         for r in s.flagged]}
                 for phase, s in self.series.items()
             },
         }
@@ -419,16 +456,11 @@ class RankAggregator:
         self.gpu_not_measured = int(state.get("gpu_not_measured", 0))  # added within schema 2
         self.stored_iterations = {False: int(state["stored_iterations"]["train"]),
                                   True: int(state["stored_iterations"]["validation"])}
-        # Added within schema 2: absent, each measured iteration counts as a whole step.
-        batches = state.get("measured_batches") or {
-            kind: int(state["series"].get(str(phase), {}).get("wall", [0])[0]) * per_step
-            for kind, phase, per_step in (
-                ("train", wire.TRAINING_LOOP, self.settings.accumulation_steps),
-                ("validation", wire.VALIDATION_LOOP, 1))}
-        self.measured_batches = {False: int(batches["train"]), True: int(batches["validation"])}
+        samples = state.get("samples") or {}  # added within schema 3
+        self.samples = {False: samples.get("train"), True: samples.get("validation")}
         self.custom_names = {int(k): str(v) for k, v in state["custom_names"].items()}
         self._names = {name: key for key, name in self.custom_names.items()}
-        # Added within schema 2 (absent from older documents: nothing was aligned then).
+        # Added within schema 3 (absent from older documents: nothing was aligned then).
         self.aligned_custom = {int(k) for k in state.get("aligned_custom", [])}
         self.sessions = [Session(**s) for s in state["sessions"]]
         for s in self.sessions:  # the state's sessions are over: their time is in training_s

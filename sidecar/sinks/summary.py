@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import pandas as pd
 
@@ -43,13 +42,6 @@ DASHES = "-" * layout.WIDTH
 RESOURCES = "Resources"
 # The iteration-level training phases compared across ranks (no Training, no Epoch).
 _RANK_ROWS = tuple(r for r in layout.TRAIN_ROWS if r.phase not in (wire.TRAINING, wire.EPOCH))
-
-
-@dataclass(frozen=True)
-class Throughput:
-    """What a throughput line needs: the loop's batch size (None when unknown)."""
-
-    batch_size: int | None
 
 
 def cell(values: Sequence[float]) -> str:
@@ -109,24 +101,27 @@ def _phase_lines(agg: RankAggregator, rows: Sequence[layout.PhaseRow],
 
 
 def _throughput_lines(agg: RankAggregator, loop_phase: int, gpu_phases: Sequence[int],
-                      images: Throughput, on_gpu: bool) -> list[str]:
-    """Samples in the stored loop rows over their summed time (each row holds the batches
-    its step really held: a short last accumulation step counts its own, SPEC §3); GPU
-    throughput: the mean samples per stored step over the mean GPU seconds of the
-    ``gpu_phases`` added up."""
-    if images.batch_size is None:
-        return ["Throughput: unknown (batch size not given and not readable from the batches)"]
+                      on_gpu: bool) -> list[str]:
+    """Samples in the stored loop rows of known batch size over their summed time: each
+    row holds batch size × the batches its step really held (a short last accumulation
+    step counts its own, SPEC §3); GPU throughput: the mean samples per stored step over
+    the mean GPU seconds of the ``gpu_phases`` added up."""
     series = agg.series.get(loop_phase)
     rows = series.rows if series is not None else []
     if not rows:
         return ["Throughput: no measurement"]
-    samples = images.batch_size * sum(r.batches for r in rows)
-    out = [f"Throughput: {samples / sum(r.wall_s for r in rows):.2f} images/s"]
+    known = [r for r in rows if r.batch_size is not None]
+    if not known:
+        return ["Throughput: unknown (batch size not given and not readable from the batches)"]
+    samples = sum(r.batch_size * r.batches for r in known)  # type: ignore[operator]
+    out = [f"Throughput: {samples / sum(r.wall_s for r in known):.2f} images/s"]
+    if len(known) < len(rows):
+        out[0] += f" (over the {len(known)} of {len(rows)} iterations of known batch size)"
     if on_gpu:
         gpu_means = [_stored(agg.series.get(p), "gpu_s") for p in gpu_phases]
         gpu_s = sum(statistics.fmean(v) for v in gpu_means if v)
         if gpu_s > 0:
-            out.append(f"GPU throughput: {samples / len(rows) / gpu_s:.2f} images/s")
+            out.append(f"GPU throughput: {samples / len(known) / gpu_s:.2f} images/s")
     return out
 
 
@@ -206,7 +201,6 @@ def time_lines(agg: RankAggregator, gaps: Sequence[tuple[float, float]]) -> list
 
 
 def computational_block(ranks: Sequence[RankAggregator], gpu_names: Sequence[str],
-                        train: Throughput, validation: Throughput,
                         gaps: Sequence[tuple[float, float]],
                         resource_lines: Sequence[str]) -> list[str]:
     """All lines of our three blocks (see the module docstring): the reference's block for
@@ -220,11 +214,11 @@ def computational_block(ranks: Sequence[RankAggregator], gpu_names: Sequence[str
         lines += ["GPU: " + " then ".join(f"'{name}'" for name in gpu_names), ""]
     lines += [_header(), DASHES]
     lines += _phase_lines(agg, layout.TRAIN_ROWS, on_gpu)
-    lines += ["", *_throughput_lines(agg, wire.TRAINING_LOOP, layout.TRAIN_GPU_PHASES, train,
+    lines += ["", *_throughput_lines(agg, wire.TRAINING_LOOP, layout.TRAIN_GPU_PHASES,
                                      on_gpu), DASHES]
     lines += _phase_lines(agg, layout.VAL_ROWS, on_gpu)
     lines += ["", *_throughput_lines(agg, wire.VALIDATION_LOOP, layout.VAL_GPU_PHASES,
-                                     validation, on_gpu), STARS]
+                                     on_gpu), STARS]
     lines += ["", ADDITIONS_LINE]
     parts = [part for part in (time_lines(agg, gaps), _streaming_lines(agg),
                                _custom_lines(agg, on_gpu), _rank_lines(ranks),

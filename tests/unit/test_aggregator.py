@@ -158,7 +158,7 @@ def test_phases_outside_iterations_stay_out_of_the_aligned_columns() -> None:
 
 
 def test_loop_records_carry_the_batches_their_step_held() -> None:
-    agg = aggregator(accumulation_steps=3)
+    agg = aggregator(accumulation_steps=3, train_batch_size=4)
     values = (record(wire.FORWARD, 0, 3) + record(wire.TRAINING_LOOP, 0, 4, batches=3)
               + record(wire.FORWARD, 5, 6, iteration=1)
               + record(wire.TRAINING_LOOP, 5, 7, iteration=1, batches=1)
@@ -167,10 +167,12 @@ def test_loop_records_carry_the_batches_their_step_held() -> None:
     agg.add_records(array("q", values))
     assert [r.batches for r in agg.series[wire.TRAINING_LOOP].rows] == [3, 1, 3]
     assert [r.batches for r in agg.series[wire.FORWARD].rows] == [3, 1, 3]
-    assert agg.measured_batches == {False: 7, True: 0}  # samples counted past the cap too
+    assert [r.batch_size for r in agg.series[wire.TRAINING_LOOP].rows] == [4, 4, 4]
+    assert agg.samples == {False: 4 * 7, True: None}  # what each step held, past the cap too
     copy = RankAggregator(0, Settings(accumulation_steps=3), 0.0)
     copy.load_state(agg.to_state())
-    assert copy.measured_batches == {False: 7, True: 0}
+    assert copy.samples == {False: 28, True: None}
+    assert [r.batches for r in copy.series[wire.TRAINING_LOOP].rows] == [3, 1, 3]
 
 
 def test_custom_phases_are_keyed_by_name_and_survive_the_state() -> None:

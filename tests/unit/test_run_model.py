@@ -16,7 +16,7 @@ from markers import wire
 from markers.run import Run
 from markers.transport import Sender
 
-HELLO = {"type": "hello", "accumulation_steps": 1}
+HELLO = {"type": "hello", "accumulation_steps": 1, "train_batch_size": 1, "val_batch_size": 1}
 
 
 @pytest.fixture
