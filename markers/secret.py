@@ -1,0 +1,43 @@
+"""The secret a job's own sidecar shares with its job, and the CurveZMQ keys made from it.
+
+``sidecar run`` (and the private sidecar ``start_run`` starts) makes a fresh secret and
+hands it to the job in ``SIDECAR_SECRET``; the environment of a process is readable by its
+own user only. Both sides derive the same two key pairs from it: the sidecar's socket is a
+CURVE server with the server pair and accepts only clients that show the client pair's
+public key (ZAP), so a process without the secret cannot complete the handshake, let alone
+send a hello. CURVE also encrypts the traffic, which matters on tcp between hosts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+import zmq
+from zmq.utils import z85
+
+ENV = "SIDECAR_SECRET"
+_BYTES = 32
+
+
+def new() -> str:
+    """A fresh secret: 64 hex digits."""
+    return secrets.token_hex(_BYTES)
+
+
+def keys(secret: str, role: str) -> tuple[bytes, bytes]:
+    """The (public, secret) CurveZMQ key pair, Z85-encoded, of ``role`` ("server" or
+    "client") for ``secret``. Raises ValueError when ``secret`` is not 64 hex digits.
+    """
+    raw = bytes.fromhex(secret)
+    if len(raw) != _BYTES:
+        raise ValueError(f"{ENV} must be {2 * _BYTES} hex digits, got {len(secret)} "
+                         "characters")
+    secret_key = z85.encode(hashlib.sha256(b"trainmon " + role.encode() + raw).digest())
+    return zmq.curve_public(secret_key), secret_key
+
+
+def client(socket: zmq.Socket, secret: str) -> None:
+    """Make ``socket`` (before it connects) a CURVE client of a sidecar holding ``secret``."""
+    socket.curve_serverkey = keys(secret, "server")[0]
+    socket.curve_publickey, socket.curve_secretkey = keys(secret, "client")
