@@ -93,6 +93,8 @@ class Server:
                                      lambda: self.publish().as_status())
         self._signal: int | None = None
         self._gone: dict[bytes, float] = {}  # run id -> when its process was first seen gone
+        # Runs whose hello was answered with a refusal: their connection ends, not dropped.
+        self._sent_away: deque[bytes] = deque(maxlen=1024)
         self._next_liveness = 0.0
         # (monotonic s, records received) every TICK_S: the status view's record rate
         self._rate_window: deque[tuple[float, int]] = deque(
@@ -110,11 +112,12 @@ class Server:
     def _connection_lost(self, run_id: bytes) -> bool:
         """A run's connection ended without a goodbye: a local run is left to the liveness
         check (True when its process is gone); a remote one, which only its connection
-        tells of (ZMTP heartbeats drop a dead or unreachable host), ends with it.
+        tells of (ZMTP heartbeats drop a dead or unreachable host), ends with it. The
+        connection of a run whose hello was refused ends as the markers hang up.
         """
         stream = self.registry.streams.get(run_id)
         if stream is None:
-            return False
+            return run_id in self._sent_away
         if stream.is_local():
             return not pid_alive(stream.pid)
         if not stream.finished:
@@ -178,6 +181,8 @@ class Server:
             reply = {"ok": False, "error": str(exc)}
         if "reply_to" in body and reply is not None:
             self.receiver.reply(message.identity, {"reply_to": body["reply_to"], **reply})
+            if body["type"] == wire.HELLO and not reply.get("ok"):
+                self._sent_away.append(message.header.run_id)  # the markers hang up now
 
     def handle_safely(self, message: Incoming) -> None:
         """``handle``, with any error counted and logged: one bad message never stops the

@@ -53,9 +53,11 @@ def wait_for(predicate: Callable[[], T], timeout_s: float, what: str,
         time.sleep(interval_s)
 
 
-def status(endpoint: str, timeout_s: float = 2.0) -> dict[str, Any] | None:
-    """The sidecar's status view, asked over its socket; None when none answers."""
-    sender = Sender(connect_address(endpoint), bytes(16), 0)
+def status(endpoint: str, timeout_s: float = 2.0,
+           secret: str | None = None) -> dict[str, Any] | None:
+    """The sidecar's status view, asked over its socket (showing ``secret`` to a job's own
+    sidecar); None when none answers."""
+    sender = Sender(connect_address(endpoint), bytes(16), 0, secret)
     try:
         return sender.request({"type": wire.STATUS}, timeout_s, connect_timeout_s=timeout_s)
     finally:
