@@ -94,10 +94,12 @@ def _endpoint(given: str | None) -> tuple[str, str | None, subprocess.Popen[byte
     endpoint that cannot be used, OSError or UnsafeFolder (a RuntimeError) for an unusable
     runtime folder.
     """
-    endpoint = given or os.environ.get("SIDECAR_ENDPOINT")
+    from_environment = os.environ.get("SIDECAR_ENDPOINT")
+    endpoint = given or from_environment
     if endpoint:
-        return (connect_address(check(endpoint)), os.environ.get(shared_secret.ENV), None,
-                CONNECT_TIMEOUT_S)
+        # The secret goes with the endpoint `sidecar run` set, never to another sidecar.
+        secret = os.environ.get(shared_secret.ENV) if endpoint == from_environment else None
+        return connect_address(check(endpoint)), secret, None, CONNECT_TIMEOUT_S
     secret = shared_secret.new()
     endpoint, private = _start_private_sidecar(secret)
     return endpoint, secret, private, PRIVATE_START_TIMEOUT_S
