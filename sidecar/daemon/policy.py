@@ -1,14 +1,17 @@
 """Where a sidecar may write: a job's own sidecar writes where its job says (relative to
-the job's working folder); the node daemon only under its ``--root``. Neither writes a
-run folder at an absurd place: the filesystem root or a folder right under it (an
-``out_dir`` of ``/////`` or ``/tmp`` would scatter ``run.json`` and ``training/`` there),
-the user's home folder itself, or the daemon's root itself.
+the job's working folder); the node daemon only under its ``--root``; a shared node
+daemon only under ``--root/<user>/`` of the user the kernel names for the connection.
+None writes a run folder at an absurd place: the filesystem root or a folder right under
+it (an ``out_dir`` of ``/////`` or ``/tmp`` would scatter ``run.json`` and ``training/``
+there), the user's home folder itself, or the daemon's root (the user's folder on a
+shared daemon) itself.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from sidecar.ingest.peers import Peer
 from sidecar.ingest.streams import Refused
 
 
@@ -24,33 +27,60 @@ def absurd(folder: Path, root: Path | None = None) -> str | None:
 
 
 class OutDirPolicy:
-    """Places run folders; ``root`` None is a job's own sidecar."""
+    """Places run folders; ``root`` None is a job's own sidecar; ``shared``: each user
+    writes under ``root/<user>``."""
 
-    def __init__(self, root: Path | None) -> None:
+    def __init__(self, root: Path | None, shared: bool = False) -> None:
         self.root = root
+        self.shared = shared
 
-    def resolve(self, out_dir: str, cwd: str) -> Path:
-        """The absolute run folder for a hello's ``out_dir`` and ``cwd``.
+    def base(self, owner: Peer | None) -> Path:
+        """The folder a run of ``owner`` must lie in (resolved). Raises Refused on a
+        shared daemon when the user is unknown (no peer credentials)."""
+        assert self.root is not None
+        root = self.root.resolve()
+        if not self.shared:
+            return root
+        if owner is None:
+            raise Refused("a shared daemon serves only ipc clients whose user the kernel "
+                          "names; connect through its ipc socket")
+        return root / owner.name
 
-        Raises Refused when it cannot be resolved, lies outside the daemon's root
-        (symlinks and '..' followed) or at an absurd place (``absurd``).
+    def resolve(self, out_dir: str, cwd: str, owner: Peer | None = None) -> Path:
+        """The absolute run folder for a hello's ``out_dir`` and ``cwd`` from ``owner``.
+
+        Raises Refused when it cannot be resolved, lies outside the daemon's root, or on a
+        shared daemon outside the user's own folder (symlinks and '..' followed), or at an
+        absurd place (``absurd``).
         """
-        root = self.root.resolve() if self.root is not None else None
+        base = self.base(owner) if self.root is not None else None
         try:
-            resolved = ((root or Path(cwd)) / out_dir).resolve()
+            resolved = ((base or Path(cwd)) / out_dir).resolve()
         except (OSError, ValueError, RuntimeError) as exc:  # a NUL byte, a symlink loop
             raise Refused(f"out_dir {out_dir!r} cannot be resolved: {exc}") from None
-        if root is not None and not resolved.is_relative_to(root):
-            raise Refused(f"out_dir {out_dir!r} lies outside the daemon's root {root}")
-        reason = absurd(resolved, root)
+        if base is not None and not resolved.is_relative_to(base):
+            assert self.root is not None
+            root = self.root.resolve()
+            if self.shared and resolved.is_relative_to(root):
+                raise Refused(f"out_dir {out_dir!r} lies in another user's folder "
+                              f"({resolved.relative_to(root).parts[0]}); the runs of "
+                              f"{base.name} go under {base}")
+            raise Refused(f"out_dir {out_dir!r} lies outside the daemon's root {base}")
+        reason = absurd(resolved, base)
         if reason:
             raise Refused(f"out_dir {out_dir!r} resolves to {resolved}, {reason}: give a "
                           "folder of its own")
         return resolved
 
-    def refusal(self, folder: Path) -> str | None:
-        """Why ``folder`` may not be written now (a symlink put there since the run started
-        points outside the root), or None."""
-        if self.root is None or folder.resolve().is_relative_to(self.root.resolve()):
+    def refusal(self, folder: Path, owner: Peer | None = None) -> str | None:
+        """Why ``folder`` may not be written now for ``owner`` (a symlink put there since
+        the run started points outside the root or the user's folder), or None."""
+        if self.root is None:
             return None
-        return f"{folder} now lies outside the daemon's root {self.root}; nothing written"
+        try:
+            base = self.base(owner)
+        except Refused as exc:
+            return str(exc)
+        if folder.resolve().is_relative_to(base):
+            return None
+        return f"{folder} now lies outside {base}; nothing written"

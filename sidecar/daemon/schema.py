@@ -108,6 +108,7 @@ FIELDS: dict[str, Fields] = {
         "end_ns": (False, True, integer()),
     },
     wire.STATUS: {},
+    wire.FINISH_JOB: {"job_id": (True, False, text(NAME_MAX, 1))},
 }
 
 

@@ -32,6 +32,7 @@ from markers import secret as shared_secret
 from markers import wire
 from markers.endpoints import bind_address, ipc_path
 from sidecar.ingest.connections import ConnectionWatch
+from sidecar.ingest.peers import Peer, peer_of
 from sidecar.ingest.streams import Registry
 
 log = logging.getLogger("sidecar")
@@ -72,12 +73,14 @@ def _answers(path: Path) -> bool:
 
 @dataclass(frozen=True)
 class Incoming:
-    """One decoded message: records or a control body, with its sender's identity."""
+    """One decoded message: records or a control body, with its sender's identity and,
+    on an ipc socket, the kernel's credentials of the connection it came on."""
 
     identity: bytes
     header: wire.Header
     records: array | None
     control: dict[str, Any] | None
+    peer: Peer | None = None
 
 
 class Receiver:
@@ -85,13 +88,15 @@ class Receiver:
 
     ``connection_lost(run_id)`` is told when the connection of a run ended without a
     goodbye; it returns True when that is the run's end (not a connection to count as
-    dropped). ``secret``: serve only clients holding it. Raises EndpointError when the
-    endpoint cannot be served.
+    dropped). ``secret``: serve only clients holding it. ``shared``: an ipc socket every
+    local user may connect to (0666; a daemon that tells users apart by their peer
+    credentials), else its owner's only. Raises EndpointError when the endpoint cannot be
+    served.
     """
 
     def __init__(self, endpoint: str, registry: Registry,
                  connection_lost: Callable[[bytes], bool], secret: str | None = None,
-                 heartbeat_s: float = HEARTBEAT_S) -> None:
+                 heartbeat_s: float = HEARTBEAT_S, shared: bool = False) -> None:
         self.endpoint = bind_address(endpoint)
         self.registry = registry
         self.context = zmq.Context()
@@ -100,8 +105,9 @@ class Receiver:
         try:
             self._configure(secret, heartbeat_s)
             path = ipc_path(self.endpoint)
+            self._ipc = path is not None
             if path is not None:
-                self._bind_private(path)
+                self._bind_ipc(path, shared)
             else:
                 self._bind(self.endpoint)
         except BaseException:
@@ -141,15 +147,17 @@ class Receiver:
                                     "--endpoint out for a private ipc socket") from None
             raise EndpointError(f"cannot listen on {self.endpoint}: {exc}") from None
 
-    def _bind_private(self, path: Path) -> None:
-        """Bind an ipc socket readable and writable by its owner only (0600); a folder
-        created for it is private (0700). A socket file that answers is another sidecar's:
-        refused; one nobody answers on is stale: taken over.
+    def _bind_ipc(self, path: Path, shared: bool) -> None:
+        """Bind an ipc socket readable and writable by its owner only (0600; a folder
+        created for it is private, 0700), or by everyone when ``shared`` (0666, 0755). A
+        socket file that answers is another sidecar's: refused; one nobody answers on is
+        stale: taken over.
         """
+        folder_mode, socket_mode = (0o755, 0o666) if shared else (0o700, 0o600)
         try:
             if not path.parent.exists():
-                path.parent.mkdir(mode=0o700, parents=True)
-                os.chmod(path.parent, 0o700)  # mkdir's mode is filtered by the umask
+                path.parent.mkdir(mode=folder_mode, parents=True)
+                os.chmod(path.parent, folder_mode)  # mkdir's mode is filtered by the umask
             if path.exists() or path.is_symlink():
                 if not stat.S_ISSOCK(path.lstat().st_mode):
                     raise EndpointError(f"{path} exists and is not a socket: remove it or "
@@ -161,12 +169,12 @@ class Receiver:
                 log.info("took over the stale socket file %s (nobody answered on it)", path)
         except OSError as exc:
             raise EndpointError(f"cannot use {path}: {exc.strerror or exc}") from None
-        old = os.umask(0o177)
+        old = os.umask(0o177)  # no moment with a looser socket than asked
         try:
             self._bind(self.endpoint)
         finally:
             os.umask(old)
-        os.chmod(path, 0o600)
+        os.chmod(path, socket_mode)
 
     def read(self, timeout_ms: int) -> list[Incoming]:
         """Wait up to ``timeout_ms`` for frames; return up to ``BATCH`` decoded messages."""
@@ -180,7 +188,8 @@ class Receiver:
                 frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
-            message = self.decode([frame.bytes for frame in frames])
+            message = self.decode([frame.bytes for frame in frames],
+                                  peer_of(frames[-1]) if self._ipc else None)
             if message is not None:
                 control_type = message.control["type"] if message.control else None
                 self.connections.message(frames[-1].get(zmq.SRCFD), message.header.run_id,
@@ -188,8 +197,9 @@ class Receiver:
                 out.append(message)
         return out
 
-    def decode(self, parts: list[bytes]) -> Incoming | None:
-        """Decode one ROUTER message (identity, frame); None after rejecting a bad one."""
+    def decode(self, parts: list[bytes], peer: Peer | None = None) -> Incoming | None:
+        """Decode one ROUTER message (identity, frame) sent by ``peer``; None after
+        rejecting a bad one."""
         if len(parts) != 2:
             self.registry.reject("malformed", f"{len(parts) - 1} frames in one message")
             return None
@@ -197,8 +207,8 @@ class Receiver:
         try:
             header = wire.decode_header(frame)
             if header.kind == wire.KIND_RECORDS:
-                return Incoming(identity, header, wire.decode_records(frame), None)
-            return Incoming(identity, header, None, wire.decode_control(frame))
+                return Incoming(identity, header, wire.decode_records(frame), None, peer)
+            return Incoming(identity, header, None, wire.decode_control(frame), peer)
         except wire.WireError as exc:
             self.registry.reject(exc.kind, str(exc))
             return None
