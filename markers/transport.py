@@ -30,8 +30,8 @@ SNDHWM = 1000
 CONNECT_POLL_S = 0.01
 # ZMTP heartbeats: a sidecar that died with its host, or froze, is noticed within about
 # HEARTBEAT_IVL + HEARTBEAT_TIMEOUT (the I/O thread pings; nothing runs in the loop).
-HEARTBEAT_IVL_MS = 2000
-HEARTBEAT_TIMEOUT_MS = 8000
+HEARTBEAT_IVL_MS = 1000
+HEARTBEAT_TIMEOUT_MS = 6000
 _UP = zmq.EVENT_HANDSHAKE_SUCCEEDED
 _DOWN = zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED | zmq.EVENT_CONNECT_RETRIED
 

@@ -3,11 +3,13 @@ item 9; SPEC §5): one whose host goes down or freezes (SIGSTOP stops its I/O th
 so it answers no ping, as an unreachable host) or that dies is noticed within the
 configured time; its files are written, marked incomplete with that cause. One that is
 alive but silent for several heartbeat periods stays served. The clients claim another
-host name, so the sidecar cannot watch their pids.
+host name, so the sidecar cannot watch their pids. The markers, in turn, notice a frozen
+sidecar by their own heartbeats, so a checkpoint or finish does not wait for it.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -15,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from markers.endpoints import connect_address
+from markers.transport import HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS, Sender
 from tests.support.helpers import REPO, env, run_json, split_dir, wait_for
 
 CLIENT = REPO / "tests" / "support" / "jobs" / "remote_client.py"
@@ -66,3 +70,22 @@ def test_a_remote_client_that_freezes_or_dies_is_noticed_a_silent_one_is_kept(
             client.kill()
             client.send_signal(signal.SIGCONT)
             client.wait()
+
+
+def test_the_markers_notice_a_frozen_sidecar(serve) -> None:
+    sidecar = serve()
+    sender = Sender(connect_address(sidecar.endpoint), os.urandom(16), 0)
+    try:
+        assert sender.wait_connected(10)
+        sidecar.process.send_signal(signal.SIGSTOP)  # its host gone, as far as pings tell
+        started = time.monotonic()
+        bound_s = (HEARTBEAT_IVL_MS + HEARTBEAT_TIMEOUT_MS) / 1000
+        wait_for(lambda: not sender.connected, bound_s + SLACK_S,
+                 "the markers to notice the frozen sidecar")
+        print(f"markers noticed a frozen sidecar after {time.monotonic() - started:.2f} s")
+        asked = time.monotonic()
+        assert sender.request({"type": "status"}, 5.0) is None
+        assert time.monotonic() - asked < 0.5  # a checkpoint or finish does not wait
+    finally:
+        sidecar.process.send_signal(signal.SIGCONT)
+        sender.close()
