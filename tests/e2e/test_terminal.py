@@ -15,7 +15,16 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support.helpers import REPO, env, read_tsv, run_json, split_dir, wait_for
+from tests.support.helpers import JOB as LOOP_JOB
+from tests.support.helpers import (
+    REPO,
+    env,
+    progress,
+    read_tsv,
+    run_json,
+    split_dir,
+    wait_for,
+)
 
 JOB = REPO / "tests" / "support" / "jobs" / "terminal_job.py"
 pytestmark = pytest.mark.skipif(shutil.which("script") is None,
@@ -97,3 +106,23 @@ def test_job_reads_the_terminal_takes_ctrl_z_ctrl_c_and_stops_in_pdb(tmp_path: P
     phases = read_tsv(split_dir(tmp_path / "maps") / "logs" / "phases.tsv")
     assert (phases.iloc[:, 0] == "Forward").sum() > 0
     assert "Traceback" not in terminal.screen
+
+
+def test_closing_the_terminal_writes_the_files_and_leaves_no_socket_folder(
+        tmp_path: Path) -> None:
+    terminal = Terminal(tmp_path)
+    terminal.type(shlex.join([
+        sys.executable, "-m", "sidecar", "run", "--quiet", "--", sys.executable,
+        str(LOOP_JOB), "--out-dir", "maps", "--iters", "50", "--stop-file",
+        str(tmp_path / "never"), "--progress", str(tmp_path / "p.json")]) + "\n")
+    job = wait_for(lambda: progress(tmp_path / "p.json").get("iterations", 0) >= 200
+                   and progress(tmp_path / "p.json"), 60, "the job to train")
+    sidecar = psutil.Process(job["pid"]).parent()
+    assert sidecar is not None
+    terminal.process.kill()  # the terminal window closes: the kernel hangs the terminal up
+    document = wait_for(lambda: run_json(tmp_path / "maps").get("status") == "incomplete"
+                        and run_json(tmp_path / "maps"), 30, "the run written")
+    assert document["cause"] == "job killed by signal 1 (SIGHUP)"
+    wait_for(lambda: not sidecar.is_running() or sidecar.status() == psutil.STATUS_ZOMBIE,
+             30, "the sidecar to exit")
+    assert not list((tmp_path / "sidecar").glob("job-*"))
