@@ -1,4 +1,4 @@
-"""The ``sidecar`` command line (SPEC §2): run, serve, status, finish."""
+"""The ``sidecar`` command line (SPEC §2): run, serve, status, finish, report."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import json
 import logging
 import math
 import os
+import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -19,6 +21,7 @@ from sidecar.daemon.server import Config, serve
 from sidecar.ingest.receiver import HEARTBEAT_S, EndpointError
 from sidecar.resources.samplers import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
 
+DEFAULT_METRICS_ADDR = "127.0.0.1"
 STATUS_TIMEOUT_S = 5.0  # a busy daemon answers after the messages queued before
 USAGE_ERROR = 2  # the exit status of a command-line mistake
 
@@ -75,6 +78,27 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="log warnings and errors only")
 
 
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a TCP port (0-65535)")
+    return value
+
+
+def _duration(text: str) -> str:
+    if not re.fullmatch(r"(\d+(ms|s|m|h|d|w|y))+", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 30m, 6h or 7d")
+    return text
+
+
+def _metrics(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--metrics-port", type=_port, help="serve Prometheus /metrics on "
+                        "this port (0: any free one)")
+    parser.add_argument("--metrics-addr", default=DEFAULT_METRICS_ADDR,
+                        help=f"address /metrics binds to (default {DEFAULT_METRICS_ADDR}: "
+                        "this host only)")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="sidecar", description="The monitor's sidecar process: receives the markers' "
@@ -87,6 +111,7 @@ def _parser() -> argparse.ArgumentParser:
                      "a private ipc socket); only the job, which gets a secret in "
                      f"{shared_secret.ENV}, is served")
     _common(run)
+    _metrics(run)
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
 
     srv = commands.add_parser("serve", help="long-running daemon for many jobs")
@@ -100,6 +125,7 @@ def _parser() -> argparse.ArgumentParser:
                      "(run as root, ipc endpoint): the kernel names each connection's user, "
                      "whose runs go under ROOT/<user>/, written as that user")
     _common(srv)
+    _metrics(srv)
 
     default = "default: $SIDECAR_ENDPOINT, else the daemon's endpoint"
     status = commands.add_parser("status", help="live view of a running sidecar")
@@ -111,7 +137,57 @@ def _parser() -> argparse.ArgumentParser:
     finish = commands.add_parser("finish", help="end a Slurm job's runs now (the epilog)")
     finish.add_argument("--job", required=True, help="the Slurm job id")
     finish.add_argument("--endpoint", type=_endpoint, help=default)
+    report = commands.add_parser("report", help="cluster-wide GPU report from run folders "
+                                 "or a Prometheus server")
+    report.add_argument("paths", nargs="*", type=Path, metavar="PATH",
+                        help="run folders, or folders holding them at any depth")
+    report.add_argument("--out", type=Path, default=Path("report"),
+                        help="folder for jobs.tsv, gpus.tsv, summary.tsv, report.md and "
+                        "report.html (default ./report)")
+    report.add_argument("--html", type=Path, help="write the page here instead")
+    report.add_argument("--prometheus", metavar="URL", help="build the report from this "
+                        "Prometheus server's series instead of run folders")
+    report.add_argument("--since", metavar="DURATION", type=_duration,
+                        help="with --prometheus: the runs with series in this last span "
+                        "(30m, 6h, 7d, ...)")
     return parser
+
+
+def _report(args: argparse.Namespace) -> int:
+    # pandas and numpy: imported only for this command
+    from sidecar.report import build
+    from sidecar.report.progress import Progress
+    from sidecar.report.prometheus import PrometheusError, from_prometheus
+
+    if args.prometheus:
+        if args.paths or not args.since:
+            print("sidecar report: --prometheus URL takes --since DURATION and no PATH",
+                  file=sys.stderr)
+            return 2
+        try:
+            report = from_prometheus(args.prometheus, args.since)
+        except PrometheusError as exc:
+            print(f"sidecar report: {exc}", file=sys.stderr)
+            return 1
+    else:
+        missing = [str(p) for p in args.paths if not p.exists()]
+        if not args.paths or missing:
+            print("sidecar report: " + (f"no such folder: {', '.join(missing)}" if missing
+                                        else "give the folders holding the run folders "
+                                        "(or --prometheus URL --since DURATION)"),
+                  file=sys.stderr)
+            return 2
+        report = build.from_folders(args.paths, Progress("reading run folders").update)
+    for folder, reason in report.damaged.itertuples(index=False, name=None):
+        print(f"sidecar report: skipped {folder}: {reason}", file=sys.stderr)
+    try:
+        written = build.write(report, args.out, args.html)
+    except OSError as exc:
+        print(f"sidecar report: cannot write the report: {exc}", file=sys.stderr)
+        return 1
+    print(f"{len(report.jobs)} jobs, {len(report.damaged)} damaged folders skipped; wrote "
+          + ", ".join(str(p) for p in written))
+    return 0
 
 
 def _ask(command: str, endpoint: str, body: dict[str, Any]) -> dict[str, Any] | None:
@@ -200,6 +276,16 @@ def _serve_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _in_runtime_folder(make: Callable[[], str]) -> str:
+    """A default endpoint, made in the runtime folder; EndpointError (one line) when that
+    folder cannot be used."""
+    try:
+        return make()
+    except (OSError, endpoints.UnsafeFolder) as exc:
+        raise EndpointError(f"cannot use the runtime folder: {exc}; set XDG_RUNTIME_DIR to "
+                            "a folder of yours, or give --endpoint") from None
+
+
 def _remove_private_folder(endpoint: str) -> None:
     """Remove the private folder of a job's socket (``job-*``, made by
     ``endpoints.private_endpoint``) once empty: its socket file is gone by now."""
@@ -217,9 +303,10 @@ def _serve(args: argparse.Namespace, seams: dict[str, Any]) -> int:
             return USAGE_ERROR
         if args.shared:  # root's supplementary groups must not open users' files
             os.setgroups([])
-        config = Config(args.endpoint or endpoints.daemon_endpoint(), args.root,
-                        args.owner_pid, args.interval, secret=os.environ.get(shared_secret.ENV),
-                        heartbeat_s=args.heartbeat, shared=args.shared)
+        config = Config(args.endpoint or _in_runtime_folder(endpoints.daemon_endpoint),
+                        args.root, args.owner_pid, args.interval,
+                        secret=os.environ.get(shared_secret.ENV), heartbeat_s=args.heartbeat,
+                        shared=args.shared)
         # sd_notify for systemd (Type=notify, watchdog); sends nothing without NOTIFY_SOCKET
         notifier = SystemdNotifier(stall_s_for(args.interval))
         try:
@@ -231,7 +318,7 @@ def _serve(args: argparse.Namespace, seams: dict[str, Any]) -> int:
     if not command:
         print("sidecar run: give the command after --", file=sys.stderr)
         return USAGE_ERROR
-    endpoint = args.endpoint or endpoints.private_endpoint()
+    endpoint = args.endpoint or _in_runtime_folder(endpoints.private_endpoint)
     try:
         return serve(Config(endpoint, interval_s=args.interval, secret=shared_secret.new(),
                             heartbeat_s=args.heartbeat), command, **seams)
@@ -248,16 +335,20 @@ def main(argv: list[str] | None = None, **seams: Any) -> int:
     try:
         if args.command in ("status", "finish"):
             endpoint = (args.endpoint or os.environ.get("SIDECAR_ENDPOINT")
-                        or endpoints.daemon_endpoint())
+                        or _in_runtime_folder(endpoints.daemon_endpoint))
             if args.command == "finish":
                 return _finish(endpoint, args.job)
             return _status(endpoint, args.job, args.json)
+        if args.command == "report":
+            return _report(args)
         logging.basicConfig(format="sidecar[%(process)d] %(levelname)s: %(message)s",
                             level=logging.WARNING if args.quiet else logging.INFO)
+        if args.metrics_port is not None:
+            from sidecar.sinks.metrics import MetricsExporter  # prometheus_client: only here
+
+            exporter = MetricsExporter(args.metrics_port, args.metrics_addr)
+            seams["hooks"] = [*seams.get("hooks", ()), exporter]
         return _serve(args, seams)
     except EndpointError as exc:
         print(f"sidecar {args.command}: {exc}", file=sys.stderr)
-    except (OSError, endpoints.UnsafeFolder) as exc:  # the runtime folder
-        print(f"sidecar {args.command}: cannot use the runtime folder: {exc}; set "
-              "XDG_RUNTIME_DIR to a folder of yours, or give --endpoint", file=sys.stderr)
     return USAGE_ERROR
