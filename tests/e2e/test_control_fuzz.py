@@ -3,13 +3,16 @@
 levels deep, NaN and infinities, integers beyond 64 bits or with thousands of digits,
 and a wrong type in every field of every control type. Each frame goes through a real
 socket into a real sidecar process while a real job trains into it; every record of that
-job is kept.
+job is kept. And a saved state damaged anywhere (``load_state``) is loaded or refused with
+a reason, never an internal error.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import subprocess
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -152,5 +155,57 @@ def test_any_control_message_is_counted_and_a_concurrent_run_keeps_every_record(
     phases = read_tsv(split_dir(short_tmp / "root" / "real") / "logs" / "phases.tsv")
     assert done["dropped"] == 0
     assert (phases["phase"] == "Forward").sum() == done["iterations"]
+    assert sidecar.process.poll() is None
+    socket.close()
+
+
+JUNK = [None, True, -1, 0, 2**63 - 1, -(2**63), 1.5, -1e300, "x", "", [], {}, [1], {"a": 1},
+        [[1, 2]], ["a", "b"], [1, "a"]]
+
+
+def _mutated(document: Any, rng: random.Random) -> Any:
+    """A copy of ``document`` with one value somewhere inside replaced by junk."""
+    copy = json.loads(json.dumps(document))
+    node = copy
+    for _ in range(6):
+        keys = sorted(node) if isinstance(node, dict) else range(len(node))
+        if not keys:
+            break
+        key = rng.choice(list(keys))
+        if isinstance(node[key], (dict, list)) and node[key] and rng.random() < 0.7:
+            node = node[key]
+            continue
+        node[key] = rng.choice(JUNK)
+        break
+    return copy
+
+
+def test_any_saved_state_is_loaded_or_refused_with_a_reason(serve) -> None:
+    sidecar = serve()
+    socket = zmq.Context.instance().socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.connect(sidecar.endpoint)
+    client = Client()
+
+    def ask(body: dict[str, Any]) -> dict[str, Any]:
+        socket.send(client.control({**body, "reply_to": "r"}))
+        assert socket.poll(20_000), "the sidecar did not answer"
+        return json.loads(socket.recv())
+
+    socket.send(client.hello("states"))
+    assert json.loads(socket.recv())["ok"]
+    socket.send(client.records(20))
+    document = ask({"type": "state"})["state"]
+    rng = random.Random(7)
+    answers = Counter()
+    for _ in range(300):
+        reply = ask({"type": "load_state", "state": _mutated(document, rng)})
+        answers[reply["ok"]] += 1
+        assert reply["ok"] or reply["error"], reply
+    print(f"300 damaged states: {answers[True]} loaded, {answers[False]} refused with a reason")
+    assert answers[False] > 0
+    assert ask({"type": "load_state", "state": document})["ok"]  # the sound one still loads
+    view = sidecar.status()
+    assert "internal_error" not in view["rejected_by_kind"]
     assert sidecar.process.poll() is None
     socket.close()
