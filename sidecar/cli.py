@@ -200,8 +200,10 @@ def _ask(command: str, endpoint: str, body: dict[str, Any]) -> dict[str, Any] | 
         print(f"sidecar {command}: no sidecar at {endpoint} (its socket file does not exist)",
               file=sys.stderr)
         return None
+    # a job's own sidecar on ipc keeps its secret beside the socket, for its user
+    secret = (shared_secret.read_beside(socket_file) if socket_file is not None else None)
     sender = Sender(endpoints.connect_address(endpoint), b"\0" * 16, 0,
-                    os.environ.get(shared_secret.ENV))
+                    secret or os.environ.get(shared_secret.ENV))
     try:
         reply = sender.request(body, STATUS_TIMEOUT_S, connect_timeout_s=STATUS_TIMEOUT_S)
     finally:

@@ -108,6 +108,8 @@ class Receiver:
             self._ipc = path is not None
             if path is not None:
                 self._bind_ipc(path, shared)
+                if secret is not None:
+                    self._save_secret(secret, path)
             else:
                 self._bind(self.endpoint)
         except BaseException:
@@ -176,6 +178,15 @@ class Receiver:
             os.umask(old)
         os.chmod(path, socket_mode)
 
+    @staticmethod
+    def _save_secret(secret: str, path: Path) -> None:
+        """Keep the secret beside the socket for ``sidecar status`` of the same user."""
+        try:
+            shared_secret.save_beside(secret, path)
+        except OSError as exc:
+            log.warning("cannot keep the secret beside %s (%s): sidecar status needs %s",
+                        path, exc.strerror or exc, shared_secret.ENV)
+
     def read(self, timeout_ms: int) -> list[Incoming]:
         """Wait up to ``timeout_ms`` for frames; return up to ``BATCH`` decoded messages."""
         out: list[Incoming] = []
@@ -225,6 +236,8 @@ class Receiver:
         path = ipc_path(self.endpoint)
         if path is not None:
             path.unlink(missing_ok=True)
+            if self._auth is not None:
+                shared_secret.file_beside(path).unlink(missing_ok=True)
 
     def _close_context(self) -> None:
         self.socket.close(linger=0)

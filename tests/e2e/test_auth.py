@@ -7,6 +7,7 @@ counted, and nothing it sends is read, let alone written. Run folders at absurd 
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -125,3 +126,28 @@ def test_a_refused_run_says_so_and_stops_sending(serve, short_tmp: Path) -> None
     assert sidecar.status()["rejected_by_kind"] == {"refused": 1}  # no flood of unknown_run
     assert not elsewhere.exists()
 
+
+
+def test_status_of_a_jobs_own_sidecar_from_another_terminal_of_its_user(
+        short_tmp: Path) -> None:
+    stop = short_tmp / "stop"
+    sidecar = subprocess.Popen(
+        sidecar_command("run", "--quiet", "--", sys.executable, str(JOB), "--out-dir", "maps",
+                        "--stop-file", str(stop), "--progress", str(short_tmp / "p.json")),
+        cwd=short_tmp, env=env(XDG_RUNTIME_DIR=str(short_tmp)), stdin=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: progress(short_tmp / "p.json").get("epochs"), 60, "the job to train")
+        (folder,) = (short_tmp / "sidecar").glob("job-*")
+        kept = folder / "sidecar.sock.secret"
+        assert kept.stat().st_mode & 0o777 == 0o600
+        result = subprocess.run(  # no SIDECAR_SECRET here: the one beside the socket is used
+            sidecar_command("status", "--json", "--endpoint", f"ipc://{folder}/sidecar.sock"),
+            env=env(), capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["runs"][0]["out_dir"] == str(short_tmp / "maps")
+        stop.touch()
+        assert sidecar.wait(60) == 0
+    finally:
+        if sidecar.poll() is None:
+            sidecar.kill()
+    assert not folder.exists()  # socket, secret and folder gone
