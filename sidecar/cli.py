@@ -18,7 +18,8 @@ from markers import endpoints, wire
 from markers import secret as shared_secret
 from sidecar.daemon.notify import SystemdNotifier, stall_s_for
 from sidecar.daemon.server import Config, serve
-from sidecar.ingest.receiver import HEARTBEAT_S, EndpointError
+from sidecar.ingest.binding import EndpointError
+from sidecar.ingest.receiver import HEARTBEAT_S
 from sidecar.resources.samplers import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
 
 DEFAULT_METRICS_ADDR = "127.0.0.1"
