@@ -51,7 +51,8 @@ REQUIRED = ["null"]  # a required or non-nullable field given null
 HELLO = {"type": "hello", "out_dir": "fuzzed", "cwd": "/", "split": 0,
          "warmup_iterations": 0, "num_measurements": 5, "train_batch_size": 8,
          "val_batch_size": 8, "accumulation_steps": 1, "resume": False, "host": "h",
-         "pid": 1, "start_unix": 1.0, "start_ns": 0, "command": ["python"],
+         "pid": 1, "user": "u", "job_id": "7", "start_unix": 1.0, "start_ns": 0,
+         "command": ["python"],
          "versions": {"python": "3.11"}}
 # control type -> a good body, and field -> strategy of bad values
 CASES: dict[str, tuple[dict[str, Any], dict[str, st.SearchStrategy[str]]]] = {
@@ -60,7 +61,8 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, st.SearchStrategy[str]]]] = {
         "split": BAD_INT, "warmup_iterations": BAD_INT, "num_measurements": BAD_INT,
         "train_batch_size": BAD_INT | st.just("0"), "val_batch_size": BAD_INT,
         "accumulation_steps": BAD_INT | st.just("0"), "resume": BAD_FLAG,
-        "host": BAD_TEXT, "pid": BAD_INT | st.just(str(2**40)), "start_unix": BAD_NUMBER,
+        "host": BAD_TEXT, "user": BAD_TEXT, "job_id": BAD_TEXT,
+        "pid": BAD_INT | st.just(str(2**40)), "start_unix": BAD_NUMBER,
         "start_ns": BAD_INT, "command": BAD_WORDS, "versions": BAD_NAMES,
         "reply_to": BAD_REPLY_TO}),
     "phase": ({"type": "phase", "id": 64, "name": "fz"}, {
@@ -77,6 +79,8 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, st.SearchStrategy[str]]]] = {
     "checkpoint": ({"type": "checkpoint"}, {"reply_to": BAD_REPLY_TO}),
     "state": ({"type": "state"}, {"reply_to": BAD_REPLY_TO}),
     "status": ({"type": "status"}, {"reply_to": BAD_REPLY_TO}),
+    "finish_job": ({"type": "finish_job", "job_id": "7"},
+                   {"job_id": BAD_TEXT | st.sampled_from(['""', *REQUIRED])}),
 }
 
 
