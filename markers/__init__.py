@@ -155,6 +155,8 @@ def start_run(out_dir: str | os.PathLike[str] = "maps", split: int = 0,
                       stacklevel=2)
         _current[:] = [NullRun()]
         return _current[0]
+    # Training time starts when the run is ready: a private sidecar's start-up is not training.
+    connected = sender.wait_connected(timeout_s)
     hello = {
         "type": wire.HELLO, "out_dir": os.fspath(out_dir), "cwd": os.getcwd(), "split": split,
         "warmup_iterations": warmup_iterations, "num_measurements": num_measurements,
@@ -164,7 +166,7 @@ def start_run(out_dir: str | os.PathLike[str] = "maps", split: int = 0,
         "job_id": os.environ.get("SLURM_JOB_ID"), "command": [sys.executable, *sys.argv],
         "start_unix": time.time(), "start_ns": time.perf_counter_ns(), "versions": _versions(),
     }
-    reply = sender.request(hello, timeout_s, connect_timeout_s=timeout_s)
+    reply = sender.request(hello, timeout_s) if connected else None
     on_close = None
     if private is not None:
         def on_close() -> None:
@@ -182,8 +184,10 @@ def start_run(out_dir: str | os.PathLike[str] = "maps", split: int = 0,
         return _current[0]
     monitored = reply is not None
     if not monitored:
-        warnings.warn(f"markers: no sidecar answered at {endpoint} within {timeout_s:.0f} s; "
-                      "records are dropped and counted until one does, training goes on",
+        reason = sender.last_failure if connected else (f"none connected within "
+                                                        f"{timeout_s:.0f} s")
+        warnings.warn(f"markers: no answer from a sidecar at {endpoint} ({reason}); records "
+                      "are dropped and counted until one answers, training goes on",
                       RuntimeWarning, stacklevel=2)
     elif reply.get("warning"):
         warnings.warn(f"markers: {reply['warning']}", RuntimeWarning, stacklevel=2)

@@ -3,7 +3,10 @@
 Every body is checked against its type's fields (``sidecar.daemon.schema``) before its
 handler runs (WireError "malformed" otherwise). Each handler takes the stream the message
 came from, its body and the time, and returns the reply body, or None when the type is
-never answered.
+never answered. Work that must follow the reply (a checkpoint's writing: the client goes
+on as soon as the state is taken) is queued in ``later``; the server runs it right after
+replying, before it reads anything else, so what is written is the state at the
+checkpoint.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from markers import wire
 from sidecar.daemon import schema
 from sidecar.ingest.peers import Peer
 from sidecar.ingest.streams import Registry, Stream
+from sidecar.model import state
 from sidecar.model.split import Split
 from sidecar.resources.monitor import ResourceMonitor
 
@@ -36,10 +40,12 @@ class Dispatcher:
         self.write = write
         self.status = status
         self.finish_job = finish_job
+        self.later: list[Callable[[], object]] = []  # run by the server after the reply
         self._table: dict[str, Callable[[Stream, dict[str, Any], float], Reply]] = {
             wire.PHASE: self._phase,
             wire.GPU: self._gpu,
             wire.BATCH_SIZE: self._batch_size,
+            wire.PART: self._part,
             wire.STATE: self._state,
             wire.LOAD_STATE: self._load_state,
             wire.CHECKPOINT: self._checkpoint,
@@ -77,17 +83,33 @@ class Dispatcher:
         return None
 
     def _batch_size(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
-        stream.split.batch_sizes.setdefault(body["kind"], body["value"])
+        stream.split.rank(stream.rank).note_batch_size(body["kind"] == "validation",
+                                                       body["iteration"], body.get("value"))
         return None
 
     def _state(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
         return self.registry.state_of(stream)
 
+    def _part(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
+        self.registry.add_part(stream, body)
+        return None
+
     def _load_state(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
-        return self.registry.load_state(stream, body.get("state"))
+        if "payload_bytes" not in body:  # small enough to travel inline
+            return self.registry.load_state(stream, body.get("state"))
+        try:
+            saved = self.registry.take_payload(stream, body["payload_bytes"])
+        except state.StateError as exc:
+            return {"ok": False, "error": str(exc)}
+        if not schema.finite(saved):  # a body is checked whole; a payload is checked here
+            return {"ok": False, "error": "the state sent holds a NaN, an infinite or an "
+                    "over-64-bit number"}
+        return self.registry.load_state(stream, saved)
 
     def _checkpoint(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
-        return self._written(stream.split, with_state=True)
+        split = stream.split
+        self.later.append(lambda: self.write(split, True))
+        return {"ok": True, "out_dir": str(split.out_dir), "error": split.write_error}
 
     def _finish(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
         self.registry.finish(stream, body["status"], body.get("error"), body.get("end_ns"),

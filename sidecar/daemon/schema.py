@@ -97,11 +97,16 @@ FIELDS: dict[str, Fields] = {
     wire.GPU: {"uuid": (True, False, text(NAME_MAX, 1)), "name": (True, False, text(NAME_MAX))},
     wire.BATCH_SIZE: {
         "kind": (True, False, one_of("train", "validation")),
-        "value": (True, False, integer(1, 2**31 - 1)),
+        "value": (False, True, integer(1, 2**31 - 1)),  # null: the batches have no size
+        "iteration": (True, False, integer()),
     },
+    wire.PART: {"data": (True, False, text(wire.MAX_CONTROL_BYTES))},  # base64: its handler
     wire.CHECKPOINT: {},
     wire.STATE: {},
-    wire.LOAD_STATE: {"state": (True, False, anything)},
+    wire.LOAD_STATE: {  # the state inline, or the size of the parts sent before
+        "state": (False, True, anything),
+        "payload_bytes": (False, False, integer()),
+    },
     wire.FINISH: {
         "status": (True, False, one_of("completed", "failed")),
         "error": (False, True, text()),
@@ -112,10 +117,10 @@ FIELDS: dict[str, Fields] = {
 }
 
 
-def _finite(body: dict[str, Any]) -> bool:
-    """No NaN, no infinity, no integer beyond 64 bits anywhere in ``body`` (walked without
-    recursion: the decoder already bounded its depth)."""
-    todo: list[Any] = [body]
+def finite(value: Any) -> bool:
+    """No NaN, no infinity, no integer beyond 64 bits anywhere in ``value`` (walked without
+    recursion: the JSON decoder already bounded its depth)."""
+    todo: list[Any] = [value]
     while todo:
         value = todo.pop()
         if isinstance(value, float):
@@ -136,7 +141,7 @@ def check(kind: str, body: dict[str, Any]) -> None:
 
     Raises WireError("malformed") naming the first field that is missing or wrong.
     """
-    if not _finite(body):
+    if not finite(body):
         raise wire.WireError("malformed", f"{kind}: a NaN, infinite or over-64-bit number")
     for name, (required, nullable, ok) in FIELDS[kind].items():
         value = body.get(name)
