@@ -27,8 +27,9 @@ from pathlib import Path
 
 import zmq
 
+from markers import secret as shared_secret
 from markers import wire
-from markers.endpoints import connect_address, ipc_path, private_endpoint
+from markers.endpoints import check, connect_address, ipc_path, private_endpoint
 from markers.instrument import Instrumentation, instrument
 from markers.run import NullRun, Phase, Run
 from markers.transport import Sender
@@ -67,13 +68,14 @@ def _versions() -> dict[str, str]:
     return versions
 
 
-def _start_private_sidecar() -> tuple[str, subprocess.Popen[bytes]]:
-    """Start a sidecar for this process alone; it stops when we finish or die."""
+def _start_private_sidecar(secret: str) -> tuple[str, subprocess.Popen[bytes]]:
+    """Start a sidecar for this process alone, serving only holders of ``secret``; it
+    stops when we finish or die."""
     endpoint = private_endpoint()
     process = subprocess.Popen(
         [sys.executable, "-m", "sidecar", "serve", "--quiet", "--endpoint", endpoint,
          "--owner-pid", str(os.getpid())],
-        stdin=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL, env={**os.environ, shared_secret.ENV: secret},
         start_new_session=True,  # a Ctrl-C to the job must not kill it before it writes
     )
     return endpoint, process
@@ -97,15 +99,22 @@ def _check(name: str, value: int | None, low: int) -> None:
         raise ValueError(f"start_run: {name} must be an integer >= {low}, got {value!r}")
 
 
-def _endpoint(given: str | None) -> tuple[str, subprocess.Popen[bytes] | None, float]:
-    """Where to connect, the private sidecar started for it (or None) and how long to wait
-    for it. Raises OSError or UnsafeFolder (a RuntimeError) for an unusable runtime folder.
+def _endpoint(given: str | None) -> tuple[str, str | None, subprocess.Popen[bytes] | None,
+                                         float]:
+    """Where to connect, the secret to show there (None: none), the private sidecar
+    started for it (or None) and how long to wait for it. Raises ValueError for an
+    endpoint that cannot be used, OSError or UnsafeFolder (a RuntimeError) for an unusable
+    runtime folder.
     """
-    endpoint = given or os.environ.get("SIDECAR_ENDPOINT")
+    from_environment = os.environ.get("SIDECAR_ENDPOINT")
+    endpoint = given or from_environment
     if endpoint:
-        return connect_address(endpoint), None, CONNECT_TIMEOUT_S
-    endpoint, private = _start_private_sidecar()
-    return endpoint, private, PRIVATE_START_TIMEOUT_S
+        # The secret goes with the endpoint `sidecar run` set, never to another sidecar.
+        secret = os.environ.get(shared_secret.ENV) if endpoint == from_environment else None
+        return connect_address(check(endpoint)), secret, None, CONNECT_TIMEOUT_S
+    secret = shared_secret.new()
+    endpoint, private = _start_private_sidecar(secret)
+    return endpoint, secret, private, PRIVATE_START_TIMEOUT_S
 
 
 def start_run(out_dir: str | os.PathLike[str] = "maps", split: int = 0,
@@ -137,12 +146,13 @@ def start_run(out_dir: str | os.PathLike[str] = "maps", split: int = 0,
     _check("accumulation_steps", accumulation_steps, 1)
     _check("rank", rank, 0)
     try:
-        endpoint, private, timeout_s = _endpoint(endpoint)
-        sender = Sender(endpoint, os.urandom(16), _rank(rank))
+        endpoint, secret, private, timeout_s = _endpoint(endpoint)
+        sender = Sender(endpoint, os.urandom(16), _rank(rank), secret)
     except (OSError, RuntimeError, ValueError, zmq.ZMQError) as exc:
         # A configuration we cannot use must never stop the training script.
-        warnings.warn(f"markers: cannot reach a sidecar ({type(exc).__name__}: {exc}); this "
-                      "run is not monitored, training goes on", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"markers: unusable sidecar configuration ({type(exc).__name__}: "
+                      f"{exc}); this run is not monitored, training goes on", RuntimeWarning,
+                      stacklevel=2)
         _current[:] = [NullRun()]
         return _current[0]
     # Training time starts when the run is ready: a private sidecar's start-up is not training.
@@ -157,18 +167,30 @@ def start_run(out_dir: str | os.PathLike[str] = "maps", split: int = 0,
         "start_unix": time.time(), "start_ns": time.perf_counter_ns(), "versions": _versions(),
     }
     reply = sender.request(hello, timeout_s) if connected else None
-    monitored = bool(reply and reply.get("ok"))
-    if not monitored:
-        reason = reply.get("error") if reply else (
-            sender.last_failure if connected else f"none connected within {timeout_s:.0f} s")
-        warnings.warn(f"markers: sidecar at {endpoint} not reachable ({reason}); this run is "
-                      "not monitored, training goes on", RuntimeWarning, stacklevel=2)
-    elif reply and reply.get("warning"):
-        warnings.warn(f"markers: {reply['warning']}", RuntimeWarning, stacklevel=2)
     on_close = None
     if private is not None:
         def on_close() -> None:
             _stop_private_sidecar(endpoint, private)
+    if reply is not None and not reply.get("ok"):
+        # Refused (an out_dir it may not write, a malformed hello): nothing this run sends
+        # would be kept, so it sends nothing more.
+        sender.close()
+        if on_close is not None:
+            on_close()
+        warnings.warn(f"markers: the sidecar at {endpoint} refused this run "
+                      f"({reply.get('error')}); this run is not monitored, training goes on",
+                      RuntimeWarning, stacklevel=2)
+        _current[:] = [NullRun()]
+        return _current[0]
+    monitored = reply is not None
+    if not monitored:
+        reason = sender.last_failure if connected else (f"none connected within "
+                                                        f"{timeout_s:.0f} s")
+        warnings.warn(f"markers: no answer from a sidecar at {endpoint} ({reason}); records "
+                      "are dropped and counted until one answers, training goes on",
+                      RuntimeWarning, stacklevel=2)
+    elif reply.get("warning"):
+        warnings.warn(f"markers: {reply['warning']}", RuntimeWarning, stacklevel=2)
     first_epoch = reply.get("epoch") if reply else 0
     run = Run(sender, hello, monitored, on_close,
               first_epoch if isinstance(first_epoch, int) else 0)

@@ -38,6 +38,32 @@ def runtime_dir() -> Path:
     return folder
 
 
+IPC_PATH_MAX = 107  # bytes of a Unix socket path (sun_path, with its terminating NUL)
+
+
+def check(endpoint: str) -> str:
+    """``endpoint`` when it is one a sidecar can serve: ``ipc://PATH`` (at most
+    ``IPC_PATH_MAX`` bytes) or ``tcp://HOST:PORT`` (HOST may be empty: loopback, or ``*``;
+    PORT 1-65535, or ``*`` for any free port). Raises ValueError saying what is wrong and
+    what to give instead.
+    """
+    usage = "give ipc:///path/to/socket or tcp://HOST:PORT"
+    if endpoint.startswith("ipc://"):
+        path = endpoint[len("ipc://"):]
+        if not path or len(os.fsencode(path)) > IPC_PATH_MAX or "\0" in path:
+            raise ValueError(f"ipc endpoint {endpoint!r}: the socket path must be 1 to "
+                             f"{IPC_PATH_MAX} bytes; choose a shorter path")
+        return endpoint
+    if endpoint.startswith("tcp://"):
+        _host, colon, port = endpoint[len("tcp://"):].rpartition(":")
+        if colon and (port == "*" or (port.isdigit() and 0 < int(port) < 65536)):
+            return endpoint
+        raise ValueError(f"tcp endpoint {endpoint!r} needs a port 1-65535 (or *): {usage}")
+    scheme = endpoint.partition("://")[0] if "://" in endpoint else None
+    what = f"unknown endpoint scheme {scheme!r}" if scheme else "no endpoint scheme"
+    raise ValueError(f"{what} in {endpoint!r}: {usage}")
+
+
 def ipc_path(endpoint: str) -> Path | None:
     """The socket file of an ipc endpoint, None for other transports."""
     return Path(endpoint[len("ipc://"):]) if endpoint.startswith("ipc://") else None

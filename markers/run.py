@@ -77,6 +77,13 @@ def _batch_size(batch: Any) -> int | None:
     return sizes.pop() if sizes and len(sizes) == 1 else None
 
 
+def describe(exc: BaseException) -> str:
+    """``Type: message`` of an exception, or ``Type`` alone when it has no message (a
+    KeyboardInterrupt): the cause a failed run's files give."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 class Phase:
     """A reusable phase marker: ``with run.phase("forward"):`` or ``@run.phase("x")``.
 
@@ -384,17 +391,17 @@ class Run:
         if not self._finished:
             last = getattr(sys, "last_value", None)
             self.finish("failed" if last is not None else "completed",
-                        repr(last) if last is not None else None)
+                        describe(last) if last is not None else None)
 
     def __enter__(self) -> Run:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  _tb: object) -> None:
-        if exc_type is None or (exc_type is SystemExit and exc.code in (0, None)):  # type: ignore[union-attr]
+        if exc is None or (exc_type is SystemExit and exc.code in (0, None)):  # type: ignore[union-attr]
             self.finish("completed")  # sys.exit(0) is a normal end
         else:
-            self.finish("failed", f"{exc_type.__name__}: {exc}")
+            self.finish("failed", describe(exc))
 
     # -- primitives: loop helpers, module hooks and framework callbacks drive these -----
 

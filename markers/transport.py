@@ -29,12 +29,17 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from markers import secret as shared_secret
 from markers import wire
 
 # Messages queued while no sidecar takes them; bounds the markers' memory (each message
 # holds at most a few KiB of records).
 SNDHWM = 1000
 CONNECT_POLL_S = 0.01
+# ZMTP heartbeats: a sidecar that died with its host, or froze, is noticed within about
+# HEARTBEAT_IVL + HEARTBEAT_TIMEOUT (the I/O thread pings; nothing runs in the loop).
+HEARTBEAT_IVL_MS = 1000
+HEARTBEAT_TIMEOUT_MS = 6000
 # However much progress a sidecar reports, a request is given up after this long.
 PROGRESS_LIMIT_S = 600.0
 _UP = zmq.EVENT_HANDSHAKE_SUCCEEDED
@@ -42,9 +47,14 @@ _DOWN = zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED | zmq.EVENT_CONNECT_RETRIED
 
 
 class Sender:
-    """Sends the messages of one run; never blocks and never raises ``zmq`` errors."""
+    """Sends the messages of one run; never blocks and never raises ``zmq`` errors once
+    built. ``secret`` (the job's ``SIDECAR_SECRET``) authenticates it to a job's own
+    sidecar; the constructor raises ValueError for a malformed one, ZMQError for an
+    endpoint ZeroMQ cannot use.
+    """
 
-    def __init__(self, endpoint: str, run_id: bytes, rank: int) -> None:
+    def __init__(self, endpoint: str, run_id: bytes, rank: int,
+                 secret: str | None = None) -> None:
         self.run_id = run_id
         self.rank = rank
         self.seq = 0
@@ -54,6 +64,14 @@ class Sender:
         self._socket = self._context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.SNDHWM, SNDHWM)
+        self._socket.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+        self._socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        if secret:
+            try:
+                shared_secret.client(self._socket, secret)
+            except ValueError:
+                self._socket.close(linger=0)
+                raise
         self._monitor = self._socket.get_monitor_socket(_UP | _DOWN)
         self._connected = False
         self._socket.connect(endpoint)

@@ -161,6 +161,7 @@ CONTROL_TYPES = (HELLO, PHASE, GPU, BATCH_SIZE, PART, CHECKPOINT, STATE, LOAD_ST
 # Upper bound the sidecar enforces at the socket (ZMQ_MAXMSGSIZE).
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 MAX_CONTROL_BYTES = 1024 * 1024
+MAX_REPLY_TO = 64  # a request id; echoed back in the reply
 # Raw bytes per ``part`` message: base64 makes it 4/3 bigger, still under MAX_CONTROL_BYTES.
 PART_BYTES = 512 * 1024
 
@@ -271,16 +272,29 @@ def decode_records(frame: bytes) -> array:
 
 
 def decode_control(frame: bytes) -> dict[str, Any]:
-    """The JSON object of a CONTROL ``frame``; WireError("malformed") if it is not one."""
+    """The JSON object of a CONTROL ``frame``: a string ``type`` and, when the sender
+    wants an answer, a string ``reply_to`` of at most ``MAX_REPLY_TO`` characters.
+
+    Raises WireError "oversized" over ``MAX_CONTROL_BYTES``, "malformed" for anything
+    else that is not such an object, whatever its content (nesting too deep for the JSON
+    parser included).
+    """
     body = frame[HEADER.size:]
     if len(body) > MAX_CONTROL_BYTES:
         raise WireError("oversized", f"control body of {len(body)} bytes")
     try:
         obj = json.loads(body)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise WireError("malformed", f"control body is not JSON: {exc}") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        # json.loads raises RecursionError, not ValueError, on deeply nested input
+        raise WireError("malformed", f"control body is not JSON: {type(exc).__name__}: "
+                        f"{str(exc)[:200]}") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
         raise WireError("malformed", "control body must be an object with a string 'type'")
+    reply_to = obj.get("reply_to")
+    if reply_to is not None and not (isinstance(reply_to, str)
+                                     and len(reply_to) <= MAX_REPLY_TO):
+        raise WireError("malformed", f"'reply_to' must be a string of at most {MAX_REPLY_TO} "
+                        "characters")
     return obj
 
 

@@ -6,23 +6,61 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from markers import endpoints, wire
+from markers import secret as shared_secret
 from sidecar.daemon.notify import SystemdNotifier, stall_s_for
 from sidecar.daemon.server import Config, serve
+from sidecar.ingest.binding import EndpointError
+from sidecar.ingest.receiver import HEARTBEAT_S
 from sidecar.resources.samplers import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
 
 DEFAULT_METRICS_ADDR = "127.0.0.1"
 STATUS_TIMEOUT_S = 5.0  # a busy daemon answers after the messages queued before
+USAGE_ERROR = 2  # the exit status of a command-line mistake
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose mistakes are one line (what, and where to look), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``message`` on one line and exit with status 2."""
+        self.exit(USAGE_ERROR, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number of seconds")
+    return value
+
+
+def _heartbeat_s(text: str) -> float:
+    value = _seconds(text)
+    if not 0.1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"{value:g} s: give 0.1 to 3600 seconds")
+    return value
+
+
+def _endpoint(text: str) -> str:
+    try:
+        return endpoints.check(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _interval_s(text: str) -> float:
-    value = float(text)
+    value = _seconds(text)
     if value < MIN_INTERVAL_S:
         raise argparse.ArgumentTypeError(
             f"{value:g} s is below {MIN_INTERVAL_S:g} s: NVML utilization is averaged over "
@@ -30,10 +68,15 @@ def _interval_s(text: str) -> float:
     return value
 
 
-def _interval(parser: argparse.ArgumentParser) -> None:
+def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interval", type=_interval_s, default=DEFAULT_INTERVAL_S,
                         help=f"resource sampling period in seconds (default "
                         f"{DEFAULT_INTERVAL_S:g}, minimum {MIN_INTERVAL_S:g})")
+    parser.add_argument("--heartbeat", type=_heartbeat_s, default=HEARTBEAT_S,
+                        metavar="SECONDS", help="a client that stops answering ZeroMQ "
+                        "heartbeats (a dead or unreachable host) is dropped, and its run "
+                        f"written as incomplete, within this time (default {HEARTBEAT_S:g})")
+    parser.add_argument("--quiet", action="store_true", help="log warnings and errors only")
 
 
 def _port(text: str) -> int:
@@ -58,43 +101,43 @@ def _metrics(parser: argparse.ArgumentParser) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="sidecar", description="The monitor's sidecar process: receives the markers' "
         "records, samples GPUs and the job's processes, writes computational.tsv, "
         "summary.log and more. See README.md.")
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     run = commands.add_parser("run", help="run CMD under a sidecar, write files when it ends")
-    run.add_argument("--endpoint", help="ipc:// or tcp:// address (default: a private ipc "
-                     "socket)")
-    _interval(run)
+    run.add_argument("--endpoint", type=_endpoint, help="ipc:// or tcp:// address (default: "
+                     "a private ipc socket); only the job, which gets a secret in "
+                     f"{shared_secret.ENV}, is served")
+    _common(run)
     _metrics(run)
-    run.add_argument("--quiet", action="store_true", help="log warnings and errors only")
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
 
     srv = commands.add_parser("serve", help="long-running daemon for many jobs")
-    srv.add_argument("--endpoint", help=f"ipc:// or tcp:// (default: "
-                     f"{endpoints.daemon_endpoint()})")
-    srv.add_argument("--root", type=Path, help="write only under this folder (required "
-                     "unless --owner-pid is given)")
+    srv.add_argument("--endpoint", type=_endpoint, help="ipc:// or tcp:// (default: "
+                     "$XDG_RUNTIME_DIR/sidecar/sidecar.sock, else /tmp/sidecar-UID/sidecar.sock)")
+    srv.add_argument("--root", type=Path, help="required: write run folders only under this "
+                     "folder")
+    # The private sidecar that start_run launches for a plain `python train.py`.
     srv.add_argument("--owner-pid", type=int, help=argparse.SUPPRESS)
     srv.add_argument("--shared", action="store_true", help="one daemon for every local user "
                      "(run as root, ipc endpoint): the kernel names each connection's user, "
                      "whose runs go under ROOT/<user>/, written as that user")
-    _interval(srv)
+    _common(srv)
     _metrics(srv)
-    srv.add_argument("--quiet", action="store_true", help="log warnings and errors only")
 
     default = "default: $SIDECAR_ENDPOINT, else the daemon's endpoint"
     status = commands.add_parser("status", help="live view of a running sidecar")
-    status.add_argument("--endpoint", help=default)
+    status.add_argument("--endpoint", type=_endpoint, help=f"{default} (a job's own "
+                        f"sidecar needs its {shared_secret.ENV})")
     status.add_argument("--job", help="show only the runs of this Slurm job id")
     status.add_argument("--json", action="store_true", help="print one JSON object")
 
     finish = commands.add_parser("finish", help="end a Slurm job's runs now (the epilog)")
     finish.add_argument("--job", required=True, help="the Slurm job id")
-    finish.add_argument("--endpoint", help=default)
-
+    finish.add_argument("--endpoint", type=_endpoint, help=default)
     report = commands.add_parser("report", help="cluster-wide GPU report from run folders "
                                  "or a Prometheus server")
     report.add_argument("paths", nargs="*", type=Path, metavar="PATH",
@@ -153,7 +196,15 @@ def _ask(command: str, endpoint: str, body: dict[str, Any]) -> dict[str, Any] | 
     protocol keys); None, after one line on stderr, when none answers."""
     from markers.transport import Sender  # the client side of the same wire
 
-    sender = Sender(endpoints.connect_address(endpoint), b"\0" * 16, 0)
+    socket_file = endpoints.ipc_path(endpoint)
+    if socket_file is not None and not socket_file.exists():
+        print(f"sidecar {command}: no sidecar at {endpoint} (its socket file does not exist)",
+              file=sys.stderr)
+        return None
+    # a job's own sidecar on ipc keeps its secret beside the socket, for its user
+    secret = (shared_secret.read_beside(socket_file) if socket_file is not None else None)
+    sender = Sender(endpoints.connect_address(endpoint), b"\0" * 16, 0,
+                    secret or os.environ.get(shared_secret.ENV))
     try:
         reply = sender.request(body, STATUS_TIMEOUT_S, connect_timeout_s=STATUS_TIMEOUT_S)
     finally:
@@ -229,48 +280,79 @@ def _serve_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None, **seams: Any) -> int:
-    """Entry point of the console script and of ``python -m sidecar``; returns the status.
-    ``seams`` go to the server (see ``sidecar.daemon.server.Server``); tests use them."""
-    args = _parser().parse_args(argv)
-    if args.command in ("status", "finish"):
-        endpoint = (args.endpoint or os.environ.get("SIDECAR_ENDPOINT")
-                    or endpoints.daemon_endpoint())
-        if args.command == "finish":
-            return _finish(endpoint, args.job)
-        return _status(endpoint, args.job, args.json)
-    if args.command == "report":
-        return _report(args)
-    logging.basicConfig(format="sidecar[%(process)d] %(levelname)s: %(message)s",
-                        level=logging.WARNING if args.quiet else logging.INFO)
-    if args.metrics_port is not None:
-        from sidecar.sinks.metrics import MetricsExporter  # prometheus_client: only here
+def _in_runtime_folder(make: Callable[[], str]) -> str:
+    """A default endpoint, made in the runtime folder; EndpointError (one line) when that
+    folder cannot be used."""
+    try:
+        return make()
+    except (OSError, endpoints.UnsafeFolder) as exc:
+        raise EndpointError(f"cannot use the runtime folder: {exc}; set XDG_RUNTIME_DIR to "
+                            "a folder of yours, or give --endpoint") from None
 
-        exporter = MetricsExporter(args.metrics_port, args.metrics_addr)
-        seams["hooks"] = [*seams.get("hooks", ()), exporter]
+
+def _remove_private_folder(endpoint: str) -> None:
+    """Remove the private folder of a job's socket (``job-*``, made by
+    ``endpoints.private_endpoint``) once empty: its socket file is gone by now."""
+    socket_file = endpoints.ipc_path(endpoint)
+    if socket_file is not None and socket_file.parent.name.startswith("job-"):
+        with contextlib.suppress(OSError):  # not empty, or already gone: leave it
+            socket_file.parent.rmdir()
+
+
+def _serve(args: argparse.Namespace, seams: dict[str, Any]) -> int:
     if args.command == "serve":
         problem = _serve_problem(args)
         if problem:
             print(f"sidecar serve: {problem}", file=sys.stderr)
-            return 2
+            return USAGE_ERROR
         if args.shared:  # root's supplementary groups must not open users' files
             os.setgroups([])
-        config = Config(args.endpoint or endpoints.daemon_endpoint(), args.root,
-                        args.owner_pid, args.interval, args.shared)
+        config = Config(args.endpoint or _in_runtime_folder(endpoints.daemon_endpoint),
+                        args.root, args.owner_pid, args.interval,
+                        secret=os.environ.get(shared_secret.ENV), heartbeat_s=args.heartbeat,
+                        shared=args.shared)
         # sd_notify for systemd (Type=notify, watchdog); sends nothing without NOTIFY_SOCKET
         notifier = SystemdNotifier(stall_s_for(args.interval))
-        return serve(config, **{**seams, "hooks": [notifier, *seams.get("hooks", ())]})
+        try:
+            return serve(config, **{**seams, "hooks": [notifier, *seams.get("hooks", ())]})
+        finally:
+            if args.owner_pid is not None:  # a private sidecar, whose owner may be dead
+                _remove_private_folder(config.endpoint)
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not command:
         print("sidecar run: give the command after --", file=sys.stderr)
-        return 2
-    if args.endpoint:
-        return serve(Config(args.endpoint, interval_s=args.interval), command, **seams)
-    endpoint = endpoints.private_endpoint()
+        return USAGE_ERROR
+    endpoint = args.endpoint or _in_runtime_folder(endpoints.private_endpoint)
     try:
-        return serve(Config(endpoint, interval_s=args.interval), command, **seams)
-    finally:  # the job's private folder (its socket file is already gone)
-        socket_file = endpoints.ipc_path(endpoint)
-        with contextlib.suppress(OSError):
-            if socket_file is not None:
-                socket_file.parent.rmdir()
+        return serve(Config(endpoint, interval_s=args.interval, secret=shared_secret.new(),
+                            heartbeat_s=args.heartbeat), command, **seams)
+    finally:
+        if args.endpoint is None:
+            _remove_private_folder(endpoint)
+
+
+def main(argv: list[str] | None = None, **seams: Any) -> int:
+    """Entry point of the console script and of ``python -m sidecar``; returns the status:
+    the job's under ``sidecar run``, 2 for a command-line mistake (one line on stderr).
+    ``seams`` go to the server (see ``sidecar.daemon.server.Server``); tests use them."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.command in ("status", "finish"):
+            endpoint = (args.endpoint or os.environ.get("SIDECAR_ENDPOINT")
+                        or _in_runtime_folder(endpoints.daemon_endpoint))
+            if args.command == "finish":
+                return _finish(endpoint, args.job)
+            return _status(endpoint, args.job, args.json)
+        if args.command == "report":
+            return _report(args)
+        logging.basicConfig(format="sidecar[%(process)d] %(levelname)s: %(message)s",
+                            level=logging.WARNING if args.quiet else logging.INFO)
+        if args.metrics_port is not None:
+            from sidecar.sinks.metrics import MetricsExporter  # prometheus_client: only here
+
+            exporter = MetricsExporter(args.metrics_port, args.metrics_addr)
+            seams["hooks"] = [*seams.get("hooks", ()), exporter]
+        return _serve(args, seams)
+    except EndpointError as exc:
+        print(f"sidecar {args.command}: {exc}", file=sys.stderr)
+    return USAGE_ERROR

@@ -1,11 +1,12 @@
-"""The control messages a sidecar answers: one validated handler per type in one table.
+"""The control messages a sidecar answers: one handler per type in one table.
 
-Each handler takes the stream the message came from (None only for the types that need
-none), its body and the time, checks every field it reads (WireError "malformed"
-otherwise) and returns the reply body, or None when the type is never answered. Work that
-must follow the reply (a checkpoint's writing: the client goes on as soon as the state is
-taken) is queued in ``later``; the server runs it right after replying, before it reads
-anything else, so what is written is the state at the checkpoint.
+Every body is checked against its type's fields (``sidecar.daemon.schema``) before its
+handler runs (WireError "malformed" otherwise). Each handler takes the stream the message
+came from, its body and the time, and returns the reply body, or None when the type is
+never answered. Work that must follow the reply (a checkpoint's writing: the client goes
+on as soon as the state is taken) is queued in ``later``; the server runs it right after
+replying, before it reads anything else, so what is written is the state at the
+checkpoint.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from markers import wire
+from sidecar.daemon import schema
 from sidecar.ingest.peers import Peer
 from sidecar.ingest.streams import Registry, Stream
 from sidecar.model import state
@@ -22,17 +24,6 @@ from sidecar.resources.monitor import ResourceMonitor
 
 Reply = dict[str, Any] | None
 Write = Callable[[Split, bool], str | None]  # (split, with_state) -> error text or None
-
-
-def _string(body: dict[str, Any], key: str, kind: str) -> str:
-    value = body.get(key)
-    if not isinstance(value, str):
-        raise wire.WireError("malformed", f"{kind} needs a string {key!r}")
-    return value
-
-
-def _positive(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 class Dispatcher:
@@ -66,15 +57,16 @@ class Dispatcher:
         """Handle one control body from ``caller``. Raises WireError (malformed,
         unknown_control) and Refused; the caller counts them."""
         kind = body["type"]
+        if kind not in schema.FIELDS:
+            raise wire.WireError("unknown_control", f"control type {kind!r}")
+        schema.check(kind, body)
         if kind == wire.STATUS:
             return {"ok": True, **self.status(caller)}
         if kind == wire.FINISH_JOB:
-            return self.finish_job(_string(body, "job_id", kind), caller)
+            return self.finish_job(body["job_id"], caller)
         if kind == wire.HELLO:
             return self.registry.hello(header, body, now, caller)
-        handler = self._table.get(kind)
-        if handler is None:
-            raise wire.WireError("unknown_control", f"control type {kind!r}")
+        handler = self._table[kind]
         stream = self.registry.stream_for(header, kind)
         if stream is None:
             return {"ok": False, "error": "unknown run: no hello received"}
@@ -85,18 +77,14 @@ class Dispatcher:
         return None
 
     def _gpu(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
-        uuid, name = _string(body, "uuid", "gpu"), _string(body, "name", "gpu")
-        stream.split.add_gpu(uuid, name)
+        uuid = body["uuid"]
+        stream.split.add_gpu(uuid, body["name"])
         self.monitor.add_gpu(uuid)
         return None
 
     def _batch_size(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
-        which, value, iteration = body.get("kind"), body.get("value"), body.get("iteration")
-        if which not in ("train", "validation") or not (value is None or _positive(value)) \
-                or not (_positive(iteration) or iteration == 0):
-            raise wire.WireError("malformed", "batch_size needs kind, a positive value or null "
-                                 "and an iteration >= 0")
-        stream.split.rank(stream.rank).note_batch_size(which == "validation", iteration, value)
+        stream.split.rank(stream.rank).note_batch_size(body["kind"] == "validation",
+                                                       body["iteration"], body.get("value"))
         return None
 
     def _state(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
@@ -113,6 +101,9 @@ class Dispatcher:
             saved = self.registry.take_payload(stream, body["payload_bytes"])
         except state.StateError as exc:
             return {"ok": False, "error": str(exc)}
+        if not schema.finite(saved):  # a body is checked whole; a payload is checked here
+            return {"ok": False, "error": "the state sent holds a NaN, an infinite or an "
+                    "over-64-bit number"}
         return self.registry.load_state(stream, saved)
 
     def _checkpoint(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
@@ -121,13 +112,9 @@ class Dispatcher:
         return {"ok": True, "out_dir": str(split.out_dir), "error": split.write_error}
 
     def _finish(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
-        status = body.get("status")
-        if status not in ("completed", "failed"):
-            raise wire.WireError("malformed", "finish status must be completed or failed")
-        end_ns, error = body.get("end_ns"), body.get("error")
         self.registry.note_worker_phases(stream, body.get("worker_phases"))
-        self.registry.finish(stream, status, error if isinstance(error, str) else None,
-                             end_ns if isinstance(end_ns, int) else None, now)
+        self.registry.finish(stream, body["status"], body.get("error"), body.get("end_ns"),
+                             now)
         return self._written(stream.split)
 
     def _written(self, split: Split, with_state: bool = False) -> dict[str, Any]:

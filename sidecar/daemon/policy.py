@@ -1,6 +1,10 @@
 """Where a sidecar may write: a job's own sidecar writes where its job says (relative to
 the job's working folder); the node daemon only under its ``--root``; a shared node
 daemon only under ``--root/<user>/`` of the user the kernel names for the connection.
+None writes a run folder at an absurd place: the filesystem root or a folder right under
+it (an ``out_dir`` of ``/////`` or ``/tmp`` would scatter ``run.json`` and ``training/``
+there), the user's home folder itself, or the daemon's root (the user's folder on a
+shared daemon) itself.
 """
 
 from __future__ import annotations
@@ -9,6 +13,17 @@ from pathlib import Path
 
 from sidecar.ingest.peers import Peer
 from sidecar.ingest.streams import Refused
+
+
+def absurd(folder: Path, root: Path | None = None) -> str | None:
+    """Why the resolved ``folder`` is no place for a run folder, or None."""
+    if len(folder.parts) <= 2:
+        return "the filesystem root or a folder right under it"
+    if folder == Path.home().resolve():
+        return "the home folder itself"
+    if root is not None and folder == root:
+        return "the daemon's root itself"
+    return None
 
 
 class OutDirPolicy:
@@ -34,25 +49,28 @@ class OutDirPolicy:
     def resolve(self, out_dir: str, cwd: str, owner: Peer | None = None) -> Path:
         """The absolute run folder for a hello's ``out_dir`` and ``cwd`` from ``owner``.
 
-        Raises Refused when it cannot be resolved or lies outside the daemon's root, or
-        on a shared daemon outside the user's own folder (symlinks and '..' followed).
+        Raises Refused when it cannot be resolved, lies outside the daemon's root, or on a
+        shared daemon outside the user's own folder (symlinks and '..' followed), or at an
+        absurd place (``absurd``).
         """
-        path = Path(out_dir)
-        if self.root is None:
-            return (Path(cwd) / path).resolve()
-        base = self.base(owner)
+        base = self.base(owner) if self.root is not None else None
         try:
-            resolved = (base / path).resolve()
-        except (OSError, ValueError) as exc:
+            resolved = ((base or Path(cwd)) / out_dir).resolve()
+        except (OSError, ValueError, RuntimeError) as exc:  # a NUL byte, a symlink loop
             raise Refused(f"out_dir {out_dir!r} cannot be resolved: {exc}") from None
-        if resolved.is_relative_to(base):
-            return resolved
-        root = self.root.resolve()
-        if self.shared and resolved.is_relative_to(root):
-            raise Refused(f"out_dir {out_dir!r} lies in another user's folder "
-                          f"({resolved.relative_to(root).parts[0]}); the runs of "
-                          f"{base.name} go under {base}")
-        raise Refused(f"out_dir {out_dir!r} lies outside the daemon's root {base}")
+        if base is not None and not resolved.is_relative_to(base):
+            assert self.root is not None
+            root = self.root.resolve()
+            if self.shared and resolved.is_relative_to(root):
+                raise Refused(f"out_dir {out_dir!r} lies in another user's folder "
+                              f"({resolved.relative_to(root).parts[0]}); the runs of "
+                              f"{base.name} go under {base}")
+            raise Refused(f"out_dir {out_dir!r} lies outside the daemon's root {base}")
+        reason = absurd(resolved, base)
+        if reason:
+            raise Refused(f"out_dir {out_dir!r} resolves to {resolved}, {reason}: give a "
+                          "folder of its own")
+        return resolved
 
     def refusal(self, folder: Path, owner: Peer | None = None) -> str | None:
         """Why ``folder`` may not be written now for ``owner`` (a symlink put there since

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from markers import secret as shared_secret
 from markers import wire
 from sidecar.daemon.dispatch import Dispatcher
 from sidecar.daemon.lifecycle import Lifecycle
@@ -29,7 +30,7 @@ from sidecar.daemon.policy import OutDirPolicy
 from sidecar.daemon.snapshot import RunView, Snapshot, split_view
 from sidecar.daemon.users import ForeignFolder, acting_as, user_folder
 from sidecar.ingest.peers import Peer, user_name
-from sidecar.ingest.receiver import Incoming, Receiver
+from sidecar.ingest.receiver import HEARTBEAT_S, Incoming, Receiver
 from sidecar.ingest.streams import HOSTNAME, Claim, Refused, Registry, Stream
 from sidecar.model.split import Split
 from sidecar.resources.monitor import ResourceMonitor
@@ -46,6 +47,10 @@ LIVENESS_S = 0.4  # a process found gone is declared dead on the next check
 RETRY_S = 5.0  # a failed write is retried this often (and at every checkpoint/finish)
 KEEP_ENDED_S = 600.0  # an ended split stays in memory (and in status) this long
 RATE_WINDOW_S = 10.0  # the status view's record rate is the mean over this trailing window
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+# What a terminal (or the shell, on hangup) sends to its whole foreground process group:
+# a job sharing our group got it already.
+TERMINAL_SIGNALS = frozenset({signal.SIGINT, signal.SIGQUIT, signal.SIGHUP})
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,8 @@ class Config:
     root: Path | None = None  # None: a job's own sidecar, out_dir relative to the job's cwd
     owner_pid: int | None = None  # private sidecar: stop once this process is gone
     interval_s: float = DEFAULT_INTERVAL_S  # resource sampling period
+    secret: str | None = None  # serve only clients holding it (a job's own sidecar)
+    heartbeat_s: float = HEARTBEAT_S  # a silent remote client is dropped after this long
     # One daemon for every local user (root, ipc): the kernel names each connection's
     # user, whose runs go under root/<user>/ and are written as that user.
     shared: bool = False
@@ -70,28 +77,34 @@ class Server:
     """
 
     def __init__(self, config: Config, child: subprocess.Popen[bytes] | None = None, *,
-                 hooks: Sequence[Lifecycle] = (),
+                 child_shares_group: bool = False, hooks: Sequence[Lifecycle] = (),
                  open_gpus: Callable[[str | None], Any] = open_nvml,
                  write_bytes: WriteBytes | None = None) -> None:
         self.config = config
         self.child = child
+        # The job runs in our process group (attached to a terminal): signals the terminal
+        # sends reach it without us.
+        self.child_shares_group = child_shares_group
         self.hooks = list(hooks)
         self.policy = OutDirPolicy(config.root, config.shared)
         self._write_bytes = write_bytes
         self._waiting: tuple[bytes, Any] | None = None  # (identity, reply_to) being answered
+        self.registry = Registry(self.policy.resolve, self._on_stream, self._on_records,
+                                 writer.previous_activity, self._claim,
+                                 lambda stream: not stream.is_local() or pid_alive(stream.pid))
+        # Bound first: an endpoint that cannot be served is refused before anything starts.
+        self.receiver = Receiver(config.endpoint, self.registry, self._connection_lost,
+                                 config.secret, config.heartbeat_s, shared=config.shared)
         own_job = config.root is None
         self.monitor = ResourceMonitor(
             config.interval_s, os.environ.get("CUDA_VISIBLE_DEVICES") if own_job else None,
             all_splits_share_gpus=own_job, open_gpus=open_gpus)
-        self.registry = Registry(self.policy.resolve, self._on_stream, self._on_records,
-                                 writer.previous_activity, self._claim,
-                                 lambda stream: not stream.is_local() or pid_alive(stream.pid))
-        self.receiver = Receiver(config.endpoint, self.registry, self._run_alive,
-                                 shared=config.shared)
         self.dispatcher = Dispatcher(self.registry, self.monitor, self.write, self.status_for,
                                      self.finish_job)
         self._signal: int | None = None
         self._gone: dict[bytes, float] = {}  # run id -> when its process was first seen gone
+        # Runs whose hello was answered with a refusal: their connection ends, not dropped.
+        self._sent_away: deque[bytes] = deque(maxlen=1024)
         self._next_liveness = 0.0
         # (monotonic s, records received) every TICK_S: the status view's record rate
         self._rate_window: deque[tuple[float, int]] = deque(
@@ -131,11 +144,22 @@ class Server:
     def _on_records(self, stream: Stream, values: array) -> None:
         self.monitor.note_records(stream.split, stream.rank, values)
 
-    def _run_alive(self, run_id: bytes) -> bool | None:
+    def _connection_lost(self, run_id: bytes) -> bool:
+        """A run's connection ended without a goodbye: a local run is left to the liveness
+        check (True when its process is gone); a remote one, which only its connection
+        tells of (ZMTP heartbeats drop a dead or unreachable host), ends with it. The
+        connection of a run whose hello was refused ends as the markers hang up.
+        """
         stream = self.registry.streams.get(run_id)
-        if stream is None or not stream.is_local():
-            return None
-        return pid_alive(stream.pid)
+        if stream is None:
+            return run_id in self._sent_away
+        if stream.is_local():
+            return not pid_alive(stream.pid)
+        if not stream.finished:
+            self._end_stream(stream, f"the connection from {stream.host or 'its host'} ended "
+                             f"without finish() (no heartbeat answered within "
+                             f"{self.config.heartbeat_s:g} s, or closed)", time.time())
+        return True
 
     # -- writing --------------------------------------------------------------------
 
@@ -232,9 +256,7 @@ class Server:
         foreign = self._foreign(message)
         if foreign is not None:
             self.registry.reject("foreign_user", foreign)
-            if "reply_to" in body:
-                self.receiver.reply(message.identity, {"reply_to": body["reply_to"],
-                                                       "ok": False, "error": foreign})
+            self._reply(message, body, {"ok": False, "error": foreign})
             return
         if message.records is not None:
             self.registry.records(message.header, message.records, now)
@@ -252,14 +274,21 @@ class Server:
             self.registry.reject("refused", str(exc))
             self.registry.last_error = str(exc)
             reply = {"ok": False, "error": str(exc)}
-        if "reply_to" in body and reply is not None:
-            self.receiver.reply(message.identity, {"reply_to": body["reply_to"], **reply})
+        self._reply(message, body, reply)
         try:  # a checkpoint's writing: its progress still goes to that client (see _progress)
             later, self.dispatcher.later = self.dispatcher.later, []
             for action in later:
                 action()
         finally:
             self._waiting = None
+
+    def _reply(self, message: Incoming, body: dict[str, Any], reply: dict[str, Any] | None,
+               ) -> None:
+        """Answer ``message`` with ``reply`` when its sender asked for one."""
+        if "reply_to" in body and reply is not None:
+            self.receiver.reply(message.identity, {"reply_to": body["reply_to"], **reply})
+            if body["type"] == wire.HELLO and not reply.get("ok"):
+                self._sent_away.append(message.header.run_id)  # the markers hang up now
 
     def handle_safely(self, message: Incoming) -> None:
         """``handle``, with any error counted and logged: one bad message never stops the
@@ -353,7 +382,7 @@ class Server:
             first_seen = self._gone.setdefault(stream.run_id, now)
             if now - first_seen < LIVENESS_S:
                 continue  # its last messages may still be on the way
-            cause = self._child_cause() or f"process {stream.pid} ended without finish()"
+            cause = self._child_cause() or gone_cause(stream.pid)
             self._end_stream(stream, cause, now)
 
     def _end_stream(self, stream: Stream, cause: str, now: float) -> None:
@@ -374,6 +403,8 @@ class Server:
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         if self.child is not None and self.child.poll() is None:
+            if self.child_shares_group and signum in TERMINAL_SIGNALS:
+                return  # the job got it too (Ctrl-C in pdb is its own); we wait for its end
             if self._signal == signum:  # asked twice: stop waiting for the job
                 self.child = None
             else:
@@ -400,7 +431,7 @@ class Server:
         """Serve until stopped (signal, job or owner gone); write everything; return the
         exit status: the job's under ``sidecar run``, else 0.
         """
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in STOP_SIGNALS:
             signal.signal(signum, self._on_signal)
         log.info("listening on %s", self.receiver.endpoint)
         self._call_hooks("ready", self.publish())
@@ -436,27 +467,46 @@ class Server:
     def _finalize(self) -> None:
         now = time.time()
         cause = self._child_cause()  # the job's own end, also when a signal was forwarded
+        owner = self.config.owner_pid
+        if cause is None and owner is not None and not pid_alive(owner):
+            cause = gone_cause(owner)
         if cause is None and self._signal is not None:
             cause = f"sidecar stopped by {signal.Signals(self._signal).name}"
-        cause = cause or "the training process is gone"
         for stream in self.registry.live_streams():
-            self._end_stream(stream, cause, now)
+            self._end_stream(stream, cause or gone_cause(stream.pid), now)
         self.write_dirty()
         pending = [s.write_error for s in self.registry.splits.values() if s.dirty]
         for error in pending:
             log.error("exiting with unwritten data: %s", error)
 
 
+def gone_cause(pid: int) -> str:
+    """The cause of a run whose process ended without finishing it (no exit status known:
+    not our child)."""
+    return (f"process {pid} ended without finish() (killed, e.g. by SIGKILL or the "
+            "out-of-memory killer, or it exited without closing the run)")
+
+
 def serve(config: Config, command: list[str] | None = None, **seams: Any) -> int:
-    """Run a sidecar; with ``command``, start it with SIDECAR_ENDPOINT set and return its
-    exit status once it ended and everything is written. ``seams`` go to ``Server``
-    (hooks, open_gpus, write_bytes).
+    """Run a sidecar; with ``command``, start it with SIDECAR_ENDPOINT (and
+    SIDECAR_SECRET, when ``config`` has one) set and return its exit status once it ended
+    and everything is written. ``seams`` go to ``Server`` (hooks, open_gpus, write_bytes).
+
+    Attached to a terminal (stdin is one), the job runs in our process group, as if
+    started directly: it reads the terminal (input, pdb) and gets Ctrl-C, Ctrl-backslash and
+    Ctrl-Z from it. Otherwise it gets a process group of its own, and every signal we get
+    is forwarded to it once. Raises EndpointError when the endpoint cannot be served (the
+    job is then not started).
     """
-    server = Server(config, **seams)
+    shares_group = os.isatty(0)
+    server = Server(config, child_shares_group=shares_group, **seams)
     if command:
         env = {**os.environ, "SIDECAR_ENDPOINT": server.receiver.endpoint}
+        if config.secret:
+            env[shared_secret.ENV] = config.secret
         try:
-            server.child = subprocess.Popen(command, env=env, process_group=0)
+            server.child = subprocess.Popen(command, env=env,
+                                            process_group=None if shares_group else 0)
         except OSError as exc:
             server.receiver.close()
             log.error("cannot start %s: %s", command[0], exc)

@@ -7,8 +7,13 @@ descriptor it came on (``SRCFD``), so the two can be joined: a connection that e
 without a goodbye (``finish`` or ``status``) while its client lives was dropped by
 this side: a message over the cap, or a ZMTP protocol error. Those are counted as rejected
 input of kind ``connection_dropped``; handshakes that fail (a peer of an incompatible
-socket type or protocol) as ``handshake``. A client whose process died is left to the
-liveness check, which reports the run as incomplete.
+socket type or protocol) as ``handshake``, or as ``unauthenticated`` on a socket that
+serves only holders of a secret (a client without it fails there). A connection that
+ends after its run's process died, or that was the only link to a remote run (the server
+ends that run), is not counted.
+
+A failed handshake is reported without the connection's descriptor (the event carries
+the error code), and the connection's end follows it: that end is not counted again.
 """
 
 from __future__ import annotations
@@ -26,36 +31,43 @@ GOODBYES = frozenset({wire.FINISH, wire.STATUS, wire.FINISH_JOB})
 # A disconnect is judged this long after it was seen: a client killed by a signal loses
 # its connection a moment before its process shows as gone.
 JUDGE_AFTER_S = 0.5
-_EVENTS = (zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-           | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+_HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                     | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | _HANDSHAKE_FAILED
 
 
 @dataclass
 class _Peer:
     run_id: bytes | None = None
     said_goodbye: bool = False
-    handshake_failed: bool = False
+    spoke: bool = False  # a message came on it (so its handshake succeeded)
 
 
 class ConnectionWatch:
     """Joins the ROUTER's monitor events with the messages read; reports dropped ones.
 
-    ``reject(kind, detail)`` counts one; ``run_alive(run_id)`` tells whether the process of
-    a run still lives (None when the run is unknown).
+    ``reject(kind, detail)`` counts one; ``connection_lost(run_id)`` is told of a run's
+    connection that ended without a goodbye and returns True when that needs no count
+    (its process died, or the run ends with it). ``refuse_failed_handshakes``: the socket
+    serves only holders of a secret, so a failed handshake is an ``unauthenticated`` client.
     """
 
     def __init__(self, socket: zmq.Socket, reject: Callable[[str, str], None],
-                 run_alive: Callable[[bytes], bool | None]) -> None:
+                 connection_lost: Callable[[bytes], bool],
+                 refuse_failed_handshakes: bool = False) -> None:
         self._monitor = socket.get_monitor_socket(_EVENTS)
         self._socket = socket
         self._reject = reject
-        self._run_alive = run_alive
+        self._connection_lost = connection_lost
+        self._refuse = refuse_failed_handshakes
         self._peers: dict[int, _Peer] = {}
         self._ended: list[tuple[float, _Peer]] = []
+        self._failed_handshakes = 0  # whose connection's end is still to come
 
     def message(self, fd: int, run_id: bytes, control_type: str | None) -> None:
         """Note a message read from the connection ``fd`` (its control type, if any)."""
         peer = self._peers.setdefault(fd, _Peer())
+        peer.spoke = True
         if run_id != bytes(16):
             peer.run_id = run_id
         peer.said_goodbye = control_type in GOODBYES
@@ -79,9 +91,13 @@ class ConnectionWatch:
             elif kind == zmq.EVENT_DISCONNECTED:
                 self._ended.append((now, self._peers.setdefault(fd, _Peer())))
             else:
-                self._peers.setdefault(fd, _Peer()).handshake_failed = True
-                self._reject("handshake", "a peer failed the ZeroMQ handshake (incompatible "
-                             "socket type or protocol)")
+                self._failed_handshakes += 1
+                if self._refuse:
+                    self._reject("unauthenticated", "a client without this job's secret "
+                                 "was refused at the handshake")
+                else:
+                    self._reject("handshake", "a peer failed the ZeroMQ handshake "
+                                 "(incompatible socket type or protocol)")
         while self._ended and now - self._ended[0][0] >= JUDGE_AFTER_S:
             peer = self._ended.pop(0)[1]
             for fd in [fd for fd, known in self._peers.items() if known is peer]:
@@ -89,10 +105,13 @@ class ConnectionWatch:
             self._judge(peer)
 
     def _judge(self, peer: _Peer) -> None:
-        if peer.said_goodbye or peer.handshake_failed:
+        if not peer.spoke and self._failed_handshakes:
+            self._failed_handshakes -= 1  # the end of a connection whose handshake failed
             return
-        if peer.run_id is not None and self._run_alive(peer.run_id) is False:
-            return  # the client died: the liveness check reports its run
+        if peer.said_goodbye:
+            return
+        if peer.run_id is not None and self._connection_lost(peer.run_id):
+            return
         self._reject("connection_dropped", "a connection ended without a goodbye while its "
                      f"client lives: a message over {wire.MAX_MESSAGE_BYTES} bytes (the "
                      "socket's cap) or a protocol error")

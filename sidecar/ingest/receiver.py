@@ -1,29 +1,36 @@
 """The sidecar's socket: one ZeroMQ ROUTER bound at the endpoint. It reads frames, decodes
 them with ``markers.wire`` and hands them on; frames that do not decode are rejected and
 counted here. Replies go back to the sender's identity as JSON.
+
+The socket has a ZeroMQ context of its own (a ZAP handler answers for it alone). It is
+bound by ``binding`` (an endpoint already served is refused, a stale socket file taken
+over); with a secret (a job's own sidecar) ``job_only`` lets in only its holders, the
+others fail the handshake and are counted (``unauthenticated``). ZMTP heartbeats drop a
+client that stops answering (a dead host, a frozen process) within ``heartbeat_s``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import zmq
 
 from markers import wire
 from markers.endpoints import bind_address, ipc_path
+from sidecar.ingest.binding import bind
 from sidecar.ingest.connections import ConnectionWatch
+from sidecar.ingest.job_only import JobOnly
 from sidecar.ingest.peers import Peer, peer_of
 from sidecar.ingest.streams import Registry
 
 # Frames read per poll before the server gets to run its timers.
 BATCH = 256
+HEARTBEAT_S = 10.0  # default: a silent client is dropped within this many seconds
 
 
 @dataclass(frozen=True)
@@ -41,44 +48,48 @@ class Incoming:
 class Receiver:
     """Owns the ROUTER socket; ``read`` returns what arrived, ``reply`` answers a sender.
 
-    ``run_alive(run_id)`` tells whether a run's process lives (None: unknown run); it lets
-    the connection watch tell dropped connections from dead clients. ``shared``: an ipc
-    socket every local user may connect to (0666; a daemon that tells users apart by
-    their peer credentials), else its owner's only.
+    ``connection_lost(run_id)`` is told when the connection of a run ended without a
+    goodbye; it returns True when that is the run's end (not a connection to count as
+    dropped). ``secret``: serve only clients holding it. ``shared``: an ipc socket every
+    local user may connect to (0666; a daemon that tells users apart by their peer
+    credentials), else its owner's only. Raises EndpointError when the endpoint cannot be
+    served.
     """
 
     def __init__(self, endpoint: str, registry: Registry,
-                 run_alive: Callable[[bytes], bool | None], shared: bool = False) -> None:
+                 connection_lost: Callable[[bytes], bool], secret: str | None = None,
+                 heartbeat_s: float = HEARTBEAT_S, shared: bool = False) -> None:
         self.endpoint = bind_address(endpoint)
         self.registry = registry
-        self.context = zmq.Context.instance()
+        self.context = zmq.Context()
         self.socket = self.context.socket(zmq.ROUTER)
-        self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_BYTES)
-        self.socket.setsockopt(zmq.RCVHWM, 100_000)
-        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 0)
-        path = ipc_path(self.endpoint)
-        self._ipc = path is not None
-        if path is not None:
-            self._bind_ipc(path, shared)
-        else:
-            self.socket.bind(self.endpoint)
-        self.connections = ConnectionWatch(self.socket, registry.reject, run_alive)
-
-    def _bind_ipc(self, path: Path, shared: bool) -> None:
-        """Bind an ipc socket readable and writable by its owner only (0600; a folder
-        created for it is private, 0700), or by everyone when ``shared`` (0666, 0755).
-        """
-        folder_mode, socket_mode = (0o755, 0o666) if shared else (0o700, 0o600)
-        if not path.parent.exists():
-            path.parent.mkdir(mode=folder_mode, parents=True)
-            os.chmod(path.parent, folder_mode)  # mkdir's mode is filtered by the umask
-        old = os.umask(0o177)  # no moment with a looser socket than asked
+        self._guard: JobOnly | None = None
         try:
-            self.socket.bind(self.endpoint)
-        finally:
-            os.umask(old)
-        os.chmod(path, socket_mode)
+            self._configure(heartbeat_s)
+            if secret is not None:
+                self._guard = JobOnly(self.context, self.socket, secret)
+            bind(self.socket, self.endpoint, shared)
+            path = ipc_path(self.endpoint)
+            self._ipc = path is not None
+            if path is not None and self._guard is not None:
+                self._guard.keep_beside(path)
+        except BaseException:
+            self._close_context()
+            raise
+        self.connections = ConnectionWatch(self.socket, registry.reject, connection_lost,
+                                           refuse_failed_handshakes=secret is not None)
+
+    def _configure(self, heartbeat_s: float) -> None:
+        socket = self.socket
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_BYTES)
+        socket.setsockopt(zmq.RCVHWM, 100_000)
+        socket.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        # A ping every fifth of the time, an answer awaited for three fifths of it: a
+        # silent peer is dropped within heartbeat_s. TTL tells the clients the same bound.
+        socket.setsockopt(zmq.HEARTBEAT_IVL, max(1, int(heartbeat_s * 200)))
+        socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, int(heartbeat_s * 600)))
+        socket.setsockopt(zmq.HEARTBEAT_TTL, min(6_553_500, int(heartbeat_s * 1000)))
 
     def read(self, timeout_ms: int) -> list[Incoming]:
         """Wait up to ``timeout_ms`` for frames; return up to ``BATCH`` decoded messages."""
@@ -123,9 +134,15 @@ class Receiver:
             self.socket.send_multipart([identity, json.dumps(body).encode()], zmq.NOBLOCK)
 
     def close(self) -> None:
-        """Close the socket and remove an ipc socket file."""
+        """Close the socket and remove an ipc socket file (and the secret beside it)."""
         self.connections.close()
-        self.socket.close(linger=0)
+        self._close_context()
         path = ipc_path(self.endpoint)
         if path is not None:
             path.unlink(missing_ok=True)
+
+    def _close_context(self) -> None:
+        self.socket.close(linger=0)
+        if self._guard is not None:
+            self._guard.close()
+        self.context.term()

@@ -307,16 +307,18 @@ class Registry:
             agg = split.load_state(saved, stream.rank, continuing)
             saved_unix = float(saved["ranks"].get(str(stream.rank), {}).get(
                 "saved_unix", stream.start_unix))
-        except (KeyError, ValueError, TypeError, AttributeError) as exc:
+            if not (agg.sessions and agg.sessions[-1].end_ns is None):
+                # the loaded sessions are used here first: a wrong value in them fails here
+                agg.account_resume(saved_unix, stream.previous_end_unix, stream.start_unix)
+                agg.begin_session(stream.start_unix, stream.start_ns, stream.key)
+        except (KeyError, ValueError, TypeError, AttributeError, IndexError,
+                ArithmeticError) as exc:
             split.fresh_rank(stream.rank)
             raise state.StateError(f"saved state does not fit schema {state.SCHEMA} "
                                    f"({type(exc).__name__}: {exc})") from None
         if repeat:  # a new sidecar took over a running process: what came since is missing
             split.gaps.append((max(saved_unix, stream.start_unix), now))
             stream.received = split.received.get(stream.key, 0)
-        if not (agg.sessions and agg.sessions[-1].end_ns is None):
-            agg.account_resume(saved_unix, stream.previous_end_unix, stream.start_unix)
-            agg.begin_session(stream.start_unix, stream.start_ns, stream.key)
         return agg
 
     def load_state(self, stream: Stream, saved: Any) -> dict[str, Any]:

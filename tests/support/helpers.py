@@ -53,9 +53,11 @@ def wait_for(predicate: Callable[[], T], timeout_s: float, what: str,
         time.sleep(interval_s)
 
 
-def status(endpoint: str, timeout_s: float = 2.0) -> dict[str, Any] | None:
-    """The sidecar's status view, asked over its socket; None when none answers."""
-    sender = Sender(connect_address(endpoint), bytes(16), 0)
+def status(endpoint: str, timeout_s: float = 2.0,
+           secret: str | None = None) -> dict[str, Any] | None:
+    """The sidecar's status view, asked over its socket (showing ``secret`` to a job's own
+    sidecar); None when none answers."""
+    sender = Sender(connect_address(endpoint), bytes(16), 0, secret)
     try:
         return sender.request({"type": wire.STATUS}, timeout_s, connect_timeout_s=timeout_s)
     finally:
@@ -72,16 +74,16 @@ def sidecar_command(*args: str, seams: Sequence[str] = ()) -> list[str]:
 
 class Sidecar:
     """A ``sidecar serve`` subprocess; its log goes to ``log`` (a file). ``seams`` are
-    test-launcher options (see ``sidecar_command``)."""
+    test-launcher options (see ``sidecar_command``), ``args`` more options of serve."""
 
     def __init__(self, endpoint: str, root: Path, log: Path, seams: Sequence[str] = (),
-                 **popen: Any) -> None:
+                 args: Sequence[str] = (), **popen: Any) -> None:
         self.endpoint = endpoint
         self.root = root
         self.log = log
         with log.open("ab") as handle:
             self.process = subprocess.Popen(
-                sidecar_command("serve", "--endpoint", endpoint, "--root", str(root),
+                sidecar_command("serve", "--endpoint", endpoint, "--root", str(root), *args,
                                 seams=seams),
                 env=env(), stdout=handle, stderr=handle, stdin=subprocess.DEVNULL, **popen)
         wait_for(lambda: self.process.poll() is not None or status(endpoint, 0.5), 30,
@@ -126,9 +128,9 @@ def serve(short_tmp: Path) -> Iterator[Callable[..., Sidecar]]:
     (short_tmp / "root").mkdir(exist_ok=True)
 
     def start(endpoint: str | None = None, root: Path | None = None,
-              seams: Sequence[str] = (), **popen: Any) -> Sidecar:
+              seams: Sequence[str] = (), args: Sequence[str] = (), **popen: Any) -> Sidecar:
         sidecar = Sidecar(endpoint or f"ipc://{short_tmp}/s.sock", root or short_tmp / "root",
-                          short_tmp / "sidecar.log", seams, **popen)
+                          short_tmp / "sidecar.log", seams, args, **popen)
         started.append(sidecar)
         return sidecar
 
