@@ -24,7 +24,9 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
+from markers.cuda import check_device_spec
 from markers.run import Phase, Run
 from markers.transport import Sender
 
@@ -86,7 +88,7 @@ def start_run(out_dir: str | os.PathLike[str] = "maps", split: int = 0,
               warmup_iterations: int = 10, num_measurements: int = 100,
               train_batch_size: int | None = None, val_batch_size: int | None = None,
               accumulation_steps: int = 1, resume: bool = False,
-              endpoint: str | None = None) -> Run:
+              endpoint: str | None = None, device: Any = None) -> Run:
     """Start monitoring one split of a training run and return its ``Run``.
 
     Connects to the sidecar at ``endpoint``, else ``$SIDECAR_ENDPOINT``, else starts a
@@ -96,7 +98,13 @@ def start_run(out_dir: str | os.PathLike[str] = "maps", split: int = 0,
     endpoint picks the run up). ``resume`` continues the split from the state the sidecar
     saved at the last ``checkpoint()``. Times are measured with ``time.perf_counter_ns``.
 
-    Raises ValueError for a negative warmup, a cap, batch size or accumulation below 1.
+    ``device`` says which CUDA device GPU timing uses: an index, ``"cuda:N"``, a
+    ``torch.device``, a tensor, or the model (where its parameters live). Without it the
+    device where the process holds memory is timed, else ``LOCAL_RANK``'s, else the
+    current one (``docs/gpu-timing.md``).
+
+    Raises ValueError for a negative warmup, a cap, batch size or accumulation below 1,
+    or a ``device`` that cannot name a CUDA device.
     """
     _check("split", split, 0)
     _check("warmup_iterations", warmup_iterations, 0)
@@ -104,6 +112,7 @@ def start_run(out_dir: str | os.PathLike[str] = "maps", split: int = 0,
     _check("train_batch_size", train_batch_size, 1)
     _check("val_batch_size", val_batch_size, 1)
     _check("accumulation_steps", accumulation_steps, 1)
+    check_device_spec(device)
     endpoint = endpoint or os.environ.get("SIDECAR_ENDPOINT")
     if endpoint:
         from sidecar.endpoints import connect_address  # standard library only
@@ -138,7 +147,7 @@ def start_run(out_dir: str | os.PathLike[str] = "maps", split: int = 0,
             _stop_private_sidecar(endpoint, private)
     first_epoch = reply.get("epoch") if reply else 0
     run = Run(sender, hello, monitored, on_close,
-              first_epoch if isinstance(first_epoch, int) else 0)
+              first_epoch if isinstance(first_epoch, int) else 0, device)
     folder = reply.get("out_dir") if reply else None
     run.out_dir = Path(folder) if isinstance(folder, str) else None
     atexit.register(run.close_at_exit)

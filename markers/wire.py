@@ -51,6 +51,8 @@ RECORD_FIELDS = (
     "end_ns",
     "gpu_ns",
     "peak_bytes",
+    "gpu_lag_ns",  # the GPU reached the phase's start this long after start_ns (0: unknown
+    #                or no GPU time); µs resolution on the wire
 )
 RECORD_WIDTH = len(RECORD_FIELDS)
 
@@ -62,8 +64,10 @@ FLAG_GPU_DROPPED = 4  # a GPU measurement was wanted but could not be made
 SLOT_WIDTH = 3
 SLOT_BYTES = 8 * SLOT_WIDTH
 TAG_CONTEXT = 0xFFFF  # tag | flags << 16 | epoch << 32; a = iteration; b = batch
-TAG_GPU = 0xFFFE  # a = gpu_ns, b = peak_bytes of the phase slot before; tag | flags << 16
+# a = gpu_ns, b = peak_bytes of the phase slot before; tag | flags << 16 | lag_us << 32
+TAG_GPU = 0xFFFE
 TAG_MASK = 0xFFFF
+MAX_LAG_US = 2**31 - 1  # ~36 min: a larger lag is sent as this
 
 # Canonical phases: id -> column label. Ids are part of the protocol; never renumber.
 TRAINING = 0
@@ -142,6 +146,11 @@ def context_slot(flags: int, epoch: int, iteration: int, batch: int) -> tuple[in
     return (TAG_CONTEXT | flags << 16 | epoch << 32, iteration, batch)
 
 
+def gpu_tag(lag_ns: int) -> int:
+    """The tag of a measured GPU slot whose GPU start lags the phase's start by ``lag_ns``."""
+    return TAG_GPU | min(max(lag_ns, 0) // 1000, MAX_LAG_US) << 32
+
+
 def encode_records(header: bytes, slots: array) -> bytes:
     """A RECORDS message: ``header`` followed by the little-endian bytes of ``slots``."""
     if sys.byteorder != "little":  # the wire is little-endian; swap a copy on big-endian hosts
@@ -205,13 +214,14 @@ def decode_records(frame: bytes) -> array:
             records[last_phase + 1] |= (tag >> 16) & 0xFFFF
             records[last_phase + 7] = a
             records[last_phase + 8] = b
+            records[last_phase + 9] = (tag >> 32) * 1000
             last_phase = -1
         else:
             last_phase = len(records)
             flags, epoch, iteration, batch = context
             if tag >> 16:  # a phase slot is its id alone: mark the record bad (all flags)
                 flags = -1
-            records.extend((kind, flags, epoch, iteration, batch, a, b, -1, -1))
+            records.extend((kind, flags, epoch, iteration, batch, a, b, -1, -1, 0))
     return records
 
 
