@@ -25,11 +25,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.results import write_section  # noqa: E402
-from sidecar.samplers import DEFAULT_INTERVAL_S  # noqa: E402
-from sidecar.samplers.host import HostSampler  # noqa: E402
-from sidecar.samplers.nvml import NvmlSampler, open_nvml  # noqa: E402
-from sidecar.samplers.schedule import Schedule  # noqa: E402
-from tests.fake_pynvml import MIB, FakeGpu, FakeNvml  # noqa: E402
+from sidecar.resources.samplers import DEFAULT_INTERVAL_S  # noqa: E402
+from sidecar.resources.samplers.host import HostSampler  # noqa: E402
+from sidecar.resources.samplers.nvml import NvmlSampler, open_nvml  # noqa: E402
+from sidecar.resources.samplers.schedule import Schedule  # noqa: E402
+from tests.support.fake_pynvml import MIB, FakeGpu, FakeNvml  # noqa: E402
 
 REPEATS = 300
 LOOP_S = 10.0

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from markers.cuda import check_device_spec
+from markers.endpoints import connect_address, ipc_path, private_endpoint
 from markers.run import Phase, Run
 from markers.transport import Sender
 
@@ -55,8 +56,6 @@ def _versions() -> dict[str, str]:
 
 def _start_private_sidecar() -> tuple[str, subprocess.Popen[bytes]]:
     """Start a sidecar for this process alone; it stops when we finish or die."""
-    from sidecar.endpoints import private_endpoint  # standard library only
-
     endpoint = private_endpoint()
     process = subprocess.Popen(
         [sys.executable, "-m", "sidecar", "serve", "--quiet", "--endpoint", endpoint,
@@ -73,9 +72,10 @@ def _stop_private_sidecar(endpoint: str, process: subprocess.Popen[bytes]) -> No
         process.wait(timeout=5.0)
     except subprocess.TimeoutExpired:
         process.kill()
-    folder = Path(endpoint.removeprefix("ipc://")).parent
+    socket_file = ipc_path(endpoint)
     with contextlib.suppress(OSError):  # not empty or already gone: leave it
-        folder.rmdir()
+        if socket_file is not None:
+            socket_file.parent.rmdir()
 
 
 def _check(name: str, value: int | None, low: int) -> None:
@@ -115,8 +115,6 @@ def start_run(out_dir: str | os.PathLike[str] = "maps", split: int = 0,
     check_device_spec(device)
     endpoint = endpoint or os.environ.get("SIDECAR_ENDPOINT")
     if endpoint:
-        from sidecar.endpoints import connect_address  # standard library only
-
         endpoint = connect_address(endpoint)
     private: subprocess.Popen[bytes] | None = None
     timeout_s = CONNECT_TIMEOUT_S

@@ -55,6 +55,9 @@ RECORD_FIELDS = (
     #                or no GPU time); µs resolution on the wire
 )
 RECORD_WIDTH = len(RECORD_FIELDS)
+# Offsets of the fields within one decoded record (the order of RECORD_FIELDS).
+(P_PHASE, P_FLAGS, P_EPOCH, P_ITERATION, P_BATCH, P_START, P_END, P_GPU, P_PEAK,
+ P_LAG) = range(RECORD_WIDTH)
 
 FLAG_IN_ITERATION = 1  # part of a training or validation iteration (summed per iteration)
 FLAG_VALIDATION = 2  # recorded during validation
@@ -108,6 +111,18 @@ CANONICAL_PHASE_NAMES: dict[str, int] = {
     "evaluation": EVALUATION,
     "metrics": METRICS,
 }
+
+# Control message types (the "type" key of a CONTROL body). Markers -> sidecar:
+HELLO = "hello"  # a run starts (or re-announces itself): its settings and identity
+PHASE = "phase"  # declares a custom phase id and name
+GPU = "gpu"  # the GPU the run's markers time on (uuid, name)
+BATCH_SIZE = "batch_size"  # a batch size read from the first batch
+CHECKPOINT = "checkpoint"  # write every file and the resume state now (answered)
+STATE = "state"  # send the split's state document (answered)
+LOAD_STATE = "load_state"  # continue the split from a state the user kept (answered)
+FINISH = "finish"  # the run ended; write everything (answered)
+STATUS = "status"  # the status view (``sidecar status``; answered)
+CONTROL_TYPES = (HELLO, PHASE, GPU, BATCH_SIZE, CHECKPOINT, STATE, LOAD_STATE, FINISH, STATUS)
 
 # Upper bound the sidecar enforces at the socket (ZMQ_MAXMSGSIZE).
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
@@ -211,10 +226,10 @@ def decode_records(frame: bytes) -> array:
         elif kind == TAG_GPU:
             if last_phase < 0:
                 raise WireError("malformed", "a GPU slot that follows no phase slot")
-            records[last_phase + 1] |= (tag >> 16) & 0xFFFF
-            records[last_phase + 7] = a
-            records[last_phase + 8] = b
-            records[last_phase + 9] = (tag >> 32) * 1000
+            records[last_phase + P_FLAGS] |= (tag >> 16) & 0xFFFF
+            records[last_phase + P_GPU] = a
+            records[last_phase + P_PEAK] = b
+            records[last_phase + P_LAG] = (tag >> 32) * 1000
             last_phase = -1
         else:
             last_phase = len(records)

@@ -8,10 +8,11 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
-from sidecar import endpoints
-from sidecar.samplers import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
-from sidecar.server import Config, serve
+from markers import endpoints
+from sidecar.daemon.server import Config, serve
+from sidecar.resources.samplers import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
 
 STATUS_TIMEOUT_S = 5.0  # a busy daemon answers after the messages queued before
 
@@ -93,8 +94,9 @@ def _status(endpoint: str, as_json: bool) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the console script and of ``python -m sidecar``; returns the status."""
+def main(argv: list[str] | None = None, **seams: Any) -> int:
+    """Entry point of the console script and of ``python -m sidecar``; returns the status.
+    ``seams`` go to the server (see ``sidecar.daemon.server.Server``); tests use them."""
     args = _parser().parse_args(argv)
     if args.command == "status":
         return _status(args.endpoint or endpoints.daemon_endpoint(), args.json)
@@ -106,16 +108,18 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         config = Config(args.endpoint or endpoints.daemon_endpoint(), args.root,
                         args.owner_pid, args.interval)
-        return serve(config)
+        return serve(config, **seams)
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not command:
         print("sidecar run: give the command after --", file=sys.stderr)
         return 2
     if args.endpoint:
-        return serve(Config(args.endpoint, interval_s=args.interval), command)
+        return serve(Config(args.endpoint, interval_s=args.interval), command, **seams)
     endpoint = endpoints.private_endpoint()
     try:
-        return serve(Config(endpoint, interval_s=args.interval), command)
+        return serve(Config(endpoint, interval_s=args.interval), command, **seams)
     finally:  # the job's private folder (its socket file is already gone)
+        socket_file = endpoints.ipc_path(endpoint)
         with contextlib.suppress(OSError):
-            Path(endpoint.removeprefix("ipc://")).parent.rmdir()
+            if socket_file is not None:
+                socket_file.parent.rmdir()

@@ -1,4 +1,4 @@
-"""Fixtures shared by the tests (the machinery lives in ``tests.helpers``)."""
+"""Fixtures shared by the tests (the machinery lives in ``tests.support.helpers``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.helpers import Sidecar, serve, short_tmp
+from tests.support.helpers import Sidecar, serve, short_tmp
 
 __all__ = ["serve", "short_tmp"]
 

@@ -17,7 +17,7 @@ from markers.cuda import (
     format_uuid,
 )
 from markers.gpu import GpuTimer, open_gpu_timer
-from tests.fake_cuda import FakeCuda, cuda_device, fake_torch
+from tests.support.fake_cuda import FakeCuda, cuda_device, fake_torch
 
 MiB = 1024 * 1024
 

@@ -1,0 +1,27 @@
+"""The daemon's lifecycle hooks: what a service manager (sd_notify), an exporter or a test
+may plug into the loop without the loop knowing them.
+
+Hooks run on the loop thread and must return quickly; an exception from one is logged and
+does not stop the sidecar.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from sidecar.daemon.snapshot import Snapshot
+
+
+class Lifecycle(Protocol):
+    """Called by ``Server.run``: ``ready`` once the socket is bound and the samplers
+    started, ``tick`` at every turn of the loop (at most ``TICK_S`` apart while the loop is
+    healthy), ``stopping`` when the shutdown writing begins."""
+
+    def ready(self, snapshot: Snapshot) -> None:
+        """The sidecar is bound and sampling."""
+
+    def tick(self, snapshot: Snapshot) -> None:
+        """One turn of the loop; ``snapshot`` is the state it just published."""
+
+    def stopping(self) -> None:
+        """Shutdown has begun: the final files are being written."""

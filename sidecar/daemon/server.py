@@ -1,0 +1,331 @@
+"""The sidecar's event loop: reads the socket, hands messages to the dispatcher and the
+streams, watches the training processes, writes files on checkpoint, finish, death and
+shutdown, and publishes a snapshot of itself each turn for the lifecycle hooks.
+
+One thread: ZeroMQ queues what arrives while the loop writes, and the loop wakes at least
+every ``TICK_S`` to check signals, processes and retries, so it reacts within 2 s.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import time
+from array import array
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from markers import wire
+from sidecar.daemon.dispatch import Dispatcher
+from sidecar.daemon.lifecycle import Lifecycle
+from sidecar.daemon.liveness import describe_exit, pid_alive
+from sidecar.daemon.policy import OutDirPolicy
+from sidecar.daemon.snapshot import RunView, Snapshot
+from sidecar.ingest.receiver import Incoming, Receiver
+from sidecar.ingest.streams import Refused, Registry, Stream
+from sidecar.model.split import Split
+from sidecar.resources.monitor import ResourceMonitor
+from sidecar.resources.samplers import DEFAULT_INTERVAL_S
+from sidecar.resources.samplers.nvml import open_nvml
+from sidecar.sinks import writer
+from sidecar.sinks.atomic import write_atomic
+
+log = logging.getLogger("sidecar")
+
+TICK_S = 0.2
+LIVENESS_S = 0.4  # a process found gone is declared dead on the next check
+RETRY_S = 5.0  # a failed write is retried this often (and at every checkpoint/finish)
+KEEP_ENDED_S = 600.0  # an ended split stays in memory (and in status) this long
+RATE_WINDOW_S = 10.0  # the status view's record rate is the mean over this trailing window
+
+
+@dataclass(frozen=True)
+class Config:
+    """How a sidecar serves: where it listens and where it may write."""
+
+    endpoint: str
+    root: Path | None = None  # None: a job's own sidecar, out_dir relative to the job's cwd
+    owner_pid: int | None = None  # private sidecar: stop once this process is gone
+    interval_s: float = DEFAULT_INTERVAL_S  # resource sampling period
+
+
+class Server:
+    """A running sidecar; ``run()`` returns the exit status for the command line.
+
+    Test seams are constructor parameters: ``open_gpus`` opens NVML (a fake on machines
+    without a GPU), ``write_file`` replaces one file atomically (a fake full disk), and
+    ``hooks`` receive the lifecycle calls (sd_notify, exporters).
+    """
+
+    def __init__(self, config: Config, child: subprocess.Popen[bytes] | None = None, *,
+                 hooks: Sequence[Lifecycle] = (),
+                 open_gpus: Callable[[str | None], Any] = open_nvml,
+                 write_file: writer.WriteFile = write_atomic) -> None:
+        self.config = config
+        self.child = child
+        self.hooks = list(hooks)
+        self.policy = OutDirPolicy(config.root)
+        self._write_file = write_file
+        own_job = config.root is None
+        self.monitor = ResourceMonitor(
+            config.interval_s, os.environ.get("CUDA_VISIBLE_DEVICES") if own_job else None,
+            all_splits_share_gpus=own_job, open_gpus=open_gpus)
+        self.registry = Registry(self.policy.resolve, self._on_stream, self._on_records,
+                                 writer.previous_activity)
+        self.receiver = Receiver(config.endpoint, self.registry, self._run_alive)
+        self.dispatcher = Dispatcher(self.registry, self.monitor, self.write,
+                                     lambda: self.publish().as_status())
+        self._signal: int | None = None
+        self._gone: dict[bytes, float] = {}  # run id -> when its process was first seen gone
+        self._next_liveness = 0.0
+        # (monotonic s, records received) every TICK_S: the status view's record rate
+        self._rate_window: deque[tuple[float, int]] = deque(
+            [(time.monotonic(), 0)], maxlen=int(RATE_WINDOW_S / TICK_S) + 1)
+        self._next_retry = 0.0
+        self.snapshot = self.publish()
+
+    def _on_stream(self, stream: Stream) -> None:
+        if stream.is_local():
+            self.monitor.watch(stream.split, stream.pid)
+
+    def _on_records(self, stream: Stream, values: array) -> None:
+        self.monitor.note_records(stream.split, stream.rank, values)
+
+    def _run_alive(self, run_id: bytes) -> bool | None:
+        stream = self.registry.streams.get(run_id)
+        if stream is None or not stream.is_local():
+            return None
+        return pid_alive(stream.pid)
+
+    # -- writing --------------------------------------------------------------------
+
+    def record_counts(self, split: Split) -> writer.RecordCounts:
+        """The record accounting of ``split`` for its summary."""
+        streams = [s for s in self.registry.streams.values() if s.split is split]
+        lost = sum(split.lost.values())
+        return writer.RecordCounts(
+            received=sum(s.received for s in streams) - lost,
+            dropped=sum(split.dropped.values()), lost=lost, rejected=split.rejected,
+            gpu_not_measured=sum(agg.gpu_not_measured for agg in split.ranks.values())
+            if split.gpus else None)
+
+    def write(self, split: Split, with_state: bool = False) -> str | None:
+        """Write ``split``'s files; returns the error text, None on success."""
+        try:
+            refusal = self.policy.refusal(split.split_dir)
+            if refusal:
+                raise PermissionError(refusal)
+            self.monitor.final_round(split)
+            writer.write_split(split, self.monitor.figures(split), self.record_counts(split),
+                               with_state, self._write_file)
+        except OSError as exc:
+            # without the file name: it is a fresh temporary one at each try
+            error = f"cannot write {split.split_dir}: {exc.strerror or exc}"
+            if split.write_error != error:
+                log.error("%s (data kept in memory, retried every %.0f s)", error, RETRY_S)
+            split.write_error = self.registry.last_error = error
+            return error
+        return None
+
+    def write_dirty(self) -> None:
+        """Write every split that changed since its last successful write."""
+        for split in self.registry.splits.values():
+            if split.dirty:
+                self.write(split)
+
+    # -- messages -------------------------------------------------------------------
+
+    def handle(self, message: Incoming, now: float) -> None:
+        """Dispatch one decoded message."""
+        if message.records is not None:
+            self.registry.records(message.header, message.records, now)
+            return
+        body = message.control or {}
+        try:
+            reply = self.dispatcher.dispatch(message.header, body, now)
+        except wire.WireError as exc:
+            self.registry.reject(exc.kind, str(exc))
+            reply = {"ok": False, "error": str(exc)}
+        except Refused as exc:
+            self.registry.reject("refused", str(exc))
+            self.registry.last_error = str(exc)
+            reply = {"ok": False, "error": str(exc)}
+        if "reply_to" in body and reply is not None:
+            self.receiver.reply(message.identity, {"reply_to": body["reply_to"], **reply})
+
+    def handle_safely(self, message: Incoming) -> None:
+        """``handle``, with any error counted and logged: one bad message never stops the
+        sidecar nor loses what it holds.
+        """
+        try:
+            self.handle(message, time.time())
+        except Exception as exc:  # the loop must survive anything
+            log.exception("internal error on a message from run %s", message.header.run_id.hex())
+            self.registry.reject("internal_error", repr(exc))
+            body = message.control or {}
+            if "reply_to" in body:  # a waiting client learns at once, not by its timeout
+                self.receiver.reply(message.identity, {"reply_to": body["reply_to"],
+                                                       "ok": False, "error": repr(exc)})
+
+    # -- the published view ---------------------------------------------------------
+
+    def publish(self) -> Snapshot:
+        """Take and publish the snapshot of this moment (loop thread only)."""
+        now = time.monotonic()
+        registry = self.registry
+        then, before = self._rate_window[0]
+        gpu_off = self.monitor.gpu_off_reason
+        counts = registry.status()
+        self.snapshot = Snapshot(
+            pid=os.getpid(), endpoint=self.receiver.endpoint,
+            root=str(self.config.root) if self.config.root else None,
+            taken_unix=time.time(), loop_monotonic=now,
+            sampler_round_monotonic=self.monitor.last_round_monotonic,
+            records=registry.records_received, dropped=counts["dropped"],
+            lost=counts["lost"], rejected=counts["rejected"],
+            rejected_by_kind=counts["rejected_by_kind"], last_error=registry.last_error,
+            records_per_s=(registry.records_received - before) / (now - then)
+            if now > then else 0.0,
+            rate_window_s=now - then,
+            samplers={"host": "on", "gpu": "on" if gpu_off is None else f"off ({gpu_off})",
+                      "interval_s": self.config.interval_s},
+            runs=tuple(RunView(**run) for run in counts["runs"]))
+        return self.snapshot
+
+    def _call_hooks(self, method: str, *args: Any) -> None:
+        for hook in self.hooks:
+            try:
+                getattr(hook, method)(*args)
+            except Exception:  # a hook must never stop the sidecar
+                log.exception("lifecycle hook %s.%s failed", type(hook).__name__, method)
+
+    # -- processes ------------------------------------------------------------------
+
+    def _child_cause(self) -> str | None:
+        if self.child is None or self.child.poll() is None:
+            return None
+        return "job " + describe_exit(self.child.returncode)
+
+    def check_processes(self, now: float) -> None:
+        """Declare incomplete every local run whose process is gone without finishing."""
+        for stream in self.registry.live_streams():
+            if not stream.is_local() or pid_alive(stream.pid):
+                self._gone.pop(stream.run_id, None)
+                continue
+            first_seen = self._gone.setdefault(stream.run_id, now)
+            if now - first_seen < LIVENESS_S:
+                continue  # its last messages may still be on the way
+            cause = self._child_cause() or f"process {stream.pid} ended without finish()"
+            self._end_stream(stream, cause, now)
+
+    def _end_stream(self, stream: Stream, cause: str, now: float) -> None:
+        log.warning("run %s (pid %d): %s; files marked incomplete", stream.key, stream.pid,
+                    cause)
+        self.registry.finish(stream, "incomplete", cause, None, now)
+        self.write(stream.split)
+
+    def _should_stop(self) -> bool:
+        if self._signal is not None and self.child is None:
+            return True
+        if self.child is not None:
+            return self.child.poll() is not None
+        owner = self.config.owner_pid
+        return owner is not None and not pid_alive(owner)
+
+    # -- loop -----------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        if self.child is not None and self.child.poll() is None:
+            if self._signal == signum:  # asked twice: stop waiting for the job
+                self.child = None
+            else:
+                self.child.send_signal(signum)
+        self._signal = signum
+
+    def tick(self, now: float) -> None:
+        """The periodic work between reads: processes, held records, write retries."""
+        if now >= self._next_liveness:
+            self._next_liveness = now + TICK_S
+            self.check_processes(now)
+            self._rate_window.append((time.monotonic(), self.registry.records_received))
+        self.registry.expire_pending(now)
+        self.receiver.connections.poll()
+        if now >= self._next_retry:
+            self._next_retry = now + RETRY_S
+            for split in self.registry.splits.values():
+                if split.write_error and split.dirty:
+                    self.write(split)
+            for split in self.registry.prune(now, KEEP_ENDED_S):
+                self.monitor.forget(split)
+
+    def run(self) -> int:
+        """Serve until stopped (signal, job or owner gone); write everything; return the
+        exit status: the job's under ``sidecar run``, else 0.
+        """
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._on_signal)
+        log.info("listening on %s", self.receiver.endpoint)
+        self._call_hooks("ready", self.publish())
+        try:
+            while not self._should_stop():
+                wait_s = min(TICK_S, self.monitor.wait_s())
+                for message in self.receiver.read(int(wait_s * 1000)):
+                    self.handle_safely(message)
+                self.monitor.tick()
+                self.tick(time.time())
+                self._call_hooks("tick", self.publish())
+            self._call_hooks("stopping")
+            self._drain()
+            self._finalize()
+        finally:
+            self.receiver.close()
+            self.monitor.close()
+        if self.child is not None and self.child.returncode is not None:
+            code = self.child.returncode
+            return 128 - code if code < 0 else code
+        return 128 + self._signal if self._signal is not None else 0
+
+    def _drain(self) -> None:
+        """Take what is still queued (a job's last records) before the final write."""
+        deadline = time.monotonic() + 0.3
+        while time.monotonic() < deadline:
+            messages = self.receiver.read(50)
+            if not messages:
+                break
+            for message in messages:
+                self.handle_safely(message)
+
+    def _finalize(self) -> None:
+        now = time.time()
+        cause = self._child_cause()  # the job's own end, also when a signal was forwarded
+        if cause is None and self._signal is not None:
+            cause = f"sidecar stopped by {signal.Signals(self._signal).name}"
+        cause = cause or "the training process is gone"
+        for stream in self.registry.live_streams():
+            self._end_stream(stream, cause, now)
+        self.write_dirty()
+        pending = [s.write_error for s in self.registry.splits.values() if s.dirty]
+        for error in pending:
+            log.error("exiting with unwritten data: %s", error)
+
+
+def serve(config: Config, command: list[str] | None = None, **seams: Any) -> int:
+    """Run a sidecar; with ``command``, start it with SIDECAR_ENDPOINT set and return its
+    exit status once it ended and everything is written. ``seams`` go to ``Server``
+    (hooks, open_gpus, write_file).
+    """
+    server = Server(config, **seams)
+    if command:
+        env = {**os.environ, "SIDECAR_ENDPOINT": server.receiver.endpoint}
+        try:
+            server.child = subprocess.Popen(command, env=env, process_group=0)
+        except OSError as exc:
+            server.receiver.close()
+            log.error("cannot start %s: %s", command[0], exc)
+            return 127
+    return server.run()

@@ -1,0 +1,122 @@
+"""The sidecar's socket: one ZeroMQ ROUTER bound at the endpoint. It reads frames, decodes
+them with ``markers.wire`` and hands them on; frames that do not decode are rejected and
+counted here. Replies go back to the sender's identity as JSON.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from markers import wire
+from markers.endpoints import bind_address, ipc_path
+from sidecar.ingest.connections import ConnectionWatch
+from sidecar.ingest.streams import Registry
+
+# Frames read per poll before the server gets to run its timers.
+BATCH = 256
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """One decoded message: records or a control body, with its sender's identity."""
+
+    identity: bytes
+    header: wire.Header
+    records: array | None
+    control: dict[str, Any] | None
+
+
+class Receiver:
+    """Owns the ROUTER socket; ``read`` returns what arrived, ``reply`` answers a sender.
+
+    ``run_alive(run_id)`` tells whether a run's process lives (None: unknown run); it lets
+    the connection watch tell dropped connections from dead clients.
+    """
+
+    def __init__(self, endpoint: str, registry: Registry,
+                 run_alive: Callable[[bytes], bool | None]) -> None:
+        self.endpoint = bind_address(endpoint)
+        self.registry = registry
+        self.context = zmq.Context.instance()
+        self.socket = self.context.socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_BYTES)
+        self.socket.setsockopt(zmq.RCVHWM, 100_000)
+        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        path = ipc_path(self.endpoint)
+        if path is not None:
+            self._bind_private(path)
+        else:
+            self.socket.bind(self.endpoint)
+        self.connections = ConnectionWatch(self.socket, registry.reject, run_alive)
+
+    def _bind_private(self, path: Path) -> None:
+        """Bind an ipc socket readable and writable by its owner only (0600); a folder
+        created for it is private (0700).
+        """
+        if not path.parent.exists():
+            path.parent.mkdir(mode=0o700, parents=True)
+            os.chmod(path.parent, 0o700)  # mkdir's mode is filtered by the umask
+        old = os.umask(0o177)
+        try:
+            self.socket.bind(self.endpoint)
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o600)
+
+    def read(self, timeout_ms: int) -> list[Incoming]:
+        """Wait up to ``timeout_ms`` for frames; return up to ``BATCH`` decoded messages."""
+        out: list[Incoming] = []
+        self.connections.poll()
+        if not self.socket.poll(timeout_ms, zmq.POLLIN):
+            return out
+        self.connections.poll()
+        for _ in range(BATCH):
+            try:
+                frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            message = self.decode([frame.bytes for frame in frames])
+            if message is not None:
+                control_type = message.control["type"] if message.control else None
+                self.connections.message(frames[-1].get(zmq.SRCFD), message.header.run_id,
+                                         control_type)
+                out.append(message)
+        return out
+
+    def decode(self, parts: list[bytes]) -> Incoming | None:
+        """Decode one ROUTER message (identity, frame); None after rejecting a bad one."""
+        if len(parts) != 2:
+            self.registry.reject("malformed", f"{len(parts) - 1} frames in one message")
+            return None
+        identity, frame = parts
+        try:
+            header = wire.decode_header(frame)
+            if header.kind == wire.KIND_RECORDS:
+                return Incoming(identity, header, wire.decode_records(frame), None)
+            return Incoming(identity, header, None, wire.decode_control(frame))
+        except wire.WireError as exc:
+            self.registry.reject(exc.kind, str(exc))
+            return None
+
+    def reply(self, identity: bytes, body: dict[str, Any]) -> None:
+        """Send ``body`` as JSON to ``identity``; a vanished peer is ignored."""
+        with contextlib.suppress(zmq.ZMQError):
+            self.socket.send_multipart([identity, json.dumps(body).encode()], zmq.NOBLOCK)
+
+    def close(self) -> None:
+        """Close the socket and remove an ipc socket file."""
+        self.connections.close()
+        self.socket.close(linger=0)
+        path = ipc_path(self.endpoint)
+        if path is not None:
+            path.unlink(missing_ok=True)

@@ -1,0 +1,399 @@
+"""What the sidecar knows of its clients: one stream per training process (run id), the
+splits they feed, and the counts of rejected input. Decoded messages come in here from
+``sidecar.ingest.receiver``; writing is left to the server.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from array import array
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from markers import wire
+from markers.wire import P_END, P_FLAGS, P_PHASE, P_START
+from sidecar.model import state
+from sidecar.model.aggregator import RankAggregator, Settings
+from sidecar.model.split import Split
+
+log = logging.getLogger("sidecar")
+
+HOSTNAME = socket.gethostname()
+KNOWN_FLAGS = wire.FLAG_IN_ITERATION | wire.FLAG_VALIDATION | wire.FLAG_GPU_DROPPED
+# Records of a run we have not heard the hello of yet (a restarted sidecar) wait this long
+# for the markers' periodic hello, at most this many messages in all.
+PENDING_S = 5.0
+PENDING_MESSAGES = 10_000
+
+
+class Refused(Exception):
+    """A hello the sidecar will not serve (e.g. an out_dir outside ``--root``)."""
+
+
+@dataclass
+class Stream:
+    """One training process (one ``start_run``) sending to this sidecar."""
+
+    run_id: bytes
+    split: Split
+    rank: int
+    pid: int
+    host: str
+    start_unix: float = 0.0
+    start_ns: int = 0
+    previous_end_unix: float | None = None  # last activity of the split's previous process
+    last_seq: int = -1
+    received: int = 0
+    finished: bool = False
+    custom_ids: set[int] = field(default_factory=set)
+
+    @property
+    def key(self) -> str:
+        """The run id as hex, used in files and the status view."""
+        return self.run_id.hex()
+
+    def is_local(self) -> bool:
+        """True when the process runs on this host, so its pid can be watched."""
+        return self.host == HOSTNAME
+
+
+def _int(body: dict[str, Any], key: str, default: int | None = None, low: int = 0) -> int | None:
+    value = body.get(key, default)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise wire.WireError("malformed", f"hello field {key!r} must be an integer >= {low}")
+    return value
+
+
+def settings_from_hello(body: dict[str, Any]) -> Settings:
+    """The aggregation settings in a hello; WireError("malformed") when a value is wrong."""
+    return Settings(
+        warmup_iterations=_int(body, "warmup_iterations", 0) or 0,
+        num_measurements=_int(body, "num_measurements", 100) or 0,
+        train_batch_size=_int(body, "train_batch_size", None, low=1),
+        val_batch_size=_int(body, "val_batch_size", None, low=1),
+        accumulation_steps=_int(body, "accumulation_steps", 1, low=1) or 1,
+    )
+
+
+class Registry:
+    """Streams, splits and reject counts. The daemon supplies its policy and the sinks'
+    knowledge as callables: ``resolve_out_dir(out_dir, cwd)`` places a run's folder (raises
+    Refused), ``previous_activity(folder, split)`` tells when the split's last process was
+    last heard of (Unix s, from the run folder; None when unknown).
+    """
+
+    def __init__(self, resolve_out_dir: Callable[[str, str], Path],
+                 on_stream: Callable[[Stream], None] = lambda stream: None,
+                 on_records: Callable[[Stream, array], None] = lambda stream, values: None,
+                 previous_activity: Callable[[Path, int], float | None] = lambda f, s: None,
+                 ) -> None:
+        self.resolve_out_dir = resolve_out_dir
+        self.previous_activity = previous_activity
+        self.on_stream = on_stream  # a new training process said hello
+        self.on_records = on_records  # good records of a stream, after aggregation
+        self.streams: dict[bytes, Stream] = {}
+        self.splits: dict[tuple[Path, int], Split] = {}
+        self.rejected: Counter[str] = Counter()
+        self.records_received = 0
+        self.last_error: str | None = None  # the latest refusal or write error, for status
+        self._pending: dict[bytes, list[tuple[float, wire.Header, array]]] = {}
+        self._pending_count = 0
+
+    # -- rejects --------------------------------------------------------------------
+
+    def reject(self, kind: str, detail: str, count: int = 1, split: Split | None = None) -> None:
+        """Count ``count`` rejected records/messages of ``kind``; log the first of each kind."""
+        if not self.rejected[kind]:
+            log.warning("rejected %s: %s (further ones of this kind are counted, not logged)",
+                        kind, detail)
+        self.rejected[kind] += count
+        if split is not None:
+            split.rejected += count
+            split.dirty = True
+
+    @property
+    def dropped(self) -> int:
+        """Records the markers of every split could not send, as they reported."""
+        return sum(sum(s.dropped.values()) for s in self.splits.values())
+
+    # -- hello ----------------------------------------------------------------------
+
+    def hello(self, header: wire.Header, body: dict[str, Any], now: float) -> dict[str, Any]:
+        """Register a run (or note a repeated hello); the reply tells the markers the session
+        and the epoch to continue from. Raises WireError for a malformed hello, Refused for
+        one the policy refuses.
+
+        A hello with ``resume`` continues the split from its state file; a repeated hello
+        (``repeat``) of a run this sidecar does not know comes from a process that kept
+        training while no sidecar listened: its session goes on from the state file, and
+        the span since the checkpoint is recorded as a gap.
+        """
+        known = self.streams.get(header.run_id)
+        if known is not None:
+            return {"ok": True, "session": known.split.rank(known.rank).sessions[-1].number}
+        out_dir = body.get("out_dir")
+        cwd = body.get("cwd", "/")
+        if not isinstance(out_dir, str) or not out_dir or not isinstance(cwd, str):
+            raise wire.WireError("malformed", "hello needs 'out_dir' and 'cwd' strings")
+        split_index = _int(body, "split", 0) or 0
+        settings = settings_from_hello(body)
+        start_ns = _int(body, "start_ns", 0) or 0
+        start_unix = body.get("start_unix")
+        start_unix = float(start_unix) if isinstance(start_unix, (int, float)) else now
+        repeat = bool(body.get("repeat", False))
+        resume = bool(body.get("resume", False)) or repeat
+        folder = self.resolve_out_dir(out_dir, cwd)
+        key = (folder, split_index)
+        split = self.splits.get(key)
+        info = {k: body.get(k) for k in ("host", "user", "job_id", "command", "cwd",
+                                          "versions")}
+        info["start_unix"] = start_unix
+        previous_end = self.previous_activity(folder, split_index)
+        old = split.ranks.get(header.rank) if split is not None else None
+        if old is not None and old.sessions:
+            previous_end = max(previous_end or 0.0, old.sessions[-1].last_unix)
+        if split is None or (not resume and header.rank in split.ranks):
+            split = self.splits[key] = Split(folder, split_index, settings, info)
+        split.settings = settings
+        split.status, split.cause, split.end_unix = "running", None, None
+        stream = Stream(header.run_id, split, header.rank, _int(body, "pid", 0) or 0,
+                        str(body.get("host", "")), start_unix, start_ns, previous_end)
+        warning = None
+        agg = None
+        if resume:
+            try:
+                agg = self._restore(stream, state.load(state.state_path(split.split_dir)),
+                                    now, repeat)
+            except state.StateError as exc:
+                warning = f"{exc}; starting this split afresh"
+        if agg is None:
+            agg = split.fresh_rank(header.rank) if resume else split.rank(header.rank)
+            agg.begin_session(start_unix, start_ns, stream.key)
+            if repeat:
+                split.gaps.append((start_unix, now))
+        if warning:
+            log.warning("run %s: %s", header.run_id.hex(), warning)
+        self.streams[header.run_id] = stream
+        split.dirty = True
+        self.on_stream(stream)
+        self._replay_pending(header.run_id)
+        reply: dict[str, Any] = {"ok": True, "session": agg.sessions[-1].number,
+                                 "epoch": self._next_epoch(agg), "out_dir": str(folder)}
+        if warning:
+            reply["warning"] = warning
+        return reply
+
+    def _restore(self, stream: Stream, saved: dict[str, Any], now: float,
+                 repeat: bool) -> RankAggregator:
+        """Continue ``stream``'s rank from the state document ``saved``; returns its
+        aggregator with the process's session open. Raises StateError (with the reason)
+        for a state of another schema that cannot be upgraded or that does not fit it.
+        """
+        split = stream.split
+        saved = state.upgrade(saved)
+        continuing = stream.key if repeat else ""
+        try:
+            agg = split.load_state(saved, stream.rank, continuing)
+            saved_unix = float(saved["ranks"].get(str(stream.rank), {}).get(
+                "saved_unix", stream.start_unix))
+        except (KeyError, ValueError, TypeError, AttributeError) as exc:
+            split.fresh_rank(stream.rank)
+            raise state.StateError(f"saved state does not fit schema {state.SCHEMA} "
+                                   f"({type(exc).__name__}: {exc})") from None
+        if repeat:  # a new sidecar took over a running process: what came since is missing
+            split.gaps.append((max(saved_unix, stream.start_unix), now))
+            stream.received = split.received.get(stream.key, 0)
+        if not (agg.sessions and agg.sessions[-1].end_ns is None):
+            agg.account_resume(saved_unix, stream.previous_end_unix, stream.start_unix)
+            agg.begin_session(stream.start_unix, stream.start_ns, stream.key)
+        return agg
+
+    def load_state(self, stream: Stream, saved: Any) -> dict[str, Any]:
+        """A ``load_state`` control: continue ``stream``'s split from a state the user kept
+        (``run.state_dict()`` of an earlier process). The reply carries the epoch to go on
+        from, or ``ok: False`` and the reason.
+        """
+        try:
+            agg = self._restore(stream, saved, 0.0, repeat=False)
+        except state.StateError as exc:
+            agg = stream.split.rank(stream.rank)
+            if not agg.sessions or agg.sessions[-1].end_ns is not None:  # reset by the failure
+                agg.begin_session(stream.start_unix, stream.start_ns, stream.key)
+            log.warning("run %s: state not loaded: %s", stream.key, exc)
+            return {"ok": False, "error": str(exc)}
+        stream.split.dirty = True
+        return {"ok": True, "session": agg.sessions[-1].number, "epoch": self._next_epoch(agg)}
+
+    def state_of(self, stream: Stream) -> dict[str, Any]:
+        """A ``state`` control: the state document of ``stream``'s split (for the user's own
+        checkpoint); the same content as the state file of a checkpoint.
+        """
+        return {"ok": True, "state": state.document(stream.split.to_state())}
+
+    @staticmethod
+    def _next_epoch(agg: Any) -> int:
+        epochs = agg.series.get(wire.EPOCH)
+        return max((r.epoch for r in epochs.rows), default=-1) + 1 if epochs else 0
+
+    # -- records --------------------------------------------------------------------
+
+    def records(self, header: wire.Header, values: array, now: float) -> None:
+        """Aggregate a RECORDS message; bad records are rejected one by one."""
+        stream = self.streams.get(header.run_id)
+        if stream is None:
+            self._hold(header, values, now)
+            return
+        if not self._in_order(stream, header):
+            return
+        split = stream.split
+        split.dropped[stream.key] = max(split.dropped.get(stream.key, 0), header.dropped)
+        lost = header.records_before - stream.received
+        if lost > 0:
+            split.lost[stream.key] = split.lost.get(stream.key, 0) + lost
+            stream.received += lost  # counted once
+        count = len(values) // wire.RECORD_WIDTH
+        stream.received += count
+        split.received[stream.key] = stream.received
+        good = self._valid(stream, values)
+        if good is not values:
+            self.reject("bad_record", "a record with an unknown phase, unknown flags or end "
+                        "before start", count - len(good) // wire.RECORD_WIDTH, split)
+        split.rank(stream.rank).add_records(good)
+        self.on_records(stream, good)
+        self.records_received += len(good) // wire.RECORD_WIDTH
+        split.dirty = True
+
+    def _in_order(self, stream: Stream, header: wire.Header) -> bool:
+        if header.seq <= stream.last_seq:
+            self.reject("out_of_order", f"message {header.seq} after {stream.last_seq} from "
+                        f"run {stream.key}", split=stream.split)
+            return False
+        stream.last_seq = header.seq
+        return True
+
+    @staticmethod
+    def _valid(stream: Stream, values: array) -> array:
+        """``values`` itself when every record is good, else a copy of the good ones."""
+        width = wire.RECORD_WIDTH
+        bad = [
+            i for i in range(0, len(values), width)
+            if not (0 < values[i + P_PHASE] < wire.FIRST_CUSTOM_ID
+                    or values[i + P_PHASE] in stream.custom_ids)
+            or values[i + P_FLAGS] & ~KNOWN_FLAGS or values[i + P_END] < values[i + P_START]
+        ]
+        if not bad:
+            return values
+        bad_set = set(bad)
+        good = array("q")
+        for i in range(0, len(values), width):
+            if i not in bad_set:
+                good.extend(values[i:i + width])
+        return good
+
+    def _hold(self, header: wire.Header, values: array, now: float) -> None:
+        if self._pending_count >= PENDING_MESSAGES:
+            self.reject("unknown_run", f"records for run {header.run_id.hex()} that never said "
+                        "hello", len(values) // wire.RECORD_WIDTH)
+            return
+        self._pending.setdefault(header.run_id, []).append((now, header, values))
+        self._pending_count += 1
+
+    def _replay_pending(self, run_id: bytes) -> None:
+        held = self._pending.pop(run_id, [])
+        self._pending_count -= len(held)
+        for now, header, values in held:
+            self.records(header, values, now)
+
+    def expire_pending(self, now: float) -> None:
+        """Reject held records whose run's hello did not come within ``PENDING_S``."""
+        for run_id, held in list(self._pending.items()):
+            keep = [h for h in held if now - h[0] < PENDING_S]
+            expired = sum(len(values) for arrived, _, values in held
+                          if now - arrived >= PENDING_S) // wire.RECORD_WIDTH
+            if expired:
+                self.reject("unknown_run", f"records for run {run_id.hex()} that never said "
+                            "hello", expired)
+            self._pending_count -= len(held) - len(keep)
+            if keep:
+                self._pending[run_id] = keep
+            else:
+                del self._pending[run_id]
+
+    # -- controls -------------------------------------------------------------------
+
+    def stream_for(self, header: wire.Header, kind: str) -> Stream | None:
+        """The stream of a control message, or None (rejected) for an unknown run."""
+        stream = self.streams.get(header.run_id)
+        if stream is None:
+            self.reject("unknown_run", f"{kind} for run {header.run_id.hex()} that never said "
+                        "hello")
+        elif not self._in_order(stream, header):
+            return None
+        return stream
+
+    def declare_phase(self, stream: Stream, body: dict[str, Any]) -> None:
+        """A custom phase id and name; WireError("malformed") when out of range or unnamed."""
+        phase_id, name = body.get("id"), body.get("name")
+        if not isinstance(phase_id, int) or not wire.FIRST_CUSTOM_ID <= phase_id <= \
+                wire.MAX_PHASE_ID or not isinstance(name, str) or not 0 < len(name) <= 200:
+            raise wire.WireError("malformed", "phase declaration needs an id >= "
+                                 f"{wire.FIRST_CUSTOM_ID} and a name of 1-200 characters")
+        stream.custom_ids.add(phase_id)
+        stream.split.rank(stream.rank).custom_names[phase_id] = name
+
+    def finish(self, stream: Stream, status: str, cause: str | None, end_ns: int | None,
+               now: float) -> None:
+        """The end of a stream's session: by its own finish or found dead by the server."""
+        if stream.finished:
+            return
+        stream.finished = True
+        split = stream.split
+        split.rank(stream.rank).end_session(end_ns)
+        split.set_status(status, cause)
+        if all(s.finished for s in self.streams.values() if s.split is split):
+            split.end_unix = now
+
+    def live_streams(self) -> list[Stream]:
+        """Streams whose process has not finished."""
+        return [s for s in self.streams.values() if not s.finished]
+
+    def prune(self, now: float, keep_s: float) -> list[Split]:
+        """Forget splits that ended more than ``keep_s`` seconds ago and are written (a
+        long-lived daemon must not grow with every job it served); returns them. Their
+        files and state stay on disk for a resume.
+        """
+        gone = [split for key, split in self.splits.items()
+                if split.end_unix is not None and now - split.end_unix > keep_s
+                and not split.dirty and self.splits.get(key) is split]
+        for split in gone:
+            del self.splits[(split.out_dir, split.split)]
+        ids = {id(split) for split in gone}
+        for run_id in [r for r, s in self.streams.items() if id(s.split) in ids]:
+            del self.streams[run_id]
+        return gone
+
+    def status(self) -> dict[str, Any]:
+        """The status view (``sidecar status --json``)."""
+        return {
+            "pid": os.getpid(),
+            "records": self.records_received,
+            "dropped": self.dropped,
+            "lost": sum(sum(s.lost.values()) for s in self.splits.values()),
+            "rejected": sum(self.rejected.values()),
+            "rejected_by_kind": dict(self.rejected),
+            "last_error": self.last_error,
+            "runs": [
+                {"run_id": s.key, "out_dir": str(s.split.out_dir), "split": s.split.split,
+                 "rank": s.rank, "pid": s.pid, "host": s.host, "records": s.received,
+                 "status": "running" if not s.finished else s.split.status,
+                 "write_error": s.split.write_error}
+                for s in self.streams.values()
+            ],
+        }

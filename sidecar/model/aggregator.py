@@ -1,0 +1,314 @@
+"""Turns one rank's ordered phase records into stored measurements and streaming figures.
+
+Semantics (SPEC §4):
+
+* Records flagged ``FLAG_IN_ITERATION`` belong to one training or validation iteration
+  (an optimization step spans ``accumulation_steps`` batches). Their times are summed per
+  phase (GPU peak: the max) and the iteration is decided whole when its loop record
+  (``Training loop`` / ``Validation loop``) arrives: measured when the batches that went
+  through the network before it began reach ``warmup_iterations`` (so row *i* of
+  Forward, Backward and Optimization is the same iteration), stored while fewer than
+  ``num_measurements`` iterations of that kind are stored in the split (across resumes).
+* Any other capped record (a phase outside ``train_batches``/``val_batches``) is its own
+  measurement; its warmup counts that phase's occurrences in the process.
+* Epoch and Validation are never warmed up nor capped. Training is derived from the
+  sessions: one value per split, resumed time added up.
+* Every measured value also feeds a streaming count/mean/std, past the cap.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import asdict, dataclass, field
+
+from markers import wire
+from markers.wire import (
+    P_BATCH,
+    P_END,
+    P_EPOCH,
+    P_FLAGS,
+    P_GPU,
+    P_ITERATION,
+    P_PEAK,
+    P_PHASE,
+    P_START,
+)
+from sidecar.model.stats import Welford
+from sidecar.model.units import BYTES_PER_MIB, NS_PER_S
+
+UNCAPPED = frozenset({wire.EPOCH, wire.VALIDATION})
+LOOP_PHASES = {False: wire.TRAINING_LOOP, True: wire.VALIDATION_LOOP}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a run told the sidecar about itself in its hello."""
+
+    warmup_iterations: int = 0
+    num_measurements: int = 100
+    train_batch_size: int | None = None
+    val_batch_size: int | None = None
+    accumulation_steps: int = 1
+
+
+@dataclass(slots=True)
+class Row:
+    """One stored measurement of one phase. Seconds and MiB; None where not measured."""
+
+    wall_s: float
+    gpu_s: float | None
+    peak_mib: float | None
+    epoch: int
+    iteration: int
+    batch: int
+    session: int
+    start_s: float  # since the run (first session) started
+
+
+@dataclass
+class PhaseSeries:
+    """The stored rows of a phase and its streaming figures over all measurements."""
+
+    rows: list[Row] = field(default_factory=list)
+    wall: Welford = field(default_factory=Welford)
+    gpu: Welford = field(default_factory=Welford)
+
+
+@dataclass
+class Session:
+    """One training process of this rank: session 0 first, +1 per resume."""
+
+    number: int
+    start_unix: float
+    start_ns: int
+    last_ns: int
+    end_ns: int | None = None
+    run_id: str = ""  # the markers' run id (hex) of the process
+
+    def unix_at(self, ns: int) -> float:
+        """Wall-clock time (Unix seconds) of the process's ``perf_counter_ns`` value ``ns``."""
+        return self.start_unix + (ns - self.start_ns) / NS_PER_S
+
+    @property
+    def last_unix(self) -> float:
+        """When this session was last heard of (end, else its latest record), Unix s."""
+        return self.unix_at(self.end_ns if self.end_ns is not None else self.last_ns)
+
+
+class _Partial:
+    """Sums of one phase within an open iteration (``__slots__``: many are made)."""
+
+    __slots__ = ("gpu_ns", "peak_bytes", "start_ns", "wall_ns")
+
+    def __init__(self, start_ns: int) -> None:
+        self.start_ns = start_ns
+        self.wall_ns = 0
+        self.gpu_ns = -1
+        self.peak_bytes = -1
+
+    def add(self, start_ns: int, end_ns: int, gpu_ns: int, peak_bytes: int) -> None:
+        self.wall_ns += end_ns - start_ns
+        if gpu_ns >= 0:
+            self.gpu_ns = gpu_ns + max(self.gpu_ns, 0)
+        self.peak_bytes = max(self.peak_bytes, peak_bytes)
+
+
+class RankAggregator:
+    """Aggregation state of one (run folder, split, rank)."""
+
+    def __init__(self, rank: int, settings: Settings, run_start_unix: float) -> None:
+        self.rank = rank
+        self.settings = settings
+        self.run_start_unix = run_start_unix
+        self.series: dict[int, PhaseSeries] = {}
+        self.custom_names: dict[int, str] = {}
+        self.stored_iterations = {False: 0, True: 0}  # keyed by "is validation"
+        self.sessions: list[Session] = []
+        self.training_before_s = 0.0  # effective Training time of earlier sessions
+        self.downtime_s = 0.0  # between a process's end and the next one's start
+        self.redone_s = 0.0  # training after a checkpoint, lost by a resume from it
+        self.gpu_not_measured = 0  # phases whose GPU time the markers could not take
+        self._open: dict[tuple[bool, int], dict[int, _Partial]] = {}
+        self._standalone_seen: dict[int, int] = {}
+
+    # -- sessions -------------------------------------------------------------------
+
+    def begin_session(self, start_unix: float, start_ns: int, run_id: str = "") -> int:
+        """Start a process session (after ``load_state`` when resuming); returns its number.
+
+        Warmup counting restarts: a new process runs on a cold GPU.
+        """
+        number = self.sessions[-1].number + 1 if self.sessions else 0
+        if not self.sessions:
+            self.run_start_unix = start_unix
+        self.sessions.append(Session(number, start_unix, start_ns, start_ns, run_id=run_id))
+        self._open.clear()
+        self._standalone_seen.clear()
+        return number
+
+    def end_session(self, end_ns: int | None) -> None:
+        """Close the current session at ``end_ns`` (or its last record when unknown)."""
+        if self.sessions:
+            current = self.sessions[-1]
+            current.end_ns = end_ns if end_ns is not None else current.last_ns
+        self._open.clear()
+
+    def training_s(self) -> float:
+        """Effective Training time in seconds: earlier sessions plus the current one."""
+        if not self.sessions:
+            return self.training_before_s
+        current = self.sessions[-1]
+        end_ns = current.end_ns if current.end_ns is not None else current.last_ns
+        return self.training_before_s + (end_ns - current.start_ns) / NS_PER_S
+
+    def wall_s(self) -> float:
+        """Wall time of the split in seconds, from the first start to the latest activity:
+        the effective Training time plus downtime and redone work between sessions.
+        """
+        if not self.sessions:
+            return 0.0
+        return self.sessions[-1].last_unix - self.run_start_unix
+
+    def account_resume(self, saved_unix: float, previous_end_unix: float | None,
+                       start_unix: float) -> None:
+        """Add one resume's cost: the training done after the checkpoint taken at
+        ``saved_unix`` up to the previous process's end (redone), and the time from that
+        end to the new process's start (downtime). Unix seconds; an unknown end counts the
+        whole interval as downtime.
+        """
+        end = saved_unix if previous_end_unix is None else max(previous_end_unix, saved_unix)
+        self.redone_s += end - saved_unix
+        self.downtime_s += max(0.0, start_unix - end)
+
+    # -- records --------------------------------------------------------------------
+
+    def add_records(self, values: array) -> None:
+        """Aggregate decoded records (flat int64 values, ``wire.RECORD_WIDTH`` per record).
+
+        The caller has checked phase ids against the declared phases.
+        """
+        session = self.sessions[-1]
+        for offset in range(0, len(values), wire.RECORD_WIDTH):
+            record = values[offset:offset + wire.RECORD_WIDTH]
+            session.last_ns = max(session.last_ns, record[P_END])
+            phase = record[P_PHASE]
+            flags = record[P_FLAGS]
+            if flags & wire.FLAG_GPU_DROPPED:
+                self.gpu_not_measured += 1
+            if phase in UNCAPPED:
+                self._measure(phase, record, record[P_END] - record[P_START], record[P_GPU],
+                              record[P_PEAK], store=True)
+            elif flags & wire.FLAG_IN_ITERATION:
+                self._add_to_iteration(record, bool(flags & wire.FLAG_VALIDATION))
+            else:
+                seen = self._standalone_seen.get(phase, 0)
+                self._standalone_seen[phase] = seen + 1
+                if seen >= self.settings.warmup_iterations:
+                    series = self.series.get(phase)
+                    stored = len(series.rows) if series else 0
+                    self._measure(phase, record, record[P_END] - record[P_START], record[P_GPU],
+                                  record[P_PEAK],
+                                  store=stored < self.settings.num_measurements)
+
+    def _add_to_iteration(self, record: array, validation: bool) -> None:
+        key = (validation, record[P_ITERATION])
+        phases = self._open.get(key)
+        if phases is None:
+            phases = self._open[key] = {}
+        phase = record[P_PHASE]
+        partial = phases.get(phase)
+        if partial is None:
+            partial = phases[phase] = _Partial(record[P_START])
+        partial.add(record[P_START], record[P_END], record[P_GPU], record[P_PEAK])
+        if phase == LOOP_PHASES[validation]:
+            self._close_iteration(key, record)
+
+    def _close_iteration(self, key: tuple[bool, int], loop_record: array) -> None:
+        validation, iteration = key
+        phases = self._open.pop(key)
+        # Iterations of the same kind left open before this one were abandoned (a loop
+        # left with ``break``): they are never measured.
+        stale = [k for k in self._open if k[0] == validation and k[1] < iteration]
+        for k in stale:
+            del self._open[k]
+        if loop_record[P_BATCH] < self.settings.warmup_iterations:
+            return
+        store = self.stored_iterations[validation] < self.settings.num_measurements
+        if store:
+            self.stored_iterations[validation] += 1
+        for phase, partial in phases.items():
+            self._measure(phase, loop_record, partial.wall_ns, partial.gpu_ns,
+                          partial.peak_bytes, store, start_ns=partial.start_ns)
+
+    def _measure(self, phase: int, record: array, wall_ns: int, gpu_ns: int, peak_bytes: int,
+                 store: bool, start_ns: int | None = None) -> None:
+        series = self.series.get(phase)
+        if series is None:
+            series = self.series[phase] = PhaseSeries()
+        wall_s = wall_ns / NS_PER_S
+        gpu_s = gpu_ns / NS_PER_S if gpu_ns >= 0 else None
+        series.wall.add(wall_s)
+        if gpu_s is not None:
+            series.gpu.add(gpu_s)
+        if not store:
+            return
+        session = self.sessions[-1]
+        begin_ns = record[P_START] if start_ns is None else start_ns
+        start_s = (session.start_unix - self.run_start_unix
+                   + (begin_ns - session.start_ns) / NS_PER_S)
+        series.rows.append(Row(
+            wall_s, gpu_s, peak_bytes / BYTES_PER_MIB if peak_bytes >= 0 else None,
+            record[P_EPOCH], record[P_ITERATION], record[P_BATCH], session.number, start_s))
+
+    # -- state ----------------------------------------------------------------------
+
+    def to_state(self) -> dict:
+        """Everything needed to resume: JSON-serialisable, see ``sidecar.model.state``."""
+        return {
+            "rank": self.rank,
+            "run_start_unix": self.run_start_unix,
+            "training_s": self.training_s(),
+            "saved_unix": self.sessions[-1].last_unix if self.sessions else self.run_start_unix,
+            "downtime_s": self.downtime_s,
+            "redone_s": self.redone_s,
+            "gpu_not_measured": self.gpu_not_measured,
+            "stored_iterations": {"train": self.stored_iterations[False],
+                                  "validation": self.stored_iterations[True]},
+            "custom_names": {str(k): v for k, v in self.custom_names.items()},
+            "sessions": [asdict(s) for s in self.sessions],
+            "series": {
+                str(phase): {"rows": [asdict(r) for r in s.rows], "wall": s.wall.to_list(),
+                             "gpu": s.gpu.to_list()}
+                for phase, s in self.series.items()
+            },
+        }
+
+    def load_state(self, state: dict, continue_run: str = "") -> None:
+        """Restore ``to_state`` output (of the current schema); KeyError/ValueError if broken.
+
+        ``continue_run``: the run id (hex) of a process that is still running and whose
+        session the state's last one is (a new sidecar took over): that session stays open
+        and its whole time is measured again from its start.
+        """
+        self.run_start_unix = float(state["run_start_unix"])
+        self.training_before_s = float(state["training_s"])
+        self.downtime_s = float(state["downtime_s"])
+        self.redone_s = float(state["redone_s"])
+        self.gpu_not_measured = int(state.get("gpu_not_measured", 0))  # added within schema 2
+        self.stored_iterations = {False: int(state["stored_iterations"]["train"]),
+                                  True: int(state["stored_iterations"]["validation"])}
+        self.custom_names = {int(k): str(v) for k, v in state["custom_names"].items()}
+        self.sessions = [Session(**s) for s in state["sessions"]]
+        for s in self.sessions:  # the state's sessions are over: their time is in training_s
+            s.end_ns = s.end_ns if s.end_ns is not None else s.last_ns
+        last = self.sessions[-1] if self.sessions else None
+        if continue_run and last is not None and last.run_id == continue_run:
+            self.training_before_s -= (last.end_ns - last.start_ns) / NS_PER_S
+            last.end_ns = None
+        # A session appended by begin_session measures from its own start; the sessions
+        # above no longer count (their effective time is training_before_s).
+        self.series = {
+            int(phase): PhaseSeries([Row(**r) for r in s["rows"]], Welford.from_list(s["wall"]),
+                                    Welford.from_list(s["gpu"]))
+            for phase, s in state["series"].items()
+        }

@@ -1,0 +1,113 @@
+"""One split of one run folder: its ranks' aggregators, GPUs, status and record counts."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from sidecar.model.aggregator import RankAggregator, Settings
+
+STATUS_ORDER = ("running", "completed", "incomplete", "failed")  # later ones win
+
+
+class Split:
+    """Everything the writers need for ``<out_dir>/training/split-<k>/``."""
+
+    def __init__(self, out_dir: Path, split: int, settings: Settings,
+                 info: dict[str, Any]) -> None:
+        self.out_dir = out_dir
+        self.split = split
+        self.settings = settings
+        self.info = info  # run metadata of the hello (host, user, command, versions, ...)
+        self.ranks: dict[int, RankAggregator] = {}
+        self.gpus: list[tuple[str, str]] = []  # (uuid, name) in order of first use
+        self.status = "running"
+        self.cause: str | None = None
+        self.end_unix: float | None = None
+        self.batch_sizes: dict[str, int] = {}  # read from the batches when not given
+        self.dropped: dict[str, int] = {}  # per run id (hex): records the markers could not send
+        self.lost: dict[str, int] = {}  # per run id: sent but never received here
+        self.received: dict[str, int] = {}  # per run id: records taken, lost ones included
+        self.gaps: list[tuple[float, float]] = []  # (from, to) Unix s: no sidecar saved
+        self.rejected = 0
+        self.dirty = True
+        self.write_error: str | None = None
+
+    @property
+    def split_dir(self) -> Path:
+        """``<out_dir>/training/split-<k>``."""
+        return self.out_dir / "training" / f"split-{self.split}"
+
+    @property
+    def logs_dir(self) -> Path:
+        """``<out_dir>/training/split-<k>/logs``."""
+        return self.split_dir / "logs"
+
+    def rank(self, rank: int) -> RankAggregator:
+        """The aggregator of ``rank``, created on first use."""
+        agg = self.ranks.get(rank)
+        if agg is None:
+            agg = self.ranks[rank] = RankAggregator(rank, self.settings,
+                                                     float(self.info.get("start_unix", 0.0)))
+        return agg
+
+    def fresh_rank(self, rank: int) -> RankAggregator:
+        """A new, empty aggregator for ``rank``, replacing any earlier one."""
+        self.ranks.pop(rank, None)
+        return self.rank(rank)
+
+    def add_gpu(self, uuid: str, name: str) -> None:
+        """Note a GPU used by the split; the same UUID is named once."""
+        if all(uuid != known for known, _ in self.gpus):
+            self.gpus.append((uuid, name))
+            self.dirty = True
+
+    def set_status(self, status: str, cause: str | None) -> None:
+        """Record how a rank ended; the worst outcome of all ranks wins."""
+        if STATUS_ORDER.index(status) > STATUS_ORDER.index(self.status):
+            self.status, self.cause = status, cause
+        self.dirty = True
+
+    def batch_size(self, kind: str) -> int | None:
+        """The train/validation batch size: as given at start, else as read from a batch."""
+        given = (self.settings.train_batch_size if kind == "train"
+                 else self.settings.val_batch_size)
+        return given if given is not None else self.batch_sizes.get(kind)
+
+    def to_state(self) -> dict[str, Any]:
+        """The split's state for ``sidecar.model.state`` (schema there)."""
+        return {
+            "split": self.split,
+            "settings": asdict(self.settings),
+            "gpus": [list(g) for g in self.gpus],
+            "batch_sizes": self.batch_sizes,
+            "dropped": self.dropped,
+            "lost": self.lost,
+            "received": self.received,
+            "gaps": [list(g) for g in self.gaps],
+            "rejected": self.rejected,
+            "ranks": {str(r): agg.to_state() for r, agg in self.ranks.items()},
+        }
+
+    def load_state(self, state: dict[str, Any], rank: int,
+                   continue_run: str = "") -> RankAggregator:
+        """Restore ``rank`` (and the split-wide lists) from a checkpoint's state (current
+        schema, see ``sidecar.model.state.upgrade``); ``continue_run`` as in
+        ``RankAggregator.load_state``.
+
+        Raises KeyError/ValueError/TypeError for a state that does not fit the schema.
+        """
+        for uuid, name in state["gpus"]:
+            self.add_gpu(str(uuid), str(name))
+        self.batch_sizes.update({str(k): int(v) for k, v in state["batch_sizes"].items()})
+        self.dropped.update({str(k): int(v) for k, v in state["dropped"].items()})
+        self.lost.update({str(k): int(v) for k, v in state["lost"].items()})
+        self.received.update({str(k): int(v) for k, v in state["received"].items()})
+        self.gaps = [(float(a), float(b)) for a, b in state["gaps"]]
+        self.rejected = max(self.rejected, int(state["rejected"]))
+        agg = self.fresh_rank(rank)
+        saved = state["ranks"].get(str(rank))
+        if saved is not None:
+            agg.load_state(saved, continue_run)
+        return agg

@@ -1,0 +1,203 @@
+"""Time-weighted summaries of the samples and the per-phase attribution: the figures that
+``sidecar.sinks.resources_text`` lays out in summary.log and resources.tsv.
+
+Weighting. A sample stamped t stands for the window (t_prev, t] since the sample before
+it: NVML utilization, averaged power and psutil's ``cpu_percent`` are all averages over
+the time just before the reading. A mean weighs each sample by the length of its
+window; the first sample of a sequence opens the clock and weighs nothing (its values
+describe time before sampling began), except when it is the only one, which then is the
+plain value. Maxima and peaks use every sample.
+
+Energy of a GPU is ``last − first`` of NVML's energy counter where the GPU has one
+(``energy_method == "counter"``), else the integral of power over the sample windows
+(``"integrated power"``).
+
+Phase attribution (``attribute_phases``). Phases are intervals (label, start_ns,
+end_ns) on the same monotonic clock as the samples. The windows between consecutive
+sampling rounds are intersected with the intervals; a phase's mean GPU utilization and
+mean power are the means of the samples weighted by those overlaps, over all the job's
+GPUs (so power is per GPU, utilization is the mean GPU). Per phase it reports the
+phase seconds that fell inside some window (summed over intervals, hence over ranks
+too) and the number of rounds whose window overlapped.
+
+Limits: NVML utilization is itself the share of a 1/6–1 s driver window during which any
+kernel ran, and a sample stands for a whole sampling interval; a phase much shorter
+than the interval gets the value of whatever else ran in that window. The attribution
+is meaningful for phases that take a sizeable share of the time (it says where the busy
+and the idle time went), not for one short phase. Phase time before the first round or
+after the last one is not covered.
+
+Memory is in MB meaning MiB (bytes / 1024²), as in the rest of the product's files.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from sidecar.resources.samplers.host import HostSample
+from sidecar.resources.samplers.nvml import GpuSample
+
+
+@dataclass(frozen=True)
+class GpuSummary:
+    """One GPU over the run. None where no sample had the field."""
+
+    gpu_index: int
+    uuid: str
+    name: str
+    n_samples: int
+    duration_s: float
+    util_mean_pct: float | None
+    util_max_pct: float | None
+    mem_util_mean_pct: float | None
+    mem_used_peak_mib: float | None
+    mem_total_mib: float | None
+    power_mean_w: float | None
+    power_source: str | None  # "instant", "average" or "mixed"
+    energy_j: float | None
+    energy_method: str | None  # "counter" or "integrated power"
+    temperature_max_c: float | None
+    job_mem_peak_mib: float | None
+    sm_activity_mean_pct: float | None
+
+
+@dataclass(frozen=True)
+class HostSummary:
+    """The job's process tree and the host over the run."""
+
+    n_samples: int
+    cpu_mean_pct: float | None  # 100 = one core
+    rss_peak_mib: float | None
+    uss_peak_mib: float | None
+    system_mem_used_max_pct: float | None
+
+
+@dataclass(frozen=True)
+class PhaseAttribution:
+    """GPU figures during one phase (see the module docstring for the method)."""
+
+    covered_s: float
+    n_samples: int
+    util_mean_pct: float | None
+    power_mean_w: float | None
+
+
+def _weighted_mean(ts: Sequence[int], values: Sequence[float | None]) -> float | None:
+    """Mean of ``values`` (None skipped), each weighing t[i] − t[i−1]; see module doc."""
+    num = den = 0.0
+    present = []
+    for i, value in enumerate(values):
+        if value is None:
+            continue
+        present.append(value)
+        if i:
+            weight = ts[i] - ts[i - 1]
+            num += weight * value
+            den += weight
+    if den > 0:
+        return num / den
+    return sum(present) / len(present) if present else None
+
+
+def _max(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
+
+
+def _energy(ts: Sequence[int], samples: Sequence[GpuSample]) -> tuple[float | None, str | None]:
+    counter = [s.energy_j for s in samples if s.energy_j is not None]
+    if len(counter) >= 2 and counter[-1] >= counter[0]:  # a reset (driver reload) falls back
+        return counter[-1] - counter[0], "counter"
+    joules = 0.0
+    seconds = 0
+    for i in range(1, len(samples)):
+        if samples[i].power_w is not None:
+            joules += samples[i].power_w * (ts[i] - ts[i - 1]) / 1e9
+            seconds += ts[i] - ts[i - 1]
+    return (joules, "integrated power") if seconds else (None, None)
+
+
+def summarize_gpus(samples: Sequence[GpuSample]) -> list[GpuSummary]:
+    """Per GPU (by UUID, ordered by ``gpu_index``): time-weighted means, maxima, peaks and
+    energy of its samples. Units as in GpuSample (%, MiB, W, J, °C)."""
+    by_gpu: dict[str, list[GpuSample]] = {}
+    for sample in samples:
+        by_gpu.setdefault(sample.uuid, []).append(sample)
+    summaries = []
+    for seq in by_gpu.values():
+        seq.sort(key=lambda s: s.t_ns)
+        ts = [s.t_ns for s in seq]
+        sources = {s.power_source for s in seq if s.power_source is not None}
+        energy, method = _energy(ts, seq)
+        summaries.append(GpuSummary(
+            gpu_index=seq[-1].gpu_index, uuid=seq[-1].uuid, name=seq[-1].name,
+            n_samples=len(seq), duration_s=(ts[-1] - ts[0]) / 1e9,
+            util_mean_pct=_weighted_mean(ts, [s.util_pct for s in seq]),
+            util_max_pct=_max(s.util_pct for s in seq),
+            mem_util_mean_pct=_weighted_mean(ts, [s.mem_util_pct for s in seq]),
+            mem_used_peak_mib=_max(s.mem_used_mib for s in seq),
+            mem_total_mib=_max(s.mem_total_mib for s in seq),
+            power_mean_w=_weighted_mean(ts, [s.power_w for s in seq]),
+            power_source=(sources.pop() if len(sources) == 1 else "mixed") if sources else None,
+            energy_j=energy, energy_method=method,
+            temperature_max_c=_max(s.temperature_c for s in seq),
+            job_mem_peak_mib=_max(s.job_mem_mib for s in seq),
+            sm_activity_mean_pct=_weighted_mean(ts, [s.sm_activity_pct for s in seq]),
+        ))
+    summaries.sort(key=lambda g: g.gpu_index)
+    return summaries
+
+
+def summarize_host(samples: Sequence[HostSample]) -> HostSummary:
+    """Time-weighted mean CPU % of the job (100 = one core), peak RSS and USS of the job in
+    MiB, and the maximum of the host's used-memory %."""
+    seq = sorted(samples, key=lambda s: s.t_ns)
+    ts = [s.t_ns for s in seq]
+    return HostSummary(
+        n_samples=len(seq),
+        cpu_mean_pct=_weighted_mean(ts, [s.cpu_pct for s in seq]),
+        rss_peak_mib=_max(s.rss_mib for s in seq),
+        uss_peak_mib=_max(s.uss_mib for s in seq),
+        system_mem_used_max_pct=_max(s.system_mem_used_pct for s in seq),
+    )
+
+
+def attribute_phases(gpu_samples: Sequence[GpuSample],
+                     intervals: Iterable[tuple[str, int, int]]) -> dict[str, PhaseAttribution]:
+    """Mean GPU utilization (%) and mean power per GPU (W) during each phase label.
+
+    ``intervals`` are (label, start_ns, end_ns) on the samples' clock. Every label seen
+    gets an entry, with ``covered_s`` 0 and None means when no sample window overlaps it.
+    Cost O(intervals × log rounds + overlaps). See the module docstring for the method.
+    """
+    rounds = sorted({s.t_ns for s in gpu_samples})
+    by_round: dict[int, list[GpuSample]] = {}
+    for sample in gpu_samples:
+        by_round.setdefault(sample.t_ns, []).append(sample)
+    overlaps: dict[str, dict[int, int]] = {}  # label -> round index -> overlap ns
+    for label, start, end in intervals:
+        per_round = overlaps.setdefault(label, {})
+        i = max(1, bisect.bisect_right(rounds, start))
+        while i < len(rounds) and rounds[i - 1] < end:
+            overlap = min(end, rounds[i]) - max(start, rounds[i - 1])
+            if overlap > 0:
+                per_round[i] = per_round.get(i, 0) + overlap
+            i += 1
+    result = {}
+    for label, per_round in overlaps.items():
+        util = [0.0, 0.0]  # weighted sum, weight
+        power = [0.0, 0.0]
+        for i, overlap in per_round.items():
+            for sample in by_round[rounds[i]]:
+                for acc, value in ((util, sample.util_pct), (power, sample.power_w)):
+                    if value is not None:
+                        acc[0] += overlap * value
+                        acc[1] += overlap
+        result[label] = PhaseAttribution(
+            covered_s=sum(per_round.values()) / 1e9, n_samples=len(per_round),
+            util_mean_pct=util[0] / util[1] if util[1] else None,
+            power_mean_w=power[0] / power[1] if power[1] else None,
+        )
+    return result

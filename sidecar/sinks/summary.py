@@ -1,0 +1,213 @@
+"""The text of our block in ``summary.log``, laid out as the reference lays it out (SPEC §3),
+and its replacement inside a file that may hold other people's text.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from markers import wire
+from sidecar.model.aggregator import PhaseSeries, RankAggregator
+from sidecar.model.stats import Welford
+from sidecar.sinks import layout
+
+WIDTH = layout.WIDTH
+TITLE = " Computational Summary (mean ± std [n measurements]) "
+TITLE_LINE = "*" * ((WIDTH - len(TITLE) + 1) // 2) + TITLE + "*" * ((WIDTH - len(TITLE)) // 2)
+STARS = "*" * WIDTH
+DASHES = "-" * WIDTH
+RESOURCES = "Resources"
+
+# (label, indent, phase, has GPU columns) per line of the two tables.
+TRAIN_LINES = [(r.summary_label, r.indent, r.phase, r.gpu) for r in layout.TRAIN_ROWS]
+VAL_LINES = [(r.summary_label, r.indent, r.phase, r.gpu) for r in layout.VAL_ROWS]
+TRAIN_GPU_PHASES = layout.TRAIN_GPU_PHASES
+VAL_GPU_PHASES = layout.VAL_GPU_PHASES
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """What a throughput line needs: images per optimization step and where they come from."""
+
+    batch_size: int | None
+    accumulation_steps: int = 1
+
+
+def cell(values: Sequence[float]) -> str:
+    """``mean ± std [n]`` in %.2e (population std), ``mean [1]`` for one value, '' for none."""
+    if not values:
+        return ""
+    if len(values) == 1:
+        return f"{values[0]:.2e} [1]"
+    return f"{statistics.fmean(values):.2e} ± {statistics.pstdev(values):.2e} [{len(values)}]"
+
+
+def welford_cell(stats: Welford) -> str:
+    """The same cell from streaming statistics."""
+    if stats.count == 0:
+        return ""
+    if stats.count == 1:
+        return f"{stats.mean:.2e} [1]"
+    return f"{stats.mean:.2e} ± {stats.std:.2e} [{stats.count}]"
+
+
+def table_line(label: str, time: str, gpu: str, memory: str) -> str:
+    """One line of the table: 22-character label, then three 25-character cells."""
+    return f"{label:<22} | {time:<25} | {gpu:<25} | {memory:<25}".rstrip()
+
+
+def _header() -> str:
+    return (f"{'Phase':^22} | {'Time (s)':^25} | {'GPU Time (s)':^25} | "
+            f"{'GPU Max Memory (MB)':^25}").rstrip()
+
+
+def _stored(series: PhaseSeries | None, attribute: str) -> list[float]:
+    if series is None:
+        return []
+    values = [getattr(r, attribute) for r in series.rows]
+    return [v for v in values if v is not None]
+
+
+def _phase_lines(agg: RankAggregator, lines: list[tuple[str, int, int, bool]],
+                 on_gpu: bool) -> list[str]:
+    out = []
+    for label, indent, phase, gpu_columns in lines:
+        series = agg.series.get(phase)
+        time = [agg.training_s()] if phase == wire.TRAINING and agg.sessions else _stored(
+            series, "wall_s")
+        gpu = mem = ""
+        if on_gpu and gpu_columns:
+            gpu, mem = cell(_stored(series, "gpu_s")), cell(_stored(series, "peak_mib"))
+        out.append(table_line(" " * indent + label, cell(time), gpu, mem))
+    return out
+
+
+def _throughput_lines(agg: RankAggregator, loop_phase: int, gpu_phases: Sequence[int],
+                      images: Throughput, on_gpu: bool) -> list[str]:
+    if images.batch_size is None:
+        return ["Throughput: unknown (batch size not given and not readable from the batches)"]
+    per_step = images.batch_size * images.accumulation_steps
+    loop = _stored(agg.series.get(loop_phase), "wall_s")
+    out = [f"Throughput: {per_step / statistics.fmean(loop):.2f} images/s" if loop
+           else "Throughput: no measurement"]
+    if on_gpu:
+        gpu_means = [_stored(agg.series.get(p), "gpu_s") for p in gpu_phases]
+        gpu_s = sum(statistics.fmean(v) for v in gpu_means if v)
+        if gpu_s > 0:
+            out.append(f"GPU throughput: {per_step / gpu_s:.2f} images/s")
+    return out
+
+
+def _streaming_line(label: str, series: PhaseSeries) -> str:
+    return f"{label:<22} | {welford_cell(series.wall):<36} | {welford_cell(series.gpu)}".rstrip()
+
+
+def _streaming_lines(agg: RankAggregator) -> list[str]:
+    """Every post-warmup measurement, past the cap: two wider cells (counts grow large)."""
+    out = ["All post-warmup measurements (streaming; the table above shows the stored rows):",
+           f"{'Phase':^22} | {'Time (s)':^36} | {'GPU Time (s)':^36}".rstrip()]
+    for label, indent, phase, _ in TRAIN_LINES[1:] + VAL_LINES:
+        series = agg.series.get(phase)
+        if series is not None:
+            out.append(_streaming_line(" " * indent + label, series))
+    for phase in sorted(p for p in agg.series if p >= wire.FIRST_CUSTOM_ID):
+        out.append(_streaming_line(agg.custom_names[phase], agg.series[phase]))
+    return out
+
+
+def _custom_lines(agg: RankAggregator, on_gpu: bool) -> list[str]:
+    custom = sorted(p for p in agg.series if p >= wire.FIRST_CUSTOM_ID)
+    if not custom:
+        return []
+    out = ["Custom phases (stored rows):"]
+    for phase in custom:
+        series = agg.series[phase]
+        gpu = cell(_stored(series, "gpu_s")) if on_gpu else ""
+        mem = cell(_stored(series, "peak_mib")) if on_gpu else ""
+        out.append(table_line(agg.custom_names[phase], cell(_stored(series, "wall_s")), gpu, mem))
+    return out
+
+
+def _rank_lines(ranks: Sequence[RankAggregator]) -> list[str]:
+    if len(ranks) < 2:
+        return []
+    out = ["Ranks (stored rows, mean s):",
+           f"{'rank':>6} | {'iterations':>10} | {'Iteration':>10} | {'Data loading':>12} | "
+           f"{'Forward':>10} | {'Backward':>10} | {'Optimization':>12}"]
+    for agg in ranks:
+        means = []
+        for phase in (wire.TRAINING_LOOP, wire.TRAINING_DATA_LOADING, wire.FORWARD,
+                      wire.BACKWARD, wire.OPTIMIZATION):
+            values = _stored(agg.series.get(phase), "wall_s")
+            means.append(f"{statistics.fmean(values):.2e}" if values else "")
+        loop, loading, forward, backward, optimization = means
+        out.append(f"{agg.rank:>6} | {agg.stored_iterations[False]:>10} | {loop:>10} | "
+                   f"{loading:>12} | {forward:>10} | {backward:>10} | {optimization:>12}")
+    return out
+
+
+def time_lines(agg: RankAggregator, gaps: Sequence[tuple[float, float]]) -> list[str]:
+    """The Training time account of rank ``agg``: the effective time (the Training row),
+    the wall time including downtime between processes and work redone after a resume from
+    a checkpoint, and each gap during which no sidecar saved the run's records (seconds
+    since the run started).
+    """
+    sessions = len(agg.sessions)
+    out = [f"Training time: effective {agg.training_s():.2f} s over {sessions} "
+           f"session{'s' if sessions != 1 else ''}; wall {agg.wall_s():.2f} s",
+           f"  including downtime {agg.downtime_s:.2f} s and redone work {agg.redone_s:.2f} s "
+           "(work after the last checkpoint, done again on resume)"]
+    for start, end in gaps:
+        out.append(f"Sidecar gap: from {start - agg.run_start_unix:.2f} s to "
+                   f"{end - agg.run_start_unix:.2f} s no sidecar saved this run's records "
+                   "(the sidecar was gone; the run went on)")
+    return out
+
+
+def computational_block(ranks: Sequence[RankAggregator], gpu_names: Sequence[str],
+                        train: Throughput, validation: Throughput,
+                        gaps: Sequence[tuple[float, float]],
+                        resource_lines: Sequence[str]) -> list[str]:
+    """All lines of our block: the reference table (rank 0 = ``ranks[0]``), the streaming
+    figures, custom phases, the rank comparison, then ``resource_lines`` (the resources
+    block, which starts with the line ``Resources``) and a closing line.
+    """
+    agg = ranks[0]
+    on_gpu = bool(gpu_names)
+    lines = [TITLE_LINE, ""]
+    if on_gpu:
+        lines += ["GPU: " + " then ".join(f"'{name}'" for name in gpu_names), ""]
+    lines += [_header(), DASHES]
+    lines += _phase_lines(agg, TRAIN_LINES, on_gpu)
+    lines += ["", *_throughput_lines(agg, wire.TRAINING_LOOP, TRAIN_GPU_PHASES, train, on_gpu),
+              DASHES]
+    lines += _phase_lines(agg, VAL_LINES, on_gpu)
+    val_images = Throughput(validation.batch_size, 1)
+    lines += ["", *_throughput_lines(agg, wire.VALIDATION_LOOP, VAL_GPU_PHASES, val_images,
+                                     on_gpu)]
+    for extra in (time_lines(agg, gaps), _streaming_lines(agg), _custom_lines(agg, on_gpu),
+                  _rank_lines(ranks)):
+        if extra:
+            lines += ["", *extra]
+    lines += [STARS, "", *resource_lines, STARS]
+    return lines
+
+
+def replace_block(existing: str, block: Sequence[str]) -> str:
+    """``existing`` with our previous block (title line to the closing line after
+    ``Resources``) replaced by ``block``; text that is not ours is kept. Without a previous
+    block, ours is appended.
+    """
+    lines = existing.splitlines()
+    new = list(block)
+    if TITLE_LINE not in lines:
+        prefix = [*lines, ""] if lines and lines[-1].strip() else lines
+        return "\n".join([*prefix, *new]) + "\n"
+    start = lines.index(TITLE_LINE)
+    end = len(lines)
+    if RESOURCES in lines[start:]:
+        resources = lines.index(RESOURCES, start)
+        end = next((i + 1 for i in range(resources, len(lines)) if lines[i] == STARS), end)
+    return "\n".join([*lines[:start], *new, *lines[end:]]) + "\n"

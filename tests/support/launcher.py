@@ -1,0 +1,48 @@
+"""Runs the real ``sidecar`` command line with test seams plugged into its server: the
+pynvml stand-in for machines without a GPU, a disk that fills. Production code reads no
+test variable; tests start ``python -m tests.support.launcher [SEAMS] -- SIDECAR ARGS``.
+
+    --fake-nvml NAME        open NVML through ``tests.support.fake_pynvml.NAME()``
+    --disk-quota DIR:BYTES  writes under DIR fail with ENOSPC past BYTES (``disk_quota``)
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from pathlib import Path
+from typing import Any
+
+from sidecar import cli
+from sidecar.resources.samplers import nvml
+from sidecar.sinks.atomic import write_atomic
+from tests.support import fake_pynvml
+from tests.support.disk_quota import DiskQuota
+
+
+def seams(fake_nvml: str | None, disk_quota: str | None) -> dict[str, Any]:
+    """The ``Server`` keyword arguments for the options given."""
+    result: dict[str, Any] = {}
+    if fake_nvml:
+        factory = getattr(fake_pynvml, fake_nvml)
+        result["open_gpus"] = lambda visible: nvml.open_nvml(visible, api=factory())
+    if disk_quota:
+        folder, _, size = disk_quota.rpartition(":")
+        quota = DiskQuota(Path(folder), int(size))
+        result["write_file"] = functools.partial(write_atomic, write_bytes=quota.write)
+    return result
+
+
+def main(argv: list[str]) -> int:
+    """Parse the seam options before ``--``; run the sidecar command line after it."""
+    parser = argparse.ArgumentParser(prog="launcher")
+    parser.add_argument("--fake-nvml")
+    parser.add_argument("--disk-quota")
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:split])
+    return cli.main(argv[split + 1:], **seams(args.fake_nvml, args.disk_quota))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

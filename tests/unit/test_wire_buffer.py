@@ -1,0 +1,140 @@
+"""The wire slots and the markers' buffer, through a real ZeroMQ socket pair.
+
+GPU slots are exercised with the real GpuTimer over the fake CUDA backend: pending
+results hold the queue in order, the pool running dry is marked, finish drains.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+
+from markers import wire
+from markers.buffer import FLUSH_RECORDS, RecordBuffer
+from markers.gpu import GpuTimer
+from markers.transport import Sender
+from tests.support.fake_cuda import FakeBackend
+
+P = {name: i for i, name in enumerate(wire.RECORD_FIELDS)}
+HELLO = {"type": "hello", "accumulation_steps": 1}
+
+
+@pytest.fixture
+def socket_pair(tmp_path: Path) -> Iterator[tuple[zmq.Socket, Sender]]:
+    """A ROUTER (the sidecar's side) and a Sender connected to it."""
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    endpoint = f"ipc://{tmp_path}/s.sock"
+    router.bind(endpoint)
+    sender = Sender(endpoint, b"r" * 16, 0)
+    yield router, sender
+    sender.close()
+    router.close(linger=0)
+
+
+def received(router: zmq.Socket) -> list[array]:
+    """Every RECORDS message waiting at ``router``, decoded (controls skipped)."""
+    out = []
+    while router.poll(500):
+        _, frame = router.recv_multipart()
+        if wire.decode_header(frame).kind == wire.KIND_RECORDS:
+            out.append(wire.decode_records(frame))
+    return out
+
+
+def rows(values: array) -> list[tuple[int, ...]]:
+    return [tuple(values[i:i + wire.RECORD_WIDTH])
+            for i in range(0, len(values), wire.RECORD_WIDTH)]
+
+
+def test_slots_expand_to_records_with_their_context() -> None:
+    slots = array("q", [*wire.context_slot(wire.FLAG_IN_ITERATION, 3, 7, 40),
+                        wire.FORWARD, 100, 150, wire.gpu_tag(25_000), 30, 4096,
+                        wire.BACKWARD, 150, 300,
+                        *wire.context_slot(0, 3, -1, 41), wire.EPOCH, 0, 400])
+    header = wire.pack_header(wire.KIND_RECORDS, 0, 0, 0, 0, b"x" * 16)
+    records = rows(wire.decode_records(wire.encode_records(header, slots)))
+    assert records == [
+        (wire.FORWARD, wire.FLAG_IN_ITERATION, 3, 7, 40, 100, 150, 30, 4096, 25_000),
+        (wire.BACKWARD, wire.FLAG_IN_ITERATION, 3, 7, 40, 150, 300, -1, -1, 0),
+        (wire.EPOCH, 0, 3, -1, 41, 0, 400, -1, -1, 0),
+    ]
+
+
+@pytest.mark.parametrize(("body", "kind"), [
+    (array("q", [wire.FORWARD, 1, 2]), "malformed"),  # no leading context
+    (array("q", [*wire.context_slot(0, 0, 0, 0), wire.TAG_GPU, 1, 2]), "malformed"),
+    (array("q", [*wire.context_slot(0, 0, 0, 0), wire.FORWARD, 1]), "truncated"),
+])
+def test_bad_slot_streams_are_rejected_by_kind(body: array, kind: str) -> None:
+    header = wire.pack_header(wire.KIND_RECORDS, 0, 0, 0, 0, b"x" * 16)
+    with pytest.raises(wire.WireError) as error:
+        wire.decode_records(wire.encode_records(header, body))
+    assert error.value.kind == kind
+
+
+def test_buffer_sends_in_batches_and_every_message_starts_with_its_context(
+        socket_pair: tuple[zmq.Socket, Sender]) -> None:
+    router, sender = socket_pair
+    buffer = RecordBuffer(sender, HELLO, 0)
+    buffer.deadline_ns = 1 << 62  # only the size triggers flushes here
+    total = FLUSH_RECORDS * 2 + 10
+    for i in range(total):
+        if i % 5 == 0:
+            buffer.set_context(wire.FLAG_IN_ITERATION, 0, i // 5, i)
+        buffer.record(wire.FORWARD, i, i + 1)
+    messages_before_flush = received(router)
+    assert len(messages_before_flush) == 2  # two full batches went by size alone
+    buffer.flush()
+    records = [r for m in messages_before_flush + received(router) for r in rows(m)]
+    assert [r[P["start_ns"]] for r in records] == list(range(total))
+    assert all(r[P["iteration"]] == r[P["start_ns"]] // 5 for r in records)
+    assert sender.records_sent == total and sender.dropped == 0
+
+
+def test_gpu_results_hold_the_queue_in_order_and_never_wait(
+        socket_pair: tuple[zmq.Socket, Sender]) -> None:
+    router, sender = socket_pair
+    backend = FakeBackend()
+    buffer = RecordBuffer(sender, HELLO, 0)
+    buffer.gpu = GpuTimer(backend, pool_size=2)
+    for i in range(3):  # the third finds the pool dry
+        slot = buffer.gpu.begin()
+        backend.clock_ms += 1.5
+        buffer.gpu.end(slot)
+        buffer.record_gpu(wire.FORWARD, i * 10, i * 10 + 5, slot)
+        buffer.record(wire.TRAINING_LOOP, i * 10, i * 10 + 9)
+    buffer.flush()
+    assert received(router) == []  # the first GPU result is pending: nothing may pass it
+    backend.done = 3  # the GPU passed the anchor and the first phase's end event
+    buffer.flush()
+    first = [r for m in received(router) for r in rows(m)]
+    assert [(r[P["phase"]], r[P["gpu_ns"]]) for r in first] == [
+        (wire.FORWARD, 1_500_000), (wire.TRAINING_LOOP, -1)]
+    backend.finish_all()
+    buffer.flush()
+    rest = [r for m in received(router) for r in rows(m)]
+    assert [r[P["phase"]] for r in rest] == [wire.FORWARD, wire.TRAINING_LOOP] * 2
+    assert rest[0][P["gpu_ns"]] == 1_500_000
+    assert rest[2][P["gpu_ns"]] == -1 and rest[2][P["flags"]] & wire.FLAG_GPU_DROPPED
+    assert buffer.gpu.dropped == 1
+
+
+def test_finish_drains_pending_gpu_results_within_its_bound(
+        socket_pair: tuple[zmq.Socket, Sender]) -> None:
+    router, sender = socket_pair
+    backend = FakeBackend()
+    buffer = RecordBuffer(sender, HELLO, 0)
+    buffer.gpu = GpuTimer(backend, pool_size=8)
+    slot = buffer.gpu.begin()
+    backend.clock_ms += 2.0
+    buffer.gpu.end(slot)
+    buffer.record_gpu(wire.BACKWARD, 0, 5, slot)
+    backend.later = (3, 3)  # the GPU gets there while finish polls
+    buffer.drain_gpu()
+    buffer.flush()
+    (record,) = [r for m in received(router) for r in rows(m)]
+    assert record[P["gpu_ns"]] == 2_000_000
