@@ -26,12 +26,15 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import zmq
+
+from markers import wire
 from markers.cuda import check_device_spec
 from markers.endpoints import connect_address, ipc_path, private_endpoint
-from markers.run import Phase, Run
+from markers.run import NullRun, Phase, Run
 from markers.transport import Sender
 
-__all__ = ["Phase", "Run", "start_run"]
+__all__ = ["NullRun", "Phase", "Run", "start_run"]
 __version__ = "0.1.0"
 
 CONNECT_TIMEOUT_S = 5.0
@@ -84,11 +87,22 @@ def _check(name: str, value: int | None, low: int) -> None:
         raise ValueError(f"start_run: {name} must be an integer >= {low}, got {value!r}")
 
 
+def _endpoint(given: str | None) -> tuple[str, subprocess.Popen[bytes] | None, float]:
+    """Where to connect, the private sidecar started for it (or None) and how long to wait
+    for it. Raises OSError or UnsafeFolder (a RuntimeError) for an unusable runtime folder.
+    """
+    endpoint = given or os.environ.get("SIDECAR_ENDPOINT")
+    if endpoint:
+        return connect_address(endpoint), None, CONNECT_TIMEOUT_S
+    endpoint, private = _start_private_sidecar()
+    return endpoint, private, PRIVATE_START_TIMEOUT_S
+
+
 def start_run(out_dir: str | os.PathLike[str] = "maps", split: int = 0,
               warmup_iterations: int = 10, num_measurements: int = 100,
               train_batch_size: int | None = None, val_batch_size: int | None = None,
               accumulation_steps: int = 1, resume: bool = False,
-              endpoint: str | None = None, device: Any = None) -> Run:
+              endpoint: str | None = None, device: Any = None) -> Run | NullRun:
     """Start monitoring one split of a training run and return its ``Run``.
 
     Connects to the sidecar at ``endpoint``, else ``$SIDECAR_ENDPOINT``, else starts a
@@ -103,6 +117,9 @@ def start_run(out_dir: str | os.PathLike[str] = "maps", split: int = 0,
     device where the process holds memory is timed, else ``LOCAL_RANK``'s, else the
     current one (``docs/gpu-timing.md``).
 
+    An endpoint or runtime folder that cannot be used at all gives one RuntimeWarning and a
+    ``NullRun`` (the same interface; nothing is measured).
+
     Raises ValueError for a negative warmup, a cap, batch size or accumulation below 1,
     or a ``device`` that cannot name a CUDA device.
     """
@@ -113,16 +130,16 @@ def start_run(out_dir: str | os.PathLike[str] = "maps", split: int = 0,
     _check("val_batch_size", val_batch_size, 1)
     _check("accumulation_steps", accumulation_steps, 1)
     check_device_spec(device)
-    endpoint = endpoint or os.environ.get("SIDECAR_ENDPOINT")
-    if endpoint:
-        endpoint = connect_address(endpoint)
-    private: subprocess.Popen[bytes] | None = None
-    timeout_s = CONNECT_TIMEOUT_S
-    if not endpoint:
-        endpoint, private = _start_private_sidecar()
-        timeout_s = PRIVATE_START_TIMEOUT_S
+    try:
+        endpoint, private, timeout_s = _endpoint(endpoint)
+        sender = Sender(endpoint, os.urandom(16), _rank())
+    except (OSError, RuntimeError, ValueError, zmq.ZMQError) as exc:
+        # A configuration we cannot use must never stop the training script.
+        warnings.warn(f"markers: cannot reach a sidecar ({type(exc).__name__}: {exc}); this "
+                      "run is not monitored, training goes on", RuntimeWarning, stacklevel=2)
+        return NullRun()
     hello = {
-        "type": "hello", "out_dir": os.fspath(out_dir), "cwd": os.getcwd(), "split": split,
+        "type": wire.HELLO, "out_dir": os.fspath(out_dir), "cwd": os.getcwd(), "split": split,
         "warmup_iterations": warmup_iterations, "num_measurements": num_measurements,
         "train_batch_size": train_batch_size, "val_batch_size": val_batch_size,
         "accumulation_steps": accumulation_steps, "resume": resume,
@@ -130,7 +147,6 @@ def start_run(out_dir: str | os.PathLike[str] = "maps", split: int = 0,
         "job_id": os.environ.get("SLURM_JOB_ID"), "command": [sys.executable, *sys.argv],
         "start_unix": time.time(), "start_ns": time.perf_counter_ns(), "versions": _versions(),
     }
-    sender = Sender(endpoint, os.urandom(16), _rank())
     reply = sender.request(hello, timeout_s, connect_timeout_s=timeout_s)
     monitored = bool(reply and reply.get("ok"))
     if not monitored:

@@ -91,6 +91,14 @@ class Phase:
         else:
             self._start = 0
 
+    def begin(self) -> None:
+        """Start the phase now (for hooks and callbacks that cannot use ``with``)."""
+        self.__enter__()
+
+    def end(self) -> None:
+        """End the phase started by ``begin``."""
+        self.__exit__(None, None, None)
+
     def __call__(self, function: F) -> F:
         @functools.wraps(function)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -122,21 +130,19 @@ class GpuPhase(Phase):
 
 
 class _Span:
-    """A context manager that stamps one uncapped phase (Epoch, Validation)."""
+    """A context manager over a begin/end pair of ``Run`` primitives (epoch, validation)."""
 
-    __slots__ = ("_id", "_on_exit", "_run", "_start_ns")
+    __slots__ = ("_begin", "_end")
 
-    def __init__(self, run: Run, phase_id: int, on_exit: Callable[[], None]) -> None:
-        self._run, self._id, self._on_exit = run, phase_id, on_exit
-        self._start_ns = 0
+    def __init__(self, begin: Callable[[], None], end: Callable[[], None]) -> None:
+        self._begin, self._end = begin, end
 
     def __enter__(self) -> _Span:
-        self._start_ns = perf_counter_ns()
+        self._begin()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._run._buffer.record(self._id, self._start_ns, perf_counter_ns())
-        self._on_exit()
+        self._end()
 
 
 class Run:
@@ -155,9 +161,11 @@ class Run:
         self._phases: dict[str, Phase] = {}
         self._next_custom = wire.FIRST_CUSTOM_ID
         self._epoch = first_epoch  # epochs continue across resumes
-        self._train_iteration = 0
-        self._val_iteration = 0
+        self._epoch_start_ns = 0
+        self._validation_start_ns = 0
+        self._iterations = [0, 0]  # training, validation iterations so far (by `validation`)
         self._net_batches = 0  # batches that went through the network in this process
+        self._open: tuple[bool, int] | None = None  # the open iteration: (validation, start)
         self._batch_sizes_sent: set[str] = set()
         self._finished = False
         self._buffer.set_context(0, self._epoch, -1, 0)
@@ -180,18 +188,18 @@ class Run:
             if phase_id is None:
                 phase_id = self._next_custom
                 self._next_custom += 1
-                self._sender.send_control({"type": "phase", "id": phase_id, "name": name})
+                self._sender.send_control({"type": wire.PHASE, "id": phase_id, "name": name})
             kind = Phase if self._buffer.gpu is None else GpuPhase
             marker = self._phases[name] = kind(self._buffer, phase_id)
         return marker
 
     def epoch(self) -> _Span:
         """Context manager around one epoch (the Epoch column)."""
-        return _Span(self, wire.EPOCH, self._end_epoch)
+        return _Span(self.begin_epoch, self.end_epoch)
 
     def validation(self) -> _Span:
         """Context manager around one validation pass (the Validation column)."""
-        return _Span(self, wire.VALIDATION, self._buffer.flush)
+        return _Span(self.begin_validation, self.end_validation)
 
     def train_batches(self, loader: Iterable[Any]) -> Iterator[Any]:
         """Yield the batches of ``loader``, stamping Training data loading and Training loop;
@@ -209,7 +217,7 @@ class Run:
         Waits for the sidecar's answer at most ``timeout_s``; True when it wrote.
         """
         self._buffer.flush()
-        reply = self._sender.request({"type": "checkpoint"}, timeout_s)
+        reply = self._sender.request({"type": wire.CHECKPOINT}, timeout_s)
         return bool(reply and reply.get("ok"))
 
     def state_dict(self, timeout_s: float = STATE_TIMEOUT_S) -> dict[str, Any]:
@@ -221,7 +229,7 @@ class Run:
         empty dict later is a no-op). Never raises.
         """
         self._buffer.flush()
-        reply = self._sender.request({"type": "state"}, timeout_s)
+        reply = self._sender.request({"type": wire.STATE}, timeout_s)
         state = reply.get("state") if reply and reply.get("ok") else None
         return state if isinstance(state, dict) else {}
 
@@ -236,7 +244,7 @@ class Run:
         if not state:
             return False
         self._buffer.flush()
-        reply = self._sender.request({"type": "load_state", "state": state}, timeout_s)
+        reply = self._sender.request({"type": wire.LOAD_STATE, "state": state}, timeout_s)
         if not (reply and reply.get("ok")):
             reason = reply.get("error") if reply else "no answer from the sidecar"
             warnings.warn(f"markers: saved state not loaded ({reason})", RuntimeWarning,
@@ -260,7 +268,7 @@ class Run:
         if self._buffer.gpu is not None:
             self._buffer.drain_gpu()
         self._buffer.flush()
-        reply = self._sender.request({"type": "finish", "status": status, "error": error,
+        reply = self._sender.request({"type": wire.FINISH, "status": status, "error": error,
                                       "end_ns": end_ns}, FINISH_TIMEOUT_S)
         if reply is None:
             reason = (f"within {FINISH_TIMEOUT_S:.0f} s" if self._sender.connected
@@ -289,19 +297,80 @@ class Run:
         else:
             self.finish("failed", f"{exc_type.__name__}: {exc}")
 
-    # -- iterations -----------------------------------------------------------------
+    # -- primitives: loop helpers, module hooks and framework callbacks drive these -----
+
+    def begin_epoch(self) -> None:
+        """An epoch starts now."""
+        self._epoch_start_ns = perf_counter_ns()
+
+    def end_epoch(self) -> None:
+        """The epoch begun by ``begin_epoch`` ends now (one Epoch measurement); the next
+        phases belong to the next epoch. Sends what is buffered."""
+        self._buffer.record(wire.EPOCH, self._epoch_start_ns, perf_counter_ns())
+        self._epoch += 1
+        self._buffer.set_context(0, self._epoch, -1, self._net_batches)
+        self._buffer.flush()
+
+    def begin_validation(self) -> None:
+        """A validation pass starts now."""
+        self._validation_start_ns = perf_counter_ns()
+
+    def end_validation(self) -> None:
+        """The validation pass ends now (one Validation measurement)."""
+        self._buffer.record(wire.VALIDATION, self._validation_start_ns, perf_counter_ns())
+        self._buffer.flush()
+
+    def begin_iteration(self, validation: bool = False, start_ns: int | None = None) -> None:
+        """A training (or validation) iteration starts at ``start_ns`` (perf_counter_ns;
+        default now): the phases that follow belong to it. With accumulation, one training
+        iteration is one optimization step."""
+        if start_ns is None:
+            start_ns = perf_counter_ns()
+        self._open = (validation, start_ns)
+        flags = wire.FLAG_IN_ITERATION | (wire.FLAG_VALIDATION if validation else 0)
+        self._buffer.set_context(flags, self._epoch, self._iterations[validation],
+                                 self._net_batches)
+
+    def data_loaded(self, start_ns: int, end_ns: int | None = None) -> None:
+        """The open iteration's batch was fetched from ``start_ns`` to ``end_ns`` (default
+        now; perf_counter_ns): one Training (or Validation) data loading phase."""
+        validation = self._open[0] if self._open is not None else False
+        self._buffer.record(wire.VALIDATION_DATA_LOADING if validation
+                            else wire.TRAINING_DATA_LOADING, start_ns,
+                            perf_counter_ns() if end_ns is None else end_ns)
+
+    def batch_done(self) -> None:
+        """A batch went through the network (counts towards warmup)."""
+        self._net_batches += 1
+
+    def end_iteration(self, end_ns: int | None = None) -> None:
+        """The open iteration ends at ``end_ns`` (default now): one Training (or Validation)
+        loop measurement. Without an open iteration, nothing happens."""
+        if self._open is None:
+            return
+        validation, start_ns = self._open
+        self._open = None
+        self._buffer.record(wire.VALIDATION_LOOP if validation else wire.TRAINING_LOOP,
+                            start_ns, perf_counter_ns() if end_ns is None else end_ns)
+        self._iterations[validation] += 1
+        if not validation and self._buffer.gpu is None \
+                and self._iterations[False] % GPU_CHECK_EVERY == 0:
+            self._open_gpu()
+
+    def leave_iteration(self) -> None:
+        """Phases from now on are outside any iteration; an iteration still open is left
+        unfinished and never measured."""
+        self._open = None
+        self._buffer.set_context(0, self._epoch, -1, self._net_batches)
+
+    # -- loop drivers ---------------------------------------------------------------
 
     def _batches(self, loader: Iterable[Any], validation: bool) -> Iterator[Any]:
-        loading = wire.VALIDATION_DATA_LOADING if validation else wire.TRAINING_DATA_LOADING
-        loop = wire.VALIDATION_LOOP if validation else wire.TRAINING_LOOP
-        flags = wire.FLAG_IN_ITERATION | (wire.FLAG_VALIDATION if validation else 0)
         per_iteration = 1 if validation else self._accumulation
         kind = "validation" if validation else "train"
-        buffer = self._buffer
         self._open_gpu()  # CUDA may have come up since the last loop
         iterator = iter(loader)
         in_iteration = 0
-        iteration_start_ns = 0
         try:
             while True:
                 start_ns = perf_counter_ns()
@@ -310,43 +379,27 @@ class Run:
                 except StopIteration:
                     break
                 if in_iteration == 0:
-                    iteration_start_ns = start_ns
-                    iteration = self._val_iteration if validation else self._train_iteration
-                    buffer.set_context(flags, self._epoch, iteration, self._net_batches)
-                buffer.record(loading, start_ns, perf_counter_ns())
+                    self.begin_iteration(validation, start_ns)
+                self.data_loaded(start_ns)
                 if kind not in self._batch_sizes_sent:
                     self._send_batch_size(kind, batch)
                 yield batch
-                self._net_batches += 1
+                self.batch_done()
                 in_iteration += 1
                 if in_iteration == per_iteration:
-                    self._end_iteration(validation, loop, iteration_start_ns)
+                    self.end_iteration()
                     in_iteration = 0
             if in_iteration:  # the last, shorter accumulation step of the epoch
-                self._end_iteration(validation, loop, iteration_start_ns)
+                self.end_iteration()
         finally:
             # A loop left early leaves its iteration open: it is never measured.
-            buffer.set_context(0, self._epoch, -1, self._net_batches)
-
-    def _end_iteration(self, validation: bool, loop: int, start_ns: int) -> None:
-        self._buffer.record(loop, start_ns, perf_counter_ns())
-        if validation:
-            self._val_iteration += 1
-        else:
-            self._train_iteration += 1
-            if self._buffer.gpu is None and self._train_iteration % GPU_CHECK_EVERY == 0:
-                self._open_gpu()
-
-    def _end_epoch(self) -> None:
-        self._epoch += 1
-        self._buffer.set_context(0, self._epoch, -1, self._net_batches)
-        self._buffer.flush()
+            self.leave_iteration()
 
     def _send_batch_size(self, kind: str, batch: Any) -> None:
         self._batch_sizes_sent.add(kind)
         size = _batch_size(batch)
         if size:
-            self._sender.send_control({"type": "batch_size", "kind": kind, "value": size})
+            self._sender.send_control({"type": wire.BATCH_SIZE, "kind": kind, "value": size})
 
     def _open_gpu(self) -> None:
         """Start GPU timing once the script uses CUDA (checked at loop starts and every
@@ -362,5 +415,94 @@ class Run:
             self._buffer.gpu = timer
             for marker in self._phases.values():
                 marker.__class__ = GpuPhase
-            self._sender.send_control({"type": "gpu", "uuid": timer.device_uuid,
+            self._sender.send_control({"type": wire.GPU, "uuid": timer.device_uuid,
                                        "name": timer.device_name})
+
+
+class _NullPhase:
+    """A phase marker that measures nothing (of a run that is not monitored)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> _NullPhase:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+    def begin(self) -> None:
+        """Does nothing."""
+
+    def end(self) -> None:
+        """Does nothing."""
+
+    def __call__(self, function: F) -> F:
+        return function
+
+
+_NULL_PHASE = _NullPhase()
+
+
+class NullRun:
+    """A run that is not monitored: the interface of ``Run``, and nothing happens.
+
+    ``start_run`` returns it when monitoring cannot even be attempted (a configuration it
+    cannot use); the training loop runs unchanged.
+    """
+
+    monitored = False
+    out_dir: Path | None = None
+    dropped = 0
+
+    def phase(self, name: str) -> _NullPhase:
+        """A marker that measures nothing."""
+        return _NULL_PHASE
+
+    def epoch(self) -> _NullPhase:
+        """A context manager that measures nothing."""
+        return _NULL_PHASE
+
+    validation = epoch
+
+    def train_batches(self, loader: Iterable[Any]) -> Iterator[Any]:
+        """The batches of ``loader``, unchanged."""
+        return iter(loader)
+
+    val_batches = train_batches
+
+    def begin_iteration(self, validation: bool = False, start_ns: int | None = None) -> None:
+        """Does nothing."""
+
+    def data_loaded(self, start_ns: int, end_ns: int | None = None) -> None:
+        """Does nothing."""
+
+    def end_iteration(self, end_ns: int | None = None) -> None:
+        """Does nothing."""
+
+    def _nothing(self) -> None:
+        return None
+
+    begin_epoch = end_epoch = begin_validation = end_validation = _nothing
+    batch_done = leave_iteration = close_at_exit = _nothing
+
+    def checkpoint(self, timeout_s: float = CHECKPOINT_TIMEOUT_S) -> bool:
+        """Nothing is written: False."""
+        return False
+
+    def state_dict(self, timeout_s: float = STATE_TIMEOUT_S) -> dict[str, Any]:
+        """No state: an empty dict (loading it later is a no-op)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any],
+                        timeout_s: float = STATE_TIMEOUT_S) -> bool:
+        """Nothing is loaded: False."""
+        return False
+
+    def finish(self, status: str = "completed", error: str | None = None) -> None:
+        """Does nothing."""
+
+    def __enter__(self) -> NullRun:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from markers import endpoints
+from markers import endpoints, wire
 from sidecar.daemon.server import Config, serve
 from sidecar.resources.samplers import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
 
@@ -66,7 +66,7 @@ def _status(endpoint: str, as_json: bool) -> int:
 
     sender = Sender(endpoints.connect_address(endpoint), b"\0" * 16, 0)
     try:
-        reply = sender.request({"type": "status"}, STATUS_TIMEOUT_S,
+        reply = sender.request({"type": wire.STATUS}, STATUS_TIMEOUT_S,
                                connect_timeout_s=STATUS_TIMEOUT_S)
     finally:
         sender.close()

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 
 @dataclass
 class Welford:
-    """Running statistics over every value added; the std is the population std (ddof=0)."""
+    """Running statistics over every value added; the std is the sample standard deviation
+    (n − 1 in the denominator, as pandas' ``Series.std()``), the reference's formula.
+    """
 
     count: int = 0
     mean: float = 0.0
@@ -23,8 +25,8 @@ class Welford:
 
     @property
     def std(self) -> float:
-        """Population standard deviation; 0.0 for fewer than two values."""
-        return math.sqrt(self.m2 / self.count) if self.count > 1 else 0.0
+        """Sample standard deviation (ddof=1); 0.0 for fewer than two values."""
+        return math.sqrt(self.m2 / (self.count - 1)) if self.count > 1 else 0.0
 
     def to_list(self) -> list[float]:
         """``[count, mean, m2]`` for the state file."""

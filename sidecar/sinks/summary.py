@@ -1,5 +1,17 @@
-"""The text of our block in ``summary.log``, laid out as the reference lays it out (SPEC §3),
-and its replacement inside a file that may hold other people's text.
+"""The text of our blocks in ``summary.log`` and their replacement inside a file that may
+hold other people's text (SPEC §3).
+
+Three blocks, in this order, each closed by a line of 106 stars:
+
+1. the reference's ``Computational Summary`` block, line for line as the reference prints
+   it (title, GPU names on a GPU, the training and validation tables, throughput), so a
+   script that reads from its title to the first star line reads what it knows;
+2. our additions, under a title line of their own: the Training time account, the
+   streaming figures over all post-warmup measurements, custom phases, ranks;
+3. the resources block, under the line ``Resources``.
+
+Every ``mean ± std [n]`` cell uses the sample standard deviation (n − 1 in the
+denominator), as pandas' ``Series.std()`` in the reference.
 """
 
 from __future__ import annotations
@@ -8,23 +20,29 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import pandas as pd
+
 from markers import wire
 from sidecar.model.aggregator import PhaseSeries, RankAggregator
 from sidecar.model.stats import Welford
 from sidecar.sinks import layout
 
-WIDTH = layout.WIDTH
-TITLE = " Computational Summary (mean ± std [n measurements]) "
-TITLE_LINE = "*" * ((WIDTH - len(TITLE) + 1) // 2) + TITLE + "*" * ((WIDTH - len(TITLE)) // 2)
-STARS = "*" * WIDTH
-DASHES = "-" * WIDTH
-RESOURCES = "Resources"
 
-# (label, indent, phase, has GPU columns) per line of the two tables.
-TRAIN_LINES = [(r.summary_label, r.indent, r.phase, r.gpu) for r in layout.TRAIN_ROWS]
-VAL_LINES = [(r.summary_label, r.indent, r.phase, r.gpu) for r in layout.VAL_ROWS]
-TRAIN_GPU_PHASES = layout.TRAIN_GPU_PHASES
-VAL_GPU_PHASES = layout.VAL_GPU_PHASES
+def _title_line(title: str) -> str:
+    """``title`` centred in a line of stars ``layout.WIDTH`` wide (one star more on the left
+    when odd, as the reference centres its title)."""
+    stars = layout.WIDTH - len(title)
+    return "*" * ((stars + 1) // 2) + title + "*" * (stars // 2)
+
+
+TITLE_LINE = _title_line(" Computational Summary (mean ± std [n measurements]) ")
+ADDITIONS_LINE = _title_line(" Beyond the reference: training time, all measurements, "
+                             "custom phases, ranks ")
+STARS = "*" * layout.WIDTH
+DASHES = "-" * layout.WIDTH
+RESOURCES = "Resources"
+# The iteration-level training phases compared across ranks (no Training, no Epoch).
+_RANK_ROWS = tuple(r for r in layout.TRAIN_ROWS if r.phase not in (wire.TRAINING, wire.EPOCH))
 
 
 @dataclass(frozen=True)
@@ -36,16 +54,23 @@ class Throughput:
 
 
 def cell(values: Sequence[float]) -> str:
-    """``mean ± std [n]`` in %.2e (population std), ``mean [1]`` for one value, '' for none."""
+    """``mean ± std [n]`` in %.2e with the sample std (n − 1), ``mean [1]`` for one value,
+    '' for none.
+
+    Computed as the reference computes it, with pandas' ``mean()`` and ``std()``: a mean
+    that falls on a rounding tie of %.2e (exact values such as 6.875e-04) then prints the
+    reference's digits, not those of a differently rounded sum.
+    """
     if not values:
         return ""
     if len(values) == 1:
         return f"{values[0]:.2e} [1]"
-    return f"{statistics.fmean(values):.2e} ± {statistics.pstdev(values):.2e} [{len(values)}]"
+    series = pd.Series(values, dtype="float64")
+    return f"{series.mean():.2e} ± {series.std():.2e} [{len(values)}]"
 
 
 def welford_cell(stats: Welford) -> str:
-    """The same cell from streaming statistics."""
+    """The same cell from streaming statistics (their std is the sample std too)."""
     if stats.count == 0:
         return ""
     if stats.count == 1:
@@ -70,17 +95,17 @@ def _stored(series: PhaseSeries | None, attribute: str) -> list[float]:
     return [v for v in values if v is not None]
 
 
-def _phase_lines(agg: RankAggregator, lines: list[tuple[str, int, int, bool]],
+def _phase_lines(agg: RankAggregator, rows: Sequence[layout.PhaseRow],
                  on_gpu: bool) -> list[str]:
     out = []
-    for label, indent, phase, gpu_columns in lines:
-        series = agg.series.get(phase)
-        time = [agg.training_s()] if phase == wire.TRAINING and agg.sessions else _stored(
+    for row in rows:
+        series = agg.series.get(row.phase)
+        time = [agg.training_s()] if row.phase == wire.TRAINING and agg.sessions else _stored(
             series, "wall_s")
         gpu = mem = ""
-        if on_gpu and gpu_columns:
+        if on_gpu and row.gpu:
             gpu, mem = cell(_stored(series, "gpu_s")), cell(_stored(series, "peak_mib"))
-        out.append(table_line(" " * indent + label, cell(time), gpu, mem))
+        out.append(table_line(" " * row.indent + row.summary_label, cell(time), gpu, mem))
     return out
 
 
@@ -108,10 +133,10 @@ def _streaming_lines(agg: RankAggregator) -> list[str]:
     """Every post-warmup measurement, past the cap: two wider cells (counts grow large)."""
     out = ["All post-warmup measurements (streaming; the table above shows the stored rows):",
            f"{'Phase':^22} | {'Time (s)':^36} | {'GPU Time (s)':^36}".rstrip()]
-    for label, indent, phase, _ in TRAIN_LINES[1:] + VAL_LINES:
-        series = agg.series.get(phase)
+    for row in layout.PHASE_ROWS[1:]:  # every phase but Training (its time is the account)
+        series = agg.series.get(row.phase)
         if series is not None:
-            out.append(_streaming_line(" " * indent + label, series))
+            out.append(_streaming_line(" " * row.indent + row.summary_label, series))
     for phase in sorted(p for p in agg.series if p >= wire.FIRST_CUSTOM_ID):
         out.append(_streaming_line(agg.custom_names[phase], agg.series[phase]))
     return out
@@ -133,18 +158,18 @@ def _custom_lines(agg: RankAggregator, on_gpu: bool) -> list[str]:
 def _rank_lines(ranks: Sequence[RankAggregator]) -> list[str]:
     if len(ranks) < 2:
         return []
+    widths = [max(10, len(row.summary_label)) for row in _RANK_ROWS]
     out = ["Ranks (stored rows, mean s):",
-           f"{'rank':>6} | {'iterations':>10} | {'Iteration':>10} | {'Data loading':>12} | "
-           f"{'Forward':>10} | {'Backward':>10} | {'Optimization':>12}"]
+           " | ".join([f"{'rank':>6}", f"{'iterations':>10}",
+                       *(f"{row.summary_label:>{w}}" for row, w in zip(_RANK_ROWS, widths,
+                                                                        strict=True))])]
     for agg in ranks:
         means = []
-        for phase in (wire.TRAINING_LOOP, wire.TRAINING_DATA_LOADING, wire.FORWARD,
-                      wire.BACKWARD, wire.OPTIMIZATION):
-            values = _stored(agg.series.get(phase), "wall_s")
-            means.append(f"{statistics.fmean(values):.2e}" if values else "")
-        loop, loading, forward, backward, optimization = means
-        out.append(f"{agg.rank:>6} | {agg.stored_iterations[False]:>10} | {loop:>10} | "
-                   f"{loading:>12} | {forward:>10} | {backward:>10} | {optimization:>12}")
+        for row, width in zip(_RANK_ROWS, widths, strict=True):
+            values = _stored(agg.series.get(row.phase), "wall_s")
+            means.append(f"{statistics.fmean(values):>{width}.2e}" if values else " " * width)
+        out.append(" | ".join([f"{agg.rank:>6}", f"{agg.stored_iterations[False]:>10}",
+                               *means]))
     return out
 
 
@@ -170,9 +195,9 @@ def computational_block(ranks: Sequence[RankAggregator], gpu_names: Sequence[str
                         train: Throughput, validation: Throughput,
                         gaps: Sequence[tuple[float, float]],
                         resource_lines: Sequence[str]) -> list[str]:
-    """All lines of our block: the reference table (rank 0 = ``ranks[0]``), the streaming
-    figures, custom phases, the rank comparison, then ``resource_lines`` (the resources
-    block, which starts with the line ``Resources``) and a closing line.
+    """All lines of our three blocks (see the module docstring): the reference's block for
+    rank 0 (``ranks[0]``), our additions, then ``resource_lines`` (the resources block,
+    which starts with the line ``Resources``) and a closing star line.
     """
     agg = ranks[0]
     on_gpu = bool(gpu_names)
@@ -180,25 +205,26 @@ def computational_block(ranks: Sequence[RankAggregator], gpu_names: Sequence[str
     if on_gpu:
         lines += ["GPU: " + " then ".join(f"'{name}'" for name in gpu_names), ""]
     lines += [_header(), DASHES]
-    lines += _phase_lines(agg, TRAIN_LINES, on_gpu)
-    lines += ["", *_throughput_lines(agg, wire.TRAINING_LOOP, TRAIN_GPU_PHASES, train, on_gpu),
-              DASHES]
-    lines += _phase_lines(agg, VAL_LINES, on_gpu)
+    lines += _phase_lines(agg, layout.TRAIN_ROWS, on_gpu)
+    lines += ["", *_throughput_lines(agg, wire.TRAINING_LOOP, layout.TRAIN_GPU_PHASES, train,
+                                     on_gpu), DASHES]
+    lines += _phase_lines(agg, layout.VAL_ROWS, on_gpu)
     val_images = Throughput(validation.batch_size, 1)
-    lines += ["", *_throughput_lines(agg, wire.VALIDATION_LOOP, VAL_GPU_PHASES, val_images,
-                                     on_gpu)]
-    for extra in (time_lines(agg, gaps), _streaming_lines(agg), _custom_lines(agg, on_gpu),
-                  _rank_lines(ranks)):
-        if extra:
-            lines += ["", *extra]
+    lines += ["", *_throughput_lines(agg, wire.VALIDATION_LOOP, layout.VAL_GPU_PHASES,
+                                     val_images, on_gpu), STARS]
+    lines += ["", ADDITIONS_LINE]
+    parts = [part for part in (time_lines(agg, gaps), _streaming_lines(agg),
+                               _custom_lines(agg, on_gpu), _rank_lines(ranks)) if part]
+    for i, part in enumerate(parts):
+        lines += [*([""] if i else []), *part]
     lines += [STARS, "", *resource_lines, STARS]
     return lines
 
 
 def replace_block(existing: str, block: Sequence[str]) -> str:
-    """``existing`` with our previous block (title line to the closing line after
-    ``Resources``) replaced by ``block``; text that is not ours is kept. Without a previous
-    block, ours is appended.
+    """``existing`` with our previous blocks (the reference block's title line to the
+    closing star line after ``Resources``) replaced by ``block``; text that is not ours is
+    kept. Without a previous block, ours is appended.
     """
     lines = existing.splitlines()
     new = list(block)

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import pandas as pd
 import pytest
 
+from markers import wire
 from markers.endpoints import connect_address
 from markers.transport import Sender
 
@@ -56,7 +57,7 @@ def status(endpoint: str, timeout_s: float = 2.0) -> dict[str, Any] | None:
     """The sidecar's status view, asked over its socket; None when none answers."""
     sender = Sender(connect_address(endpoint), bytes(16), 0)
     try:
-        return sender.request({"type": "status"}, timeout_s, connect_timeout_s=timeout_s)
+        return sender.request({"type": wire.STATUS}, timeout_s, connect_timeout_s=timeout_s)
     finally:
         sender.close()
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from markers import wire
 from sidecar.ingest.streams import Registry
 from tests.support.frames import Client
@@ -22,3 +24,60 @@ def test_ended_and_written_splits_are_forgotten_after_a_while(tmp_path: Path) ->
     assert registry.prune(now=700.0, keep_s=600.0) == []  # ended only 500 s ago
     assert registry.prune(now=801.0, keep_s=600.0) == [split]
     assert registry.splits == {} and registry.streams == {}
+
+
+def _hello(registry: Registry, client: Client, out_dir: str, now: float = 100.0,
+           **extra: object) -> dict[str, object]:
+    frame = client.hello(out_dir, **extra)
+    return registry.hello(wire.decode_header(frame), wire.decode_control(frame), now)
+
+
+def test_a_hello_opens_a_split_and_a_repeated_hello_keeps_it(tmp_path: Path) -> None:
+    registry = Registry(lambda out_dir, cwd: tmp_path / out_dir)
+    client = Client()
+    reply = _hello(registry, client, "job")
+    assert reply["ok"] and reply["session"] == 0 and reply["epoch"] == 0
+    assert reply["out_dir"] == str(tmp_path / "job")
+    again = _hello(registry, client, "job")
+    assert again == {"ok": True, "session": 0}
+    assert len(registry.splits) == 1 and len(registry.streams) == 1
+
+
+def test_resume_without_a_state_file_starts_afresh_with_a_warning(tmp_path: Path) -> None:
+    registry = Registry(lambda out_dir, cwd: tmp_path / out_dir)
+    reply = _hello(registry, Client(), "job", resume=True)
+    assert reply["ok"] and "starting this split afresh" in str(reply["warning"])
+
+
+def test_a_repeated_hello_of_an_unknown_run_is_a_takeover_with_a_gap(tmp_path: Path) -> None:
+    registry = Registry(lambda out_dir, cwd: tmp_path / out_dir)
+    _hello(registry, Client(), "job", now=150.0, repeat=True, start_unix=100.0)
+    (split,) = registry.splits.values()
+    assert split.gaps == [(100.0, 150.0)]
+
+
+def test_malformed_hellos_and_phase_declarations_are_refused(tmp_path: Path) -> None:
+    registry = Registry(lambda out_dir, cwd: tmp_path / out_dir)
+    client = Client()
+    with pytest.raises(wire.WireError):
+        _hello(registry, client, "job", warmup_iterations=-1)
+    _hello(registry, Client(b"r" * 16), "job")
+    (stream,) = registry.streams.values()
+    with pytest.raises(wire.WireError):
+        registry.declare_phase(stream, {"id": 3, "name": "low id"})
+    with pytest.raises(wire.WireError):
+        registry.declare_phase(stream, {"id": wire.FIRST_CUSTOM_ID, "name": ""})
+    registry.declare_phase(stream, {"id": wire.FIRST_CUSTOM_ID, "name": "augment"})
+    assert stream.custom_ids == {wire.FIRST_CUSTOM_ID}
+
+
+def test_records_before_the_hello_wait_then_count(tmp_path: Path) -> None:
+    registry = Registry(lambda out_dir, cwd: tmp_path / out_dir)
+    client = Client()
+    records_frame = client.records(5)
+    hello_frame = client.hello("job")
+    registry.records(wire.decode_header(records_frame), wire.decode_records(records_frame),
+                     now=10.0)
+    assert registry.records_received == 0
+    registry.hello(wire.decode_header(hello_frame), wire.decode_control(hello_frame), 11.0)
+    assert registry.records_received == 5

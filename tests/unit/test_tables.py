@@ -1,0 +1,52 @@
+"""computational.tsv and phases.tsv from an aggregator, in-process: the 22 standard columns
+in order, custom columns after them, empty tails, rank files named by the layout."""
+
+from __future__ import annotations
+
+from array import array
+
+from markers import wire
+from sidecar.sinks import layout, tables
+from tests.unit.test_aggregator import aggregator, iteration, record
+
+
+def test_computational_frame_has_the_reference_columns_then_custom_ones() -> None:
+    agg = aggregator()
+    agg.custom_names[wire.FIRST_CUSTOM_ID] = "augment"
+    values = []
+    for i in range(3):
+        values += iteration(i, 10.0 * i, batch=i)
+    values += record(wire.FIRST_CUSTOM_ID, 40, 41, flags=0)
+    values += record(wire.EPOCH, 0, 40, flags=0)
+    agg.add_records(array("q", values))
+    frame = tables.computational_frame(agg)
+    assert list(frame.columns[:22]) == [c[0] for c in tables.COLUMNS]
+    assert list(frame.columns[22:]) == ["augment (s)"]
+    assert frame.index.name == layout.INDEX_LABEL
+    assert frame["Forward (s)"].round(6).tolist() == [0.002] * 3
+    assert frame["Epoch (s)"].notna().sum() == 1 and frame["Training (s)"].notna().sum() == 1
+    assert frame["Forward GPU (s)"].isna().all()  # a CPU run: GPU columns empty
+    text = tables.to_tsv(frame, index=True)
+    header = text.splitlines()[0].split("\t")
+    assert header[0] == "measurement #" and len(header) == 24
+    assert text.splitlines()[2].split("\t")[2] == ""  # Epoch's tail is an empty cell
+
+
+def test_phases_frame_is_long_and_ordered_by_start() -> None:
+    agg = aggregator()
+    agg.add_records(array("q", iteration(0, 0.0, 0) + iteration(1, 10.0, 1)))
+    frame = tables.phases_frame(agg)
+    assert list(frame.columns) == tables.PHASES_COLUMNS
+    assert frame["start (s)"].is_monotonic_increasing
+    assert set(frame["phase"]) == {"Training data loading", "Forward", "Training loop"}
+    assert len(frame) == 6
+
+
+def test_layout_names_rank_files_and_the_phase_table_once() -> None:
+    assert layout.computational_file(0) == "computational.tsv"
+    assert layout.phases_file(2) == "phases-rank2.tsv"
+    assert [r.summary_label for r in layout.TRAIN_ROWS] == [
+        "Training", "Epoch", "Iteration", "Data loading", "Forward", "Backward",
+        "Optimization"]
+    assert [r.summary_label for r in layout.VAL_ROWS] == [
+        "Validation", "Iteration", "Data loading", "Evaluation", "Metrics computation"]
