@@ -16,10 +16,11 @@ VAL = wire.FLAG_IN_ITERATION | wire.FLAG_VALIDATION
 
 
 def record(phase: int, start_ms: float, end_ms: float, flags: int = TRAIN, epoch: int = 0,
-           iteration: int = 0, batch: int = 0, gpu_ns: int = -1, peak: int = -1) -> list[int]:
+           iteration: int = 0, batch: int = 0, gpu_ns: int = -1, peak: int = -1,
+           lag_ns: int = 0) -> list[int]:
     """One decoded record (``wire.RECORD_FIELDS`` order)."""
     return [phase, flags, epoch, iteration, batch, int(start_ms * MS), int(end_ms * MS),
-            gpu_ns, peak]
+            gpu_ns, peak, lag_ns]
 
 
 def iteration(i: int, t_ms: float, batch: int, forward_ms: float = 2.0,

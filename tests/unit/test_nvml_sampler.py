@@ -142,6 +142,7 @@ def test_other_nvml_error_on_a_live_gpu_switches_only_that_call_off(nvml: FakeNv
 def test_power_falls_back_to_average_and_says_so(nvml: FakeNvml) -> None:
     gpu = nvml.gpus[0]
     gpu.power_instant_mw = None
+    gpu.energy_constant = True  # a counter that does not move gives no window mean
     sampler = opened(nvml, "0")
     for t in range(3):
         [sample] = sampler.sample(set(), t)
