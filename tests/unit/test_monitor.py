@@ -142,7 +142,8 @@ def test_utilization_and_power_go_to_the_phase_the_gpu_was_running(tmp_path: Pat
     busy = [(origin + int((c * cycle_s + 0.2) * ns), origin + int((c * cycle_s + 0.8) * ns))
             for c in range(cycles)]
     gpus = [FakeGpu(uuid="GPU-aaaa", name="Fake A", busy=busy)]
-    monitor = ResourceMonitor(0.1, None, all_splits_share_gpus=True,
+    # 0.2 s rounds: two 100 ms steps of the energy counter per window, as in real use
+    monitor = ResourceMonitor(0.2, None, all_splits_share_gpus=True,
                               open_gpus=lambda visible: open_nvml(visible, api=FakeNvml(gpus)))
     wait_opened(monitor)
     split = make_split(tmp_path)
