@@ -115,6 +115,23 @@ def test_a_split_takes_only_the_gpus_its_job_reported(tmp_path: Path) -> None:
     assert "GPU sampling: off (the job used no GPU)" in text
 
 
+def test_a_mig_instance_the_job_reported_is_sampled_for_its_split(tmp_path: Path) -> None:
+    whole = FakeGpu(uuid="GPU-aaaa", mig=[FakeGpu(uuid="MIG-cccc", name="Fake MIG 1g.5gb")])
+    monitor = ResourceMonitor(INTERVAL_S, None, all_splits_share_gpus=False,
+                              open_gpus=lambda visible: open_nvml(visible,
+                                                                  api=FakeNvml([whole])))
+    wait_opened(monitor)
+    split = make_split(tmp_path)
+    split.add_gpu("GPU-cccc", "Fake MIG 1g.5gb")  # an older marker's spelling of a MIG UUID
+    monitor.add_gpu("GPU-cccc")
+    monitor.watch(split, os.getpid())
+    run_phase(monitor, 0.2)
+    split.set_status("completed", None)
+    report = _report(monitor, split, [])
+    assert report.frame is not None and set(report.frame["gpu uuid"].dropna()) == {"MIG-cccc"}
+    assert "shared by its MIG instances" in "\n".join(report.lines)
+
+
 def test_without_a_driver_gpu_sampling_is_off_and_host_sampling_goes_on(
         tmp_path: Path) -> None:
     monitor = ResourceMonitor(
