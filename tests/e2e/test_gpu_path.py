@@ -96,8 +96,8 @@ def test_a_loop_on_a_gpu_that_runs_behind_never_waits_and_times_the_models_devic
     cuda = FakeCuda(["Fake A", "Fake B"], current=0)
     cuda.alloc(200 * MIB, device=1)  # model.to("cuda:1")
     monkeypatch.setitem(sys.modules, "torch", fake_torch(cuda))
-    t0 = time.perf_counter()
     with markers.start_run(out_dir="maps", warmup_iterations=0, train_batch_size=8) as run:
+        t0 = time.perf_counter()
         for _batch in run.train_batches([[0] * 8] * 3):
             with run.phase("forward"):
                 cuda.launch(0.3, device=1)
