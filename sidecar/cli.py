@@ -1,4 +1,4 @@
-"""The ``sidecar`` command line (SPEC §2): run, serve, status."""
+"""The ``sidecar`` command line (SPEC §2): run, serve, status, finish."""
 
 from __future__ import annotations
 
@@ -6,11 +6,13 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from markers import endpoints, wire
+from sidecar.daemon.notify import SystemdNotifier, stall_s_for
 from sidecar.daemon.server import Config, serve
 from sidecar.resources.samplers import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
 
@@ -52,30 +54,57 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--root", type=Path, help="write only under this folder (required "
                      "unless --owner-pid is given)")
     srv.add_argument("--owner-pid", type=int, help=argparse.SUPPRESS)
+    srv.add_argument("--shared", action="store_true", help="one daemon for every local user "
+                     "(run as root, ipc endpoint): the kernel names each connection's user, "
+                     "whose runs go under ROOT/<user>/, written as that user")
     _interval(srv)
     srv.add_argument("--quiet", action="store_true", help="log warnings and errors only")
 
+    default = "default: $SIDECAR_ENDPOINT, else the daemon's endpoint"
     status = commands.add_parser("status", help="live view of a running sidecar")
-    status.add_argument("--endpoint", help="default: the daemon's endpoint")
+    status.add_argument("--endpoint", help=default)
+    status.add_argument("--job", help="show only the runs of this Slurm job id")
     status.add_argument("--json", action="store_true", help="print one JSON object")
+
+    finish = commands.add_parser("finish", help="end a Slurm job's runs now (the epilog)")
+    finish.add_argument("--job", required=True, help="the Slurm job id")
+    finish.add_argument("--endpoint", help=default)
     return parser
 
 
-def _status(endpoint: str, as_json: bool) -> int:
+def _ask(command: str, endpoint: str, body: dict[str, Any]) -> dict[str, Any] | None:
+    """Send ``body`` to the sidecar at ``endpoint`` and return its reply (without the
+    protocol keys); None, after one line on stderr, when none answers."""
     from markers.transport import Sender  # the client side of the same wire
 
     sender = Sender(endpoints.connect_address(endpoint), b"\0" * 16, 0)
     try:
-        reply = sender.request({"type": wire.STATUS}, STATUS_TIMEOUT_S,
-                               connect_timeout_s=STATUS_TIMEOUT_S)
+        reply = sender.request(body, STATUS_TIMEOUT_S, connect_timeout_s=STATUS_TIMEOUT_S)
     finally:
         sender.close()
     if reply is None:
-        print(f"sidecar status: no sidecar answered at {endpoint} within "
+        print(f"sidecar {command}: no sidecar answered at {endpoint} within "
               f"{STATUS_TIMEOUT_S:.0f} s", file=sys.stderr)
-        return 1
+        return None
     reply.pop("reply_to", None)
+    return reply
+
+
+def _gpu_line(gpu: dict[str, Any]) -> str:
+    answers = (f"NVML does not answer ({gpu['lost_reason']})" if gpu["lost"]
+               else "NVML answers")
+    unsupported = "; ".join(f"{call} ({why})" for call, why in gpu["unsupported"].items())
+    return (f"  GPU {gpu['index']} {gpu['name']} {gpu['uuid']}: {answers}"
+            + (f"; unsupported: {unsupported}" if unsupported else ""))
+
+
+def _status(endpoint: str, job: str | None, as_json: bool) -> int:
+    reply = _ask("status", endpoint, {"type": wire.STATUS})
+    if reply is None:
+        return 1
     reply.pop("ok", None)
+    if job is not None:
+        reply["runs"] = [run for run in reply["runs"] if run.get("job_id") == job]
     if as_json:
         print(json.dumps(reply))
         return 0
@@ -85,30 +114,68 @@ def _status(endpoint: str, as_json: bool) -> int:
     print(f"records {reply['records']} ({reply['records_per_s']:.0f}/s), dropped "
           f"{reply['dropped']}, lost {reply['lost']}, rejected {reply['rejected']} "
           f"{reply['rejected_by_kind'] or ''}".rstrip())
+    for gpu in samplers.get("gpus", []):
+        print(_gpu_line(gpu))
     if reply.get("last_error"):
         print(f"last error: {reply['last_error']}")
     for run in reply["runs"]:
-        print(f"  run {run['run_id'][:8]} split {run['split']} rank {run['rank']} "
+        job_id = f" job {run['job_id']}" if run.get("job_id") else ""
+        print(f"  run {run['run_id'][:8]}{job_id} split {run['split']} rank {run['rank']} "
               f"pid {run['pid']} {run['status']}: {run['records']} records -> {run['out_dir']}"
               + (f" (write error: {run['write_error']})" if run["write_error"] else ""))
     return 0
+
+
+def _finish(endpoint: str, job: str) -> int:
+    reply = _ask("finish", endpoint, {"type": wire.FINISH_JOB, "job_id": job})
+    if reply is None:
+        return 1
+    if not reply.get("ok"):
+        print(f"sidecar finish: refused: {reply.get('error')}", file=sys.stderr)
+        return 1
+    print(f"sidecar finish: job {job}: {reply['finished']} runs ended and written")
+    return 0
+
+
+def _serve_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with a ``serve`` command line (one line), or None."""
+    if args.root is None and args.owner_pid is None:
+        return "--root DIR is required"
+    if args.shared:
+        if args.root is None:
+            return "--shared needs --root DIR"
+        if os.geteuid() != 0:
+            return "--shared must run as root: it writes each user's runs as that user"
+        if args.endpoint is None or endpoints.ipc_path(args.endpoint) is None:
+            return ("--shared needs an ipc:// --endpoint (the kernel names the user of an ipc "
+                    "connection only), e.g. ipc:///run/sidecar/sidecar.sock")
+    return None
 
 
 def main(argv: list[str] | None = None, **seams: Any) -> int:
     """Entry point of the console script and of ``python -m sidecar``; returns the status.
     ``seams`` go to the server (see ``sidecar.daemon.server.Server``); tests use them."""
     args = _parser().parse_args(argv)
-    if args.command == "status":
-        return _status(args.endpoint or endpoints.daemon_endpoint(), args.json)
+    if args.command in ("status", "finish"):
+        endpoint = (args.endpoint or os.environ.get("SIDECAR_ENDPOINT")
+                    or endpoints.daemon_endpoint())
+        if args.command == "finish":
+            return _finish(endpoint, args.job)
+        return _status(endpoint, args.job, args.json)
     logging.basicConfig(format="sidecar[%(process)d] %(levelname)s: %(message)s",
                         level=logging.WARNING if args.quiet else logging.INFO)
     if args.command == "serve":
-        if args.root is None and args.owner_pid is None:
-            print("sidecar serve: --root DIR is required", file=sys.stderr)
+        problem = _serve_problem(args)
+        if problem:
+            print(f"sidecar serve: {problem}", file=sys.stderr)
             return 2
+        if args.shared:  # root's supplementary groups must not open users' files
+            os.setgroups([])
         config = Config(args.endpoint or endpoints.daemon_endpoint(), args.root,
-                        args.owner_pid, args.interval)
-        return serve(config, **seams)
+                        args.owner_pid, args.interval, args.shared)
+        # sd_notify for systemd (Type=notify, watchdog); sends nothing without NOTIFY_SOCKET
+        notifier = SystemdNotifier(stall_s_for(args.interval))
+        return serve(config, **{**seams, "hooks": [notifier, *seams.get("hooks", ())]})
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not command:
         print("sidecar run: give the command after --", file=sys.stderr)

@@ -21,6 +21,8 @@ class RunView:
     records: int  # records received from it
     status: str  # running, completed, failed, incomplete
     write_error: str | None
+    job_id: str | None  # the Slurm job id the run reported
+    user: str | None  # the kernel's word on an ipc socket, else what the run reported
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,7 @@ class Snapshot:
     taken_unix: float  # wall clock when taken
     loop_monotonic: float  # time.monotonic() of the loop turn that took it
     sampler_round_monotonic: float | None  # when the samplers last completed a round
+    samplers_started: bool  # every sampler is set up (NVML opened, or found unavailable)
     records: int
     dropped: int
     lost: int

@@ -147,6 +147,9 @@ class ResourceMonitor:
         self._schedule = Schedule(interval_s, time.monotonic_ns())
         self._pending_uuids: set[str] = set()
         self.last_round_monotonic: float | None = None  # when the last due round completed
+        # Set once an NVML call hung: rounds no longer count as complete, so the node
+        # daemon's watchdog stops and systemd restarts it (a fresh NVML in a new process).
+        self.hung_reason: str | None = None
         self._opener = threading.Thread(target=self._open, args=(visible_devices, open_gpus),
                                         name="nvml-open", daemon=True)
         self._opener.start()
@@ -215,7 +218,8 @@ class ResourceMonitor:
         self._schedule.advance(now_ns)
         self._sample([(s, r) for s, r in self.splits.values() if s.status == "running"],
                      now_ns)
-        self.last_round_monotonic = time.monotonic()
+        if self.hung_reason is None:
+            self.last_round_monotonic = time.monotonic()
 
     def _sample(self, live: list[tuple[Split, SplitResources]], now_ns: int) -> None:
         if not live:
@@ -241,6 +245,8 @@ class ResourceMonitor:
             self.gpu_off_reason = f"stopped: {gpus.reason}"
             log.error("GPU sampling %s", self.gpu_off_reason)
             self.gpus = None
+            if gpus.hung:
+                self.hung_reason = gpus.reason
         return samples
 
     def _for_split(self, split: Split, samples: list[nvml.GpuSample]) -> list[nvml.GpuSample]:
@@ -286,6 +292,17 @@ class ResourceMonitor:
             summarize_host(resources.host_samples) if resources.host_samples else None,
             off_reason, {label: a.result() for label, a in resources.attribution.items()},
             resources.gpu_samples, resources.host_samples, run_start_ns)
+
+    def started(self) -> bool:
+        """True once NVML is opened or found unavailable (its opener thread ended)."""
+        return not self._opener.is_alive()
+
+    def gpu_status(self) -> list[dict[str, Any]]:
+        """Per sampled GPU: index, uuid, name, whether NVML still answers for it (``lost``
+        and why) and the calls it does not support, with NVML's reason
+        (``NvmlSampler.status``); [] while GPU sampling is off."""
+        gpus = self.gpus
+        return gpus.status()["gpus"] if gpus is not None else []
 
     def close(self) -> None:
         """Stop GPU sampling (NVML shutdown, bounded)."""

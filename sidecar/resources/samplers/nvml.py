@@ -11,7 +11,8 @@ Guards, so that NVML can never take the sidecar down nor switch more off than fa
   at most a timeout. A round that does not return in time is lost: the call under way
   backs off (``nvml_guard``), the stuck thread is left behind and a fresh one takes
   over. Only when ``MAX_STUCK_THREADS`` threads are stuck at once (a hung driver) does
-  GPU sampling stop for good (host sampling goes on).
+  GPU sampling stop for good, marked ``hung`` (host sampling goes on; the node daemon's
+  watchdog stops, so systemd restarts it).
 * Any exception of a call (an NVMLError, ``NVMLLibraryMismatchError``, a value of an
   unknown type, ...) affects that call for that GPU only: off for good when it cannot
   work (not supported, no permission, a mismatched binding), retried with backoff when
@@ -129,6 +130,7 @@ class NvmlSampler:
         self._stuck: list[Worker] = []  # workers left blocked in a call that timed out
         self._closed = False
         self.failed = False
+        self.hung = False  # failed because a call never returned (NVML is wedged)
         self.reason: str | None = None
 
     @property
@@ -222,6 +224,7 @@ class NvmlSampler:
             if recover:
                 self._stalled(what)
             else:
+                self.hung = True
                 self._fail(f"NVML {what} did not return within {self._timeout_s:g} s")
         except Exception as exc:  # a bug or an unforeseen binding error: stop GPUs, not us
             self._fail(f"NVML {what} failed: {exc!r}")
@@ -240,6 +243,7 @@ class NvmlSampler:
         self._worker.stop()
         self._stuck = [w for w in (*self._stuck, self._worker) if w.alive]
         if len(self._stuck) >= MAX_STUCK_THREADS:
+            self.hung = True
             self._fail(f"NVML {what} did not return within {self._timeout_s:g} s "
                        f"({len(self._stuck)} calls stuck)")
             return
