@@ -53,7 +53,9 @@ from sidecar.resources.samplers.worker import CallTimeout, Worker
 __all__ = ["GpuSample", "NvmlSampler", "NvmlUnavailable", "open_nvml",
            "resolve_visible_devices"]
 
-MAX_STUCK_THREADS = 3  # worker threads left blocked in a call before sampling stops
+# Worker threads left blocked in a call before sampling stops: a second call stuck while
+# the first has not come back (after its backoff) means a wedged driver, not a slow round.
+MAX_STUCK_THREADS = 2
 
 
 @dataclass(frozen=True)
