@@ -1,4 +1,4 @@
-"""The ``sidecar`` command line (SPEC §2): run, serve, status, finish."""
+"""The ``sidecar`` command line (SPEC §2): run, serve, status, finish, report."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from sidecar.daemon.notify import SystemdNotifier, stall_s_for
 from sidecar.daemon.server import Config, serve
 from sidecar.resources.samplers import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
 
+DEFAULT_METRICS_ADDR = "127.0.0.1"
 STATUS_TIMEOUT_S = 5.0  # a busy daemon answers after the messages queued before
 
 
@@ -34,6 +36,27 @@ def _interval(parser: argparse.ArgumentParser) -> None:
                         f"{DEFAULT_INTERVAL_S:g}, minimum {MIN_INTERVAL_S:g})")
 
 
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a TCP port (0-65535)")
+    return value
+
+
+def _duration(text: str) -> str:
+    if not re.fullmatch(r"(\d+(ms|s|m|h|d|w|y))+", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 30m, 6h or 7d")
+    return text
+
+
+def _metrics(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--metrics-port", type=_port, help="serve Prometheus /metrics on "
+                        "this port (0: any free one)")
+    parser.add_argument("--metrics-addr", default=DEFAULT_METRICS_ADDR,
+                        help=f"address /metrics binds to (default {DEFAULT_METRICS_ADDR}: "
+                        "this host only)")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sidecar", description="The monitor's sidecar process: receives the markers' "
@@ -45,6 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--endpoint", help="ipc:// or tcp:// address (default: a private ipc "
                      "socket)")
     _interval(run)
+    _metrics(run)
     run.add_argument("--quiet", action="store_true", help="log warnings and errors only")
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
 
@@ -58,6 +82,7 @@ def _parser() -> argparse.ArgumentParser:
                      "(run as root, ipc endpoint): the kernel names each connection's user, "
                      "whose runs go under ROOT/<user>/, written as that user")
     _interval(srv)
+    _metrics(srv)
     srv.add_argument("--quiet", action="store_true", help="log warnings and errors only")
 
     default = "default: $SIDECAR_ENDPOINT, else the daemon's endpoint"
@@ -69,7 +94,58 @@ def _parser() -> argparse.ArgumentParser:
     finish = commands.add_parser("finish", help="end a Slurm job's runs now (the epilog)")
     finish.add_argument("--job", required=True, help="the Slurm job id")
     finish.add_argument("--endpoint", help=default)
+
+    report = commands.add_parser("report", help="cluster-wide GPU report from run folders "
+                                 "or a Prometheus server")
+    report.add_argument("paths", nargs="*", type=Path, metavar="PATH",
+                        help="run folders, or folders holding them at any depth")
+    report.add_argument("--out", type=Path, default=Path("report"),
+                        help="folder for jobs.tsv, gpus.tsv, summary.tsv, report.md and "
+                        "report.html (default ./report)")
+    report.add_argument("--html", type=Path, help="write the page here instead")
+    report.add_argument("--prometheus", metavar="URL", help="build the report from this "
+                        "Prometheus server's series instead of run folders")
+    report.add_argument("--since", metavar="DURATION", type=_duration,
+                        help="with --prometheus: the runs with series in this last span "
+                        "(30m, 6h, 7d, ...)")
     return parser
+
+
+def _report(args: argparse.Namespace) -> int:
+    # pandas and numpy: imported only for this command
+    from sidecar.report import build
+    from sidecar.report.progress import Progress
+    from sidecar.report.prometheus import PrometheusError, from_prometheus
+
+    if args.prometheus:
+        if args.paths or not args.since:
+            print("sidecar report: --prometheus URL takes --since DURATION and no PATH",
+                  file=sys.stderr)
+            return 2
+        try:
+            report = from_prometheus(args.prometheus, args.since)
+        except PrometheusError as exc:
+            print(f"sidecar report: {exc}", file=sys.stderr)
+            return 1
+    else:
+        missing = [str(p) for p in args.paths if not p.exists()]
+        if not args.paths or missing:
+            print("sidecar report: " + (f"no such folder: {', '.join(missing)}" if missing
+                                        else "give the folders holding the run folders "
+                                        "(or --prometheus URL --since DURATION)"),
+                  file=sys.stderr)
+            return 2
+        report = build.from_folders(args.paths, Progress("reading run folders").update)
+    for folder, reason in report.damaged.itertuples(index=False, name=None):
+        print(f"sidecar report: skipped {folder}: {reason}", file=sys.stderr)
+    try:
+        written = build.write(report, args.out, args.html)
+    except OSError as exc:
+        print(f"sidecar report: cannot write the report: {exc}", file=sys.stderr)
+        return 1
+    print(f"{len(report.jobs)} jobs, {len(report.damaged)} damaged folders skipped; wrote "
+          + ", ".join(str(p) for p in written))
+    return 0
 
 
 def _ask(command: str, endpoint: str, body: dict[str, Any]) -> dict[str, Any] | None:
@@ -162,8 +238,15 @@ def main(argv: list[str] | None = None, **seams: Any) -> int:
         if args.command == "finish":
             return _finish(endpoint, args.job)
         return _status(endpoint, args.job, args.json)
+    if args.command == "report":
+        return _report(args)
     logging.basicConfig(format="sidecar[%(process)d] %(levelname)s: %(message)s",
                         level=logging.WARNING if args.quiet else logging.INFO)
+    if args.metrics_port is not None:
+        from sidecar.sinks.metrics import MetricsExporter  # prometheus_client: only here
+
+        exporter = MetricsExporter(args.metrics_port, args.metrics_addr)
+        seams["hooks"] = [*seams.get("hooks", ()), exporter]
     if args.command == "serve":
         problem = _serve_problem(args)
         if problem:

@@ -26,7 +26,7 @@ from sidecar.daemon.dispatch import Dispatcher
 from sidecar.daemon.lifecycle import Lifecycle
 from sidecar.daemon.liveness import describe_exit, pid_alive
 from sidecar.daemon.policy import OutDirPolicy
-from sidecar.daemon.snapshot import RunView, Snapshot
+from sidecar.daemon.snapshot import RunView, Snapshot, split_view
 from sidecar.daemon.users import ForeignFolder, acting_as, user_folder
 from sidecar.ingest.peers import Peer, user_name
 from sidecar.ingest.receiver import Incoming, Receiver
@@ -253,7 +253,9 @@ class Server:
             samplers={"host": "on", "gpu": "on" if gpu_off is None else f"off ({gpu_off})",
                       "interval_s": self.config.interval_s,
                       "gpus": self.monitor.gpu_status()},
-            runs=tuple(RunView(**run) for run in counts["runs"]))
+            runs=tuple(RunView(**run) for run in counts["runs"]),
+            splits=tuple(split_view(split, self.monitor.live(split))
+                         for split in registry.splits.values()))
         return self.snapshot
 
     def status_for(self, caller: Peer | None) -> dict[str, Any]:

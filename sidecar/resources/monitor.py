@@ -76,10 +76,27 @@ class SplitResources:
         self.waiting: list[tuple[str, int, int]] = []
         self.attribution: dict[str, _Attribution] = {}
         self.closed = False  # the split ended and its last round was taken
+        # running figures for the live view (/metrics), kept past thinning
+        self.cpu_s = 0.0  # CPU time of the job's tree: cpu_pct integrated over the rounds
+        self.latest_gpu: dict[str, nvml.GpuSample] = {}  # per UUID
+        self.first_energy_j: dict[str, float] = {}  # per UUID: the first counter reading
 
-    def add_gpu_samples(self, samples: list[nvml.GpuSample]) -> None:
+    def add_host(self, sample: HostSample) -> None:
+        """Keep a host sample and add its CPU time (psutil's cpu_percent is the mean over
+        the time since the previous reading, so percent × window is CPU seconds)."""
+        if self.host_samples:
+            window_s = (sample.t_ns - self.host_samples[-1].t_ns) / 1e9
+            self.cpu_s += sample.cpu_pct / 100.0 * window_s
+        self.host_samples.append(sample)
+
+    def add_gpus(self, samples: list[nvml.GpuSample]) -> None:
+        """Keep GPU samples and note each GPU's latest and first energy reading."""
         self.gpu_samples += samples
         self.gpu_ts += [s.t_ns for s in samples]
+        for sample in samples:
+            self.latest_gpu[sample.uuid] = sample
+            if sample.energy_j is not None:
+                self.first_energy_j.setdefault(sample.uuid, sample.energy_j)
 
     def thin(self) -> None:
         """Halve the rounds kept once there are MAX_ROUNDS (bounded memory on long runs)."""
@@ -171,7 +188,7 @@ class ResourceMonitor:
         if entry is None:
             resources = SplitResources(pid)
             # A first host round now: the baseline of CPU time and the starting memory.
-            resources.host_samples.append(resources.host.sample(time.monotonic_ns()))
+            resources.add_host(resources.host.sample(time.monotonic_ns()))
             self.splits[id(split)] = (split, resources)
         else:
             entry[1].host.add_root(pid)
@@ -226,8 +243,8 @@ class ResourceMonitor:
             return
         gpu_samples = self._sample_gpus(live, now_ns)
         for split, resources in live:
-            resources.host_samples.append(resources.host.sample(now_ns))
-            resources.add_gpu_samples(self._for_split(split, gpu_samples))
+            resources.add_host(resources.host.sample(now_ns))
+            resources.add_gpus(self._for_split(split, gpu_samples))
             resources.thin()
             resources.attribute(now_ns)
 
@@ -292,6 +309,12 @@ class ResourceMonitor:
             summarize_host(resources.host_samples) if resources.host_samples else None,
             off_reason, {label: a.result() for label, a in resources.attribution.items()},
             resources.gpu_samples, resources.host_samples, run_start_ns)
+
+    def live(self, split: Split) -> SplitResources | None:
+        """The running samples and figures of ``split`` (None when it is not watched);
+        read on the loop thread only."""
+        entry = self.splits.get(id(split))
+        return entry[1] if entry is not None else None
 
     def started(self) -> bool:
         """True once NVML is opened or found unavailable (its opener thread ended)."""
