@@ -111,8 +111,10 @@ def markers_only(run: markers.Run, batches: list[tuple[int, int]]) -> None:
             pass
 
 
-def mlp_case(steps: int) -> tuple[Callable[[], None], Callable[[markers.Run], None]]:
-    """``steps`` MLP training steps, plain and marked (one train_batches loop)."""
+def mlp_case(steps: int) -> tuple[Callable[[], None], Callable[[markers.Run], None],
+                                  nn.Module, torch.optim.Optimizer]:
+    """``steps`` MLP training steps, plain and marked (one train_batches loop), and the
+    model and optimizer they train (for bench/instrument_overhead.py's hooks)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -138,7 +140,7 @@ def mlp_case(steps: int) -> tuple[Callable[[], None], Callable[[markers.Run], No
             with run.phase("optimization"):
                 optimizer.step()
 
-    return plain, marked
+    return plain, marked, model, optimizer
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -173,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(args.repeats):
                 for name, measure in variants.items():
                     seconds[name].append(measure())
-            plain, marked = mlp_case(args.steps)
+            plain, marked, _model, _optimizer = mlp_case(args.steps)
             empty = [(0, 0)] * (args.steps * 10)
             steps: dict[str, list[float]] = {"unmarked": [], "unmarked again": [],
                                              "marked": [], "markers only": []}

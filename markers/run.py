@@ -163,6 +163,8 @@ class Run:
         self._epoch = first_epoch  # epochs continue across resumes
         self._epoch_start_ns = 0
         self._validation_start_ns = 0
+        self._in_validation = False
+        self._boundary_ns = 0  # the latest begin or end of an epoch or validation pass
         self._iterations = [0, 0]  # training, validation iterations so far (by `validation`)
         self._net_batches = 0  # batches that went through the network in this process
         self._open: tuple[bool, int] | None = None  # the open iteration: (validation, start)
@@ -301,23 +303,27 @@ class Run:
 
     def begin_epoch(self) -> None:
         """An epoch starts now."""
-        self._epoch_start_ns = perf_counter_ns()
+        self._epoch_start_ns = self._boundary_ns = perf_counter_ns()
 
     def end_epoch(self) -> None:
         """The epoch begun by ``begin_epoch`` ends now (one Epoch measurement); the next
         phases belong to the next epoch. Sends what is buffered."""
-        self._buffer.record(wire.EPOCH, self._epoch_start_ns, perf_counter_ns())
+        self._boundary_ns = perf_counter_ns()
+        self._buffer.record(wire.EPOCH, self._epoch_start_ns, self._boundary_ns)
         self._epoch += 1
         self._buffer.set_context(0, self._epoch, -1, self._net_batches)
         self._buffer.flush()
 
     def begin_validation(self) -> None:
         """A validation pass starts now."""
-        self._validation_start_ns = perf_counter_ns()
+        self._validation_start_ns = self._boundary_ns = perf_counter_ns()
+        self._in_validation = True
 
     def end_validation(self) -> None:
         """The validation pass ends now (one Validation measurement)."""
-        self._buffer.record(wire.VALIDATION, self._validation_start_ns, perf_counter_ns())
+        self._boundary_ns = perf_counter_ns()
+        self._in_validation = False
+        self._buffer.record(wire.VALIDATION, self._validation_start_ns, self._boundary_ns)
         self._buffer.flush()
 
     def begin_iteration(self, validation: bool = False, start_ns: int | None = None) -> None:
@@ -360,14 +366,42 @@ class Run:
     def leave_iteration(self) -> None:
         """Phases from now on are outside any iteration; an iteration still open is left
         unfinished and never measured."""
+        if self._open is not None:
+            # The next iteration gets a number of its own: nothing of the left one (whose
+            # records went out under this number) merges into it.
+            self._iterations[self._open[0]] += 1
         self._open = None
         self._buffer.set_context(0, self._epoch, -1, self._net_batches)
+
+    # -- what hooks and callbacks read to agree with the loop drivers -----------------
+
+    @property
+    def iteration(self) -> tuple[bool, int] | None:
+        """The open iteration as ``(validation, start_ns)``, or None between iterations."""
+        return self._open
+
+    @property
+    def in_validation(self) -> bool:
+        """True between ``begin_validation`` and ``end_validation``."""
+        return self._in_validation
+
+    @property
+    def last_boundary_ns(self) -> int:
+        """When the latest epoch or validation pass began or ended (perf_counter_ns; 0
+        before any): time before it belongs to no iteration that starts after it."""
+        return self._boundary_ns
+
+    def batch_seen(self, validation: bool, batch: Any) -> None:
+        """Read the batch size from the first training (or validation) batch, when
+        ``start_run`` was not given it."""
+        kind = "validation" if validation else "train"
+        if kind not in self._batch_sizes_sent:
+            self._send_batch_size(kind, batch)
 
     # -- loop drivers ---------------------------------------------------------------
 
     def _batches(self, loader: Iterable[Any], validation: bool) -> Iterator[Any]:
         per_iteration = 1 if validation else self._accumulation
-        kind = "validation" if validation else "train"
         self._open_gpu()  # CUDA may have come up since the last loop
         iterator = iter(loader)
         in_iteration = 0
@@ -381,8 +415,7 @@ class Run:
                 if in_iteration == 0:
                     self.begin_iteration(validation, start_ns)
                 self.data_loaded(start_ns)
-                if kind not in self._batch_sizes_sent:
-                    self._send_batch_size(kind, batch)
+                self.batch_seen(validation, batch)
                 yield batch
                 self.batch_done()
                 in_iteration += 1
@@ -400,6 +433,12 @@ class Run:
         size = _batch_size(batch)
         if size:
             self._sender.send_control({"type": wire.BATCH_SIZE, "kind": kind, "value": size})
+
+    def prefer_device(self, device: Any) -> None:
+        """Time the CUDA device ``device`` names (a module: where its parameters are) when
+        GPU timing starts, unless ``start_run(device=...)`` already said which."""
+        if self._device is None:
+            self._device = device
 
     def _open_gpu(self) -> None:
         """Start GPU timing once the script uses CUDA (checked at loop starts and every
@@ -453,6 +492,9 @@ class NullRun:
     monitored = False
     out_dir: Path | None = None
     dropped = 0
+    iteration: tuple[bool, int] | None = None
+    in_validation = False
+    last_boundary_ns = 0
 
     def phase(self, name: str) -> _NullPhase:
         """A marker that measures nothing."""
@@ -477,6 +519,9 @@ class NullRun:
         """Does nothing."""
 
     def end_iteration(self, end_ns: int | None = None) -> None:
+        """Does nothing."""
+
+    def batch_seen(self, validation: bool, batch: Any) -> None:
         """Does nothing."""
 
     def _nothing(self) -> None:

@@ -14,7 +14,7 @@ import time
 import types
 
 import pytest
-import torch  # noqa: F401  - the markers look for CUDA only in a script that uses torch
+import torch  # also: the markers look for CUDA only in a script that uses torch
 
 import markers
 import markers.gpu
@@ -141,3 +141,23 @@ def test_phases_inside_a_cuda_graph_capture_do_not_break_it(
     assert abs(frame["Forward GPU (s)"].iloc[2] - 0.003) < 0.001  # a replay is timed
     summary = (sidecar.split_dir() / "summary.log").read_text()
     assert "GPU times not measured: 3 phases" in summary
+
+
+def test_the_model_named_by_instrument_or_start_run_decides_the_device(
+        sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch) -> None:
+    """instrument(model) hands the model to the run (Run.prefer_device): its parameters'
+    device is timed even where another device holds more memory."""
+    cuda = FakeCuda(["Fake A", "Fake B"], current=0)
+    cuda.alloc(900 * MIB, device=0)
+    cuda.alloc(100 * MIB, device=1)
+    model = types.SimpleNamespace(parameters=lambda: iter(
+        [types.SimpleNamespace(device=torch.device("cuda", 1))]))
+    monkeypatch.setitem(sys.modules, "torch", fake_torch(cuda))
+    with markers.start_run(out_dir="maps", warmup_iterations=0, train_batch_size=8) as run:
+        run.prefer_device(model)
+        for _batch in run.train_batches([[0] * 8] * 2):
+            with run.phase("forward"):
+                cuda.launch(0.001, device=1)
+    assert {stream.device for _, stream in cuda.records} == {1}
+    document = json.loads((sidecar.root / "maps" / "run.json").read_text())
+    assert [gpu["name"] for gpu in document["gpus"]] == ["Fake B"]
