@@ -65,6 +65,7 @@ class FakeGpu:
     # the busy share of the driver window before the call, and power (and the energy
     # counter) busy_mw while busy, idle_mw otherwise
     busy: list[tuple[int, int]] | None = None
+    busy_util: tuple[int, int] = (0, 100)  # utilization when idle, when busy the window
     busy_mw: int = 300_000
     idle_mw: int = 80_000
     mig: list[FakeGpu] = field(default_factory=list, compare=False, repr=False)
@@ -213,7 +214,9 @@ class FakeNvml:
         util = handle.util
         if handle.busy is not None:
             now = time.monotonic_ns()
-            util = round(100 * handle.busy_share(now - int(UTIL_WINDOW_S * 1e9), now))
+            low, high = handle.busy_util
+            util = round(low + (high - low) * handle.busy_share(
+                now - int(UTIL_WINDOW_S * 1e9), now))
         return SimpleNamespace(gpu=util, memory=handle.mem_util)
 
     def nvmlDeviceGetMemoryInfo(self, handle: FakeGpu, version: int | None = None) -> Any:
@@ -315,11 +318,13 @@ def periodic_busy(start_ns: int, seconds: float, period_s: float = 0.5,
 
 
 def two_busy_gpus() -> FakeNvml:
-    """Two GPUs busy in the first 300 ms of every 500 ms (for an hour from now): the fake
-    a sidecar process loads through the test launcher (``--fake-nvml two_busy_gpus``)."""
+    """Two GPUs busy in the first 300 ms of every 500 ms (for an hour from now), reading
+    10 % idle and 90 % busy: the fake a sidecar process loads through the test launcher
+    (``--fake-nvml two_busy_gpus``)."""
     timeline = periodic_busy(time.monotonic_ns(), 3600.0)
-    return FakeNvml([FakeGpu(uuid="GPU-0a0a0a0a", name="NVIDIA Fake 0", busy=timeline),
-                     FakeGpu(uuid="GPU-1b1b1b1b", name="NVIDIA Fake 1", busy=timeline)])
+    return FakeNvml([FakeGpu(uuid=uuid, name=f"NVIDIA Fake {i}", busy=timeline,
+                             busy_util=(10, 90))
+                     for i, uuid in enumerate(("GPU-0a0a0a0a", "GPU-1b1b1b1b"))])
 
 
 def hanging_gpu() -> FakeNvml:
