@@ -155,6 +155,8 @@ def start_run(out_dir: str | os.PathLike[str] = "maps", split: int = 0,
                       "run is not monitored, training goes on", RuntimeWarning, stacklevel=2)
         _current[:] = [NullRun()]
         return _current[0]
+    # Training time starts when the run is ready: a private sidecar's start-up is not training.
+    connected = sender.wait_connected(timeout_s)
     hello = {
         "type": wire.HELLO, "out_dir": os.fspath(out_dir), "cwd": os.getcwd(), "split": split,
         "warmup_iterations": warmup_iterations, "num_measurements": num_measurements,
@@ -164,10 +166,11 @@ def start_run(out_dir: str | os.PathLike[str] = "maps", split: int = 0,
         "job_id": os.environ.get("SLURM_JOB_ID"), "command": [sys.executable, *sys.argv],
         "start_unix": time.time(), "start_ns": time.perf_counter_ns(), "versions": _versions(),
     }
-    reply = sender.request(hello, timeout_s, connect_timeout_s=timeout_s)
+    reply = sender.request(hello, timeout_s) if connected else None
     monitored = bool(reply and reply.get("ok"))
     if not monitored:
-        reason = reply.get("error") if reply else f"no answer within {timeout_s:.0f} s"
+        reason = reply.get("error") if reply else (
+            sender.last_failure if connected else f"none connected within {timeout_s:.0f} s")
         warnings.warn(f"markers: sidecar at {endpoint} not reachable ({reason}); this run is "
                       "not monitored, training goes on", RuntimeWarning, stacklevel=2)
     elif reply and reply.get("warning"):

@@ -23,7 +23,7 @@ COLUMNS: list[tuple[str, int, str]] = [
 ]
 
 PHASES_COLUMNS = ["phase", "epoch", "iteration", "batch", "rank", "session", "start (s)",
-                  "wall (s)", "GPU (s)", "GPU peak (MB)"]
+                  "wall (s)", "GPU (s)", "GPU peak (MB)", "batch size"]
 
 
 def _column(rows: list[Row], attribute: str) -> pd.Series:
@@ -54,10 +54,11 @@ def phases_frame(agg: RankAggregator) -> pd.DataFrame:
     """The long table of ``agg``: one row per stored measurement, ordered by start time."""
     records = [
         (wire.phase_label(phase, agg.custom_names), r.epoch, r.iteration, r.batch, agg.rank,
-         r.session, r.start_s, r.wall_s, r.gpu_s, r.peak_mib)
+         r.session, r.start_s, r.wall_s, r.gpu_s, r.peak_mib, r.batch_size)
         for phase, series in agg.series.items() for r in series.rows
     ]
     frame = pd.DataFrame.from_records(records, columns=PHASES_COLUMNS)
+    frame["batch size"] = frame["batch size"].astype("Int64")  # loop rows only: an integer
     return frame.sort_values("start (s)", kind="stable").reset_index(drop=True)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -47,6 +48,9 @@ class FakeGpu:
     power_avg_mw: int = 200_000  # also the power the energy counter integrates
     energy_mj: int = 5_000_000
     energy_constant: bool = False  # a counter that never moves
+    # the counter as a function of the monotonic clock (s -> mJ): the same for every
+    # process that reads it, as a driver's counter is between two jobs
+    energy_at: Callable[[float], float] | None = None
     temperature: int = 60
     sm_clock: int = 1400
     gpm: bool = False
@@ -79,6 +83,8 @@ class FakeGpu:
     def energy_now(self) -> int:
         """The counter: grows by the power over time, in ENERGY_STEP_S steps."""
         now = time.monotonic() // ENERGY_STEP_S * ENERGY_STEP_S
+        if self.energy_at is not None:
+            return int(self.energy_at(now))
         if self._energy_from is None or self.energy_constant:
             self._energy_from = now
             return self.energy_mj
@@ -317,13 +323,22 @@ def periodic_busy(start_ns: int, seconds: float, period_s: float = 0.5,
     return [(t, t + busy) for t in range(first, start_ns + int(seconds * 1e9), period)]
 
 
+def periodic_energy_mj(t_s: float, period_s: float = 0.5, busy_s: float = 0.3,
+                       busy_w: float = 300.0, idle_w: float = 80.0) -> float:
+    """The energy counter of a GPU busy the first ``busy_s`` of every ``period_s`` of the
+    monotonic clock since its origin (``periodic_busy``'s grid), in mJ."""
+    busy_total_s = t_s // period_s * busy_s + min(t_s % period_s, busy_s)
+    return 1000.0 * (idle_w * t_s + (busy_w - idle_w) * busy_total_s)
+
+
 def two_busy_gpus() -> FakeNvml:
-    """Two GPUs busy in the first 300 ms of every 500 ms (for an hour from now), reading
-    10 % idle and 90 % busy: the fake a sidecar process loads through the test launcher
-    (``--fake-nvml two_busy_gpus``)."""
+    """Two GPUs busy in the first 300 ms of every 500 ms, reading 10 % idle and 90 % busy,
+    their power 300 W busy and 80 W idle, and an energy counter that follows the same
+    clock whoever reads it (as a driver's counter does between two jobs): the fake the test
+    launcher plugs in with ``--fake-nvml two_busy_gpus``."""
     timeline = periodic_busy(time.monotonic_ns(), 3600.0)
     return FakeNvml([FakeGpu(uuid=uuid, name=f"NVIDIA Fake {i}", busy=timeline,
-                             busy_util=(10, 90))
+                             busy_util=(10, 90), energy_at=periodic_energy_mj)
                      for i, uuid in enumerate(("GPU-0a0a0a0a", "GPU-1b1b1b1b"))])
 
 
