@@ -1,6 +1,6 @@
-"""Step-time overhead of GPU phase timing: unmarked vs GpuTimer vs a synchronizing monitor.
+"""Step-time overhead of GPU phase timing through the product's whole path.
 
-    python bench/gpu_overhead.py [--repeats 15] [--steps 40]
+    python bench/gpu_overhead.py [--repeats 15] [--steps 30]
 
 Models (no torchvision): a small ResNet-like CNN at batch 64 (128 px, and 32 px where the
 loop is bound by kernel launches, the worst case for any host-side cost), and a
@@ -8,16 +8,22 @@ pre-norm transformer block. Each model runs these variants side by side, interle
 shuffled order in every repeat; the figure is the median step time over repeats:
 
 * ``unmarked``: the plain training step;
-* ``ours``: GpuTimer begin/end around forward, backward and optimization, and a poll of
-  the pending slots' resolved prefix every step, as the Run does (peak_memory="bound");
-* ``ours, no mem``: the same with peak_memory="off" (events only);
+* ``ours``: the product as a user runs it: ``markers.start_run`` (with its private
+  sidecar process listening), ``run.train_batches`` and ``run.phase`` around forward,
+  backward and optimization, so the GPU timer, the record buffer, its flushes and the
+  ZeroMQ sender are all in the measured step;
 * ``sync monitor``: the reference's approach, torch.cuda.synchronize() + perf_counter at
   every phase stop.
 
 A block of steps is timed from perf_counter before its first step to a synchronize after
-its last one, for every variant alike. With CUDA the table replaces the section
-``## GPU overhead`` of bench/RESULTS.md. Without CUDA it says so, runs the models for two
-steps on the CPU as a smoke check, and exits 0 without writing numbers.
+its last one, for every variant alike. Before any timed block the timer's whole event
+pool is recorded once, so torch's lazy creation of CUDA events is not counted in the
+first block. After the run, the GPU times ours wrote to computational.tsv are checked
+against the sync monitor's phase times (medians; they must agree within 15 %: a phase's
+GPU time and the host time of a phase that synchronizes measure the same work), and the
+table says how far apart they were. With CUDA the table replaces the section
+``## GPU overhead`` of bench/RESULTS.md. Without CUDA it says so, runs the models and the
+marked path for two steps on the CPU as a smoke check, and exits 0 without writing numbers.
 """
 
 from __future__ import annotations
@@ -27,18 +33,19 @@ import platform
 import random
 import statistics
 import sys
+import tempfile
 import time
-from collections import deque
 from pathlib import Path
 
+import pandas as pd
 import torch
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import markers  # noqa: E402
 from bench.results import RESULTS, write_section  # noqa: E402
-from markers.gpu import GpuTimer, open_gpu_timer  # noqa: E402
 
 SECTION = "## GPU overhead"
 
@@ -123,6 +130,9 @@ def loss_of(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 # ---- the variants ---------------------------------------------------------------------
 
+PHASES = ("forward", "backward", "optimization")
+AGREEMENT = 0.15  # ours vs the sync monitor, relative, per phase median
+
 
 def plain_step(model, opt, x, y) -> None:
     loss = loss_of(model, x, y)
@@ -131,138 +141,147 @@ def plain_step(model, opt, x, y) -> None:
     opt.step()
 
 
-class OursMonitor:
-    """What the Run does per phase: wall stamps, a GpuTimer slot, a FIFO polled at flush."""
+def plain_block(model, opt, x, y, steps: int) -> None:
+    for _ in range(steps):
+        plain_step(model, opt, x, y)
 
-    def __init__(self, timer: GpuTimer) -> None:
-        self.timer = timer
-        self.pending: deque = deque()
-        self.resolved = 0
-        self.stamps: list[int] = []
 
-    def step(self, model, opt, x, y) -> None:
-        timer, pending, now = self.timer, self.pending, time.perf_counter_ns
-        t0 = now()
-        s = timer.begin()
-        loss = loss_of(model, x, y)
-        timer.end(s)
-        pending.append((s, t0, now()))
-        t0 = now()
-        s = timer.begin()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        timer.end(s)
-        pending.append((s, t0, now()))
-        t0 = now()
-        s = timer.begin()
-        opt.step()
-        timer.end(s)
-        pending.append((s, t0, now()))
-        poll = timer.poll
-        while pending and poll(pending[0][0]) is not None:  # the flush: resolved prefix only
-            pending.popleft()
-            self.resolved += 1
+class Ours:
+    """The product's path: a Run on a private sidecar, its loop helper and its phases."""
 
-    def settle(self) -> None:
-        """After a timed block (the GPU is idle then): take the rest out of the pool."""
-        res = self.timer.drain([p[0] for p in self.pending], timeout_s=10.0)
-        self.resolved += sum(r is not None for r in res)
-        self.pending.clear()
+    def __init__(self, out_dir: Path) -> None:
+        self.run = markers.start_run(out_dir=str(out_dir), warmup_iterations=0,
+                                     num_measurements=1_000_000, train_batch_size=1)
+        self.phases = [self.run.phase(name) for name in PHASES]
+        self.out_dir = out_dir
+        for _ in self.run.train_batches(()):  # a loop start opens the GPU timer
+            pass
+
+    def block(self, model, opt, x, y, steps: int) -> None:
+        forward, backward, optimization = self.phases
+        for _ in self.run.train_batches(range(steps)):
+            with forward:
+                loss = loss_of(model, x, y)
+            with backward:
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+            with optimization:
+                opt.step()
+
+    def prime(self) -> None:
+        """Record every pooled event once (torch creates a CUDA event at its first record),
+        outside any timed block; then let the GPU catch up."""
+        timer = self.run._buffer.gpu
+        if timer is None:
+            return
+        slots = [timer.begin() for _ in range(timer.pool_size)]
+        for slot in slots:
+            timer.end(slot)
+        torch.cuda.synchronize()
+        timer.drain(slots, timeout_s=10.0)
+
+    def gpu_medians_s(self) -> dict[str, float]:
+        """Median GPU seconds per phase from the computational.tsv the sidecar wrote."""
+        self.run.finish()
+        table = self.out_dir / "training" / "split-0" / "logs" / "computational.tsv"
+        frame = pd.read_csv(table, sep="\t")
+        return {name: float(frame[f"{name.capitalize()} GPU (s)"].median())
+                for name in PHASES}
 
 
 class SyncMonitor:
     """The reference's approach: synchronize the device at every phase stop."""
 
     def __init__(self) -> None:
-        self.times: list[float] = []
+        self.times: dict[str, list[float]] = {name: [] for name in PHASES}
 
-    def step(self, model, opt, x, y) -> None:
+    def block(self, model, opt, x, y, steps: int) -> None:
         sync, now, times = torch.cuda.synchronize, time.perf_counter, self.times
-        t0 = now()
-        loss = loss_of(model, x, y)
-        sync()
-        times.append(now() - t0)
-        t0 = now()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        sync()
-        times.append(now() - t0)
-        t0 = now()
-        opt.step()
-        sync()
-        times.append(now() - t0)
-        del times[:-300]
+        for _ in range(steps):
+            t0 = now()
+            loss = loss_of(model, x, y)
+            sync()
+            times["forward"].append(now() - t0)
+            t0 = now()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            sync()
+            times["backward"].append(now() - t0)
+            t0 = now()
+            opt.step()
+            sync()
+            times["optimization"].append(now() - t0)
+
+    def medians_s(self) -> dict[str, float]:
+        return {name: statistics.median(v) for name, v in self.times.items()}
 
 
-def time_block(step, model, opt, x, y, steps: int) -> float:
+def time_block(block, model, opt, x, y, steps: int) -> float:
     """Seconds per step over a block of ``steps`` steps, from launch to completion."""
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    for _ in range(steps):
-        step(model, opt, x, y)
+    block(model, opt, x, y, steps)
     torch.cuda.synchronize()
     return (time.perf_counter() - t0) / steps
 
 
-def run_case(name: str, repeats: int, steps: int, rng: random.Random) -> dict:
+def run_case(name: str, repeats: int, steps: int, rng: random.Random, work: Path) -> dict:
     label, model, opt, x, y = make_case(name, "cuda", small=False)
-    ours = OursMonitor(open_gpu_timer(pool_size=256, peak_memory="bound"))
-    ours_off = OursMonitor(open_gpu_timer(pool_size=256, peak_memory="off"))
+    ours = Ours(work / name)
     sync = SyncMonitor()
-    variants = {
-        "unmarked": (plain_step, None),
-        "ours": (ours.step, ours),
-        "ours, no mem": (ours_off.step, ours_off),
-        "sync monitor": (sync.step, None),
-    }
-    for step, mon in variants.values():  # warm up every path: cuDNN autotune, caches, pools
-        time_block(step, model, opt, x, y, max(5, steps // 4))
-        if mon is not None:
-            mon.settle()
+    variants = {"unmarked": plain_block, "ours": ours.block, "sync monitor": sync.block}
+    for block in variants.values():  # warm up every path: cuDNN autotune, caches, pools
+        time_block(block, model, opt, x, y, max(5, steps // 4))
+    ours.prime()
+    sync.times = {phase: [] for phase in PHASES}  # only the timed blocks count
     per_step: dict[str, list[float]] = {k: [] for k in variants}
     order = list(variants)
     for _ in range(repeats):
         rng.shuffle(order)
         for key in order:
-            step, mon = variants[key]
-            per_step[key].append(time_block(step, model, opt, x, y, steps))
-            if mon is not None:
-                mon.settle()
+            per_step[key].append(time_block(variants[key], model, opt, x, y, steps))
+    timer = ours.run._buffer.gpu
+    dropped, inexact = timer.dropped, timer.inexact_peaks
+    gpu_s = ours.gpu_medians_s()
+    sync_s = sync.medians_s()
     med = {k: statistics.median(v) for k, v in per_step.items()}
     spread = {k: (max(v) - min(v)) / med[k] for k, v in per_step.items()}
-    dropped = ours.timer.dropped + ours_off.timer.dropped
     del model, opt, x, y
     torch.cuda.empty_cache()
     return {"label": label, "median": med, "spread": spread, "dropped": dropped,
-            "inexact": ours.timer.inexact_peaks, "resolved": ours.resolved}
+            "inexact": inexact, "gpu_s": gpu_s, "sync_s": sync_s,
+            "records_dropped": ours.run.dropped}
 
 
-def host_cost_per_phase(peak_memory: str, n: int = 2000) -> float:
-    """Microseconds of host time for begin+end+poll of one phase, with the GPU idle."""
-    timer = open_gpu_timer(pool_size=256, peak_memory=peak_memory)
-    batch = 200
-    torch.cuda.synchronize()
-    total = 0.0
-    for _ in range(n // batch):
-        t0 = time.perf_counter()
-        slots = []
-        for _ in range(batch):
-            s = timer.begin()
-            timer.end(s)
-            slots.append(s)
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()  # outside the timed part: let the events complete
-        t2 = time.perf_counter()
-        for s in slots:
-            assert timer.poll(s) is not None
-        total += (t1 - t0) + (time.perf_counter() - t2)
+def host_cost_per_phase(n: int = 2000) -> float:
+    """Microseconds of host time per marked phase on the whole path (enter, exit, the
+    buffer's flushes and sends, the GPU polls), with the GPU idle between batches."""
+    with tempfile.TemporaryDirectory() as folder:
+        ours = Ours(Path(folder))
+        ours.prime()
+        phase = ours.phases[0]
+        batch = 200
+        total = 0.0
+        for _ in range(n // batch):
+            torch.cuda.synchronize()  # outside the timed part
+            t0 = time.perf_counter()
+            for _ in range(batch):
+                with phase:
+                    pass
+            total += time.perf_counter() - t0
+        ours.run.finish()
     return total / (n // batch * batch) * 1e6
 
 
 # ---- output ---------------------------------------------------------------------------
 
 
-def table(results: list[dict], args, host_us: dict[str, float], wall_s: float) -> str:
+def agreement(r: dict) -> float:
+    """The largest relative gap between ours' GPU times and the sync monitor's times."""
+    return max(abs(r["gpu_s"][p] - r["sync_s"][p]) / r["sync_s"][p] for p in PHASES)
+
+
+def table(results: list[dict], args, host_us: float, wall_s: float) -> str:
     dev = torch.cuda.get_device_properties(torch.cuda.current_device())
     lines = [
         SECTION,
@@ -273,13 +292,16 @@ def table(results: list[dict], args, host_us: dict[str, float], wall_s: float) -
         "",
         "Median step time over interleaved repeats (each a block of steps timed from the "
         "first launch to a synchronize after the last). Slowdown = median / unmarked − 1. "
-        "`ours` = GpuTimer events + allocator reads (peak_memory=\"bound\") around "
-        "forward, backward and optimization, with the Run's per-step poll; `no mem` = "
-        "peak_memory=\"off\"; `sync` = torch.cuda.synchronize() + perf_counter at every "
-        "phase stop (the reference's approach).",
+        "`ours` = the whole product path: start_run with its sidecar process, "
+        "run.train_batches and run.phase around forward, backward and optimization (GPU "
+        "events, allocator reads, the record buffer, its flushes and the ZeroMQ sends); "
+        "`sync` = torch.cuda.synchronize() + perf_counter at every phase stop (the "
+        "reference's approach). `ours vs sync` = the largest gap between the median GPU "
+        "time ours wrote and the sync monitor's median phase time (forward, backward, "
+        "optimization).",
         "",
-        "| model | unmarked ms | ours ms | ours | ours, no mem | sync ms | sync | "
-        "spread (unmarked) | dropped |",
+        "| model | unmarked ms | ours ms | ours | sync ms | sync | ours vs sync | "
+        "spread (unmarked) | GPU times dropped |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
@@ -291,20 +313,32 @@ def table(results: list[dict], args, host_us: dict[str, float], wall_s: float) -
 
         lines.append(
             f"| {r['label']} | {base * 1e3:.3f} | {m['ours'] * 1e3:.3f} | {pct('ours')} | "
-            f"{pct('ours, no mem')} | {m['sync monitor'] * 1e3:.3f} | {pct('sync monitor')} "
-            f"| {r['spread']['unmarked'] * 100:.1f} % | {r['dropped']} |")
+            f"{m['sync monitor'] * 1e3:.3f} | {pct('sync monitor')} | "
+            f"{agreement(r) * 100:.1f} % | {r['spread']['unmarked'] * 100:.1f} % | "
+            f"{r['dropped']} |")
     lines += [
         "",
-        f"Host cost of one marked phase (begin + end + poll, GPU idle): "
-        f"{host_us['bound']:.1f} µs with allocator reads, {host_us['off']:.1f} µs events "
-        "only. It is hidden while the GPU is the bottleneck and adds to the step where "
-        "the loop is bound by kernel launches. Target for ours: ≤ 1 % slowdown.",
+        f"Host cost of one marked phase on the whole path (enter + exit, flushes, sends, "
+        f"GPU polls; GPU idle): {host_us:.1f} µs. It is hidden while the GPU is the "
+        "bottleneck and adds to the step where the loop is bound by kernel launches. "
+        "Target for ours: ≤ 1 % slowdown.",
         "",
     ]
     return "\n".join(lines)
 
 
 CASES = ("resnet-128px", "resnet-32px", "transformer")
+
+
+def smoke_on_cpu(work: Path) -> None:
+    """Without CUDA: the models and the marked path (Run, buffer, sender, sidecar) run two
+    steps, so the script is known to work up to the GPU."""
+    for name in CASES:
+        _, model, opt, x, y = make_case(name, "cpu", small=True)
+        plain_block(model, opt, x, y, 2)
+        ours = Ours(work / name)
+        ours.block(model, opt, x, y, 2)
+        ours.run.finish()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -314,32 +348,37 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md")
     args = ap.parse_args(argv)
 
-    if not torch.cuda.is_available():
-        for name in CASES:  # smoke: the models and the step build and run
-            _, model, opt, x, y = make_case(name, "cpu", small=True)
-            for _ in range(2):
-                plain_step(model, opt, x, y)
-        print("gpu_overhead: CUDA is not available here, so there is nothing to measure; "
-              "skipped (the models ran 2 CPU steps as a smoke check). No numbers written.")
-        return 0
-
-    t_start = time.perf_counter()
-    torch.backends.cudnn.benchmark = True
-    torch.cuda.init()
-    rng = random.Random(1234)
-    results = []
-    for name in CASES:
-        r = run_case(name, args.repeats, args.steps, rng)
-        results.append(r)
-        m = r["median"]
-        print(f"{r['label']}: " + ", ".join(
-            f"{k} {v * 1e3:.3f} ms ({(v / m['unmarked'] - 1) * 100:+.2f} %)"
-            for k, v in m.items()) + f"; dropped {r['dropped']}", flush=True)
-    host_us = {mode: host_cost_per_phase(mode) for mode in ("bound", "off")}
-    print(f"host cost per phase: {host_us['bound']:.1f} µs (bound), "
-          f"{host_us['off']:.1f} µs (off)")
-    text = table(results, args, host_us, time.perf_counter() - t_start)
+    with tempfile.TemporaryDirectory() as folder:
+        work = Path(folder)
+        if not torch.cuda.is_available():
+            smoke_on_cpu(work)
+            print("gpu_overhead: CUDA is not available here, so there is nothing to measure; "
+                  "skipped (the models and the marked path ran 2 CPU steps as a smoke "
+                  "check). No numbers written.")
+            return 0
+        t_start = time.perf_counter()
+        torch.backends.cudnn.benchmark = True
+        torch.cuda.init()
+        rng = random.Random(1234)
+        results = []
+        for name in CASES:
+            r = run_case(name, args.repeats, args.steps, rng, work)
+            results.append(r)
+            m = r["median"]
+            print(f"{r['label']}: " + ", ".join(
+                f"{k} {v * 1e3:.3f} ms ({(v / m['unmarked'] - 1) * 100:+.2f} %)"
+                for k, v in m.items()) + f"; ours vs sync {agreement(r) * 100:.1f} %; "
+                f"GPU times dropped {r['dropped']}, records dropped {r['records_dropped']}",
+                flush=True)
+        host_us = host_cost_per_phase()
+        print(f"host cost per marked phase: {host_us:.1f} µs")
+        text = table(results, args, host_us, time.perf_counter() - t_start)
     print(text)
+    bad = [r["label"] for r in results if agreement(r) > AGREEMENT]
+    if bad:
+        print(f"gpu_overhead: ours and the sync monitor disagree by more than "
+              f"{AGREEMENT:.0%} on: {', '.join(bad)}; RESULTS.md left alone", file=sys.stderr)
+        return 1
     if not args.no_write:
         write_section(text)
         print(f"wrote {RESULTS.relative_to(ROOT)}")

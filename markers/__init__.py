@@ -24,11 +24,13 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import zmq
 
 from markers import secret as shared_secret
 from markers import wire
+from markers.cuda import check_device_spec
 from markers.endpoints import check, connect_address, ipc_path, private_endpoint
 from markers.instrument import Instrumentation, instrument
 from markers.run import NullRun, Phase, Run
@@ -121,7 +123,8 @@ def start_run(out_dir: str | os.PathLike[str] = "maps", split: int = 0,
               warmup_iterations: int = 10, num_measurements: int = 100,
               train_batch_size: int | None = None, val_batch_size: int | None = None,
               accumulation_steps: int = 1, resume: bool = False,
-              endpoint: str | None = None, rank: int | None = None) -> Run | NullRun:
+              endpoint: str | None = None, rank: int | None = None,
+              device: Any = None) -> Run | NullRun:
     """Start monitoring one split of a training run and return its ``Run``.
 
     Connects to the sidecar at ``endpoint``, else ``$SIDECAR_ENDPOINT``, else starts a
@@ -133,10 +136,16 @@ def start_run(out_dir: str | os.PathLike[str] = "maps", split: int = 0,
     run (default: ``$RANK``, else ``$LOCAL_RANK``, else 0; framework callbacks pass the
     trainer's). Times are measured with ``time.perf_counter_ns``.
 
+    ``device`` says which CUDA device GPU timing uses: an index, ``"cuda:N"``, a
+    ``torch.device``, a tensor, or the model (where its parameters live). Without it the
+    device where the process holds memory is timed, else ``LOCAL_RANK``'s, else the
+    current one (``docs/gpu-timing.md``).
+
     An endpoint or runtime folder that cannot be used at all gives one RuntimeWarning and a
     ``NullRun`` (the same interface; nothing is measured).
 
-    Raises ValueError for a negative warmup, a cap, batch size or accumulation below 1.
+    Raises ValueError for a negative warmup, a cap, batch size or accumulation below 1,
+    or a ``device`` that cannot name a CUDA device.
     """
     _check("split", split, 0)
     _check("warmup_iterations", warmup_iterations, 0)
@@ -145,6 +154,7 @@ def start_run(out_dir: str | os.PathLike[str] = "maps", split: int = 0,
     _check("val_batch_size", val_batch_size, 1)
     _check("accumulation_steps", accumulation_steps, 1)
     _check("rank", rank, 0)
+    check_device_spec(device)
     try:
         endpoint, secret, private, timeout_s = _endpoint(endpoint)
         sender = Sender(endpoint, os.urandom(16), _rank(rank), secret)
@@ -193,7 +203,7 @@ def start_run(out_dir: str | os.PathLike[str] = "maps", split: int = 0,
         warnings.warn(f"markers: {reply['warning']}", RuntimeWarning, stacklevel=2)
     first_epoch = reply.get("epoch") if reply else 0
     run = Run(sender, hello, monitored, on_close,
-              first_epoch if isinstance(first_epoch, int) else 0)
+              first_epoch if isinstance(first_epoch, int) else 0, device)
     folder = reply.get("out_dir") if reply else None
     run.out_dir = Path(folder) if isinstance(folder, str) else None
     atexit.register(run.close_at_exit)

@@ -3,8 +3,10 @@
 A phase writes three integers into ``slots`` at ``n`` (see ``markers.wire``) and calls
 ``flush`` once ``n`` reaches ``flush_at`` or its end time passes ``deadline_ns``; nothing
 else happens per phase on a CPU. On a GPU a phase also reserves a GPU slot, filled once
-its CUDA events have completed; ``flush`` sends only the slots before the first GPU slot
-still pending, so records reach the sidecar in order, and never waits for the GPU.
+its CUDA events have completed (GPU time, peak, and the GPU start's lag behind the host
+start); ``flush`` sends only the slots before the first GPU slot still pending, so
+records reach the sidecar in order, and never waits for the GPU nor queries it during a
+CUDA graph capture.
 
 Custom phase declarations go out before any records message that follows them; one that
 cannot be queued is retried at each flush, and records are not sent ahead of it (they
@@ -31,6 +33,7 @@ HELLO_EVERY_NS = 2_000_000_000  # re-announce the run so a restarted sidecar pic
 GPU_DRAIN_S = 5.0  # the bounded wait for pending GPU times at finish
 _SLOTS = wire.SLOT_WIDTH
 _NO_GPU = wire.TAG_GPU | wire.FLAG_GPU_DROPPED << 16
+_NOT_MEASURED = (-1, -1, 0)
 
 
 class RecordBuffer:
@@ -148,11 +151,11 @@ class RecordBuffer:
         pending; the ones that never come are marked not measured."""
         if not self._pending:
             return
-        results = self.gpu.drain([slot for _, slot in self._pending], timeout_s=GPU_DRAIN_S)
+        slots = self.slots
+        results = self.gpu.drain([slot for _, slot in self._pending], timeout_s=GPU_DRAIN_S,
+                                 host_starts=[slots[o - 2] for o, _ in self._pending])
         for (offset, _), result in zip(self._pending, results, strict=True):
-            gpu_ns, peak = result if result is not None else (-1, -1)
-            self.slots[offset:offset + _SLOTS] = array(
-                "q", (wire.TAG_GPU if gpu_ns >= 0 else _NO_GPU, gpu_ns, peak))
+            self._fill_gpu(offset, result if result is not None else _NOT_MEASURED)
         self._pending = []
 
     def enter_child(self) -> None:
@@ -168,16 +171,27 @@ class RecordBuffer:
         self._write_context()
         self.deadline_ns = 0
 
+    def _fill_gpu(self, offset: int, result: tuple[int, int, int]) -> None:
+        gpu_ns, peak, lag_ns = result
+        slots = self.slots
+        slots[offset] = wire.gpu_tag(lag_ns) if gpu_ns >= 0 else _NO_GPU
+        slots[offset + 1] = gpu_ns
+        slots[offset + 2] = peak
+
     # -- internals ------------------------------------------------------------------
 
     def _resolve_gpu(self) -> int:
         """Fill in resolved GPU slots; the offset up to which ``slots`` can be sent."""
         resolved = 0
-        for offset, timer_slot in self._pending:
-            result = self.gpu.poll(timer_slot)
+        gpu = self.gpu
+        # Inside a CUDA graph capture an event query would make the capture fail: wait.
+        pending = self._pending if gpu is None or not gpu.capturing() else []
+        slots = self.slots
+        for offset, timer_slot in pending:
+            result = gpu.poll(timer_slot, slots[offset - 2])  # the phase slot's start
             if result is None:
                 break
-            self.slots[offset + 1], self.slots[offset + 2] = result
+            self._fill_gpu(offset, result)
             resolved += 1
         # Stop before the phase slot of the first GPU slot still pending.
         ready = self._pending[resolved][0] - _SLOTS if resolved < len(self._pending) else self.n

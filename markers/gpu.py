@@ -1,11 +1,29 @@
-"""GPU time and peak memory of a phase, measured without waiting for the GPU.
+"""GPU time, GPU start and peak memory of a phase, measured without waiting for the GPU.
 
 The Run calls :meth:`GpuTimer.begin` when a phase starts and :meth:`GpuTimer.end` when it
-stops. Both record a CUDA event on the *current stream* of the timer's device and read the
-caching allocator's statistics; neither waits. The GPU time is known only once the GPU has
-reached the end event, so the Run keeps its records in FIFO order and calls
-:meth:`GpuTimer.poll` (``Event.query()``, never a wait) on the pending ones at flush time.
-At finish, :meth:`GpuTimer.drain` waits a bounded time for what is still in flight.
+stops. Both record a CUDA event on the current stream of the timer's device (chosen by
+``markers.cuda.choose_device``) and read the caching allocator's statistics; neither
+waits. The GPU time is known only once the GPU has reached the end event, so the Run keeps
+its records in FIFO order and calls :meth:`GpuTimer.poll` (``Event.query()``, never a
+wait) on the pending ones at flush time. At finish, :meth:`GpuTimer.drain` waits a
+bounded time for what is still in flight.
+
+GPU start. The GPU runs a phase's work after the host launched it, often much later.
+``poll`` also says when, on the host clock: one *anchor* event recorded when the timer
+opens is the reference, ``anchor.elapsed_time(start)`` places every start event on the
+GPU's timeline, and the host time of the anchor on that timeline is estimated from the
+fact that the GPU never runs an event before the host recorded it: it is the largest
+``host start - GPU offset`` seen so far (exact as soon as the GPU was idle once when a
+phase began), allowed to fall by at most ``DRIFT_PER_NS`` of the time since the last
+estimate, so a GPU clock running slightly fast is followed too. The lag (GPU start minus
+host start, >= 0) lets the sidecar attribute GPU utilization and power to the phases
+the GPU was really running (``docs/samplers.md``).
+
+CUDA graph capture. Inside ``torch.cuda.graph()`` events recorded on the capturing stream
+become graph nodes, never timing events, and querying an event makes the capture fail.
+So ``begin``/``end`` record nothing while the current stream is capturing (the phase is
+sent as "GPU not measured", counted in :attr:`GpuTimer.captured`), and the Run polls
+nothing while a capture is under way.
 
 Nothing in this module synchronizes the device, calls ``Event.synchronize()`` or reads a
 tensor back to the host, and it never imports torch: :func:`open_gpu_timer` only looks at
@@ -19,10 +37,12 @@ Peak memory (``peak_memory=`` of :func:`open_gpu_timer`, see ``docs/gpu-timing.m
   ``torch.cuda.max_memory_allocated()`` keeps its meaning. The phase's peak is exact when
   the phase raised the process high-water mark, when it allocated nothing, or when it freed
   nothing; otherwise the value is an upper bound (see :func:`phase_peak`), and
-  :attr:`GpuTimer.inexact_peaks` counts those phases.
-* ``"reset"``: ``torch.cuda.reset_peak_memory_stats()`` at every begin. Exact, but it
-  wipes every peak statistic of the device for the whole process, the user's included,
-  and a phase nested inside another cuts the outer one's peak short.
+  :attr:`GpuTimer.inexact_peaks` counts those phases. Under ``cudaMallocAsync`` every
+  peak is an upper bound.
+* ``"reset"``: ``torch.cuda.reset_peak_memory_stats()`` at every begin. Exact (an upper
+  bound under ``cudaMallocAsync``), but it wipes every peak statistic of the device for
+  the whole process, the user's included, and a phase nested inside another cuts the
+  outer one's peak short.
 * ``"off"``: no allocator reads; peaks are -1.
 
 One GpuTimer serves one thread (the training loop's); it holds no locks.
@@ -32,29 +52,31 @@ from __future__ import annotations
 
 import sys
 import time
-import uuid as _uuid
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from markers.cuda import Memory
+
 PEAK_MODES = ("bound", "reset", "off")
 
-# A reading of the allocator's "allocated_bytes.all" statistics, in bytes:
-# (current, peak = process high-water mark, allocated = cumulative bytes allocated,
-#  freed = cumulative bytes freed).
-Memory = tuple[int, int, int, int]
+# (gpu_ns, peak_bytes, lag_ns) of a slot that holds no measurement
+NOT_MEASURED = (-1, -1, 0)
+# How fast the anchor's estimated host time may fall between two estimates (100 ppm,
+# far above the drift of a GPU clock against the host's): see the module docstring.
+DRIFT_PER_NS = 1e-4
 
-NOT_MEASURED = (-1, -1)  # what poll/drain give for a slot that holds no measurement
-
-# Slot states. _FAILED: end() could not finish after the start event was recorded; the
-# slot polls as NOT_MEASURED once, then is free.
+# Slot states. _FAILED: end() could not finish after the start event was recorded (or
+# the phase ended inside a graph capture); the slot polls as NOT_MEASURED once, then is free.
 _FREE, _STARTED, _ENDED, _FAILED = 0, 1, 2, 3
 
 
 class EventBackend(Protocol):
-    """What GpuTimer needs from the device. ``TorchCudaBackend`` is the real one."""
+    """What GpuTimer needs from the device. ``markers.cuda.TorchCudaBackend`` is the real
+    one; ``exact_peaks`` is False where the allocator keeps no cumulative counters."""
 
     device_uuid: str
     device_name: str
+    exact_peaks: bool
 
     def new_event(self) -> Any:
         """A timing event, made once when the pool is built and reused afterwards."""
@@ -74,61 +96,8 @@ class EventBackend(Protocol):
     def reset_peak(self) -> None:
         """Reset the device's peak statistics (only for ``peak_memory="reset"``)."""
 
-
-def format_uuid(raw: Any) -> str:
-    """A device UUID formatted as NVML prints it: ``GPU-`` + the canonical lower-case UUID.
-
-    ``raw`` is ``torch.cuda.get_device_properties(d).uuid``: an object with ``bytes`` (16
-    of them) on recent torch, else something whose ``str()`` is the UUID.
-    """
-    data = getattr(raw, "bytes", None)
-    if data is not None:
-        return "GPU-" + str(_uuid.UUID(bytes=bytes(data)))
-    text = str(raw).strip()
-    if text.upper().startswith(("GPU-", "MIG-")):
-        return text[:4].upper() + text[4:].lower()
-    try:
-        return "GPU-" + str(_uuid.UUID(text))
-    except ValueError:
-        return "GPU-" + text.lower()
-
-
-class TorchCudaBackend:
-    """CUDA events and allocator statistics of one device, through the imported torch."""
-
-    def __init__(self, torch: Any, device: int | None = None) -> None:
-        cuda = torch.cuda
-        self._cuda = cuda
-        self.device = cuda.current_device() if device is None else int(device)
-        props = cuda.get_device_properties(self.device)
-        self.device_uuid = format_uuid(props.uuid)
-        self.device_name = str(props.name)
-        self._event = cuda.Event
-        self._current_stream = cuda.current_stream
-        # Nested stats straight from the allocator: the flat torch.cuda.memory_stats()
-        # costs a Python flatten and sort of ~150 keys on every call.
-        self._stats = cuda.memory_stats_as_nested_dict
-
-    def new_event(self) -> Any:
-        return self._event(enable_timing=True)
-
-    def record(self, event: Any) -> None:
-        # The stream is named explicitly so that a script switching devices with
-        # torch.cuda.set_device() cannot make a pooled event record on a foreign device.
-        event.record(self._current_stream(self.device))
-
-    def query(self, event: Any) -> bool:
-        return event.query()
-
-    def elapsed_ms(self, start: Any, end: Any) -> float:
-        return start.elapsed_time(end)
-
-    def memory(self) -> Memory:
-        s = self._stats(self.device)["allocated_bytes"]["all"]
-        return s["current"], s["peak"], s["allocated"], s["freed"]
-
-    def reset_peak(self) -> None:
-        self._cuda.reset_peak_memory_stats(self.device)
+    def capturing(self) -> bool:
+        """True while the current stream is capturing a CUDA graph."""
 
 
 def phase_peak(before: Memory, after: Memory) -> tuple[int, bool]:
@@ -138,6 +107,9 @@ def phase_peak(before: Memory, after: Memory) -> tuple[int, bool]:
     (one thread launches the work; the allocator counts at launch time, on the host).
     With ``current`` c, high-water mark m, cumulative ``allocated`` a and ``freed`` f:
 
+    * counters absent (``a`` is -1: ``cudaMallocAsync`` keeps none, and its current and
+      peak are the driver's view of the pool, which frees in stream order): the mark at
+      the end ``m1`` bounds the phase's peak from above; it is returned, marked inexact.
     * ``m1 > m0``: the phase raised the process high-water mark, so its peak *is* ``m1``.
     * no bytes allocated (``a1 == a0``): memory only fell, the peak was ``c0``.
     * no bytes freed (``f1 == f0``): memory only rose, the peak is ``c1``.
@@ -152,11 +124,12 @@ def phase_peak(before: Memory, after: Memory) -> tuple[int, bool]:
     """
     c0, m0, a0, f0 = before
     c1, m1, a1, f1 = after
+    if a0 < 0 or a1 < 0:
+        return max(m1, c0, c1), False
     if m1 > m0:
         return m1, True
     if c1 - c0 != (a1 - a0) - (f1 - f0):
-        # The cumulative counters do not account for the change (an allocator backend
-        # that does not keep them, such as cudaMallocAsync): only the mark bounds it.
+        # The cumulative counters do not account for the change: only the mark bounds it.
         return max(m0, c0, c1), False
     if a1 == a0:
         return c0, True
@@ -170,11 +143,13 @@ def phase_peak(before: Memory, after: Memory) -> tuple[int, bool]:
 class GpuTimer:
     """A bounded pool of CUDA event pairs that times phases without waiting.
 
-    ``begin()`` returns a slot id (or -1 when all slots are in flight: ``dropped`` counts it
-    and nothing blocks); ``end(slot)`` closes it; ``poll(slot)`` gives ``(gpu_ns,
-    peak_bytes)`` once the GPU has passed the end event and frees the slot for reuse.
-    ``peak_bytes`` is -1 with ``peak_memory="off"``. A slot whose measurement failed, and
-    slot -1, poll as ``(-1, -1)``: resolved, not measured.
+    ``begin()`` returns a slot id (or -1 when all slots are in flight: ``dropped`` counts
+    it; or during a graph capture: ``captured`` counts it; nothing blocks); ``end(slot)``
+    closes it; ``poll(slot, host_start_ns)`` gives ``(gpu_ns, peak_bytes, lag_ns)`` once
+    the GPU has passed the end event and frees the slot for reuse. ``peak_bytes`` is -1
+    with ``peak_memory="off"``; ``lag_ns`` is how long after ``host_start_ns`` (the
+    phase's ``perf_counter_ns`` start) the GPU reached the start event, 0 when unknown. A
+    slot whose measurement failed, and slot -1, poll as ``NOT_MEASURED``.
     """
 
     def __init__(self, backend: EventBackend, pool_size: int = 256,
@@ -188,7 +163,9 @@ class GpuTimer:
         self.device_name: str = backend.device_name
         self.peak_memory = peak_memory
         self.dropped = 0  # measurements lost: pool dry, a device call failed, drain gave up
-        self.inexact_peaks = 0  # phases whose peak_bytes is an upper bound (mode "bound")
+        self.captured = 0  # phases begun or ended inside a CUDA graph capture: not timed
+        self.inexact_peaks = 0  # phases whose peak_bytes is an upper bound
+        self._exact = bool(getattr(backend, "exact_peaks", True))
         # Everything is allocated here, once: two events, a state and readings per slot.
         self._starts = [backend.new_event() for _ in range(pool_size)]
         self._ends = [backend.new_event() for _ in range(pool_size)]
@@ -198,8 +175,14 @@ class GpuTimer:
         self._free = list(range(pool_size - 1, -1, -1))  # a stack: pop() gives slot 0 first
         self._record = backend.record
         self._query = backend.query
+        self.capturing = backend.capturing
         self._read = None if peak_memory == "off" else backend.memory
         self._reset = backend.reset_peak if peak_memory == "reset" else None
+        # The anchor: its host time on the GPU's timeline, estimated (module docstring).
+        self._anchor = backend.new_event()
+        self._anchor_ns = 0  # 0: no anchor (it could not be recorded)
+        self._anchor_seen_ns = 0  # host start of the phase that last moved the estimate
+        self._place_anchor()
 
     @property
     def pool_size(self) -> int:
@@ -210,11 +193,25 @@ class GpuTimer:
         """Slots begun and not yet resolved."""
         return len(self._state) - len(self._free)
 
+    def _place_anchor(self) -> None:
+        if self.capturing():
+            return
+        try:
+            self._record(self._anchor)
+        except Exception:
+            return
+        # The GPU cannot run the anchor before it was recorded: a first lower bound.
+        self._anchor_ns = self._anchor_seen_ns = time.perf_counter_ns()
+
     def begin(self) -> int:
-        """Record a start event on the current stream; a slot id, or -1 when the pool is dry."""
+        """Record a start event on the current stream; a slot id, or -1 when the pool is
+        dry or a graph capture is under way."""
         free = self._free
         if not free:
             self.dropped += 1
+            return -1
+        if self.capturing():
+            self.captured += 1
             return -1
         slot = free.pop()
         try:
@@ -236,6 +233,10 @@ class GpuTimer:
         """Record the end event of ``slot`` (no-op for -1) and settle its peak memory."""
         if slot < 0 or self._state[slot] != _STARTED:
             return
+        if self.capturing():  # begun outside the capture, ended inside: not timed
+            self.captured += 1
+            self._state[slot] = _FAILED
+            return
         try:
             self._record(self._ends[slot])  # event first, allocator after: see begin()
             if self._read is not None:
@@ -244,22 +245,25 @@ class GpuTimer:
                     # The reset at begin set the mark to the then-current allocation, so
                     # the mark now is this phase's peak.
                     self._peak[slot] = after[1]
+                    exact = self._exact
                 else:
-                    peak, exact = phase_peak(self._before[slot], after)
-                    self._peak[slot] = peak
-                    if not exact:
-                        self.inexact_peaks += 1
+                    self._peak[slot], exact = phase_peak(self._before[slot], after)
+                if not exact:
+                    self.inexact_peaks += 1
         except Exception:
             self.dropped += 1
             self._state[slot] = _FAILED
             return
         self._state[slot] = _ENDED
 
-    def poll(self, slot: int) -> tuple[int, int] | None:
-        """``(gpu_ns, peak_bytes)`` once the GPU has passed the end event, else None.
+    def poll(self, slot: int, host_start_ns: int = 0) -> tuple[int, int, int] | None:
+        """``(gpu_ns, peak_bytes, lag_ns)`` once the GPU has passed the end event, else
+        None. ``host_start_ns`` is the phase's host start (``perf_counter_ns``), which
+        places the GPU start on the host clock (``lag_ns``; 0 when not given or unknown).
 
-        Never waits (``Event.query()``). A resolved slot is released and may be handed out
-        again by the next ``begin()``, so poll each slot until it resolves, once.
+        Never waits (``Event.query()``); the caller must not poll while ``capturing()``.
+        A resolved slot is released and may be handed out again by the next ``begin()``,
+        so poll each slot until it resolves, once.
         """
         if slot < 0:
             return NOT_MEASURED
@@ -277,24 +281,47 @@ class GpuTimer:
                 self._release(slot)
                 self.dropped += 1
                 return NOT_MEASURED
+            lag_ns = self._lag_ns(start, host_start_ns) if host_start_ns else 0
             self._release(slot)
-            return round(ms * 1_000_000), self._peak[slot]
+            return round(ms * 1_000_000), self._peak[slot], lag_ns
         if state == _FAILED:
             self._release(slot)
             return NOT_MEASURED
         return None  # begun, not ended: pending
 
-    def drain(self, slots: Sequence[int], timeout_s: float) -> list[tuple[int, int] | None]:
+    def _lag_ns(self, start: Any, host_start_ns: int) -> int:
+        """How long after ``host_start_ns`` the GPU reached ``start`` (>= 0; 0 unknown)."""
+        if not self._anchor_ns:
+            return 0
+        try:
+            offset_ns = round(self._backend.elapsed_ms(self._anchor, start) * 1_000_000)
+        except Exception:
+            return 0
+        # The GPU ran ``start`` no earlier than the host recorded it: the anchor's host
+        # time is at least host_start - offset. Keep the largest such bound, let it fall
+        # no faster than clock drift could make it.
+        floor = self._anchor_ns - int(max(0, host_start_ns - self._anchor_seen_ns) * DRIFT_PER_NS)
+        bound = host_start_ns - offset_ns
+        if bound >= floor:
+            self._anchor_ns = bound
+            self._anchor_seen_ns = host_start_ns
+        else:
+            self._anchor_ns = floor
+        return max(0, self._anchor_ns + offset_ns - host_start_ns)
+
+    def drain(self, slots: Sequence[int], timeout_s: float,
+              host_starts: Sequence[int] | None = None) -> list[tuple[int, int, int] | None]:
         """At finish only: wait up to ``timeout_s`` for ``slots``, then give up on the rest.
 
         Training is over, so waiting is allowed here; it is bounded all the same, by
         polling ``Event.query()`` with short sleeps rather than ``Event.synchronize()``,
         which could hang on a wedged device. Slots whose ``end()`` never came, or that have
         not completed by the deadline, are released, counted in ``dropped`` and returned
-        as None.
+        as None. ``host_starts`` are the phases' host starts (see ``poll``).
         """
         deadline = time.monotonic() + max(0.0, timeout_s)
-        out: list[tuple[int, int] | None] = [None] * len(slots)
+        starts = list(host_starts) if host_starts is not None else [0] * len(slots)
+        out: list[tuple[int, int, int] | None] = [None] * len(slots)
         pending: list[int] = []
         for i, slot in enumerate(slots):
             if slot < 0:
@@ -306,8 +333,9 @@ class GpuTimer:
         pause = 0.0005
         while pending:
             still: list[int] = []
+            capturing = self.capturing()
             for i in pending:
-                res = self.poll(slots[i])
+                res = None if capturing else self.poll(slots[i], starts[i])
                 if res is None:
                     still.append(i)
                 else:
@@ -336,13 +364,14 @@ class GpuTimer:
 
 
 def open_gpu_timer(pool_size: int = 256, backend: EventBackend | None = None,
-                   peak_memory: str = "bound") -> GpuTimer | None:
-    """A GpuTimer for the current CUDA device, or None when there is nothing to time.
+                   peak_memory: str = "bound", device: Any = None) -> GpuTimer | None:
+    """A GpuTimer for the training's CUDA device, or None when there is nothing to time.
 
     Without ``backend``: None unless the script has already imported torch (this function
     never imports it) and ``torch.cuda.is_initialized()``; on a CPU-only run that is the
-    only ``torch.cuda`` call made. The Run calls this at loop starts and every 100 steps until it
-    returns a timer. Never raises for a device problem: it returns None instead.
+    only ``torch.cuda`` call made. The device is ``markers.cuda.choose_device(device)``.
+    The Run calls this at loop starts and every 100 steps until it returns a timer.
+    Never raises for a device problem: it returns None instead.
     """
     if pool_size < 1 or peak_memory not in PEAK_MODES:  # a caller's mistake: say so
         raise ValueError(f"pool_size >= 1 and peak_memory in {PEAK_MODES} are required")
@@ -354,6 +383,9 @@ def open_gpu_timer(pool_size: int = 256, backend: EventBackend | None = None,
     try:
         if not torch.cuda.is_initialized():
             return None
-        return GpuTimer(TorchCudaBackend(torch), pool_size, peak_memory)
+        from markers.cuda import TorchCudaBackend, choose_device
+
+        index, chosen_by = choose_device(torch.cuda, device)
+        return GpuTimer(TorchCudaBackend(torch, index, chosen_by), pool_size, peak_memory)
     except Exception:
         return None

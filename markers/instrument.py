@@ -128,6 +128,7 @@ def instrument(model: torch.nn.Module | Iterable[torch.nn.Module],
         optimizers = list(optimizer)
     if not isinstance(run, Run):  # not monitored: nothing to stamp
         return Instrumentation(None)
+    run.prefer_device(modules[0])  # GPU timing follows the model's parameters
     return Instrumentation(_Hooks(run, modules, optimizers))
 
 

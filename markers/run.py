@@ -211,8 +211,10 @@ class Run:
     """
 
     def __init__(self, sender: Sender, hello: dict[str, Any], monitored: bool,
-                 on_close: Callable[[], None] | None = None, first_epoch: int = 0) -> None:
+                 on_close: Callable[[], None] | None = None, first_epoch: int = 0,
+                 device: Any = None) -> None:
         self._sender = sender
+        self._device = device  # start_run's device=: what GPU timing should time
         self.monitored = monitored
         self.out_dir: Path | None = None  # the run folder as the sidecar resolved it
         self._on_close = on_close
@@ -800,14 +802,21 @@ class Run:
                           "start_run); its throughput is reported as unknown",
                           RuntimeWarning, stacklevel=3)
 
+    def prefer_device(self, device: Any) -> None:
+        """Time the CUDA device ``device`` names (a module: where its parameters are) when
+        GPU timing starts, unless ``start_run(device=...)`` already said which."""
+        if self._device is None:
+            self._device = device
+
     def _open_gpu(self) -> None:
         """Start GPU timing once the script uses CUDA (checked at loop starts and every
-        ``GPU_CHECK_EVERY`` steps until then; a CPU-only run never touches torch.cuda)."""
+        ``GPU_CHECK_EVERY`` steps until then; a CPU-only run never touches torch.cuda), on
+        the device ``markers.cuda.choose_device`` picks."""
         if self._buffer.gpu is not None or "torch" not in sys.modules:
             return
         from markers.gpu import open_gpu_timer
 
-        timer = open_gpu_timer()
+        timer = open_gpu_timer(device=self._device)
         if timer is not None:
             self._buffer.flush()  # what came before has no GPU slots
             self._buffer.gpu = timer

@@ -52,11 +52,13 @@ RECORD_FIELDS = (
     "gpu_ns",
     "peak_bytes",
     "batches",  # loop records: batches the iteration really held (0 on other records)
+    "gpu_lag_ns",  # the GPU reached the phase's start this long after start_ns (0: unknown
+    #                or no GPU time); µs resolution on the wire
 )
 RECORD_WIDTH = len(RECORD_FIELDS)
 # Offsets of the fields within one decoded record (the order of RECORD_FIELDS).
 (P_PHASE, P_FLAGS, P_EPOCH, P_ITERATION, P_BATCH, P_START, P_END, P_GPU, P_PEAK,
- P_BATCHES) = range(RECORD_WIDTH)
+ P_BATCHES, P_LAG) = range(RECORD_WIDTH)
 
 FLAG_IN_ITERATION = 1  # part of a training or validation iteration (summed per iteration)
 FLAG_VALIDATION = 2  # recorded during validation
@@ -68,10 +70,12 @@ FLAG_BEGIN = 16  # an Epoch/Validation span began at start_ns (start == end); it
 SLOT_WIDTH = 3
 SLOT_BYTES = 8 * SLOT_WIDTH
 TAG_CONTEXT = 0xFFFF  # tag | flags << 16 | epoch << 32; a = iteration; b = batch
-TAG_GPU = 0xFFFE  # a = gpu_ns, b = peak_bytes of the phase slot before; tag | flags << 16
+# a = gpu_ns, b = peak_bytes of the phase slot before; tag | flags << 16 | lag_us << 32
+TAG_GPU = 0xFFFE
 TAG_MASK = 0xFFFF
 # A phase slot's tag is its id; a loop slot's tag also carries its batch count above it.
 BATCHES_SHIFT = 16
+MAX_LAG_US = 2**31 - 1  # ~36 min: a larger lag is sent as this
 
 # Canonical phases: id -> column label. Ids are part of the protocol; never renumber.
 TRAINING = 0
@@ -198,6 +202,11 @@ def context_slot(flags: int, epoch: int, iteration: int, batch: int) -> tuple[in
     return (TAG_CONTEXT | flags << 16 | epoch << 32, iteration, batch)
 
 
+def gpu_tag(lag_ns: int) -> int:
+    """The tag of a measured GPU slot whose GPU start lags the phase's start by ``lag_ns``."""
+    return TAG_GPU | min(max(lag_ns, 0) // 1000, MAX_LAG_US) << 32
+
+
 def encode_records(header: bytes, slots: array) -> bytes:
     """A RECORDS message: ``header`` followed by the little-endian bytes of ``slots``."""
     if sys.byteorder != "little":  # the wire is little-endian; swap a copy on big-endian hosts
@@ -261,13 +270,14 @@ def decode_records(frame: bytes) -> array:
             records[last_phase + P_FLAGS] |= (tag >> 16) & 0xFFFF
             records[last_phase + P_GPU] = a
             records[last_phase + P_PEAK] = b
+            records[last_phase + P_LAG] = (tag >> 32) * 1000
             last_phase = -1
         else:
             last_phase = len(records)
             flags, epoch, iteration, batch = context
             # Above the id: a loop slot's batch count; the sidecar rejects it elsewhere.
             records.extend((kind, flags, epoch, iteration, batch, a, b, -1, -1,
-                            tag >> BATCHES_SHIFT))
+                            tag >> BATCHES_SHIFT, 0))
     return records
 
 

@@ -43,7 +43,9 @@ def notify(message: str, environ: Mapping[str, str] = os.environ) -> bool:
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
             sock.connect(address)
-            sock.sendall(message.encode())
+            # never wait: a manager that stops reading fills its queue (10 datagrams by
+            # default), and a blocking send would then stop the loop for good
+            sock.send(message.encode(), socket.MSG_DONTWAIT)
     except OSError:
         return False
     return True

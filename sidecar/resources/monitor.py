@@ -8,20 +8,21 @@ answers its first hello at once; until it is open, GPU sampling is pending.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 import time
 from array import array
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from markers import wire
-from markers.wire import P_END, P_PHASE, P_START
+from markers.wire import P_END, P_GPU, P_LAG, P_PHASE, P_START
 from sidecar.model.split import Split
 from sidecar.resources.samplers import nvml
 from sidecar.resources.samplers.host import HostSample, HostSampler
+from sidecar.resources.samplers.nvml_devices import uuid_key
 from sidecar.resources.samplers.schedule import Schedule
 from sidecar.resources.samplers.summary import (
     GpuSummary,
@@ -33,9 +34,6 @@ from sidecar.resources.sessions import summarize_gpus_over_sessions, summarize_h
 
 log = logging.getLogger("sidecar")
 
-# Records reach the sidecar up to the markers' flush age (50 ms) after they end, GPU
-# phases later still; a sampling window is attributed once it is this old.
-SETTLE_NS = 2_000_000_000
 # Sampling rounds kept per split; past it every other round is dropped (resolution halves).
 MAX_ROUNDS = 50_000
 
@@ -71,8 +69,10 @@ class SplitResources:
         self.host = HostSampler([pid])
         self.host_samples: list[HostSample] = []
         self.gpu_samples: list[nvml.GpuSample] = []
-        self.intervals: deque[tuple[str, int, int]] = deque()  # rank 0's recent phases
-        self.attributed_ns = 0  # rounds up to this time are attributed
+        self.gpu_ts: list[int] = []  # t_ns of gpu_samples (appended in time order)
+        # rank 0's phase intervals (label, start, end) not attributed yet: those that end
+        # after the last round; a late record waits here at most until the next round
+        self.waiting: list[tuple[str, int, int]] = []
         self.attribution: dict[str, _Attribution] = {}
         self.closed = False  # the split ended and its last round was taken
         # running figures for the live view (/metrics), kept past thinning
@@ -91,6 +91,7 @@ class SplitResources:
     def add_gpus(self, samples: list[nvml.GpuSample]) -> None:
         """Keep GPU samples and note each GPU's latest and first energy reading."""
         self.gpu_samples += samples
+        self.gpu_ts += [s.t_ns for s in samples]
         for sample in samples:
             self.latest_gpu[sample.uuid] = sample
             if sample.energy_j is not None:
@@ -103,21 +104,27 @@ class SplitResources:
         kept = {s.t_ns for s in self.host_samples[::2]}
         self.host_samples = [s for s in self.host_samples if s.t_ns in kept]
         self.gpu_samples = [s for s in self.gpu_samples if s.t_ns in kept]
+        self.gpu_ts = [s.t_ns for s in self.gpu_samples]
 
     def attribute(self, until_ns: int) -> None:
-        """Fold the sampling windows that end by ``until_ns`` into the attribution."""
-        rounds = sorted({s.t_ns for s in self.gpu_samples if s.t_ns > self.attributed_ns
-                         and s.t_ns <= until_ns})
-        if not rounds:
+        """Fold the waiting intervals that end by ``until_ns`` (the last round) into the
+        attribution, against the rounds around them: however late a record arrives, the
+        samples of its time are still kept."""
+        ready = [i for i in self.waiting if i[2] <= until_ns]
+        if not ready:
             return
-        opening = self.attributed_ns or rounds[0]
-        chunk = [s for s in self.gpu_samples if opening <= s.t_ns <= rounds[-1]]
-        intervals = [i for i in self.intervals if i[2] > opening and i[1] < rounds[-1]]
-        for label, part in attribute_phases(chunk, intervals).items():
+        self.waiting = [i for i in self.waiting if i[2] > until_ns]
+        ts = self.gpu_ts
+        # the round before the earliest start opens its window; the one after the latest
+        # end closes the last
+        low = max(0, bisect.bisect_right(ts, min(i[1] for i in ready)) - 1)
+        high = bisect.bisect_left(ts, max(i[2] for i in ready)) + 1
+        while high < len(ts) and ts[high] == ts[high - 1]:
+            high += 1  # every GPU of the closing round
+        while low > 0 and ts[low - 1] == ts[low]:
+            low -= 1
+        for label, part in attribute_phases(self.gpu_samples[low:high], ready).items():
             self.attribution.setdefault(label, _Attribution()).add(part)
-        self.attributed_ns = rounds[-1]
-        while self.intervals and self.intervals[0][2] <= self.attributed_ns:
-            self.intervals.popleft()
 
 
 @dataclass(frozen=True)
@@ -215,16 +222,24 @@ class ResourceMonitor:
         self._pending_uuids.add(uuid)
 
     def note_records(self, split: Split, rank: int, values: array) -> None:
-        """Keep rank 0's phase intervals for the attribution (called per RECORDS message)."""
+        """Keep rank 0's phase intervals for the attribution (called per RECORDS message).
+
+        A phase with a GPU time is placed where the GPU ran it: from its host start plus
+        the GPU lag the markers measured, for its GPU time; other phases on host time.
+        """
         entry = self.splits.get(id(split))
         if entry is None or rank != 0 or self.gpus is None:
             return
-        intervals = entry[1].intervals
+        waiting = entry[1].waiting
         names = split.rank(0).custom_names
         for offset in range(0, len(values), wire.RECORD_WIDTH):
-            phase = values[offset + P_PHASE]
-            intervals.append((wire.phase_label(phase, names), values[offset + P_START],
-                              values[offset + P_END]))
+            label = wire.phase_label(values[offset + P_PHASE], names)
+            start, gpu_ns = values[offset + P_START], values[offset + P_GPU]
+            if gpu_ns >= 0:
+                start += max(0, values[offset + P_LAG])
+                waiting.append((label, start, start + gpu_ns))
+            else:
+                waiting.append((label, start, values[offset + P_END]))
 
     # -- sampling -------------------------------------------------------------------
 
@@ -251,7 +266,7 @@ class ResourceMonitor:
             resources.add_host(resources.host.sample(now_ns))
             resources.add_gpus(self._for_split(split, gpu_samples))
             resources.thin()
-            resources.attribute(now_ns - SETTLE_NS)
+            resources.attribute(now_ns)
 
     def _sample_gpus(self, live: list[tuple[Split, SplitResources]],
                      now_ns: int) -> list[nvml.GpuSample]:
@@ -273,8 +288,9 @@ class ResourceMonitor:
 
     def _for_split(self, split: Split, samples: list[nvml.GpuSample]) -> list[nvml.GpuSample]:
         if split.gpus:
-            uuids = {uuid for uuid, _ in split.gpus}
-            return [s for s in samples if s.uuid in uuids]
+            # by the UUID's hex part: a MIG instance may be reported as GPU-... or MIG-...
+            uuids = {uuid_key(uuid) for uuid, _ in split.gpus}
+            return [s for s in samples if uuid_key(s.uuid) in uuids]
         return samples if self.all_splits_share_gpus else []
 
     # -- reporting ------------------------------------------------------------------
@@ -288,7 +304,9 @@ class ResourceMonitor:
         resources = entry[1]
         resources.closed = True
         self._sample([entry], time.monotonic_ns())
-        resources.attribute(time.monotonic_ns())
+        # what ends after the last round (GPU work the markers timed beyond it) still
+        # gets the overlap it has with the sampled windows
+        resources.attribute(max(i[2] for i in resources.waiting) if resources.waiting else 0)
 
     def figures(self, split: Split) -> ResourceFigures:
         """Everything sampled for ``split`` so far, summarized; takes no sample itself."""

@@ -81,6 +81,7 @@ def _merge_gpu(parts: list[GpuSummary]) -> GpuSummary:
         temperature_max_c=_largest([p.temperature_max_c for p in parts]),
         job_mem_peak_mib=_largest([p.job_mem_peak_mib for p in parts]),
         sm_activity_mean_pct=mean(lambda p: p.sm_activity_mean_pct),
+        whole_gpu_uuid=last.whole_gpu_uuid,
     )
 
 

@@ -54,6 +54,8 @@ def _gpu_lines(gpu: GpuSummary) -> list[str]:
              + (f" ({gpu.power_source})" if gpu.power_source else "")),
         _row("Energy (J)", _num(gpu.energy_j, ".3e")
              + (f" ({gpu.energy_method})" if gpu.energy_method else "")),
+        *([_row("", f"power, energy, temperature: the whole GPU {gpu.whole_gpu_uuid[:44]},")[
+            :WIDTH], _row("", "shared by its MIG instances")] if gpu.whole_gpu_uuid else []),
         _row("Temperature (C)", f"max {_num(gpu.temperature_max_c, '.0f')}"),
     ]
     if gpu.sm_activity_mean_pct is not None:
@@ -130,6 +132,10 @@ def resources_frame(gpu_samples: Sequence[GpuSample], host_samples: Sequence[Hos
         for t_ns, _, g, h in rows
     ]
     frame = pd.DataFrame.from_records(records, columns=list(RESOURCES_COLUMNS))
+    shared = [g is not None and g.whole_gpu_uuid is not None and g.power_source is not None
+              for _, _, g, _ in rows]
+    if any(shared):  # a MIG instance: the whole GPU's power, shared with other tenants
+        frame.loc[shared, "power source"] += " (whole GPU, shared)"
     frame["session"] = frame["session"].astype("Int64")
     frame["gpu index"] = frame["gpu index"].astype("Int64")
     for column in _TEXT_COLUMNS[2:]:

@@ -1,19 +1,25 @@
 """The GPU data path end to end on a CPU machine: the real GpuTimer over the fake CUDA
-backend in the training process, real sockets, a real sidecar process, real files.
-Checks the units (seconds, MiB), the GPU lines of the summary and the GPU identity.
+backend (or the real TorchCudaBackend over ``FakeCuda``, a GPU that runs behind the host)
+in the training process, real sockets, a real sidecar process, real files. Checks the
+units (seconds, MiB), the GPU lines of the summary, the GPU identity, the device timed,
+that nothing waits for the GPU, and graph capture.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import sys
+import time
+import types
 
 import pytest
-import torch  # noqa: F401  - the markers look for CUDA only in a script that uses torch
+import torch  # also: the markers look for CUDA only in a script that uses torch
 
 import markers
 import markers.gpu
-from tests.support.fake_cuda import FakeBackend, FakeEvent
+from markers.cuda import format_uuid
+from tests.support.fake_cuda import FakeBackend, FakeCuda, FakeEvent, fake_torch
 from tests.support.helpers import Sidecar, read_tsv
 
 MIB = 1024 * 1024
@@ -80,3 +86,78 @@ def test_phases_the_event_pool_could_not_time_are_counted_in_the_summary(
     untimed = sum(int(frame[f"{p} (s)"].notna().sum() - frame[f"{p} GPU (s)"].notna().sum())
                   for p in ("Forward", "Backward", "Optimization"))
     assert untimed > 0 and int(match[1]) == untimed  # every step is stored (cap 100)
+
+
+def test_a_loop_on_a_gpu_that_runs_behind_never_waits_and_times_the_models_device(
+        sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DDP-style: the model on cuda:1 without set_device (current device 0); every forward
+    queues 0.3 s of GPU work. The host must go through the loop without waiting, the
+    GPU times must be the GPU's, and device 1 must be the one timed and named."""
+    cuda = FakeCuda(["Fake A", "Fake B"], current=0)
+    cuda.alloc(200 * MIB, device=1)  # model.to("cuda:1")
+    monkeypatch.setitem(sys.modules, "torch", fake_torch(cuda))
+    with markers.start_run(out_dir="maps", warmup_iterations=0, train_batch_size=8) as run:
+        t0 = time.perf_counter()
+        for _batch in run.train_batches([[0] * 8] * 3):
+            with run.phase("forward"):
+                cuda.launch(0.3, device=1)
+            with run.phase("backward"):
+                cuda.launch(0.01, device=1)
+        loop_s = time.perf_counter() - t0
+    assert loop_s < 0.3  # 0.93 s of GPU work was queued: the markers never waited for it
+    assert cuda.syncs == []
+    assert {stream.device for _, stream in cuda.records} == {1}
+    assert not cuda.devices[0].context  # no context made on the idle GPU 0
+    frame = read_tsv(sidecar.split_dir() / "logs" / "computational.tsv")
+    assert frame["Forward GPU (s)"].sub(0.3).abs().max() < 0.01
+    assert (frame["Forward GPU max memory (MB)"] == 200.0).all()  # device 1's allocator
+    document = json.loads((sidecar.root / "maps" / "run.json").read_text())
+    assert document["gpus"] == [{"uuid": format_uuid(types.SimpleNamespace(
+        bytes=cuda.devices[1].uuid)), "name": "Fake B"}]
+
+
+def test_phases_inside_a_cuda_graph_capture_do_not_break_it(
+        sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flush falls inside the capture (its 50 ms age passes there): no event may be
+    queried or recorded on the capturing stream; the captured phases are not measured."""
+    cuda = FakeCuda(["Fake A"])
+    cuda.alloc(MIB)
+    monkeypatch.setitem(sys.modules, "torch", fake_torch(cuda))
+    with markers.start_run(out_dir="maps", warmup_iterations=0, train_batch_size=8) as run:
+        for i, _batch in enumerate(run.train_batches([[0] * 8] * 4)):
+            if i == 1:
+                with cuda.graph() as graph:  # a capture inside the marked step
+                    for _ in range(3):
+                        with run.phase("forward"):
+                            cuda.launch(0.001)
+                            time.sleep(0.03)
+            else:
+                with run.phase("forward"):
+                    (graph.replay if i > 1 else cuda.launch)(*(() if i > 1 else (0.002,)))
+    assert not cuda.capture_invalidated
+    assert all(not event.in_graph for event, _ in cuda.records)
+    frame = read_tsv(sidecar.split_dir() / "logs" / "computational.tsv")
+    assert frame["Forward GPU (s)"].notna().sum() == 3  # iteration 1's forward: not timed
+    assert abs(frame["Forward GPU (s)"].iloc[2] - 0.003) < 0.001  # a replay is timed
+    summary = (sidecar.split_dir() / "summary.log").read_text()
+    assert "GPU times not measured: 3 phases" in summary
+
+
+def test_the_model_named_by_instrument_or_start_run_decides_the_device(
+        sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch) -> None:
+    """instrument(model) hands the model to the run (Run.prefer_device): its parameters'
+    device is timed even where another device holds more memory."""
+    cuda = FakeCuda(["Fake A", "Fake B"], current=0)
+    cuda.alloc(900 * MIB, device=0)
+    cuda.alloc(100 * MIB, device=1)
+    model = types.SimpleNamespace(parameters=lambda: iter(
+        [types.SimpleNamespace(device=torch.device("cuda", 1))]))
+    monkeypatch.setitem(sys.modules, "torch", fake_torch(cuda))
+    with markers.start_run(out_dir="maps", warmup_iterations=0, train_batch_size=8) as run:
+        run.prefer_device(model)
+        for _batch in run.train_batches([[0] * 8] * 2):
+            with run.phase("forward"):
+                cuda.launch(0.001, device=1)
+    assert {stream.device for _, stream in cuda.records} == {1}
+    document = json.loads((sidecar.root / "maps" / "run.json").read_text())
+    assert [gpu["name"] for gpu in document["gpus"]] == ["Fake B"]

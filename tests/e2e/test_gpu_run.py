@@ -1,13 +1,16 @@
 """The whole markers → sidecar path on a real CUDA device: skipped without one.
 
-A marked loop runs under ``torch.cuda.set_sync_debug_mode("error")`` (any synchronizing
-call raises), and the files carry GPU seconds, MiB peaks, the GPU's name and NVML
-samples of that GPU.
+A marked loop runs under ``torch.cuda.set_sync_debug_mode("error")`` (``.item()`` and the
+like raise) with ``torch.cuda.synchronize``/``Event.synchronize`` (which that mode does
+not check) made to fail, and the files carry GPU seconds, MiB peaks, the GPU's name and
+NVML samples of that GPU. A loop whose forwards queue 0.3 s of GPU work each must go
+through on the host in a fraction of that: a marker that waited would show.
 """
 
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -58,3 +61,40 @@ def test_marked_loop_on_a_gpu_never_synchronizes_and_fills_the_gpu_columns(
     assert "GPU throughput:" in summary
     document = json.loads((sidecar.root / "maps" / "run.json").read_text())
     assert [gpu["name"] for gpu in document["gpus"]] == [name]
+
+
+def test_a_loop_queuing_seconds_of_gpu_work_is_not_held_back_by_the_markers(
+        sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.cuda.init()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(50_000_000)
+    end.record()
+    end.synchronize()  # calibration, before the loop
+    cycles = int(50_000_000 / start.elapsed_time(end) * 300)  # 0.3 s of GPU work
+    model = torch.nn.Linear(64, 64).cuda()
+
+    def forbidden(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("a synchronizing call")
+
+    run = markers.start_run(out_dir="maps", warmup_iterations=0, train_batch_size=8,
+                            device=model)
+    monkeypatch.setattr(torch.cuda, "synchronize", forbidden)
+    monkeypatch.setattr(torch.cuda.Event, "synchronize", forbidden)
+    torch.cuda.set_sync_debug_mode("error")
+    t0 = time.perf_counter()
+    try:
+        for _batch in run.train_batches([[0] * 8] * 5):
+            with run.phase("forward"):
+                torch.cuda._sleep(cycles)
+            with run.phase("backward"):
+                torch.cuda._sleep(cycles // 30)
+        host_s = time.perf_counter() - t0
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+        monkeypatch.undo()
+    assert host_s < 0.5, f"1.5 s of GPU work held the host {host_s:.2f} s"
+    run.finish()
+    frame = read_tsv(sidecar.split_dir() / "logs" / "computational.tsv")
+    assert frame["Forward GPU (s)"].sub(0.3).abs().max() < 0.05
+    assert frame["Backward GPU (s)"].sub(0.01).abs().max() < 0.005

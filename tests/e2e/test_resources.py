@@ -49,6 +49,7 @@ def test_sidecar_run_samples_gpus_and_attributes_them_to_phases(tmp_path: Path) 
     assert "Host: job processes" in summary
     frame = read_tsv(split / "logs" / "resources.tsv")
     assert set(frame["gpu uuid"].dropna()) == {"GPU-0a0a0a0a", "GPU-1b1b1b1b"}
-    assert set(frame["utilization (%)"].dropna()) <= {10.0, 90.0}
+    util = frame["utilization (%)"].dropna()
+    assert util.between(0, 100).all() and 30 < util.mean() < 90  # busy 60 % of the time
     assert (frame["job memory rss (MB)"].dropna() > 5).all()
     assert frame["time (s)"].is_monotonic_increasing

@@ -1,11 +1,17 @@
-"""A small stand-in for the ``pynvml`` functions the NVML sampler calls.
+"""A small stand-in for the ``pynvml`` functions the NVML sampler calls, behaving as the
+real library does where it matters.
 
-Same names, same arguments, and the real error classes of the installed pynvml
-(``pynvml.NVMLError(code)`` builds the real subclass), so the sampler's except clauses
-run for real. Field values and process-utilization samples are the real ctypes
-structures. Configure per GPU: values, calls that raise NotSupported, calls that hang
-until ``release`` is set, a GPU that is lost from some point on; and for the library:
-an nvmlInit error or hang.
+Same names, same arguments, and the real error classes and constants of the installed
+pynvml (``pynvml.NVMLError(code)`` builds the real subclass; any ``NVML_*`` name, error
+class or ctypes structure not defined here is pynvml's own), so the sampler's except
+clauses run for real. Per GPU a test sets values, calls that raise ``NotSupported``,
+errors for good or a few times (``UNKNOWN`` that passes), calls that raise pynvml's
+``NVMLLibraryMismatchError``, calls that hang until ``release`` is set or are slow, a GPU
+that is lost; memory with a reserved part that v1 counts as used and v2 does not; an
+energy counter that grows with real time in 100 ms steps (or stays constant); MIG
+instances (``MIG-…`` UUIDs, whose power and utilization calls are not supported);
+utilization and power that follow a busy timeline on the monotonic clock (the GPU's time,
+not the host's); process samples with any pids (another namespace's too).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -20,6 +27,8 @@ from typing import Any
 import pynvml
 
 MIB = 1024 * 1024
+ENERGY_STEP_S = 0.1  # NVML's energy counter moves about every 100 ms
+UTIL_WINDOW_S = 1 / 6  # the driver's utilization window on a fast product
 
 
 @dataclass
@@ -30,11 +39,18 @@ class FakeGpu:
     name: str = "NVIDIA Fake"
     util: int = 50
     mem_util: int = 20
-    mem_used: int = 1000 * MIB
+    mem_used: int = 1000 * MIB  # what processes use, reserved memory left out
+    mem_reserved: int = 0  # held by the driver: v1 counts it as used, v2 does not
     mem_total: int = 8000 * MIB
+    memory_v2: bool = True  # False: an old driver without nvmlDeviceGetMemoryInfo_v2
     power_instant_mw: int | None = 250_000  # None: the field answers NOT_SUPPORTED
-    power_avg_mw: int = 200_000
+    power_value_type: int = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+    power_avg_mw: int = 200_000  # also the power the energy counter integrates
     energy_mj: int = 5_000_000
+    energy_constant: bool = False  # a counter that never moves
+    # the counter as a function of the monotonic clock (s -> mJ): the same for every
+    # process that reads it, as a driver's counter is between two jobs
+    energy_at: Callable[[float], float] | None = None
     temperature: int = 60
     sm_clock: int = 1400
     gpm: bool = False
@@ -44,8 +60,43 @@ class FakeGpu:
     proc_samples: list[tuple[int, int, int]] = field(default_factory=list)  # pid, µs, sm %
     unsupported: set[str] = field(default_factory=set)  # function names -> NotSupported
     errors: dict[str, int] = field(default_factory=dict)  # function name -> NVML error code
-    hang: set[str] = field(default_factory=set)  # function names that block
+    flaky: Counter[str] = field(default_factory=Counter)  # function -> UNKNOWN this often
+    mismatch: set[str] = field(default_factory=set)  # -> NVMLLibraryMismatchError
+    hang: set[str] = field(default_factory=set)  # function names that block until release
+    slow: dict[str, float] = field(default_factory=dict)  # function name -> seconds
     lost: bool = False  # every call on the device raises GpuIsLost
+    # busy intervals (monotonic ns) of the GPU's own timeline: when set, utilization is
+    # the busy share of the driver window before the call, and power (and the energy
+    # counter) busy_mw while busy, idle_mw otherwise
+    busy: list[tuple[int, int]] | None = None
+    busy_util: tuple[int, int] = (0, 100)  # utilization when idle, when busy the window
+    busy_mw: int = 300_000
+    idle_mw: int = 80_000
+    mig: list[FakeGpu] = field(default_factory=list, compare=False, repr=False)
+    parent: FakeGpu | None = field(default=None, compare=False, repr=False)  # of a MIG one
+    _energy_from: float | None = None  # monotonic s the counter last counted from
+
+    def busy_share(self, t0_ns: int, t1_ns: int) -> float:
+        busy = sum(max(0, min(e, t1_ns) - max(s, t0_ns)) for s, e in self.busy or ())
+        return busy / max(1, t1_ns - t0_ns)
+
+    def energy_now(self) -> int:
+        """The counter: grows by the power over time, in ENERGY_STEP_S steps."""
+        now = time.monotonic() // ENERGY_STEP_S * ENERGY_STEP_S
+        if self.energy_at is not None:
+            return int(self.energy_at(now))
+        if self._energy_from is None or self.energy_constant:
+            self._energy_from = now
+            return self.energy_mj
+        t0, t1 = int(self._energy_from * 1e9), int(now * 1e9)
+        if self.busy is None:
+            self.energy_mj += round(self.power_avg_mw * (t1 - t0) / 1e9)
+        else:
+            share = self.busy_share(t0, t1)
+            self.energy_mj += round((share * self.busy_mw + (1 - share) * self.idle_mw)
+                                    * (t1 - t0) / 1e9)
+        self._energy_from = now
+        return self.energy_mj
 
 
 class GpmMetricsGet:
@@ -63,31 +114,24 @@ class FakeNvml:
     """Use an instance as the ``api`` argument of ``open_nvml``."""
 
     c_nvmlGpmMetricsGet_t = GpmMetricsGet
-    # The names the sampler uses besides functions: the real classes and constants.
-    NVMLError = pynvml.NVMLError
-    NVMLError_NotSupported = pynvml.NVMLError_NotSupported
-    NVMLError_NotFound = pynvml.NVMLError_NotFound
-    NVMLError_GpuIsLost = pynvml.NVMLError_GpuIsLost
-    NVMLError_Unknown = pynvml.NVMLError_Unknown
-    NVMLError_ResetRequired = pynvml.NVMLError_ResetRequired
-    NVMLError_GpuNotFound = pynvml.NVMLError_GpuNotFound
-    NVMLError_LibraryNotFound = pynvml.NVMLError_LibraryNotFound
-    NVMLError_DriverNotLoaded = pynvml.NVMLError_DriverNotLoaded
-    NVML_SUCCESS = pynvml.NVML_SUCCESS
-    NVML_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
-    NVML_CLOCK_SM = pynvml.NVML_CLOCK_SM
-    NVML_FI_DEV_POWER_INSTANT = pynvml.NVML_FI_DEV_POWER_INSTANT
-    NVML_GPM_METRICS_GET_VERSION = pynvml.NVML_GPM_METRICS_GET_VERSION
-    NVML_GPM_METRIC_SM_UTIL = pynvml.NVML_GPM_METRIC_SM_UTIL
 
     def __init__(self, gpus: list[FakeGpu], init_error: int | None = None,
                  init_hang: bool = False) -> None:
         self.gpus = gpus
+        for gpu in gpus:
+            for instance in gpu.mig:
+                instance.parent = gpu
         self.init_error = init_error
         self.init_hang = init_hang
         self.release = threading.Event()
         self.calls: Counter[tuple[str, str | None]] = Counter()  # (function, uuid)
         self.initialised = False
+
+    def __getattr__(self, name: str) -> Any:
+        """pynvml's own constants, error classes and structures."""
+        if name.startswith(("NVML", "nvmlMemory", "c_nvml")):
+            return getattr(pynvml, name)
+        raise AttributeError(name)
 
     # -- helpers ---------------------------------------------------------------------
 
@@ -97,12 +141,26 @@ class FakeNvml:
             return
         if function in gpu.hang:
             self.release.wait(30)
+        if function in gpu.slow:
+            time.sleep(gpu.slow[function])
         if gpu.lost:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
         if function in gpu.unsupported:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if function in gpu.mismatch:
+            raise pynvml.NVMLLibraryMismatchError("Unversioned function called and the "
+                                                  "pyNVML version does not match")
+        if gpu.flaky[function] > 0:
+            gpu.flaky[function] -= 1
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
         if function in gpu.errors:
             raise pynvml.NVMLError(gpu.errors[function])
+
+    def _whole_only(self, function: str, gpu: FakeGpu) -> None:
+        """A whole-GPU call on a MIG instance: NOT_SUPPORTED, as NVML answers."""
+        self._enter(function, gpu)
+        if gpu.parent is not None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
 
     def count(self, function: str, gpu: FakeGpu) -> int:
         """How often ``function`` was called for ``gpu``."""
@@ -130,6 +188,23 @@ class FakeNvml:
         self._enter("nvmlDeviceGetHandleByIndex")
         return self.gpus[index]
 
+    # -- MIG -------------------------------------------------------------------------
+
+    def nvmlDeviceGetMigMode(self, handle: FakeGpu) -> tuple[int, int]:
+        self._enter("nvmlDeviceGetMigMode", handle)
+        mode = pynvml.NVML_DEVICE_MIG_ENABLE if handle.mig else pynvml.NVML_DEVICE_MIG_DISABLE
+        return mode, mode
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: FakeGpu) -> int:
+        self._enter("nvmlDeviceGetMaxMigDeviceCount", handle)
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: FakeGpu, index: int) -> FakeGpu:
+        self._enter("nvmlDeviceGetMigDeviceHandleByIndex", handle)
+        if index >= len(handle.mig):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return handle.mig[index]
+
     # -- device ----------------------------------------------------------------------
 
     def nvmlDeviceGetUUID(self, handle: FakeGpu) -> str:
@@ -141,21 +216,37 @@ class FakeNvml:
         return handle.name
 
     def nvmlDeviceGetUtilizationRates(self, handle: FakeGpu) -> SimpleNamespace:
-        self._enter("nvmlDeviceGetUtilizationRates", handle)
-        return SimpleNamespace(gpu=handle.util, memory=handle.mem_util)
+        self._whole_only("nvmlDeviceGetUtilizationRates", handle)
+        util = handle.util
+        if handle.busy is not None:
+            now = time.monotonic_ns()
+            low, high = handle.busy_util
+            util = round(low + (high - low) * handle.busy_share(
+                now - int(UTIL_WINDOW_S * 1e9), now))
+        return SimpleNamespace(gpu=util, memory=handle.mem_util)
 
-    def nvmlDeviceGetMemoryInfo(self, handle: FakeGpu) -> SimpleNamespace:
+    def nvmlDeviceGetMemoryInfo(self, handle: FakeGpu, version: int | None = None) -> Any:
         self._enter("nvmlDeviceGetMemoryInfo", handle)
-        return SimpleNamespace(total=handle.mem_total, used=handle.mem_used,
-                               free=handle.mem_total - handle.mem_used)
+        if version is None:
+            used = handle.mem_used + handle.mem_reserved
+            return SimpleNamespace(total=handle.mem_total, used=used,
+                                   free=handle.mem_total - used)
+        if not handle.memory_v2:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        if version != pynvml.nvmlMemory_v2:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        return pynvml.c_nvmlMemory_v2_t(
+            version=version, total=handle.mem_total, reserved=handle.mem_reserved,
+            free=handle.mem_total - handle.mem_used - handle.mem_reserved,
+            used=handle.mem_used)
 
     def nvmlDeviceGetFieldValues(self, handle: FakeGpu, fieldIds: list[int]) -> Any:
-        self._enter("nvmlDeviceGetFieldValues", handle)
+        self._whole_only("nvmlDeviceGetFieldValues", handle)
         values = (pynvml.c_nvmlFieldValue_t * len(fieldIds))()
         for value, field_id in zip(values, fieldIds, strict=True):
             value.fieldId = field_id
             if field_id == pynvml.NVML_FI_DEV_POWER_INSTANT and handle.power_instant_mw is not None:
-                value.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+                value.valueType = handle.power_value_type
                 value.value.uiVal = handle.power_instant_mw
                 value.nvmlReturn = pynvml.NVML_SUCCESS
             else:
@@ -163,20 +254,20 @@ class FakeNvml:
         return values
 
     def nvmlDeviceGetPowerUsage(self, handle: FakeGpu) -> int:
-        self._enter("nvmlDeviceGetPowerUsage", handle)
+        self._whole_only("nvmlDeviceGetPowerUsage", handle)
         return handle.power_avg_mw
 
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: FakeGpu) -> int:
-        self._enter("nvmlDeviceGetTotalEnergyConsumption", handle)
-        return handle.energy_mj
+        self._whole_only("nvmlDeviceGetTotalEnergyConsumption", handle)
+        return handle.energy_now()
 
     def nvmlDeviceGetTemperature(self, handle: FakeGpu, sensor: int) -> int:
-        self._enter("nvmlDeviceGetTemperature", handle)
+        self._whole_only("nvmlDeviceGetTemperature", handle)
         assert sensor == pynvml.NVML_TEMPERATURE_GPU
         return handle.temperature
 
     def nvmlDeviceGetClockInfo(self, handle: FakeGpu, clock_type: int) -> int:
-        self._enter("nvmlDeviceGetClockInfo", handle)
+        self._whole_only("nvmlDeviceGetClockInfo", handle)
         assert clock_type == pynvml.NVML_CLOCK_SM
         return handle.sm_clock
 
@@ -190,7 +281,7 @@ class FakeNvml:
 
     def nvmlDeviceGetProcessUtilization(self, handle: FakeGpu, timeStamp: int) -> list[Any]:
         """Samples newer than ``timeStamp``; NotFound when there are none, as NVML does."""
-        self._enter("nvmlDeviceGetProcessUtilization", handle)
+        self._whole_only("nvmlDeviceGetProcessUtilization", handle)
         samples = [pynvml.c_nvmlProcessUtilizationSample_t(pid=pid, timeStamp=ts, smUtil=sm)
                    for pid, ts, sm in handle.proc_samples if ts > timeStamp]
         if not samples:
@@ -224,31 +315,31 @@ class FakeNvml:
         return request
 
 
+def periodic_busy(start_ns: int, seconds: float, period_s: float = 0.5,
+                  busy_s: float = 0.3) -> list[tuple[int, int]]:
+    """Busy intervals: the first ``busy_s`` of every ``period_s`` for ``seconds``."""
+    period, busy = int(period_s * 1e9), int(busy_s * 1e9)
+    first = start_ns - start_ns % period
+    return [(t, t + busy) for t in range(first, start_ns + int(seconds * 1e9), period)]
+
+
+def periodic_energy_mj(t_s: float, period_s: float = 0.5, busy_s: float = 0.3,
+                       busy_w: float = 300.0, idle_w: float = 80.0) -> float:
+    """The energy counter of a GPU busy the first ``busy_s`` of every ``period_s`` of the
+    monotonic clock since its origin (``periodic_busy``'s grid), in mJ."""
+    busy_total_s = t_s // period_s * busy_s + min(t_s % period_s, busy_s)
+    return 1000.0 * (idle_w * t_s + (busy_w - idle_w) * busy_total_s)
+
+
 def two_busy_gpus() -> FakeNvml:
-    """Two GPUs whose utilization follows the clock (busy in the first 300 ms of every
-    500 ms) and whose energy counter grows by 200 J per second of the host's monotonic
-    clock, whoever reads it (as a driver's counter does between two jobs): the fake the
-    test launcher plugs in with ``--fake-nvml two_busy_gpus``."""
-
-    class ClockedGpu(FakeGpu):
-        @property  # type: ignore[misc]
-        def util(self) -> int:
-            return 90 if time.monotonic() % 0.5 < 0.3 else 10
-
-        @util.setter
-        def util(self, _value: int) -> None:
-            pass
-
-        @property  # type: ignore[misc]
-        def energy_mj(self) -> int:
-            return int(time.monotonic() * 200_000)
-
-        @energy_mj.setter
-        def energy_mj(self, _value: int) -> None:
-            pass
-
-    return FakeNvml([ClockedGpu(uuid="GPU-0a0a0a0a", name="NVIDIA Fake 0"),
-                     ClockedGpu(uuid="GPU-1b1b1b1b", name="NVIDIA Fake 1")])
+    """Two GPUs busy in the first 300 ms of every 500 ms, reading 10 % idle and 90 % busy,
+    their power 300 W busy and 80 W idle, and an energy counter that follows the same
+    clock whoever reads it (as a driver's counter does between two jobs): the fake the test
+    launcher plugs in with ``--fake-nvml two_busy_gpus``."""
+    timeline = periodic_busy(time.monotonic_ns(), 3600.0)
+    return FakeNvml([FakeGpu(uuid=uuid, name=f"NVIDIA Fake {i}", busy=timeline,
+                             busy_util=(10, 90), energy_at=periodic_energy_mj)
+                     for i, uuid in enumerate(("GPU-0a0a0a0a", "GPU-1b1b1b1b"))])
 
 
 def hanging_gpu() -> FakeNvml:

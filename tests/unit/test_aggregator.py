@@ -17,14 +17,14 @@ VAL = wire.FLAG_IN_ITERATION | wire.FLAG_VALIDATION
 
 def record(phase: int, start_ms: float, end_ms: float, flags: int = TRAIN, epoch: int = 0,
            iteration: int = 0, batch: int = 0, gpu_ns: int = -1, peak: int = -1,
-           batches: int = 0) -> list[int]:
+           batches: int = 0, lag_ns: int = 0) -> list[int]:
     """One decoded record (``wire.RECORD_FIELDS`` order; fields not named here are 0)."""
     values = [0] * wire.RECORD_WIDTH
     for offset, value in ((wire.P_PHASE, phase), (wire.P_FLAGS, flags), (wire.P_EPOCH, epoch),
                           (wire.P_ITERATION, iteration), (wire.P_BATCH, batch),
                           (wire.P_START, int(start_ms * MS)), (wire.P_END, int(end_ms * MS)),
                           (wire.P_GPU, gpu_ns), (wire.P_PEAK, peak),
-                          (wire.P_BATCHES, batches)):
+                          (wire.P_BATCHES, batches), (wire.P_LAG, lag_ns)):
         values[offset] = value
     return values
 

@@ -16,13 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from markers.gpu import (
-    NOT_MEASURED,
-    GpuTimer,
-    format_uuid,
-    open_gpu_timer,
-    phase_peak,
-)
+from markers.cuda import format_uuid
+from markers.gpu import NOT_MEASURED, GpuTimer, open_gpu_timer, phase_peak
 from tests.support.fake_cuda import FakeBackend
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,17 +43,17 @@ def test_pending_resolve_in_order_and_poll_never_blocks():
     for _ in range(1000):
         assert all(timer.poll(s) is None for s in slots)
     assert time.perf_counter() - t0 < 2.0  # 3000 polls; a wait anywhere would show
-    # the GPU passes the first phase's events: only the first resolves
-    fake.done = 2
-    assert timer.poll(slots[0]) == (1_500_000, 0)
+    # the GPU passes the anchor and the first phase's events: only the first resolves
+    fake.done = 3
+    assert timer.poll(slots[0]) == (1_500_000, 0, 0)
     assert timer.poll(slots[1]) is None
     assert timer.poll(slots[2]) is None
     # the start event of phase 2 done, its end not yet: still pending
-    fake.done = 3
+    fake.done = 4
     assert timer.poll(slots[1]) is None
     fake.finish_all()
-    assert timer.poll(slots[1]) == (2_250_000, 0)
-    assert timer.poll(slots[2]) == (500, 0)  # 0.0005 ms = 500 ns, an integer
+    assert timer.poll(slots[1]) == (2_250_000, 0, 0)
+    assert timer.poll(slots[2]) == (500, 0, 0)  # 0.0005 ms = 500 ns, an integer
     assert timer.in_flight == 0 and timer.dropped == 0
 
 
@@ -87,8 +82,8 @@ def test_pool_dry_drops_counts_and_never_blocks():
     for s in extra:
         timer.end(s)  # no-op
         assert timer.poll(s) == NOT_MEASURED  # resolved at once, so a FIFO never stalls
-    assert fake.recorded == 6  # the dropped ones recorded nothing
-    assert fake.new_events == 6  # the pool was made once, up front
+    assert fake.recorded == 7  # the anchor and 3 phases; the dropped ones recorded nothing
+    assert fake.new_events == 7  # the pool and the anchor were made once, up front
 
 
 def test_released_slots_are_reused_without_new_events():
@@ -99,9 +94,9 @@ def test_released_slots_are_reused_without_new_events():
         slot = timed_phase(timer, fake, 0.25)
         seen.add(slot)
         fake.finish_all()
-        assert timer.poll(slot) == (250_000, 0)
+        assert timer.poll(slot) == (250_000, 0, 0)
     assert seen <= {0, 1}
-    assert fake.new_events == 4
+    assert fake.new_events == 5  # two pairs and the anchor
     assert timer.dropped == 0 and timer.in_flight == 0
 
 
@@ -110,12 +105,12 @@ def test_reused_slot_reports_the_new_measurement():
     timer = GpuTimer(fake, pool_size=1)
     s = timed_phase(timer, fake, 1.0)
     fake.finish_all()
-    assert timer.poll(s) == (1_000_000, 0)
+    assert timer.poll(s) == (1_000_000, 0, 0)
     s2 = timed_phase(timer, fake, 3.0)
     assert s2 == s
     assert timer.poll(s2) is None  # the re-recorded events are pending again
     fake.finish_all()
-    assert timer.poll(s2) == (3_000_000, 0)
+    assert timer.poll(s2) == (3_000_000, 0, 0)
 
 
 def test_drain_resolves_within_timeout_and_drops_the_rest():
@@ -124,12 +119,12 @@ def test_drain_resolves_within_timeout_and_drops_the_rest():
     slots = [timed_phase(timer, fake, 1.0) for _ in range(4)]
     unended = timer.begin()  # a phase interrupted by an exception: never ended
     # the GPU finishes phases 0 and 1 only after drain has found them pending a few times
-    fake.later = (fake.queries + 20, 4)
+    fake.later = (fake.queries + 20, 5)
     t0 = time.monotonic()
     out = timer.drain([*slots, unended, -1], timeout_s=1.0)
     took = time.monotonic() - t0
     assert fake.queries > 20
-    assert out[:2] == [(1_000_000, 0), (1_000_000, 0)]
+    assert out[:2] == [(1_000_000, 0, 0), (1_000_000, 0, 0)]
     assert out[2:5] == [None, None, None]  # never completed / never ended: given up
     assert out[5] == NOT_MEASURED
     assert 0.9 <= took < 10.0  # waited for the deadline, bounded
@@ -144,7 +139,7 @@ def test_drain_returns_early_when_all_complete():
     slots = [timed_phase(timer, fake, 2.0) for _ in range(3)]
     fake.finish_all()
     t0 = time.monotonic()
-    assert timer.drain(slots, timeout_s=30.0) == [(2_000_000, 0)] * 3
+    assert timer.drain(slots, timeout_s=30.0) == [(2_000_000, 0, 0)] * 3
     assert time.monotonic() - t0 < 5.0
     assert timer.dropped == 0
 
@@ -187,7 +182,7 @@ def test_phase_peak_raising_the_high_water_mark_is_exact():
     fake.free(50 * MiB)
     timer.end(slot)
     fake.finish_all()
-    _, peak = timer.poll(slot)
+    _, peak, _ = timer.poll(slot)
     assert peak == 450 * MiB  # the new high-water mark, exactly
     assert timer.inexact_peaks == 0
     assert fake.resets == 0  # the user's statistics were left alone
@@ -205,7 +200,7 @@ def test_phase_peak_below_the_mark_is_a_documented_upper_bound():
     fake.alloc(30 * MiB)
     timer.end(slot)
     fake.finish_all()
-    _, peak = timer.poll(slot)
+    _, peak, _ = timer.poll(slot)
     # true peak 300 MiB; the readings bound it in [130, min(1000, 100 + 230)] MiB
     assert peak == 330 * MiB
     assert timer.inexact_peaks == 1
@@ -227,6 +222,10 @@ def test_phase_peak_below_the_mark_capped_by_the_mark():
         ((500, 1000, 7, 7), (500, 1000, 7, 7), (500, True)),  # nothing happened
         ((100, 1000, 0, 0), (100, 1200, 1100, 1100), (1200, True)),  # raised the mark
         ((100, 1000, 0, 0), (300, 1000, 0, 0), (1000, False)),  # counters not kept
+        # cudaMallocAsync: no cumulative counters; a phase that freed its temporaries
+        # again must not read "nothing allocated, exact c0"
+        ((100, 1000, -1, -1), (100, 1000, -1, -1), (1000, False)),
+        ((100, 1000, -1, -1), (100, 1300, -1, -1), (1300, False)),
     ],
 )
 def test_phase_peak_cases(before, after, expected):
@@ -255,7 +254,7 @@ def test_peak_off_mode_reads_nothing():
     timer = GpuTimer(fake, pool_size=2, peak_memory="off")
     slot = timed_phase(timer, fake, 1.0)
     fake.finish_all()
-    assert timer.poll(slot) == (1_000_000, -1)
+    assert timer.poll(slot) == (1_000_000, -1, 0)
 
 
 def test_bad_options_are_refused():
@@ -332,53 +331,50 @@ def test_open_with_real_torch_cpu_makes_no_cuda_calls():
     assert proc.stdout.strip() == "ok"
 
 
-def test_torch_cuda_backend_glue_against_a_stand_in_torch():
-    """The real backend's calls, checked against a stand-in torch.cuda (no GPU here)."""
-    from markers.gpu import TorchCudaBackend
+# ---- CUDA graph capture and allocator backends ------------------------------------
 
-    log = []
 
-    class Event:
-        def __init__(self, enable_timing=False):
-            assert enable_timing
-            self.done = False
+def test_phases_in_a_graph_capture_record_and_query_nothing():
+    fake = FakeBackend()  # its record() and query() fail the test during a capture
+    timer = GpuTimer(fake, pool_size=4)
+    outside = timer.begin()  # begun before the capture, ended inside it
+    fake.capture = True
+    inside = timer.begin()
+    timer.end(inside)
+    timer.end(outside)
+    assert inside == -1 and timer.captured == 2 and timer.dropped == 0
+    assert fake.recorded == 2  # the anchor and the start event recorded before capture
+    fake.capture = False
+    fake.finish_all()
+    assert timer.poll(outside) == NOT_MEASURED  # resolved: "GPU not measured"
+    assert timer.poll(inside) == NOT_MEASURED
+    assert timer.in_flight == 0
+    after = timed_phase(timer, fake, 2.0)  # timing resumes after the capture
+    fake.finish_all()
+    assert timer.poll(after)[0] == 2_000_000
 
-        def record(self, stream=None):
-            log.append(("record", stream))
 
-        def query(self):
-            return self.done
+def test_drain_during_a_capture_queries_nothing():
+    fake = FakeBackend()
+    timer = GpuTimer(fake, pool_size=4)
+    slot = timed_phase(timer, fake, 1.0)
+    fake.finish_all()
+    fake.capture = True
+    assert timer.drain([slot], timeout_s=0.05) == [None]  # given up, never queried
+    assert fake.queries == 0 and timer.dropped == 1
 
-        def elapsed_time(self, other):
-            return 2.5  # milliseconds
 
-        def synchronize(self):  # pragma: no cover - must never be called
-            raise AssertionError("Event.synchronize() called")
-
-    stats = {"allocated_bytes": {"all": {"current": 10, "peak": 50, "allocated": 70,
-                                         "freed": 60}}}
-
-    def forbidden(*_a, **_k):  # pragma: no cover
-        raise AssertionError("synchronizing call")
-
-    cuda = types.SimpleNamespace(
-        is_initialized=lambda: True,
-        current_device=lambda: 3,
-        get_device_properties=lambda d: types.SimpleNamespace(
-            uuid=types.SimpleNamespace(bytes=bytes(range(16))), name=f"Stand-in {d}"),
-        Event=Event,
-        current_stream=lambda d: f"stream-of-{d}",
-        memory_stats_as_nested_dict=lambda d: stats,
-        reset_peak_memory_stats=lambda d: log.append(("reset", d)),
-        synchronize=forbidden,
-    )
-    torch = types.SimpleNamespace(cuda=cuda)
-    timer = GpuTimer(TorchCudaBackend(torch), pool_size=2)
-    assert timer.device_name == "Stand-in 3"
-    assert timer.device_uuid == "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"
+@pytest.mark.parametrize("mode", ["bound", "reset"])
+def test_cuda_malloc_async_peaks_are_upper_bounds_never_exact(mode):
+    fake = FakeBackend(exact_peaks=False)  # cumulative counters absent, as in PyTorch
+    timer = GpuTimer(fake, pool_size=4, peak_memory=mode)
+    fake.alloc(400 * MiB)
+    fake.free(300 * MiB)  # earlier work: mark 400 MiB, 100 MiB held
     slot = timer.begin()
+    fake.alloc(200 * MiB)  # a temporary ...
+    fake.free(200 * MiB)  # ... freed again: current is back where it was
     timer.end(slot)
-    assert log == [("record", "stream-of-3"), ("record", "stream-of-3")]
-    assert timer.poll(slot) is None
-    timer._starts[slot].done = timer._ends[slot].done = True
-    assert timer.poll(slot) == (2_500_000, 10)  # nothing moved: the current allocation
+    fake.finish_all()
+    _, peak, _ = timer.poll(slot)
+    assert peak >= 300 * MiB  # never under the true peak (100 + 200 MiB)
+    assert timer.inexact_peaks == 1  # and never flagged exact

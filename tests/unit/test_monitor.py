@@ -74,7 +74,7 @@ def test_gpu_use_is_attributed_to_the_phases_that_ran(tmp_path: Path) -> None:
                                      (wire.TRAINING_DATA_LOADING, 5, 80_000),
                                      (wire.FORWARD, 95, 300_000)):
         for gpu in gpus:
-            gpu.util, gpu.power_instant_mw = util, power_mw
+            gpu.util, gpu.power_instant_mw, gpu.power_avg_mw = util, power_mw, power_mw
         start, end = run_phase(monitor, 0.6)
         records.extend((label_id, 0, 0, -1, 0, start, end, -1, -1)
                        + (0,) * (wire.RECORD_WIDTH - 9))  # fields after peak_bytes
@@ -116,6 +116,23 @@ def test_a_split_takes_only_the_gpus_its_job_reported(tmp_path: Path) -> None:
     assert "GPU sampling: off (the job used no GPU)" in text
 
 
+def test_a_mig_instance_the_job_reported_is_sampled_for_its_split(tmp_path: Path) -> None:
+    whole = FakeGpu(uuid="GPU-aaaa", mig=[FakeGpu(uuid="MIG-cccc", name="Fake MIG 1g.5gb")])
+    monitor = ResourceMonitor(INTERVAL_S, None, all_splits_share_gpus=False,
+                              open_gpus=lambda visible: open_nvml(visible,
+                                                                  api=FakeNvml([whole])))
+    wait_opened(monitor)
+    split = make_split(tmp_path)
+    split.add_gpu("GPU-cccc", "Fake MIG 1g.5gb")  # an older marker's spelling of a MIG UUID
+    monitor.add_gpu("GPU-cccc")
+    monitor.watch(split, os.getpid())
+    run_phase(monitor, 0.2)
+    split.set_status("completed", None)
+    report = _report(monitor, split, [])
+    assert report.frame is not None and set(report.frame["gpu uuid"].dropna()) == {"MIG-cccc"}
+    assert "shared by its MIG instances" in "\n".join(report.lines)
+
+
 def test_without_a_driver_gpu_sampling_is_off_and_host_sampling_goes_on(
         tmp_path: Path) -> None:
     monitor = ResourceMonitor(
@@ -130,3 +147,42 @@ def test_without_a_driver_gpu_sampling_is_off_and_host_sampling_goes_on(
     assert "GPU sampling: off (no NVIDIA driver: test)" in report.lines
     assert report.frame is not None and len(report.frame) >= 2
     assert report.frame["gpu index"].isna().all()
+
+
+def test_utilization_and_power_go_to_the_phase_the_gpu_was_running(tmp_path: Path) -> None:
+    """The GPU runs a forward's work long after the host launched it (the host meanwhile
+    waits in "metrics"), and the records arrive seconds late. Attributed on GPU time,
+    Forward gets the busy GPU and the data loading the idle one; on host time Forward
+    would read idle (its host interval is a 10 ms launch), and late records were lost."""
+    cycle_s, cycles = 1.5, 2
+    origin = time.monotonic_ns() + 200_000_000
+    ns = 1_000_000_000
+    busy = [(origin + int((c * cycle_s + 0.2) * ns), origin + int((c * cycle_s + 0.8) * ns))
+            for c in range(cycles)]
+    gpus = [FakeGpu(uuid="GPU-aaaa", name="Fake A", busy=busy)]
+    # 0.2 s rounds: two 100 ms steps of the energy counter per window, as in real use
+    monitor = ResourceMonitor(0.2, None, all_splits_share_gpus=True,
+                              open_gpus=lambda visible: open_nvml(visible, api=FakeNvml(gpus)))
+    wait_opened(monitor)
+    split = make_split(tmp_path)
+    monitor.watch(split, os.getpid())
+    records = array("q")
+    for c in range(cycles):
+        at = origin + int(c * cycle_s * ns)
+        ms = 1_000_000
+        records.extend((wire.FORWARD, 0, 0, -1, 0, at, at + 10 * ms, 600 * ms, -1, 0, 200 * ms))
+        records.extend((wire.METRICS, 0, 0, -1, 0, at + 10 * ms, at + 800 * ms, 10 * ms, -1, 0,
+                        790 * ms))
+        records.extend((wire.TRAINING_DATA_LOADING, 0, 0, -1, 0, at + 800 * ms,
+                        at + 1500 * ms, -1, -1, 0, 0))
+    run_phase(monitor, 0.2 + cycle_s * cycles + 0.3)
+    time.sleep(2.2)  # the records come more than 2 s after their phases
+    monitor.note_records(split, 0, records)
+    split.set_status("completed", None)
+    monitor.final_round(split)
+    attribution = monitor.figures(split).attribution
+    forward, loading = attribution["Forward"], attribution["Training data loading"]
+    assert abs(forward.covered_s - 1.2) < 0.05  # both cycles' GPU time, none dropped
+    assert forward.util_mean_pct > 70 and loading.util_mean_pct < 25
+    assert forward.power_mean_w > 200 > loading.power_mean_w  # 300 W busy, 80 W idle
+    assert attribution["Metrics computation"].covered_s < 0.05  # its own 10 ms of GPU

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -78,6 +79,16 @@ def test_nothing_is_sent_without_notify_socket(manager: Manager) -> None:
 
 def test_a_vanished_manager_is_not_an_error(tmp_path: Path) -> None:
     assert not notify("READY=1", {"NOTIFY_SOCKET": str(tmp_path / "nobody")})
+
+
+def test_a_manager_that_stops_reading_never_blocks_the_daemon(manager: Manager) -> None:
+    """The kernel queues a few datagrams (net.unix.max_dgram_qlen, 10 by default); past
+    them a blocking send would wait for ever. The daemon's sends are dropped instead."""
+    environ = {"NOTIFY_SOCKET": str(manager.sock.getsockname())}
+    start = time.monotonic()
+    sent = [notify("WATCHDOG=1", environ) for _ in range(200)]
+    assert time.monotonic() - start < 5
+    assert sent[0] and not all(sent)  # the first ones queued, the rest dropped
 
 
 @pytest.mark.parametrize(("environ", "period_s"), [

@@ -39,7 +39,8 @@ def test_real_nvml_samples_are_sane(sampler: NvmlSampler) -> None:
         assert sample.mem_used_mib is not None
         assert 0 <= sample.mem_used_mib <= sample.mem_total_mib
         if sample.power_w is not None:
-            assert 1 < sample.power_w < 2000 and sample.power_source in ("instant", "average")
+            assert 1 < sample.power_w < 2000
+            assert sample.power_source in ("energy", "instant", "average")
         if sample.temperature_c is not None:
             assert 0 < sample.temperature_c < 120
         if sample.sm_activity_pct is not None:

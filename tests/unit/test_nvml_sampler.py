@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 
 import pynvml
 import pytest
 
-from sidecar.resources.samplers.nvml import (
-    GpuSample,
-    NvmlSampler,
-    NvmlUnavailable,
-    open_nvml,
-    resolve_visible_devices,
-)
+from sidecar.resources.samplers.nvml import GpuSample, NvmlSampler, NvmlUnavailable, open_nvml
+from sidecar.resources.samplers.nvml_devices import NvmlDevice, resolve_visible_devices
 from tests.support.fake_pynvml import MIB, FakeGpu, FakeNvml
 
 UUIDS = [f"GPU-{i}{i}{i}{i}aaaa-0000-0000-0000-00000000000{i}" for i in range(4)]
+# Pids that exist in this pid namespace (this test, its parent, init) and one that cannot
+ME, PARENT, INIT, FOREIGN = os.getpid(), os.getppid(), 1, 99_999_999
 
 
 def now_us() -> int:
@@ -39,23 +37,81 @@ def opened(fake: FakeNvml, visible: str | None = None, **kwargs: float) -> NvmlS
 
 def test_every_field_with_units(nvml: FakeNvml) -> None:
     gpu = nvml.gpus[1]
-    gpu.compute_procs = [(100, 300 * MIB), (200, 700 * MIB)]
+    gpu.compute_procs = [(ME, 300 * MIB), (INIT, 700 * MIB)]
+    gpu.mem_reserved = 500 * MIB  # held by the driver: not "used" (memory v2)
     sampler = opened(nvml, "1")
-    [sample] = sampler.sample({100}, 123)
+    [sample] = sampler.sample({ME}, 123)
     assert sample == GpuSample(
         t_ns=123, gpu_index=0, uuid=UUIDS[1], name="Fake 1", util_pct=50.0, mem_util_pct=20.0,
         mem_used_mib=1000.0, mem_total_mib=8000.0, power_w=250.0, power_source="instant",
         energy_j=5000.0, temperature_c=60.0, sm_clock_mhz=1400.0, sm_activity_pct=None,
-        job_mem_mib=300.0, job_sm_util_pct=0.0)
+        job_mem_mib=300.0, job_sm_util_pct=None)  # no per-process sample yet: unknown
     assert sampler.status() == {
         "gpu_sampling": "on", "reason": None,
         "gpus": [{"index": 0, "uuid": UUIDS[1], "name": "Fake 1", "lost": False,
                   "lost_reason": None, "power_source": "instant",
                   "unsupported": {"sm activity": "GPM not supported on this GPU "
-                                                 "(Hopper and newer)"}}]}
+                                                 "(Hopper and newer)"},
+                  "retrying": {}, "notes": {}, "whole_gpu": None}]}
     sampler.close()
     assert nvml.calls[("nvmlShutdown", None)] == 1
     assert sampler.status()["gpu_sampling"] == "off"
+
+
+def test_job_memory_only_from_the_jobs_pids(nvml: FakeNvml) -> None:
+    gpu = nvml.gpus[0]
+    gpu.compute_procs = [(ME, 100 * MIB), (PARENT, 200 * MIB), (INIT, 4000 * MIB)]
+    gpu.graphics_procs = [(ME, 100 * MIB)]  # in both lists: once
+    sampler = opened(nvml, "0")
+    assert sampler.sample({ME, PARENT}, 1)[0].job_mem_mib == 300.0
+    assert sampler.sample({INIT}, 2)[0].job_mem_mib == 4000.0
+    gpu.compute_procs, gpu.graphics_procs = [(INIT, 4000 * MIB)], []
+    assert sampler.sample({ME}, 3)[0].job_mem_mib == 0.0  # listed pids are ours: truly 0
+    sample = sampler.sample(set(), 4)[0]  # no pids known: not measured, not queried
+    assert sample.job_mem_mib is None and sample.job_sm_util_pct is None
+    assert nvml.count("nvmlDeviceGetComputeRunningProcesses", gpu) == 3
+
+
+def test_process_utilization_carries_the_last_seen_timestamp(nvml: FakeNvml) -> None:
+    gpu = nvml.gpus[0]
+    t0 = now_us() + 10_000_000  # samples "from the future" of the sampler's start
+    gpu.proc_samples = [(ME, t0 + 1, 30), (PARENT, t0 + 2, 25), (INIT, t0 + 3, 40)]
+    sampler = opened(nvml, "0")
+    assert sampler.sample({ME, PARENT}, 1)[0].job_sm_util_pct == 55.0
+    # Nothing newer than t0 + 3: NVML says NotFound: no sample, not 0 %.
+    assert sampler.sample({ME, PARENT}, 2)[0].job_sm_util_pct is None
+    gpu.proc_samples.append((ME, t0 + 10, 80))  # only ME active; PARENT absent -> 0 %
+    assert sampler.sample({ME, PARENT}, 3)[0].job_sm_util_pct == 80.0
+    gpu.proc_samples.append((INIT, t0 + 11, 80))  # only another process of ours: job 0 %
+    assert sampler.sample({ME, PARENT}, 4)[0].job_sm_util_pct == 0.0
+    # Two samples of one pid in a window are averaged; the sum is capped at 100.
+    gpu.proc_samples += [(ME, t0 + 20, 90), (ME, t0 + 21, 70), (PARENT, t0 + 22, 60)]
+    assert sampler.sample({ME, PARENT}, 5)[0].job_sm_util_pct == 100.0
+    assert "process utilization" not in sampler.status()["gpus"][0]["unsupported"]
+
+
+def test_samples_from_before_the_sampler_started_are_not_counted(nvml: FakeNvml) -> None:
+    nvml.gpus[0].proc_samples = [(ME, now_us() - 5_000_000, 90)]
+    assert opened(nvml, "0").sample({ME}, 1)[0].job_sm_util_pct is None
+
+
+@pytest.mark.parametrize("code", [pynvml.NVML_ERROR_RESET_REQUIRED,
+                                  pynvml.NVML_ERROR_GPU_NOT_FOUND])
+def test_errors_that_mean_the_gpu_is_gone(nvml: FakeNvml, code: int) -> None:
+    sampler = opened(nvml, "0,1")
+    nvml.gpus[0].errors = {"nvmlDeviceGetTotalEnergyConsumption": code}
+    assert [s.gpu_index for s in sampler.sample(set(), 1)] == [1]
+    assert sampler.status()["gpus"][0]["lost"]
+
+
+def test_resolve_visible_devices_rules() -> None:
+    table = [NvmlDevice(i, uuid, None) for i, uuid in enumerate(UUIDS)]
+    assert resolve_visible_devices("1,1,3", table) == [UUIDS[1], UUIDS[3]]
+    assert resolve_visible_devices("2,9,0", table) == [UUIDS[2]]  # stops at an unknown entry
+    assert resolve_visible_devices("GPU-", table) == []  # ambiguous prefix
+    assert resolve_visible_devices("0000aaaa", table) == [UUIDS[0]]  # "GPU-" left out
+    assert resolve_visible_devices("MIG-1234", table) == []
+    assert resolve_visible_devices("", table) == []
 
 
 def test_unsupported_field_is_none_and_asked_once(nvml: FakeNvml) -> None:
@@ -86,6 +142,7 @@ def test_other_nvml_error_on_a_live_gpu_switches_only_that_call_off(nvml: FakeNv
 def test_power_falls_back_to_average_and_says_so(nvml: FakeNvml) -> None:
     gpu = nvml.gpus[0]
     gpu.power_instant_mw = None
+    gpu.energy_constant = True  # a counter that does not move gives no window mean
     sampler = opened(nvml, "0")
     for t in range(3):
         [sample] = sampler.sample(set(), t)
@@ -113,19 +170,6 @@ def test_gpm_sm_activity_from_the_second_round(nvml: FakeNvml) -> None:
     assert nvml.calls[("nvmlGpmSampleFree", None)] == 2
 
 
-def test_job_memory_only_from_the_jobs_pids(nvml: FakeNvml) -> None:
-    gpu = nvml.gpus[0]
-    gpu.compute_procs = [(10, 100 * MIB), (11, 200 * MIB), (99, 4000 * MIB)]
-    gpu.graphics_procs = [(10, 100 * MIB), (12, 50 * MIB)]  # 10 in both lists: once
-    sampler = opened(nvml, "0")
-    assert sampler.sample({10, 11, 12}, 1)[0].job_mem_mib == 350.0
-    assert sampler.sample({99}, 2)[0].job_mem_mib == 4000.0
-    assert sampler.sample({5}, 3)[0].job_mem_mib == 0.0
-    sample = sampler.sample(set(), 4)[0]  # no pids known: not measured, not queried
-    assert sample.job_mem_mib is None and sample.job_sm_util_pct is None
-    assert nvml.count("nvmlDeviceGetComputeRunningProcesses", gpu) == 3
-
-
 def test_job_memory_from_one_list_when_the_other_is_unsupported(nvml: FakeNvml) -> None:
     gpu = nvml.gpus[0]
     gpu.compute_procs = [(10, 100 * MIB)]
@@ -134,27 +178,6 @@ def test_job_memory_from_one_list_when_the_other_is_unsupported(nvml: FakeNvml) 
     assert sampler.sample({10}, 1)[0].job_mem_mib == 100.0
     gpu.unsupported.add("nvmlDeviceGetComputeRunningProcesses")
     assert sampler.sample({10}, 2)[0].job_mem_mib is None
-
-
-def test_process_utilization_carries_the_last_seen_timestamp(nvml: FakeNvml) -> None:
-    gpu = nvml.gpus[0]
-    t0 = now_us() + 10_000_000  # samples "from the future" of the sampler's start
-    gpu.proc_samples = [(10, t0 + 1, 30), (11, t0 + 2, 25), (99, t0 + 3, 40)]
-    sampler = opened(nvml, "0")
-    assert sampler.sample({10, 11}, 1)[0].job_sm_util_pct == 55.0
-    # Nothing newer than t0 + 3: NVML says NotFound, the job's share is 0 %.
-    assert sampler.sample({10, 11}, 2)[0].job_sm_util_pct == 0.0
-    gpu.proc_samples.append((10, t0 + 10, 80))  # only pid 10 active; 11 absent -> 0 %
-    assert sampler.sample({10, 11}, 3)[0].job_sm_util_pct == 80.0
-    # Two samples of one pid in a window are averaged; the sum is capped at 100.
-    gpu.proc_samples += [(10, t0 + 20, 90), (10, t0 + 21, 70), (11, t0 + 22, 60)]
-    assert sampler.sample({10, 11}, 4)[0].job_sm_util_pct == 100.0
-    assert "process utilization" not in sampler.status()["gpus"][0]["unsupported"]
-
-
-def test_samples_from_before_the_sampler_started_are_not_counted(nvml: FakeNvml) -> None:
-    nvml.gpus[0].proc_samples = [(10, now_us() - 5_000_000, 90)]
-    assert opened(nvml, "0").sample({10}, 1)[0].job_sm_util_pct == 0.0
 
 
 def test_lost_gpu_is_skipped_and_the_others_continue(nvml: FakeNvml) -> None:
@@ -172,44 +195,11 @@ def test_lost_gpu_is_skipped_and_the_others_continue(nvml: FakeNvml) -> None:
     assert "GPU is lost" in status["gpus"][1]["lost_reason"]
 
 
-@pytest.mark.parametrize("code", [pynvml.NVML_ERROR_UNKNOWN, pynvml.NVML_ERROR_RESET_REQUIRED,
-                                  pynvml.NVML_ERROR_GPU_NOT_FOUND])
-def test_errors_that_mean_the_gpu_is_gone(nvml: FakeNvml, code: int) -> None:
-    sampler = opened(nvml, "0,1")
-    nvml.gpus[0].errors = {"nvmlDeviceGetTotalEnergyConsumption": code}
-    assert [s.gpu_index for s in sampler.sample(set(), 1)] == [1]
-    assert sampler.status()["gpus"][0]["lost"]
-
-
-def test_gpu_lost_mid_round_through_another_error(nvml: FakeNvml) -> None:
-    """An error that is not 'lost' but after which the device no longer answers."""
-    sampler = opened(nvml, "0,1")
-    nvml.gpus[0].errors = {"nvmlDeviceGetMemoryInfo": pynvml.NVML_ERROR_INVALID_ARGUMENT,
-                           "nvmlDeviceGetUUID": pynvml.NVML_ERROR_INVALID_ARGUMENT}
-    assert [s.gpu_index for s in sampler.sample(set(), 1)] == [1]
-    assert sampler.status()["gpus"][0]["lost"]
-
-
 def test_every_gpu_lost_turns_sampling_off(nvml: FakeNvml) -> None:
     sampler = opened(nvml, "0")
     nvml.gpus[0].lost = True
     assert sampler.sample(set(), 1) == []
     assert sampler.status()["gpu_sampling"] == "off"
-
-
-def test_a_hanging_call_fails_the_sampler_within_the_timeout(nvml: FakeNvml) -> None:
-    sampler = opened(nvml, "0,1", round_timeout_s=0.3)
-    nvml.gpus[1].hang = {"nvmlDeviceGetTemperature"}
-    start = time.monotonic()
-    assert sampler.sample(set(), 1) == []
-    assert time.monotonic() - start < 5
-    assert sampler.failed
-    assert "did not return within 0.3 s" in sampler.reason
-    assert sampler.status()["gpu_sampling"] == "off"
-    calls = sum(nvml.calls.values())
-    assert sampler.sample(set(), 2) == [] and sampler.add_uuids([UUIDS[3]]) == []
-    sampler.close()  # returns at once, does not queue behind the stuck call
-    assert sum(nvml.calls.values()) == calls
 
 
 def test_a_hanging_init_is_reported(nvml: FakeNvml) -> None:
@@ -249,16 +239,6 @@ def test_visible_devices_by_index_and_uuid(nvml: FakeNvml) -> None:
     assert [s.uuid for s in by_index.sample(set(), 0)] == [UUIDS[2], UUIDS[0]]
     assert opened(nvml, f"{UUIDS[3]}, GPU-1111").uuids == [UUIDS[3], UUIDS[1]]
     assert opened(nvml, None).uuids == UUIDS
-
-
-def test_resolve_visible_devices_rules() -> None:
-    table = dict(enumerate(UUIDS))
-    assert resolve_visible_devices("1,1,3", table) == [UUIDS[1], UUIDS[3]]
-    assert resolve_visible_devices("2,9,0", table) == [UUIDS[2]]  # stops at an unknown entry
-    assert resolve_visible_devices("GPU-", table) == []  # ambiguous prefix
-    assert resolve_visible_devices("0000aaaa", table) == [UUIDS[0]]  # "GPU-" left out
-    assert resolve_visible_devices("MIG-1234", table) == []
-    assert resolve_visible_devices("", table) == []
 
 
 def test_add_uuids_reported_later(nvml: FakeNvml) -> None:

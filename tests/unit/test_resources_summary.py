@@ -190,3 +190,22 @@ def test_resources_block_fields_missing() -> None:
     assert "Power (W)" in text and "mean n/a" in text
     assert "Energy (J)                n/a" in text
     assert "SM activity" not in text  # optional field absent: no line
+
+
+def test_a_mig_instance_says_its_power_and_energy_are_the_whole_gpus() -> None:
+    samples = [gpu_sample(t, power_source="energy", energy_j=1000.0 + i,
+                          whole_gpu_uuid="GPU-whole") for i, t in enumerate(TIMES)]
+    [summary] = summarize_gpus(samples)
+    assert summary.whole_gpu_uuid == "GPU-whole" and summary.power_source == "energy"
+    text = "\n".join(resources_block([summary], None, None, {}, []))
+    assert "the whole GPU GPU-whole" in text and "shared by its MIG instances" in text
+    assert all(len(line) <= WIDTH for line in text.splitlines())
+    frame = resources_frame(samples, [], START)
+    assert set(frame["power source"]) == {"energy (whole GPU, shared)"}
+
+
+def test_the_power_source_is_that_of_the_weighed_samples() -> None:
+    """The first sample (a point reading before any energy window) weighs nothing."""
+    samples = [gpu_sample(t, power_source="instant" if i == 0 else "energy")
+               for i, t in enumerate(TIMES)]
+    assert summarize_gpus(samples)[0].power_source == "energy"

@@ -52,7 +52,7 @@ def rows(values: array) -> list[tuple[int, ...]]:
 
 def test_slots_expand_to_records_with_their_context() -> None:
     slots = array("q", [*wire.context_slot(wire.FLAG_IN_ITERATION, 3, 7, 40),
-                        wire.FORWARD, 100, 150, wire.TAG_GPU, 30, 4096,
+                        wire.FORWARD, 100, 150, wire.gpu_tag(25_000), 30, 4096,
                         wire.BACKWARD, 150, 300,
                         wire.TRAINING_LOOP | 3 << wire.BATCHES_SHIFT, 90, 310,
                         *wire.context_slot(0, 3, -1, 41), wire.EPOCH, 0, 400])
@@ -66,6 +66,8 @@ def test_slots_expand_to_records_with_their_context() -> None:
     ]
     # The loop slot's batch count rides above its id; other records hold 0.
     assert [r[wire.P_BATCHES] for r in records] == [0, 0, 3, 0]
+    # The GPU slot's lag (µs on the wire) is decoded in ns.
+    assert [r[wire.P_LAG] for r in records] == [25_000, 0, 0, 0]
 
 
 @pytest.mark.parametrize(("body", "kind"), [
@@ -113,7 +115,7 @@ def test_gpu_results_hold_the_queue_in_order_and_never_wait(
         buffer.record(wire.TRAINING_LOOP, i * 10, i * 10 + 9)
     buffer.flush()
     assert received(router) == []  # the first GPU result is pending: nothing may pass it
-    backend.done = 2  # the GPU passed the first phase's end event
+    backend.done = 3  # the GPU passed the anchor and the first phase's end event
     buffer.flush()
     first = [r for m in received(router) for r in rows(m)]
     assert [(r[P["phase"]], r[P["gpu_ns"]]) for r in first] == [
@@ -137,7 +139,7 @@ def test_finish_drains_pending_gpu_results_within_its_bound(
     backend.clock_ms += 2.0
     buffer.gpu.end(slot)
     buffer.record_gpu(wire.BACKWARD, 0, 5, slot)
-    backend.later = (3, 2)  # the GPU gets there while finish polls
+    backend.later = (3, 3)  # the GPU gets there while finish polls
     buffer.drain_gpu()
     buffer.flush()
     (record,) = [r for m in received(router) for r in rows(m)]

@@ -61,6 +61,7 @@ class GpuSummary:
     temperature_max_c: float | None
     job_mem_peak_mib: float | None
     sm_activity_mean_pct: float | None
+    whole_gpu_uuid: str | None = None  # a MIG instance: power, energy, temperature shared
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,8 @@ def summarize_gpus(samples: Sequence[GpuSample]) -> list[GpuSummary]:
     for seq in by_gpu.values():
         seq.sort(key=lambda s: s.t_ns)
         ts = [s.t_ns for s in seq]
-        sources = {s.power_source for s in seq if s.power_source is not None}
+        # the sources of the values the mean weighs (the first sample only opens the clock)
+        sources = {s.power_source for s in (seq[1:] or seq) if s.power_source is not None}
         energy, method = _energy(ts, seq)
         summaries.append(GpuSummary(
             gpu_index=seq[-1].gpu_index, uuid=seq[-1].uuid, name=seq[-1].name,
@@ -145,6 +147,7 @@ def summarize_gpus(samples: Sequence[GpuSample]) -> list[GpuSummary]:
             temperature_max_c=_max(s.temperature_c for s in seq),
             job_mem_peak_mib=_max(s.job_mem_mib for s in seq),
             sm_activity_mean_pct=_weighted_mean(ts, [s.sm_activity_pct for s in seq]),
+            whole_gpu_uuid=seq[-1].whole_gpu_uuid,
         ))
     summaries.sort(key=lambda g: g.gpu_index)
     return summaries

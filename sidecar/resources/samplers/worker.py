@@ -4,7 +4,8 @@ NVML calls have been seen to hang on some drivers. They run here, one at a time 
 serialises them in the driver anyway), while the caller waits at most a timeout. A call
 that does not return in time is abandoned: the thread stays blocked in it, and because
 it is a daemon thread it never keeps the process from exiting. After a timeout the
-caller must not submit more work; it would queue behind the stuck call.
+caller must not submit more work; it would queue behind the stuck call: it may
+``stop()`` this worker and start another (``alive`` tells when the stuck call returned).
 """
 
 from __future__ import annotations
@@ -59,6 +60,11 @@ class Worker:
         except FutureTimeout:
             future.cancel()  # a call still queued is dropped; a running one cannot be
             raise CallTimeout(f"call timed out after {timeout_s:g} s") from None
+
+    @property
+    def alive(self) -> bool:
+        """True until the thread has ended (after ``stop()`` and the calls before it)."""
+        return self._thread.is_alive()
 
     def stop(self) -> None:
         """Ask the thread to end after the calls already queued; does not wait."""

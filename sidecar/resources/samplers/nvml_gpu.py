@@ -1,0 +1,300 @@
+"""One sampling round of one GPU (or MIG instance) through NVML, every call guarded.
+
+Runs on the sampler's worker thread. Each call goes through ``GpuReader.read``: a failure
+switches off or backs off that call for that GPU only (``nvml_guard``), or marks the GPU
+lost, or, when the device stops answering, backs the whole GPU off; it never stops the
+round. Which readings:
+
+* memory: ``nvmlDeviceGetMemoryInfo`` with the v2 struct, whose ``used`` leaves out the
+  memory the driver reserves (v1 counts it as used); v1 where v2 is not available.
+* power: the mean over the window since the last round, ΔE/Δt of the energy counter
+  (``source "energy"``), where the GPU has one and it moved; else the instant power
+  field, else NVML's averaged power (point readings, said so in ``power_source``).
+* MIG instances: memory, process lists and utilization of the instance; power, energy,
+  temperature and SM clock are the whole GPU's, shared with every other instance on it
+  (``whole_gpu_uuid`` names that GPU).
+* the job's processes: matched through every pid alias (``pids``); no new per-process
+  sample (``NOT_FOUND``) is "no sample", not 0 %; pids of another namespace with none of
+  the job's among them are "unknown", not 0.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sidecar.model.units import BYTES_PER_MIB
+from sidecar.resources.samplers.nvml_guard import BadValue, CallGuard, classify
+from sidecar.resources.samplers.pids import PidAliases
+
+# nvmlValueType_t -> the member of the c_nvmlValue_t union that holds the value.
+_VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+_NAMESPACE_NOTE = ("NVML reports pids of another pid namespace (a container?) and none of "
+                   "the job's: job figures unknown")
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One reading of one job GPU. A field is None where the GPU or driver does not
+    support it. ``gpu_index`` is the position in the job's GPU list, not an NVML index."""
+
+    t_ns: int
+    gpu_index: int
+    uuid: str
+    name: str
+    util_pct: float | None
+    mem_util_pct: float | None
+    mem_used_mib: float | None
+    mem_total_mib: float | None
+    power_w: float | None
+    power_source: str | None  # "energy" (ΔE/Δt), "instant" or "average"
+    energy_j: float | None  # counter since the driver was loaded
+    temperature_c: float | None
+    sm_clock_mhz: float | None
+    sm_activity_pct: float | None  # GPM SM activity (Hopper+), not the utilization above
+    job_mem_mib: float | None
+    job_sm_util_pct: float | None
+    # A MIG instance: the whole GPU whose power, energy, temperature and clock these are,
+    # shared with its other instances. None for a whole GPU.
+    whole_gpu_uuid: str | None = None
+
+
+class GpuLost(Exception):
+    """The GPU no longer answers for good: skip it."""
+
+
+class GpuSilent(Exception):
+    """The GPU did not answer this round: back it off and try again later."""
+
+
+@dataclass
+class Gpu:
+    """What the sampler keeps per job GPU between rounds."""
+
+    index: int
+    uuid: str
+    name: str
+    handle: Any
+    whole_handle: Any  # the handle of the whole GPU (itself, or a MIG instance's parent)
+    whole_uuid: str | None  # set for a MIG instance
+    proc_seen_us: int  # lastSeenTimeStamp for nvmlDeviceGetProcessUtilization (µs, CPU clock)
+    guard: CallGuard = field(default_factory=CallGuard)
+    lost: str | None = None
+    power_source: str | None = None
+    energy_at: tuple[int, float] | None = None  # (t_ns, mJ) of the last energy reading
+    gpm: list[Any] | None = None  # [previous, current] GPM sample buffers; None: no GPM
+    gpm_primed: bool = False
+    notes: dict[str, str] = field(default_factory=dict)  # figures unknown this round, why
+
+
+class Cancelled(Exception):
+    """The round was given up by the sampler (it timed out): stop touching the GPUs."""
+
+
+class GpuReader:
+    """Reads one GPU per call of ``sample``; ``calling`` names the call under way (for a
+    caller that timed out waiting), ``cancel()`` makes the next call raise Cancelled (a
+    thread that comes back from a slow call must not go on next to its successor)."""
+
+    def __init__(self, api: Any, pids: PidAliases) -> None:
+        self._api = api
+        self._pids = pids
+        self.calling: tuple[Gpu, str] | None = None
+        self._cancelled = False
+
+    def cancel(self) -> None:
+        self._cancelled = True
+
+    def read(self, gpu: Gpu, call: str, fn: Callable[..., Any], *args: Any,
+             round_no: int, whole: bool = False) -> Any:
+        """``fn(handle, *args)`` (the whole GPU's handle with ``whole``), or None when the
+        call is off or backing off for this GPU, or fails now. Raises GpuLost / GpuSilent
+        when the device itself no longer answers."""
+        if self._cancelled:
+            raise Cancelled
+        if not gpu.guard.allowed(call, round_no):
+            return None
+        self.calling = (gpu, call)
+        try:
+            value = fn(gpu.whole_handle if whole else gpu.handle, *args)
+        except Exception as exc:
+            self._failed(gpu, call, exc, round_no)
+            return None
+        finally:
+            self.calling = None
+        gpu.guard.succeeded(call)
+        return value
+
+    def _failed(self, gpu: Gpu, call: str, exc: Exception, round_no: int) -> None:
+        api = self._api
+        kind = classify(api, exc)
+        reason = str(exc) or type(exc).__name__
+        if kind == "lost":
+            raise GpuLost(f"{call}: {reason}") from None
+        if isinstance(exc, api.NVMLError) and exc.value != api.NVML_ERROR_NOT_SUPPORTED:
+            try:  # is it this call, or the whole device?
+                api.nvmlDeviceGetUUID(gpu.handle)
+            except Exception as probe:
+                why = f"{call}: {reason}; the device no longer answers: {probe}"
+                if classify(api, probe) == "lost":
+                    raise GpuLost(why) from None
+                raise GpuSilent(why) from None
+        gpu.guard.failed(call, kind, reason, round_no)
+
+    def sample(self, gpu: Gpu, aliases: dict[int, int], now_ns: int,
+               round_no: int) -> GpuSample:
+        """One GpuSample of ``gpu``; ``aliases`` maps every pid alias of the job's
+        processes to its pid (empty: the job fields are None and not queried)."""
+        api = self._api
+
+        def read(call: str, fn: Callable[..., Any], *args: Any, whole: bool = False) -> Any:
+            return self.read(gpu, call, fn, *args, round_no=round_no, whole=whole)
+
+        gpu.notes.clear()
+        util = read("utilization", api.nvmlDeviceGetUtilizationRates)
+        mem = read("memory v2", self._memory_v2)
+        if mem is None:
+            mem = read("memory", api.nvmlDeviceGetMemoryInfo)
+        energy_mj = read("energy", api.nvmlDeviceGetTotalEnergyConsumption, whole=True)
+        power_w, power_source = self._power(gpu, read, energy_mj, now_ns)
+        temp = read("temperature", api.nvmlDeviceGetTemperature, api.NVML_TEMPERATURE_GPU,
+                    whole=True)
+        clock = read("sm clock", api.nvmlDeviceGetClockInfo, api.NVML_CLOCK_SM, whole=True)
+        sm_activity = None if gpu.gpm is None else read("sm activity", self._gpm, gpu)
+        return GpuSample(
+            t_ns=now_ns, gpu_index=gpu.index, uuid=gpu.uuid, name=gpu.name,
+            util_pct=None if util is None else float(util.gpu),
+            mem_util_pct=None if util is None else float(util.memory),
+            mem_used_mib=None if mem is None else mem.used / BYTES_PER_MIB,
+            mem_total_mib=None if mem is None else mem.total / BYTES_PER_MIB,
+            power_w=power_w, power_source=power_source,
+            energy_j=None if energy_mj is None else energy_mj / 1000.0,
+            temperature_c=None if temp is None else float(temp),
+            sm_clock_mhz=None if clock is None else float(clock),
+            sm_activity_pct=sm_activity,
+            job_mem_mib=self._job_memory(gpu, read, aliases) if aliases else None,
+            job_sm_util_pct=self._job_sm_util(gpu, read, aliases) if aliases else None,
+            whole_gpu_uuid=gpu.whole_uuid,
+        )
+
+    def _memory_v2(self, handle: Any) -> Any:
+        api = self._api
+        return api.nvmlDeviceGetMemoryInfo(handle, api.nvmlMemory_v2)
+
+    def _power(self, gpu: Gpu, read: Callable[..., Any], energy_mj: float | None,
+               now_ns: int) -> tuple[float | None, str | None]:
+        """The window's mean power from the energy counter, else a power reading; W."""
+        previous = gpu.energy_at
+        gpu.energy_at = None if energy_mj is None else (now_ns, float(energy_mj))
+        if (previous is not None and energy_mj is not None and now_ns > previous[0]
+                and energy_mj > previous[1]):  # a counter that did not move says nothing
+            gpu.power_source = "energy"
+            return (energy_mj - previous[1]) / 1000.0 / ((now_ns - previous[0]) / 1e9), "energy"
+        milliwatts = read("instant power", self._instant_power_mw, whole=True)
+        source = "instant"
+        if milliwatts is None:
+            milliwatts = read("average power", self._api.nvmlDeviceGetPowerUsage, whole=True)
+            source = "average"
+        if milliwatts is None:
+            return None, None
+        gpu.power_source = source
+        return milliwatts / 1000.0, source
+
+    def _instant_power_mw(self, handle: Any) -> float:
+        api = self._api
+        value = api.nvmlDeviceGetFieldValues(handle, [api.NVML_FI_DEV_POWER_INSTANT])[0]
+        if value.nvmlReturn != api.NVML_SUCCESS:
+            raise api.NVMLError(value.nvmlReturn)
+        if not 0 <= value.valueType < len(_VALUE_MEMBERS):
+            raise BadValue(f"unknown NVML value type {value.valueType}")
+        return float(getattr(value.value, _VALUE_MEMBERS[value.valueType]))
+
+    def _gpm(self, handle: Any, gpu: Gpu) -> float | None:
+        """SM activity between the previous GPM sample and a new one; None on the first."""
+        api = self._api
+        assert gpu.gpm is not None
+        previous, current = gpu.gpm
+        api.nvmlGpmSampleGet(handle, current)
+        gpu.gpm = [current, previous]
+        if not gpu.gpm_primed:
+            gpu.gpm_primed = True
+            return None
+        request = api.c_nvmlGpmMetricsGet_t()
+        request.version = api.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = 1
+        request.sample1 = previous
+        request.sample2 = current
+        request.metrics[0].metricId = api.NVML_GPM_METRIC_SM_UTIL
+        metric = api.nvmlGpmMetricsGet(request).metrics[0]
+        if metric.nvmlReturn != api.NVML_SUCCESS:
+            raise api.NVMLError(metric.nvmlReturn)
+        return float(metric.value)
+
+    def _unknown_namespace(self, gpu: Gpu, listed: list[int]) -> bool:
+        """None of the job's pids listed, and some listed pid is not of our namespace."""
+        if any(self._pids.is_foreign(pid) for pid in listed):
+            gpu.notes["job pids"] = _NAMESPACE_NOTE
+            return True
+        return False
+
+    def _job_memory(self, gpu: Gpu, read: Callable[..., Any],
+                    aliases: dict[int, int]) -> float | None:
+        """GPU memory used by the job's processes, MiB; None if neither list is readable
+        or the lists speak another pid namespace."""
+        api = self._api
+        used: dict[int, int] = {}
+        listed: list[int] = []
+        answered = False
+        for call, fn in (("compute processes", api.nvmlDeviceGetComputeRunningProcesses),
+                         ("graphics processes", api.nvmlDeviceGetGraphicsRunningProcesses)):
+            processes = read(call, fn)
+            if processes is None:
+                continue
+            answered = True
+            for proc in processes:
+                listed.append(proc.pid)
+                pid = aliases.get(proc.pid)
+                if pid is not None and proc.usedGpuMemory is not None:
+                    used[pid] = max(used.get(pid, 0), proc.usedGpuMemory)
+        if not answered or (not used and self._unknown_namespace(gpu, listed)):
+            return None
+        return sum(used.values()) / BYTES_PER_MIB
+
+    def _job_sm_util(self, gpu: Gpu, read: Callable[..., Any],
+                     aliases: dict[int, int]) -> float | None:
+        """SM utilization of the job's processes since the last call, % (capped at 100).
+
+        Per process, the mean of the samples NVML returns newer than the last-seen
+        timestamp; a job process absent while others have samples counts 0 % (NVML leaves
+        idle processes out). None when NVML has no new sample at all (``NOT_FOUND``), and
+        when its pids are of another namespace."""
+        samples = read("process utilization", self._process_samples, gpu.proc_seen_us)
+        if not samples:
+            return None
+        per_pid: dict[int, list[int]] = {}
+        for sample in samples:
+            gpu.proc_seen_us = max(gpu.proc_seen_us, int(sample.timeStamp))
+            pid = aliases.get(sample.pid)
+            if pid is not None:
+                per_pid.setdefault(pid, []).append(sample.smUtil)
+        if not per_pid and self._unknown_namespace(gpu, [s.pid for s in samples]):
+            return None
+        return float(min(100.0, sum(sum(v) / len(v) for v in per_pid.values())))
+
+    def _process_samples(self, handle: Any, since_us: int) -> list[Any]:
+        """Samples newer than ``since_us``; [] when there is none (``NOT_FOUND``, or
+        pynvml's empty SUCCESS)."""
+        api = self._api
+        try:
+            return list(api.nvmlDeviceGetProcessUtilization(handle, since_us))
+        except api.NVMLError as exc:
+            if exc.value in (api.NVML_ERROR_NOT_FOUND, api.NVML_SUCCESS):
+                return []
+            raise
+
+
+def now_us() -> int:
+    """The CPU clock in µs, the clock of NVML's per-process sample timestamps."""
+    return time.time_ns() // 1000
