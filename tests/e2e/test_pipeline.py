@@ -151,8 +151,11 @@ def test_injected_sleeps_are_recovered_in_the_right_columns(sidecar: Sidecar) ->
     parts = [sum(t) for t in zip(*(truth.seconds[p] for p in
                                    ("train loading", "forward", "backward", "optimization")),
                                  strict=True)]
+    # The slack covers the loop's own unmarked code and a descheduling on a busy 2-core
+    # machine (seen: 3.6 ms); a loop that took in another phase's time (validation here
+    # takes ~38 ms a pass) is still far outside.
     for got, inner in zip(loop, parts, strict=True):
-        assert inner <= got <= inner + max(0.05 * inner, 0.002)
+        assert inner <= got <= inner + max(0.05 * inner, 0.010)
     epoch = frame["Epoch (s)"].dropna().iloc[0]
     assert epoch >= sum(loop)
 
