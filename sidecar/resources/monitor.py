@@ -74,6 +74,7 @@ class SplitResources:
         # after the last round; a late record waits here at most until the next round
         self.waiting: list[tuple[str, int, int]] = []
         self.attribution: dict[str, _Attribution] = {}
+        self.attributable_from_ns = 0  # rounds before it (earlier sessions) open no window
         self.closed = False  # the split ended and its last round was taken
         # running figures for the live view (/metrics), kept past thinning
         self.cpu_s = 0.0  # CPU time of the job's tree: cpu_pct integrated over the rounds
@@ -123,6 +124,7 @@ class SplitResources:
             high += 1  # every GPU of the closing round
         while low > 0 and ts[low - 1] == ts[low]:
             low -= 1
+        low = max(low, bisect.bisect_left(ts, self.attributable_from_ns))
         for label, part in attribute_phases(self.gpu_samples[low:high], ready).items():
             self.attribution.setdefault(label, _Attribution()).add(part)
 
@@ -207,11 +209,12 @@ class ResourceMonitor:
             return
         resources = entry[1]
         resources.gpu_samples[:0] = gpu_samples
+        resources.gpu_ts[:0] = [s.t_ns for s in gpu_samples]
         resources.host_samples[:0] = host_samples
         # The first window of this session opens at its own first round, not at the last
         # restored one (the downtime between them is nobody's).
-        resources.attributed_ns = max([resources.attributed_ns]
-                                      + [s.t_ns + 1 for s in gpu_samples])
+        resources.attributable_from_ns = max([resources.attributable_from_ns]
+                                             + [s.t_ns + 1 for s in gpu_samples])
 
     def forget(self, split: Split) -> None:
         """Stop keeping ``split``'s samples (it ended and was written)."""

@@ -186,3 +186,29 @@ def test_utilization_and_power_go_to_the_phase_the_gpu_was_running(tmp_path: Pat
     assert forward.util_mean_pct > 70 and loading.util_mean_pct < 25
     assert forward.power_mean_w > 200 > loading.power_mean_w  # 300 W busy, 80 W idle
     assert attribution["Metrics computation"].covered_s < 0.05  # its own 10 ms of GPU
+
+
+def test_samples_restored_from_an_earlier_session_open_no_attribution_window(
+        tmp_path: Path) -> None:
+    gpus = [FakeGpu(uuid="GPU-aaaa", name="Fake A")]
+    monitor = ResourceMonitor(INTERVAL_S, None, all_splits_share_gpus=True,
+                              open_gpus=lambda visible: open_nvml(visible, api=FakeNvml(gpus)))
+    wait_opened(monitor)
+    earlier = make_split(tmp_path / "earlier")
+    monitor.watch(earlier, os.getpid())
+    gpus[0].util = 100  # the earlier session: the GPU fully busy
+    run_phase(monitor, 0.4)
+    old_gpu = list(monitor.splits[id(earlier)][1].gpu_samples)
+    old_host = list(monitor.splits[id(earlier)][1].host_samples)
+    split = make_split(tmp_path / "now")
+    monitor.watch(split, os.getpid())
+    monitor.restore(split, old_gpu, old_host)
+    gpus[0].util = 0  # this session: idle
+    start, end = run_phase(monitor, 0.6)
+    monitor.note_records(split, 0, array("q", (wire.FORWARD, 0, 0, -1, 0, start, end, -1, -1)
+                                         + (0,) * (wire.RECORD_WIDTH - 9)))
+    split.set_status("completed", None)
+    figures = (monitor.final_round(split), monitor.figures(split))[1]
+    assert len(figures.gpu_samples) > len(old_gpu)  # the earlier samples are kept
+    # Forward ran only in this session: the busy rounds restored before it do not count.
+    assert figures.attribution["Forward"].util_mean_pct == 0.0
