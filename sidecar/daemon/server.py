@@ -359,6 +359,18 @@ class Server:
             ended += 1
         return {"ok": True, "finished": ended}
 
+    def _publish_for_hooks(self) -> None:
+        """Publish and hand the snapshot to the hooks. A snapshot that cannot be taken is
+        logged and the hooks are skipped (no watchdog ping: a service manager restarts a
+        daemon stuck that way), but the loop goes on and the runs' files are still written.
+        """
+        try:
+            snapshot = self.publish()
+        except Exception:  # the loop must survive anything
+            log.exception("cannot publish the snapshot; lifecycle hooks skipped this turn")
+            return
+        self._call_hooks("tick", snapshot)
+
     def _call_hooks(self, method: str, *args: Any) -> None:
         for hook in self.hooks:
             try:
@@ -442,7 +454,7 @@ class Server:
                     self.handle_safely(message)
                 self.monitor.tick()
                 self.tick(time.time())
-                self._call_hooks("tick", self.publish())
+                self._publish_for_hooks()
             self._call_hooks("stopping")
             self._drain()
             self._finalize()
