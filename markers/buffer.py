@@ -27,6 +27,11 @@ _NO_GPU = wire.TAG_GPU | wire.FLAG_GPU_DROPPED << 16
 class RecordBuffer:
     """Slots of one run waiting to be sent. One thread (the training loop's) uses it."""
 
+    # Slots keep every attribute access of the hot path a specialized slot load, whatever
+    # else the interpreter's caches hold (see docs/architecture.md, "The hot path").
+    __slots__ = ("_context", "_contexts", "_next_hello_ns", "_pending", "deadline_ns",
+                 "flush_at", "gpu", "hello", "n", "sender", "slots")
+
     def __init__(self, sender: Sender, hello: dict[str, Any], now_ns: int) -> None:
         self.sender = sender
         self.hello = hello

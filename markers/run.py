@@ -145,8 +145,29 @@ class _Span:
         self._end()
 
 
+class _PhaseTable(dict[str, Phase]):
+    """The phase markers of a run by name; a name seen for the first time gets its marker
+    from ``make`` (``__missing__``), later lookups are plain dict hits."""
+
+    __slots__ = ("_make",)
+
+    def __init__(self, make: Callable[[str], Phase]) -> None:
+        super().__init__()
+        self._make = make
+
+    def __missing__(self, name: str) -> Phase:
+        marker = self[name] = self._make(name)
+        return marker
+
+
 class Run:
-    """One monitored training run of one split (created by ``markers.start_run``)."""
+    """One monitored training run of one split (created by ``markers.start_run``).
+
+    ``run.phase(name)`` returns the marker of phase ``name``: a canonical one (forward,
+    backward, optimization, evaluation, metrics) or a custom name, which gets its own
+    column. Use it as a context manager or a decorator; the same object is returned each
+    time.
+    """
 
     def __init__(self, sender: Sender, hello: dict[str, Any], monitored: bool,
                  on_close: Callable[[], None] | None = None, first_epoch: int = 0) -> None:
@@ -156,7 +177,10 @@ class Run:
         self._on_close = on_close
         self._accumulation = int(hello["accumulation_steps"])
         self._buffer = RecordBuffer(sender, hello, perf_counter_ns())
-        self._phases: dict[str, Phase] = {}
+        self._phases = _PhaseTable(self._new_phase)
+        # run.phase(name) is written inside the loop, so it is the table's own C lookup
+        # (no Python frame): a known name costs a dict hit, a new one calls _new_phase.
+        self.phase: Callable[[str], Phase] = self._phases.__getitem__
         self._next_custom = wire.FIRST_CUSTOM_ID
         self._epoch = first_epoch  # epochs continue across resumes
         self._epoch_start_ns = 0
@@ -174,22 +198,6 @@ class Run:
     def dropped(self) -> int:
         """Records that could not be sent so far (sidecar absent or slow)."""
         return self._sender.dropped
-
-    def phase(self, name: str) -> Phase:
-        """The marker of phase ``name``: a canonical one (forward, backward, optimization,
-        evaluation, metrics) or a custom name, which gets its own column.
-        Use as a context manager or a decorator; the same object is returned each time.
-        """
-        marker = self._phases.get(name)
-        if marker is None:
-            phase_id = wire.CANONICAL_PHASE_NAMES.get(name)
-            if phase_id is None:
-                phase_id = self._next_custom
-                self._next_custom += 1
-                self._sender.send_control({"type": wire.PHASE, "id": phase_id, "name": name})
-            kind = Phase if self._buffer.gpu is None else GpuPhase
-            marker = self._phases[name] = kind(self._buffer, phase_id)
-        return marker
 
     def epoch(self) -> _Span:
         """Context manager around one epoch (the Epoch column)."""
@@ -294,6 +302,16 @@ class Run:
             self.finish("completed")
         else:
             self.finish("failed", f"{exc_type.__name__}: {exc}")
+
+    def _new_phase(self, name: str) -> Phase:
+        """The marker of a phase name used for the first time (declares a custom one)."""
+        phase_id = wire.CANONICAL_PHASE_NAMES.get(name)
+        if phase_id is None:
+            phase_id = self._next_custom
+            self._next_custom += 1
+            self._sender.send_control({"type": wire.PHASE, "id": phase_id, "name": name})
+        kind = Phase if self._buffer.gpu is None else GpuPhase
+        return kind(self._buffer, phase_id)
 
     # -- primitives: loop helpers, module hooks and framework callbacks drive these -----
 
