@@ -16,7 +16,7 @@ from typing import Any
 from markers import wire
 from markers.transport import Sender
 
-FLUSH_RECORDS = 256  # per message: ~6 KiB, the ~20 µs cost of a send spread thin
+FLUSH_RECORDS = wire.FLUSH_SLOTS  # per message: ~6 KiB, the ~20 µs cost of a send spread thin
 FLUSH_AGE_NS = 50_000_000  # and at least every 50 ms while phases keep ending
 HELLO_EVERY_NS = 2_000_000_000  # re-announce the run so a restarted sidecar picks it up
 GPU_DRAIN_S = 5.0  # the bounded wait for pending GPU times at finish

@@ -23,6 +23,11 @@ from sidecar.ingest.streams import Registry
 
 # Frames read per poll before the server gets to run its timers.
 BATCH = 256
+# Bytes that may wait in the receive queue of one connection (ZeroMQ bounds it in
+# messages: sized from the largest message a markers' flush makes). Past it the markers'
+# own queue fills, and they drop and count: a slow sidecar never grows without bound.
+RECEIVE_QUEUE_BYTES = 4 * 1024 * 1024
+RCVHWM = RECEIVE_QUEUE_BYTES // wire.FLUSH_MESSAGE_BYTES
 
 
 @dataclass(frozen=True)
@@ -50,7 +55,7 @@ class Receiver:
         self.socket = self.context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_BYTES)
-        self.socket.setsockopt(zmq.RCVHWM, 100_000)
+        self.socket.setsockopt(zmq.RCVHWM, RCVHWM)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 0)
         path = ipc_path(self.endpoint)
         if path is not None:

@@ -26,9 +26,9 @@ log = logging.getLogger("sidecar")
 HOSTNAME = socket.gethostname()
 KNOWN_FLAGS = wire.FLAG_IN_ITERATION | wire.FLAG_VALIDATION | wire.FLAG_GPU_DROPPED
 # Records of a run we have not heard the hello of yet (a restarted sidecar) wait this long
-# for the markers' periodic hello, at most this many messages in all.
+# for the markers' periodic hello, at most this many bytes of decoded records in all.
 PENDING_S = 5.0
-PENDING_MESSAGES = 10_000
+PENDING_BYTES = 16 * 1024 * 1024
 
 
 class Refused(Exception):
@@ -104,7 +104,7 @@ class Registry:
         self.records_received = 0
         self.last_error: str | None = None  # the latest refusal or write error, for status
         self._pending: dict[bytes, list[tuple[float, wire.Header, array]]] = {}
-        self._pending_count = 0
+        self._pending_bytes = 0
 
     # -- rejects --------------------------------------------------------------------
 
@@ -298,16 +298,17 @@ class Registry:
         return good
 
     def _hold(self, header: wire.Header, values: array, now: float) -> None:
-        if self._pending_count >= PENDING_MESSAGES:
+        size = memoryview(values).nbytes
+        if self._pending_bytes + size > PENDING_BYTES:
             self.reject("unknown_run", f"records for run {header.run_id.hex()} that never said "
                         "hello", len(values) // wire.RECORD_WIDTH)
             return
         self._pending.setdefault(header.run_id, []).append((now, header, values))
-        self._pending_count += 1
+        self._pending_bytes += size
 
     def _replay_pending(self, run_id: bytes) -> None:
         held = self._pending.pop(run_id, [])
-        self._pending_count -= len(held)
+        self._pending_bytes -= sum(memoryview(values).nbytes for _, _, values in held)
         for now, header, values in held:
             self.records(header, values, now)
 
@@ -320,7 +321,8 @@ class Registry:
             if expired:
                 self.reject("unknown_run", f"records for run {run_id.hex()} that never said "
                             "hello", expired)
-            self._pending_count -= len(held) - len(keep)
+            self._pending_bytes -= sum(memoryview(values).nbytes for arrived, _, values in held
+                                       if now - arrived >= PENDING_S)
             if keep:
                 self._pending[run_id] = keep
             else:

@@ -5,13 +5,15 @@ figures of ``sidecar.resources.samplers.summary`` (MB means MiB, as in every fil
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from sidecar.resources.samplers.host import HostSample
 from sidecar.resources.samplers.nvml import GpuSample
 from sidecar.resources.samplers.summary import GpuSummary, HostSummary, PhaseAttribution
 from sidecar.sinks.layout import WIDTH
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 RESOURCES_COLUMNS = (
     "time (s)", "gpu index", "gpu name", "gpu uuid", "utilization (%)",
@@ -126,6 +128,8 @@ def resources_frame(gpu_samples: Sequence[GpuSample], host_samples: Sequence[Hos
         + [None if h is None else getattr(h, a) for a in _HOST_ATTRIBUTES]
         for t_ns, _, g, h in rows
     ]
+    import pandas as pd  # only when writing (see sinks/tables.py)
+
     frame = pd.DataFrame.from_records(records, columns=list(RESOURCES_COLUMNS))
     frame["gpu index"] = frame["gpu index"].astype("Int64")
     for column in _TEXT_COLUMNS[1:]:

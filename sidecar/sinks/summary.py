@@ -20,8 +20,6 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import pandas as pd
-
 from markers import wire
 from sidecar.model.aggregator import PhaseSeries, RankAggregator
 from sidecar.model.stats import Welford
@@ -65,6 +63,8 @@ def cell(values: Sequence[float]) -> str:
         return ""
     if len(values) == 1:
         return f"{values[0]:.2e} [1]"
+    import pandas as pd  # only when writing (see sinks/tables.py)
+
     series = pd.Series(values, dtype="float64")
     return f"{series.mean():.2e} ± {series.std():.2e} [{len(values)}]"
 
