@@ -19,7 +19,8 @@ Semantics (SPEC §4):
 from __future__ import annotations
 
 from array import array
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from operator import attrgetter
 
 from markers import wire
 from markers.wire import (
@@ -63,6 +64,10 @@ class Row:
     batch: int
     session: int
     start_s: float  # since the run (first session) started
+
+
+_ROW_FIELDS = tuple(f.name for f in fields(Row))
+_row_values = attrgetter(*_ROW_FIELDS)  # asdict() per row is ~10× slower at 10⁵ rows
 
 
 @dataclass
@@ -277,8 +282,9 @@ class RankAggregator:
             "custom_names": {str(k): v for k, v in self.custom_names.items()},
             "sessions": [asdict(s) for s in self.sessions],
             "series": {
-                str(phase): {"rows": [asdict(r) for r in s.rows], "wall": s.wall.to_list(),
-                             "gpu": s.gpu.to_list()}
+                str(phase): {"rows": [dict(zip(_ROW_FIELDS, _row_values(r), strict=True))
+                                      for r in s.rows],
+                             "wall": s.wall.to_list(), "gpu": s.gpu.to_list()}
                 for phase, s in self.series.items()
             },
         }

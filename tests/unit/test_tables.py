@@ -30,6 +30,7 @@ def test_computational_frame_has_the_reference_columns_then_custom_ones() -> Non
     header = text.splitlines()[0].split("\t")
     assert header[0] == "measurement #" and len(header) == 24
     assert text.splitlines()[2].split("\t")[2] == ""  # Epoch's tail is an empty cell
+    assert text == frame.to_csv(sep="\t", na_rep="", index=True, lineterminator="\n")
 
 
 def test_phases_frame_is_long_and_ordered_by_start() -> None:
@@ -40,6 +41,9 @@ def test_phases_frame_is_long_and_ordered_by_start() -> None:
     assert frame["start (s)"].is_monotonic_increasing
     assert set(frame["phase"]) == {"Training data loading", "Forward", "Training loop"}
     assert len(frame) == 6
+    assert frame["epoch"].dtype.kind == "i" and frame["rank"].tolist() == [0] * 6
+    assert tables.to_tsv(frame, False) == frame.to_csv(sep="\t", na_rep="", index=False,
+                                                       lineterminator="\n")
 
 
 def test_layout_names_rank_files_and_the_phase_table_once() -> None:
@@ -50,3 +54,22 @@ def test_layout_names_rank_files_and_the_phase_table_once() -> None:
         "Optimization"]
     assert [r.summary_label for r in layout.VAL_ROWS] == [
         "Validation", "Iteration", "Data loading", "Evaluation", "Metrics computation"]
+
+
+def test_to_tsv_writes_what_pandas_to_csv_writes() -> None:
+    import pandas as pd
+
+    frame = pd.DataFrame({
+        "float": [0.1, float("nan"), 1e-05, 100.0, 2.5e-310],
+        "int": [1, -2, 3, 0, 10**15],
+        "nullable": pd.array([1, None, 3, 4, 5], dtype="Int64"),
+        "text": ["Forward", None, "tab\there", 'say "x"', "line\nbreak"],
+        'odd "name"\t': [True, False, True, True, False],
+    })
+    frame.index.name = layout.INDEX_LABEL
+    for index in (True, False):
+        assert tables.to_tsv(frame, index) == frame.to_csv(
+            sep="\t", na_rep="", index=index, lineterminator="\n")
+    empty = frame.iloc[:0]
+    assert tables.to_tsv(empty, True) == empty.to_csv(sep="\t", na_rep="", index=True,
+                                                      lineterminator="\n")
