@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from markers import endpoints, wire
-from sidecar.daemon.server import Config, serve
+from sidecar.daemon.server import DEFAULT_NICE, Config, serve
 from sidecar.resources.samplers import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
 
 STATUS_TIMEOUT_S = 5.0  # a busy daemon answers after the messages queued before
@@ -30,6 +30,9 @@ def _interval(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interval", type=_interval_s, default=DEFAULT_INTERVAL_S,
                         help=f"resource sampling period in seconds (default "
                         f"{DEFAULT_INTERVAL_S:g}, minimum {MIN_INTERVAL_S:g})")
+    parser.add_argument("--nice", type=int, default=DEFAULT_NICE, metavar="N",
+                        help=f"lower the sidecar's CPU priority by N (default {DEFAULT_NICE}; "
+                        "0 keeps the job's): it never competes with training for a core")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -107,17 +110,19 @@ def main(argv: list[str] | None = None, **seams: Any) -> int:
             print("sidecar serve: --root DIR is required", file=sys.stderr)
             return 2
         config = Config(args.endpoint or endpoints.daemon_endpoint(), args.root,
-                        args.owner_pid, args.interval)
+                        args.owner_pid, args.interval, args.nice)
         return serve(config, **seams)
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not command:
         print("sidecar run: give the command after --", file=sys.stderr)
         return 2
     if args.endpoint:
-        return serve(Config(args.endpoint, interval_s=args.interval), command, **seams)
+        return serve(Config(args.endpoint, interval_s=args.interval, nice=args.nice), command,
+                     **seams)
     endpoint = endpoints.private_endpoint()
     try:
-        return serve(Config(endpoint, interval_s=args.interval), command, **seams)
+        return serve(Config(endpoint, interval_s=args.interval, nice=args.nice), command,
+                     **seams)
     finally:  # the job's private folder (its socket file is already gone)
         socket_file = endpoints.ipc_path(endpoint)
         with contextlib.suppress(OSError):

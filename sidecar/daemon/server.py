@@ -42,6 +42,8 @@ LIVENESS_S = 0.4  # a process found gone is declared dead on the next check
 RETRY_S = 5.0  # a failed write is retried this often (and at every checkpoint/finish)
 KEEP_ENDED_S = 600.0  # an ended split stays in memory (and in status) this long
 RATE_WINDOW_S = 10.0  # the status view's record rate is the mean over this trailing window
+# The sidecar yields the CPU to training: on a busy node its work waits, the loop's doesn't.
+DEFAULT_NICE = 10
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class Config:
     root: Path | None = None  # None: a job's own sidecar, out_dir relative to the job's cwd
     owner_pid: int | None = None  # private sidecar: stop once this process is gone
     interval_s: float = DEFAULT_INTERVAL_S  # resource sampling period
+    nice: int = DEFAULT_NICE  # added to the sidecar's CPU niceness (0: same as the job)
 
 
 class Server:
@@ -314,10 +317,32 @@ class Server:
             log.error("exiting with unwritten data: %s", error)
 
 
+def lower_priority(increment: int) -> int:
+    """Add ``increment`` to the niceness of every thread of this process (Linux keeps one
+    per thread: ZeroMQ's I/O thread and the NVML threads already run); threads started
+    later inherit it. Returns the niceness now; a value the system refuses leaves it
+    unchanged (logged): monitoring goes on."""
+    target = os.getpriority(os.PRIO_PROCESS, 0) + increment
+    try:
+        threads = [int(tid) for tid in os.listdir("/proc/self/task")]
+    except OSError:  # no procfs: the calling thread only
+        threads = [0]
+    for tid in threads:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, target)
+        except ProcessLookupError:  # a thread that just ended
+            continue
+        except OSError as exc:
+            log.warning("cannot lower the sidecar's CPU priority by %d: %s", increment, exc)
+            break
+    return os.getpriority(os.PRIO_PROCESS, 0)
+
+
 def serve(config: Config, command: list[str] | None = None, **seams: Any) -> int:
     """Run a sidecar; with ``command``, start it with SIDECAR_ENDPOINT set and return its
     exit status once it ended and everything is written. ``seams`` go to ``Server``
-    (hooks, open_gpus, write_file).
+    (hooks, open_gpus, write_file). The sidecar lowers its own CPU priority by
+    ``config.nice`` after starting ``command``, which keeps the priority it was given.
     """
     server = Server(config, **seams)
     if command:
@@ -328,4 +353,5 @@ def serve(config: Config, command: list[str] | None = None, **seams: Any) -> int
             server.receiver.close()
             log.error("cannot start %s: %s", command[0], exc)
             return 127
+    lower_priority(config.nice)
     return server.run()
