@@ -12,7 +12,10 @@ shuffled order in every repeat; the figure is the median step time over repeats:
   the pending slots' resolved prefix every step, as the Run does (peak_memory="bound");
 * ``ours, no mem``: the same with peak_memory="off" (events only);
 * ``sync monitor``: the reference's approach, torch.cuda.synchronize() + perf_counter at
-  every phase stop.
+  every phase stop;
+* ``ours, natural``: the way users write it: ``for batch in run.train_batches(...)`` and
+  ``with run.phase("forward"):`` (etc.) of a real Run reporting to a real sidecar process
+  (GpuPhase once CUDA is up; the buffer's sends included).
 
 A block of steps is timed from perf_counter before its first step to a synchronize after
 its last one, for every variant alike. With CUDA the table replaces the section
@@ -27,7 +30,9 @@ import platform
 import random
 import statistics
 import sys
+import tempfile
 import time
+import warnings
 from collections import deque
 from pathlib import Path
 
@@ -37,6 +42,8 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import markers  # noqa: E402
+from bench.common import sidecar  # noqa: E402
 from bench.results import RESULTS, write_section  # noqa: E402
 from markers.gpu import GpuTimer, open_gpu_timer  # noqa: E402
 
@@ -194,6 +201,22 @@ class SyncMonitor:
         del times[:-300]
 
 
+def natural_block(run, model, opt, x, y, steps: int) -> float:
+    """Seconds per step of ``steps`` steps marked as users write it, launch to completion."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in run.train_batches(range(steps)):
+        with run.phase("forward"):
+            loss = loss_of(model, x, y)
+        with run.phase("backward"):
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+        with run.phase("optimization"):
+            opt.step()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / steps
+
+
 def time_block(step, model, opt, x, y, steps: int) -> float:
     """Seconds per step over a block of ``steps`` steps, from launch to completion."""
     torch.cuda.synchronize()
@@ -204,7 +227,7 @@ def time_block(step, model, opt, x, y, steps: int) -> float:
     return (time.perf_counter() - t0) / steps
 
 
-def run_case(name: str, repeats: int, steps: int, rng: random.Random) -> dict:
+def run_case(name: str, repeats: int, steps: int, rng: random.Random, run) -> dict:
     label, model, opt, x, y = make_case(name, "cuda", small=False)
     ours = OursMonitor(open_gpu_timer(pool_size=256, peak_memory="bound"))
     ours_off = OursMonitor(open_gpu_timer(pool_size=256, peak_memory="off"))
@@ -214,9 +237,17 @@ def run_case(name: str, repeats: int, steps: int, rng: random.Random) -> dict:
         "ours": (ours.step, ours),
         "ours, no mem": (ours_off.step, ours_off),
         "sync monitor": (sync.step, None),
+        "ours, natural": (None, None),
     }
-    for step, mon in variants.values():  # warm up every path: cuDNN autotune, caches, pools
-        time_block(step, model, opt, x, y, max(5, steps // 4))
+
+    def block(key: str, n: int, case=(model, opt, x, y)) -> float:
+        step, _ = variants[key]
+        if step is None:
+            return natural_block(run, *case, n)
+        return time_block(step, *case, n)
+
+    for key, (_, mon) in variants.items():  # warm up every path: cuDNN, caches, pools
+        block(key, max(5, steps // 4))
         if mon is not None:
             mon.settle()
     per_step: dict[str, list[float]] = {k: [] for k in variants}
@@ -224,14 +255,14 @@ def run_case(name: str, repeats: int, steps: int, rng: random.Random) -> dict:
     for _ in range(repeats):
         rng.shuffle(order)
         for key in order:
-            step, mon = variants[key]
-            per_step[key].append(time_block(step, model, opt, x, y, steps))
+            _, mon = variants[key]
+            per_step[key].append(block(key, steps))
             if mon is not None:
                 mon.settle()
     med = {k: statistics.median(v) for k, v in per_step.items()}
     spread = {k: (max(v) - min(v)) / med[k] for k, v in per_step.items()}
     dropped = ours.timer.dropped + ours_off.timer.dropped
-    del model, opt, x, y
+    del block, model, opt, x, y
     torch.cuda.empty_cache()
     return {"label": label, "median": med, "spread": spread, "dropped": dropped,
             "inexact": ours.timer.inexact_peaks, "resolved": ours.resolved}
@@ -278,9 +309,9 @@ def table(results: list[dict], args, host_us: dict[str, float], wall_s: float) -
         "peak_memory=\"off\"; `sync` = torch.cuda.synchronize() + perf_counter at every "
         "phase stop (the reference's approach).",
         "",
-        "| model | unmarked ms | ours ms | ours | ours, no mem | sync ms | sync | "
-        "spread (unmarked) | dropped |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | unmarked ms | ours ms | ours | ours, no mem | ours, natural | sync ms | "
+        "sync | spread (unmarked) | dropped |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         m = r["median"]
@@ -291,7 +322,8 @@ def table(results: list[dict], args, host_us: dict[str, float], wall_s: float) -
 
         lines.append(
             f"| {r['label']} | {base * 1e3:.3f} | {m['ours'] * 1e3:.3f} | {pct('ours')} | "
-            f"{pct('ours, no mem')} | {m['sync monitor'] * 1e3:.3f} | {pct('sync monitor')} "
+            f"{pct('ours, no mem')} | {pct('ours, natural')} | {m['sync monitor'] * 1e3:.3f} | "
+            f"{pct('sync monitor')} "
             f"| {r['spread']['unmarked'] * 100:.1f} % | {r['dropped']} |")
     lines += [
         "",
@@ -314,11 +346,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md")
     args = ap.parse_args(argv)
 
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp, \
+            sidecar(Path(tmp)) as (endpoint, _):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            run = markers.start_run(out_dir="gpu", warmup_iterations=0, endpoint=endpoint)
+        try:
+            return measure(args, run)
+        finally:
+            run.finish()
+
+
+def measure(args: argparse.Namespace, run) -> int:
+    """Every case with CUDA; without it a smoke check of the models and the natural loop."""
     if not torch.cuda.is_available():
-        for name in CASES:  # smoke: the models and the step build and run
+        for name in CASES:  # smoke: the models, the step and the marked loop build and run
             _, model, opt, x, y = make_case(name, "cpu", small=True)
             for _ in range(2):
                 plain_step(model, opt, x, y)
+            for _ in run.train_batches(range(2)):
+                with run.phase("forward"):
+                    loss = loss_of(model, x, y)
+                with run.phase("backward"):
+                    loss.backward()
         print("gpu_overhead: CUDA is not available here, so there is nothing to measure; "
               "skipped (the models ran 2 CPU steps as a smoke check). No numbers written.")
         return 0
@@ -329,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(1234)
     results = []
     for name in CASES:
-        r = run_case(name, args.repeats, args.steps, rng)
+        r = run_case(name, args.repeats, args.steps, rng, run)
         results.append(r)
         m = r["median"]
         print(f"{r['label']}: " + ", ".join(
