@@ -118,7 +118,9 @@ STATE = "state"  # send the split's state document (answered)
 LOAD_STATE = "load_state"  # continue the split from a state the user kept (answered)
 FINISH = "finish"  # the run ended; write everything (answered)
 STATUS = "status"  # the status view (``sidecar status``; answered)
-CONTROL_TYPES = (HELLO, PHASE, GPU, BATCH_SIZE, CHECKPOINT, STATE, LOAD_STATE, FINISH, STATUS)
+FINISH_JOB = "finish_job"  # end every run of a Slurm job (``sidecar finish --job``; answered)
+CONTROL_TYPES = (HELLO, PHASE, GPU, BATCH_SIZE, CHECKPOINT, STATE, LOAD_STATE, FINISH, STATUS,
+                 FINISH_JOB)
 
 # Upper bound the sidecar enforces at the socket (ZMQ_MAXMSGSIZE).
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024

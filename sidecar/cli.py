@@ -1,4 +1,4 @@
-"""The ``sidecar`` command line (SPEC §2): run, serve, status."""
+"""The ``sidecar`` command line (SPEC §2): run, serve, status, finish, report."""
 
 from __future__ import annotations
 
@@ -6,14 +6,18 @@ import argparse
 import contextlib
 import json
 import logging
+import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from markers import endpoints, wire
+from sidecar.daemon.notify import SystemdNotifier, stall_s_for
 from sidecar.daemon.server import DEFAULT_NICE, Config, serve
 from sidecar.resources.samplers import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
 
+DEFAULT_METRICS_ADDR = "127.0.0.1"
 STATUS_TIMEOUT_S = 5.0  # a busy daemon answers after the messages queued before
 
 
@@ -35,6 +39,27 @@ def _interval(parser: argparse.ArgumentParser) -> None:
                         "0 keeps the job's): it never competes with training for a core")
 
 
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a TCP port (0-65535)")
+    return value
+
+
+def _duration(text: str) -> str:
+    if not re.fullmatch(r"(\d+(ms|s|m|h|d|w|y))+", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 30m, 6h or 7d")
+    return text
+
+
+def _metrics(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--metrics-port", type=_port, help="serve Prometheus /metrics on "
+                        "this port (0: any free one)")
+    parser.add_argument("--metrics-addr", default=DEFAULT_METRICS_ADDR,
+                        help=f"address /metrics binds to (default {DEFAULT_METRICS_ADDR}: "
+                        "this host only)")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sidecar", description="The monitor's sidecar process: receives the markers' "
@@ -46,6 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--endpoint", help="ipc:// or tcp:// address (default: a private ipc "
                      "socket)")
     _interval(run)
+    _metrics(run)
     run.add_argument("--quiet", action="store_true", help="log warnings and errors only")
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
 
@@ -55,30 +81,109 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--root", type=Path, help="write only under this folder (required "
                      "unless --owner-pid is given)")
     srv.add_argument("--owner-pid", type=int, help=argparse.SUPPRESS)
+    srv.add_argument("--shared", action="store_true", help="one daemon for every local user "
+                     "(run as root, ipc endpoint): the kernel names each connection's user, "
+                     "whose runs go under ROOT/<user>/, written as that user")
     _interval(srv)
+    _metrics(srv)
     srv.add_argument("--quiet", action="store_true", help="log warnings and errors only")
 
+    default = "default: $SIDECAR_ENDPOINT, else the daemon's endpoint"
     status = commands.add_parser("status", help="live view of a running sidecar")
-    status.add_argument("--endpoint", help="default: the daemon's endpoint")
+    status.add_argument("--endpoint", help=default)
+    status.add_argument("--job", help="show only the runs of this Slurm job id")
     status.add_argument("--json", action="store_true", help="print one JSON object")
+
+    finish = commands.add_parser("finish", help="end a Slurm job's runs now (the epilog)")
+    finish.add_argument("--job", required=True, help="the Slurm job id")
+    finish.add_argument("--endpoint", help=default)
+
+    report = commands.add_parser("report", help="cluster-wide GPU report from run folders "
+                                 "or a Prometheus server")
+    report.add_argument("paths", nargs="*", type=Path, metavar="PATH",
+                        help="run folders, or folders holding them at any depth")
+    report.add_argument("--out", type=Path, default=Path("report"),
+                        help="folder for jobs.tsv, gpus.tsv, summary.tsv, report.md and "
+                        "report.html (default ./report)")
+    report.add_argument("--html", type=Path, help="write the page here instead")
+    report.add_argument("--prometheus", metavar="URL", help="build the report from this "
+                        "Prometheus server's series instead of run folders")
+    report.add_argument("--since", metavar="DURATION", type=_duration,
+                        help="with --prometheus: the runs with series in this last span "
+                        "(30m, 6h, 7d, ...)")
     return parser
 
 
-def _status(endpoint: str, as_json: bool) -> int:
+def _report(args: argparse.Namespace) -> int:
+    # pandas and numpy: imported only for this command
+    from sidecar.report import build
+    from sidecar.report.progress import Progress
+    from sidecar.report.prometheus import PrometheusError, from_prometheus
+
+    if args.prometheus:
+        if args.paths or not args.since:
+            print("sidecar report: --prometheus URL takes --since DURATION and no PATH",
+                  file=sys.stderr)
+            return 2
+        try:
+            report = from_prometheus(args.prometheus, args.since)
+        except PrometheusError as exc:
+            print(f"sidecar report: {exc}", file=sys.stderr)
+            return 1
+    else:
+        missing = [str(p) for p in args.paths if not p.exists()]
+        if not args.paths or missing:
+            print("sidecar report: " + (f"no such folder: {', '.join(missing)}" if missing
+                                        else "give the folders holding the run folders "
+                                        "(or --prometheus URL --since DURATION)"),
+                  file=sys.stderr)
+            return 2
+        report = build.from_folders(args.paths, Progress("reading run folders").update)
+    for folder, reason in report.damaged.itertuples(index=False, name=None):
+        print(f"sidecar report: skipped {folder}: {reason}", file=sys.stderr)
+    try:
+        written = build.write(report, args.out, args.html)
+    except OSError as exc:
+        print(f"sidecar report: cannot write the report: {exc}", file=sys.stderr)
+        return 1
+    print(f"{len(report.jobs)} jobs, {len(report.damaged)} damaged folders skipped; wrote "
+          + ", ".join(str(p) for p in written))
+    return 0
+
+
+def _ask(command: str, endpoint: str, body: dict[str, Any]) -> dict[str, Any] | None:
+    """Send ``body`` to the sidecar at ``endpoint`` and return its reply (without the
+    protocol keys); None, after one line on stderr, when none answers."""
     from markers.transport import Sender  # the client side of the same wire
 
     sender = Sender(endpoints.connect_address(endpoint), b"\0" * 16, 0)
     try:
-        reply = sender.request({"type": wire.STATUS}, STATUS_TIMEOUT_S,
-                               connect_timeout_s=STATUS_TIMEOUT_S)
+        reply = sender.request(body, STATUS_TIMEOUT_S, connect_timeout_s=STATUS_TIMEOUT_S)
     finally:
         sender.close()
     if reply is None:
-        print(f"sidecar status: no sidecar answered at {endpoint} within "
+        print(f"sidecar {command}: no sidecar answered at {endpoint} within "
               f"{STATUS_TIMEOUT_S:.0f} s", file=sys.stderr)
-        return 1
+        return None
     reply.pop("reply_to", None)
+    return reply
+
+
+def _gpu_line(gpu: dict[str, Any]) -> str:
+    answers = (f"NVML does not answer ({gpu['lost_reason']})" if gpu["lost"]
+               else "NVML answers")
+    unsupported = "; ".join(f"{call} ({why})" for call, why in gpu["unsupported"].items())
+    return (f"  GPU {gpu['index']} {gpu['name']} {gpu['uuid']}: {answers}"
+            + (f"; unsupported: {unsupported}" if unsupported else ""))
+
+
+def _status(endpoint: str, job: str | None, as_json: bool) -> int:
+    reply = _ask("status", endpoint, {"type": wire.STATUS})
+    if reply is None:
+        return 1
     reply.pop("ok", None)
+    if job is not None:
+        reply["runs"] = [run for run in reply["runs"] if run.get("job_id") == job]
     if as_json:
         print(json.dumps(reply))
         return 0
@@ -88,30 +193,75 @@ def _status(endpoint: str, as_json: bool) -> int:
     print(f"records {reply['records']} ({reply['records_per_s']:.0f}/s), dropped "
           f"{reply['dropped']}, lost {reply['lost']}, rejected {reply['rejected']} "
           f"{reply['rejected_by_kind'] or ''}".rstrip())
+    for gpu in samplers.get("gpus", []):
+        print(_gpu_line(gpu))
     if reply.get("last_error"):
         print(f"last error: {reply['last_error']}")
     for run in reply["runs"]:
-        print(f"  run {run['run_id'][:8]} split {run['split']} rank {run['rank']} "
+        job_id = f" job {run['job_id']}" if run.get("job_id") else ""
+        print(f"  run {run['run_id'][:8]}{job_id} split {run['split']} rank {run['rank']} "
               f"pid {run['pid']} {run['status']}: {run['records']} records -> {run['out_dir']}"
               + (f" (write error: {run['write_error']})" if run["write_error"] else ""))
     return 0
+
+
+def _finish(endpoint: str, job: str) -> int:
+    reply = _ask("finish", endpoint, {"type": wire.FINISH_JOB, "job_id": job})
+    if reply is None:
+        return 1
+    if not reply.get("ok"):
+        print(f"sidecar finish: refused: {reply.get('error')}", file=sys.stderr)
+        return 1
+    print(f"sidecar finish: job {job}: {reply['finished']} runs ended and written")
+    return 0
+
+
+def _serve_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with a ``serve`` command line (one line), or None."""
+    if args.root is None and args.owner_pid is None:
+        return "--root DIR is required"
+    if args.shared:
+        if args.root is None:
+            return "--shared needs --root DIR"
+        if os.geteuid() != 0:
+            return "--shared must run as root: it writes each user's runs as that user"
+        if args.endpoint is None or endpoints.ipc_path(args.endpoint) is None:
+            return ("--shared needs an ipc:// --endpoint (the kernel names the user of an ipc "
+                    "connection only), e.g. ipc:///run/sidecar/sidecar.sock")
+    return None
 
 
 def main(argv: list[str] | None = None, **seams: Any) -> int:
     """Entry point of the console script and of ``python -m sidecar``; returns the status.
     ``seams`` go to the server (see ``sidecar.daemon.server.Server``); tests use them."""
     args = _parser().parse_args(argv)
-    if args.command == "status":
-        return _status(args.endpoint or endpoints.daemon_endpoint(), args.json)
+    if args.command in ("status", "finish"):
+        endpoint = (args.endpoint or os.environ.get("SIDECAR_ENDPOINT")
+                    or endpoints.daemon_endpoint())
+        if args.command == "finish":
+            return _finish(endpoint, args.job)
+        return _status(endpoint, args.job, args.json)
+    if args.command == "report":
+        return _report(args)
     logging.basicConfig(format="sidecar[%(process)d] %(levelname)s: %(message)s",
                         level=logging.WARNING if args.quiet else logging.INFO)
+    if args.metrics_port is not None:
+        from sidecar.sinks.metrics import MetricsExporter  # prometheus_client: only here
+
+        exporter = MetricsExporter(args.metrics_port, args.metrics_addr)
+        seams["hooks"] = [*seams.get("hooks", ()), exporter]
     if args.command == "serve":
-        if args.root is None and args.owner_pid is None:
-            print("sidecar serve: --root DIR is required", file=sys.stderr)
+        problem = _serve_problem(args)
+        if problem:
+            print(f"sidecar serve: {problem}", file=sys.stderr)
             return 2
+        if args.shared:  # root's supplementary groups must not open users' files
+            os.setgroups([])
         config = Config(args.endpoint or endpoints.daemon_endpoint(), args.root,
-                        args.owner_pid, args.interval, args.nice)
-        return serve(config, **seams)
+                        args.owner_pid, args.interval, args.shared, args.nice)
+        # sd_notify for systemd (Type=notify, watchdog); sends nothing without NOTIFY_SOCKET
+        notifier = SystemdNotifier(stall_s_for(args.interval))
+        return serve(config, **{**seams, "hooks": [notifier, *seams.get("hooks", ())]})
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not command:
         print("sidecar run: give the command after --", file=sys.stderr)

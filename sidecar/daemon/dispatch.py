@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from markers import wire
+from sidecar.ingest.peers import Peer
 from sidecar.ingest.streams import Registry, Stream
 from sidecar.model.split import Split
 from sidecar.resources.monitor import ResourceMonitor
@@ -27,14 +28,19 @@ def _string(body: dict[str, Any], key: str, kind: str) -> str:
 
 
 class Dispatcher:
-    """Routes control bodies to their handler; ``status`` gives the status view."""
+    """Routes control bodies to their handler. The server answers the two that are not
+    about one run: ``status(caller)`` gives the status view the caller may see,
+    ``finish_job(job_id, caller)`` ends a job's runs; ``caller`` is the kernel's word on
+    the sender (a Peer) or None."""
 
     def __init__(self, registry: Registry, monitor: ResourceMonitor, write: Write,
-                 status: Callable[[], dict[str, Any]]) -> None:
+                 status: Callable[[Peer | None], dict[str, Any]],
+                 finish_job: Callable[[str, Peer | None], dict[str, Any]]) -> None:
         self.registry = registry
         self.monitor = monitor
         self.write = write
         self.status = status
+        self.finish_job = finish_job
         self._table: dict[str, Callable[[Stream, dict[str, Any], float], Reply]] = {
             wire.PHASE: self._phase,
             wire.GPU: self._gpu,
@@ -45,14 +51,17 @@ class Dispatcher:
             wire.FINISH: self._finish,
         }
 
-    def dispatch(self, header: wire.Header, body: dict[str, Any], now: float) -> Reply:
-        """Handle one control body. Raises WireError (malformed, unknown_control) and
-        Refused; the caller counts them."""
+    def dispatch(self, header: wire.Header, body: dict[str, Any], now: float,
+                 caller: Peer | None = None) -> Reply:
+        """Handle one control body from ``caller``. Raises WireError (malformed,
+        unknown_control) and Refused; the caller counts them."""
         kind = body["type"]
         if kind == wire.STATUS:
-            return {"ok": True, **self.status()}
+            return {"ok": True, **self.status(caller)}
+        if kind == wire.FINISH_JOB:
+            return self.finish_job(_string(body, "job_id", kind), caller)
         if kind == wire.HELLO:
-            return self.registry.hello(header, body, now)
+            return self.registry.hello(header, body, now, caller)
         handler = self._table.get(kind)
         if handler is None:
             raise wire.WireError("unknown_control", f"control type {kind!r}")

@@ -8,6 +8,7 @@ every ``TICK_S`` to check signals, processes and retries, so it reacts within 2 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -25,9 +26,11 @@ from sidecar.daemon.dispatch import Dispatcher
 from sidecar.daemon.lifecycle import Lifecycle
 from sidecar.daemon.liveness import describe_exit, pid_alive
 from sidecar.daemon.policy import OutDirPolicy
-from sidecar.daemon.snapshot import RunView, Snapshot
+from sidecar.daemon.snapshot import RunView, Snapshot, split_view
+from sidecar.daemon.users import ForeignFolder, acting_as, user_folder
+from sidecar.ingest.peers import Peer, user_name
 from sidecar.ingest.receiver import Incoming, Receiver
-from sidecar.ingest.streams import Refused, Registry, Stream
+from sidecar.ingest.streams import HOSTNAME, Refused, Registry, Stream
 from sidecar.model.split import Split
 from sidecar.resources.monitor import ResourceMonitor
 from sidecar.resources.samplers import DEFAULT_INTERVAL_S
@@ -54,6 +57,9 @@ class Config:
     root: Path | None = None  # None: a job's own sidecar, out_dir relative to the job's cwd
     owner_pid: int | None = None  # private sidecar: stop once this process is gone
     interval_s: float = DEFAULT_INTERVAL_S  # resource sampling period
+    # One daemon for every local user (root, ipc): the kernel names each connection's
+    # user, whose runs go under root/<user>/ and are written as that user.
+    shared: bool = False
     nice: int = DEFAULT_NICE  # added to the sidecar's CPU niceness (0: same as the job)
 
 
@@ -72,7 +78,7 @@ class Server:
         self.config = config
         self.child = child
         self.hooks = list(hooks)
-        self.policy = OutDirPolicy(config.root)
+        self.policy = OutDirPolicy(config.root, config.shared)
         self._write_file = write_file
         own_job = config.root is None
         self.monitor = ResourceMonitor(
@@ -80,9 +86,10 @@ class Server:
             all_splits_share_gpus=own_job, open_gpus=open_gpus)
         self.registry = Registry(self.policy.resolve, self._on_stream, self._on_records,
                                  writer.previous_activity)
-        self.receiver = Receiver(config.endpoint, self.registry, self._run_alive)
-        self.dispatcher = Dispatcher(self.registry, self.monitor, self.write,
-                                     lambda: self.publish().as_status())
+        self.receiver = Receiver(config.endpoint, self.registry, self._run_alive,
+                                 shared=config.shared)
+        self.dispatcher = Dispatcher(self.registry, self.monitor, self.write, self.status_for,
+                                     self.finish_job)
         self._signal: int | None = None
         self._gone: dict[bytes, float] = {}  # run id -> when its process was first seen gone
         self._next_liveness = 0.0
@@ -118,14 +125,18 @@ class Server:
             if split.gpus else None)
 
     def write(self, split: Split, with_state: bool = False) -> str | None:
-        """Write ``split``'s files; returns the error text, None on success."""
+        """Write ``split``'s files (on a shared daemon as the run's user); returns the
+        error text, None on success."""
+        owner = next((s.owner for s in self.registry.streams.values() if s.split is split),
+                     None)
         try:
-            refusal = self.policy.refusal(split.split_dir)
+            refusal = self.policy.refusal(split.split_dir, owner)
             if refusal:
                 raise PermissionError(refusal)
             self.monitor.final_round(split)
-            writer.write_split(split, self.monitor.figures(split), self.record_counts(split),
-                               with_state, self._write_file)
+            with self._acting(owner):
+                writer.write_split(split, self.monitor.figures(split),
+                                   self.record_counts(split), with_state, self._write_file)
         except OSError as exc:
             # without the file name: it is a fresh temporary one at each try
             error = f"cannot write {split.split_dir}: {exc.strerror or exc}"
@@ -143,14 +154,60 @@ class Server:
 
     # -- messages -------------------------------------------------------------------
 
+    def _acting(self, user: Peer | None) -> contextlib.AbstractContextManager[None]:
+        """On a shared daemon, file access as ``user`` within the block."""
+        if not self.config.shared or user is None:
+            return contextlib.nullcontext()
+        return acting_as(user.uid, user.gid)
+
+    def _foreign(self, message: Incoming) -> str | None:
+        """Why the sender of ``message`` may not use this sidecar, or None. A daemon serves
+        its own user and root; a shared one serves every user the kernel names, each
+        only for their own runs. Without peer credentials (tcp) nobody is refused here.
+        """
+        peer = message.peer
+        if self.config.shared:
+            if peer is None:
+                return "a shared daemon serves only clients of its ipc socket"
+            stream = self.registry.streams.get(message.header.run_id)
+            if stream is not None and stream.owner is not None \
+                    and stream.owner.uid != peer.uid:
+                return f"run {stream.key} belongs to {stream.owner.name}, not {peer.name}"
+            return None
+        if peer is not None and peer.uid not in (os.geteuid(), 0):
+            return (f"user {peer.name} may not use the sidecar of {user_name(os.geteuid())}; "
+                    "use your own or the node's shared one")
+        return None
+
+    def _take_hello(self, body: dict[str, Any], peer: Peer | None) -> None:
+        """On a shared daemon: the kernel's user, pid and host replace what a hello
+        claims, and the user's folder is made (as root, before acting as the user)."""
+        if not self.config.shared or peer is None or body.get("type") != wire.HELLO:
+            return
+        body.update(user=peer.name, pid=peer.pid, host=HOSTNAME)
+        assert self.config.root is not None
+        try:
+            user_folder(self.config.root.resolve(), peer)
+        except (ForeignFolder, OSError) as exc:
+            raise Refused(str(exc)) from None
+
     def handle(self, message: Incoming, now: float) -> None:
-        """Dispatch one decoded message."""
+        """Dispatch one decoded message (refused when its sender may not use us)."""
+        body = message.control or {}
+        foreign = self._foreign(message)
+        if foreign is not None:
+            self.registry.reject("foreign_user", foreign)
+            if "reply_to" in body:
+                self.receiver.reply(message.identity, {"reply_to": body["reply_to"],
+                                                       "ok": False, "error": foreign})
+            return
         if message.records is not None:
             self.registry.records(message.header, message.records, now)
             return
-        body = message.control or {}
         try:
-            reply = self.dispatcher.dispatch(message.header, body, now)
+            self._take_hello(body, message.peer)
+            with self._acting(message.peer):
+                reply = self.dispatcher.dispatch(message.header, body, now, message.peer)
         except wire.WireError as exc:
             self.registry.reject(exc.kind, str(exc))
             reply = {"ok": False, "error": str(exc)}
@@ -189,6 +246,7 @@ class Server:
             root=str(self.config.root) if self.config.root else None,
             taken_unix=time.time(), loop_monotonic=now,
             sampler_round_monotonic=self.monitor.last_round_monotonic,
+            samplers_started=self.monitor.started(),
             records=registry.records_received, dropped=counts["dropped"],
             lost=counts["lost"], rejected=counts["rejected"],
             rejected_by_kind=counts["rejected_by_kind"], last_error=registry.last_error,
@@ -196,9 +254,36 @@ class Server:
             if now > then else 0.0,
             rate_window_s=now - then,
             samplers={"host": "on", "gpu": "on" if gpu_off is None else f"off ({gpu_off})",
-                      "interval_s": self.config.interval_s},
-            runs=tuple(RunView(**run) for run in counts["runs"]))
+                      "interval_s": self.config.interval_s,
+                      "gpus": self.monitor.gpu_status()},
+            runs=tuple(RunView(**run) for run in counts["runs"]),
+            splits=tuple(split_view(split, self.monitor.live(split))
+                         for split in registry.splits.values()))
         return self.snapshot
+
+    def status_for(self, caller: Peer | None) -> dict[str, Any]:
+        """The status view for ``caller``: on a shared daemon a user other than root sees
+        only their own runs (the counts stay the daemon's)."""
+        view = self.publish().as_status()
+        if self.config.shared and caller is not None and caller.uid != 0:
+            view["runs"] = [run for run in view["runs"] if run["user"] == caller.name]
+        return view
+
+    def finish_job(self, job_id: str, caller: Peer | None) -> dict[str, Any]:
+        """End the running runs of Slurm job ``job_id`` that ``caller`` may end (on a
+        shared daemon its own, root all) as incomplete and write them; the reply says how
+        many (the Slurm epilog: ``sidecar finish --job``)."""
+        now = time.time()
+        every_user = not self.config.shared or caller is None or caller.uid == 0
+        ended = 0
+        for stream in self.registry.live_streams():
+            if stream.split.info.get("job_id") != job_id:
+                continue
+            if not every_user and (stream.owner is None or stream.owner.uid != caller.uid):
+                continue
+            self._end_stream(stream, f"Slurm job {job_id} ended (sidecar finish --job)", now)
+            ended += 1
+        return {"ok": True, "finished": ended}
 
     def _call_hooks(self, method: str, *args: Any) -> None:
         for hook in self.hooks:

@@ -7,6 +7,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from markers import wire
+from sidecar.model.aggregator import RankAggregator
+from sidecar.model.split import Split
+from sidecar.resources.monitor import SplitResources
+from sidecar.resources.samplers.nvml import GpuSample
+
 
 @dataclass(frozen=True)
 class RunView:
@@ -21,6 +27,8 @@ class RunView:
     records: int  # records received from it
     status: str  # running, completed, failed, incomplete
     write_error: str | None
+    job_id: str | None  # the Slurm job id the run reported
+    user: str | None  # the kernel's word on an ipc socket, else what the run reported
 
 
 @dataclass(frozen=True)
@@ -33,6 +41,7 @@ class Snapshot:
     taken_unix: float  # wall clock when taken
     loop_monotonic: float  # time.monotonic() of the loop turn that took it
     sampler_round_monotonic: float | None  # when the samplers last completed a round
+    samplers_started: bool  # every sampler is set up (NVML opened, or found unavailable)
     records: int
     dropped: int
     lost: int
@@ -43,9 +52,115 @@ class Snapshot:
     rate_window_s: float  # seconds the record rate covers (up to RATE_WINDOW_S)
     samplers: dict[str, Any]  # host, gpu (on / off with the reason), interval_s
     runs: tuple[RunView, ...]
+    splits: tuple[SplitView, ...] = ()  # what /metrics exports
 
     def as_status(self) -> dict[str, Any]:
         """The status view (``sidecar status --json``): JSON-compatible."""
-        view = asdict(self)
+        view = {name: value for name, value in vars(self).items() if name != "splits"}
         view["runs"] = [asdict(run) for run in self.runs]
         return view
+
+
+@dataclass(frozen=True)
+class PhaseStats:
+    """Streaming figures of one phase of one rank: every post-warmup measurement."""
+
+    phase: int  # wire id
+    name: str  # the user's name of a custom phase, '' for a standard one
+    count: int
+    sum_s: float
+    gpu_count: int
+    gpu_sum_s: float
+
+
+@dataclass(frozen=True)
+class RankView:
+    """One rank of a split: its phases, Training time and the samples of its measured
+    iterations (batch × accumulation per step; None when the batch size is unknown)."""
+
+    rank: int
+    phases: tuple[PhaseStats, ...]
+    training_s: float
+    train_samples: int | None
+    val_samples: int | None
+
+
+@dataclass(frozen=True)
+class GpuView:
+    """The latest sample of one GPU of a split (None where unsupported) and its energy
+    since the split's first sample of it."""
+
+    index: int
+    uuid: str
+    model: str
+    util_pct: float | None
+    mem_used_mib: float | None
+    job_mem_mib: float | None
+    power_w: float | None
+    energy_j: float | None
+    temperature_c: float | None
+
+
+@dataclass(frozen=True)
+class SplitView:
+    """One split (one run folder and split) with what ``/metrics`` exports of it. ``run_id``
+    is the run id of the split's first process (the ``run_id`` of its run.json)."""
+
+    run_id: str
+    user: str
+    host: str
+    slurm_job_id: str
+    split: int
+    status: str
+    ranks: tuple[RankView, ...]
+    records: dict[str, int]  # received, dropped, lost, rejected
+    gpus: tuple[GpuView, ...]
+    cpu_s: float | None  # CPU time of the job's process tree since it was first sampled
+    rss_mib: float | None  # latest RSS of the job's process tree
+
+
+def _rank_view(split: Split, agg: RankAggregator) -> RankView:
+    phases = tuple(
+        PhaseStats(phase, agg.custom_names.get(phase, ""), s.wall.count,
+                   s.wall.mean * s.wall.count, s.gpu.count, s.gpu.mean * s.gpu.count)
+        for phase, s in sorted(agg.series.items()))
+    train_batch, val_batch = split.batch_size("train"), split.batch_size("validation")
+    loops = {kind: agg.series[phase].wall.count if phase in agg.series else 0
+             for kind, phase in (("train", wire.TRAINING_LOOP), ("val", wire.VALIDATION_LOOP))}
+    return RankView(
+        agg.rank, phases, agg.training_s(),
+        loops["train"] * train_batch * split.settings.accumulation_steps
+        if train_batch else None,
+        loops["val"] * val_batch if val_batch else None)
+
+
+def _gpu_view(sample: GpuSample, first_energy_j: float | None) -> GpuView:
+    energy = sample.energy_j
+    since_start = (energy - first_energy_j if energy is not None and first_energy_j is not None
+                   and energy >= first_energy_j else None)
+    return GpuView(sample.gpu_index, sample.uuid, sample.name, sample.util_pct,
+                   sample.mem_used_mib, sample.job_mem_mib, sample.power_w, since_start,
+                   sample.temperature_c)
+
+
+def split_view(split: Split, resources: SplitResources | None) -> SplitView:
+    """The view of ``split`` with its running resource figures (loop thread only)."""
+    first = split.ranks.get(0) or next(iter(split.ranks.values()), None)
+    lost = sum(split.lost.values())
+    info = split.info
+    gpus: tuple[GpuView, ...] = ()
+    cpu_s = rss_mib = None
+    if resources is not None:
+        gpus = tuple(_gpu_view(s, resources.first_energy_j.get(uuid))
+                     for uuid, s in sorted(resources.latest_gpu.items()))
+        if resources.host_samples:
+            cpu_s, rss_mib = resources.cpu_s, resources.host_samples[-1].rss_mib
+    return SplitView(
+        run_id=first.sessions[0].run_id if first and first.sessions else "",
+        user=str(info.get("user") or ""), host=str(info.get("host") or ""),
+        slurm_job_id=str(info.get("job_id") or ""), split=split.split, status=split.status,
+        ranks=tuple(_rank_view(split, split.ranks[r]) for r in sorted(split.ranks)),
+        records={"received": sum(split.received.values()) - lost,
+                 "dropped": sum(split.dropped.values()), "lost": lost,
+                 "rejected": split.rejected},
+        gpus=gpus, cpu_s=cpu_s, rss_mib=rss_mib)

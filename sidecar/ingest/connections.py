@@ -22,7 +22,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from markers import wire
 
-GOODBYES = frozenset({"finish", "status"})
+GOODBYES = frozenset({wire.FINISH, wire.STATUS, wire.FINISH_JOB})
 # A disconnect is judged this long after it was seen: a client killed by a signal loses
 # its connection a moment before its process shows as gone.
 JUDGE_AFTER_S = 0.5

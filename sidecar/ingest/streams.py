@@ -17,6 +17,7 @@ from typing import Any
 
 from markers import wire
 from markers.wire import P_END, P_FLAGS, P_PHASE, P_START
+from sidecar.ingest.peers import Peer
 from sidecar.model import state
 from sidecar.model.aggregator import RankAggregator, Settings
 from sidecar.model.split import Split
@@ -51,6 +52,7 @@ class Stream:
     received: int = 0
     finished: bool = False
     custom_ids: set[int] = field(default_factory=set)
+    owner: Peer | None = None  # the kernel's word on who started it (ipc), else unknown
 
     @property
     def key(self) -> str:
@@ -84,12 +86,13 @@ def settings_from_hello(body: dict[str, Any]) -> Settings:
 
 class Registry:
     """Streams, splits and reject counts. The daemon supplies its policy and the sinks'
-    knowledge as callables: ``resolve_out_dir(out_dir, cwd)`` places a run's folder (raises
-    Refused), ``previous_activity(folder, split)`` tells when the split's last process was
-    last heard of (Unix s, from the run folder; None when unknown).
+    knowledge as callables: ``resolve_out_dir(out_dir, cwd, owner)`` places a run's folder
+    for the user ``owner`` (a Peer, or None when unknown; raises Refused),
+    ``previous_activity(folder, split)`` tells when the split's last process was last
+    heard of (Unix s, from the run folder; None when unknown).
     """
 
-    def __init__(self, resolve_out_dir: Callable[[str, str], Path],
+    def __init__(self, resolve_out_dir: Callable[[str, str, Peer | None], Path],
                  on_stream: Callable[[Stream], None] = lambda stream: None,
                  on_records: Callable[[Stream, array], None] = lambda stream, values: None,
                  previous_activity: Callable[[Path, int], float | None] = lambda f, s: None,
@@ -125,10 +128,11 @@ class Registry:
 
     # -- hello ----------------------------------------------------------------------
 
-    def hello(self, header: wire.Header, body: dict[str, Any], now: float) -> dict[str, Any]:
-        """Register a run (or note a repeated hello); the reply tells the markers the session
-        and the epoch to continue from. Raises WireError for a malformed hello, Refused for
-        one the policy refuses.
+    def hello(self, header: wire.Header, body: dict[str, Any], now: float,
+              owner: Peer | None = None) -> dict[str, Any]:
+        """Register a run of the user ``owner`` (or note a repeated hello); the reply tells
+        the markers the session and the epoch to continue from. Raises WireError for a
+        malformed hello, Refused for one the policy refuses.
 
         A hello with ``resume`` continues the split from its state file; a repeated hello
         (``repeat``) of a run this sidecar does not know comes from a process that kept
@@ -149,7 +153,7 @@ class Registry:
         start_unix = float(start_unix) if isinstance(start_unix, (int, float)) else now
         repeat = bool(body.get("repeat", False))
         resume = bool(body.get("resume", False)) or repeat
-        folder = self.resolve_out_dir(out_dir, cwd)
+        folder = self.resolve_out_dir(out_dir, cwd, owner)
         key = (folder, split_index)
         split = self.splits.get(key)
         info = {k: body.get(k) for k in ("host", "user", "job_id", "command", "cwd",
@@ -164,7 +168,8 @@ class Registry:
         split.settings = settings
         split.status, split.cause, split.end_unix = "running", None, None
         stream = Stream(header.run_id, split, header.rank, _int(body, "pid", 0) or 0,
-                        str(body.get("host", "")), start_unix, start_ns, previous_end)
+                        str(body.get("host", "")), start_unix, start_ns, previous_end,
+                        owner=owner)
         warning = None
         agg = None
         if resume:
@@ -395,7 +400,8 @@ class Registry:
                 {"run_id": s.key, "out_dir": str(s.split.out_dir), "split": s.split.split,
                  "rank": s.rank, "pid": s.pid, "host": s.host, "records": s.received,
                  "status": "running" if not s.finished else s.split.status,
-                 "write_error": s.split.write_error}
+                 "write_error": s.split.write_error, "job_id": s.split.info.get("job_id"),
+                 "user": s.owner.name if s.owner else s.split.info.get("user")}
                 for s in self.streams.values()
             ],
         }

@@ -76,6 +76,26 @@ class SplitResources:
         self.attributed_ns = 0  # rounds up to this time are attributed
         self.attribution: dict[str, _Attribution] = {}
         self.closed = False  # the split ended and its last round was taken
+        # running figures for the live view (/metrics), kept past thinning
+        self.cpu_s = 0.0  # CPU time of the job's tree: cpu_pct integrated over the rounds
+        self.latest_gpu: dict[str, nvml.GpuSample] = {}  # per UUID
+        self.first_energy_j: dict[str, float] = {}  # per UUID: the first counter reading
+
+    def add_host(self, sample: HostSample) -> None:
+        """Keep a host sample and add its CPU time (psutil's cpu_percent is the mean over
+        the time since the previous reading, so percent × window is CPU seconds)."""
+        if self.host_samples:
+            window_s = (sample.t_ns - self.host_samples[-1].t_ns) / 1e9
+            self.cpu_s += sample.cpu_pct / 100.0 * window_s
+        self.host_samples.append(sample)
+
+    def add_gpus(self, samples: list[nvml.GpuSample]) -> None:
+        """Keep GPU samples and note each GPU's latest and first energy reading."""
+        self.gpu_samples += samples
+        for sample in samples:
+            self.latest_gpu[sample.uuid] = sample
+            if sample.energy_j is not None:
+                self.first_energy_j.setdefault(sample.uuid, sample.energy_j)
 
     def thin(self) -> None:
         """Halve the rounds kept once there are MAX_ROUNDS (bounded memory on long runs)."""
@@ -137,6 +157,9 @@ class ResourceMonitor:
         self._schedule = Schedule(interval_s, time.monotonic_ns())
         self._pending_uuids: set[str] = set()
         self.last_round_monotonic: float | None = None  # when the last due round completed
+        # Set once an NVML call hung: rounds no longer count as complete, so the node
+        # daemon's watchdog stops and systemd restarts it (a fresh NVML in a new process).
+        self.hung_reason: str | None = None
         self._opener = threading.Thread(target=self._open, args=(visible_devices, open_gpus),
                                         name="nvml-open", daemon=True)
         self._opener.start()
@@ -158,7 +181,7 @@ class ResourceMonitor:
         if entry is None:
             resources = SplitResources(pid)
             # A first host round now: the baseline of CPU time and the starting memory.
-            resources.host_samples.append(resources.host.sample(time.monotonic_ns()))
+            resources.add_host(resources.host.sample(time.monotonic_ns()))
             self.splits[id(split)] = (split, resources)
         else:
             entry[1].host.add_root(pid)
@@ -197,15 +220,16 @@ class ResourceMonitor:
         self._schedule.advance(now_ns)
         self._sample([(s, r) for s, r in self.splits.values() if s.status == "running"],
                      now_ns)
-        self.last_round_monotonic = time.monotonic()
+        if self.hung_reason is None:
+            self.last_round_monotonic = time.monotonic()
 
     def _sample(self, live: list[tuple[Split, SplitResources]], now_ns: int) -> None:
         if not live:
             return
         gpu_samples = self._sample_gpus(live, now_ns)
         for split, resources in live:
-            resources.host_samples.append(resources.host.sample(now_ns))
-            resources.gpu_samples += self._for_split(split, gpu_samples)
+            resources.add_host(resources.host.sample(now_ns))
+            resources.add_gpus(self._for_split(split, gpu_samples))
             resources.thin()
             resources.attribute(now_ns - SETTLE_NS)
 
@@ -223,6 +247,8 @@ class ResourceMonitor:
             self.gpu_off_reason = f"stopped: {gpus.reason}"
             log.error("GPU sampling %s", self.gpu_off_reason)
             self.gpus = None
+            if gpus.hung:
+                self.hung_reason = gpus.reason
         return samples
 
     def _for_split(self, split: Split, samples: list[nvml.GpuSample]) -> list[nvml.GpuSample]:
@@ -265,6 +291,23 @@ class ResourceMonitor:
             summarize_host(resources.host_samples) if resources.host_samples else None,
             off_reason, {label: a.result() for label, a in resources.attribution.items()},
             resources.gpu_samples, resources.host_samples, run_start_ns)
+
+    def live(self, split: Split) -> SplitResources | None:
+        """The running samples and figures of ``split`` (None when it is not watched);
+        read on the loop thread only."""
+        entry = self.splits.get(id(split))
+        return entry[1] if entry is not None else None
+
+    def started(self) -> bool:
+        """True once NVML is opened or found unavailable (its opener thread ended)."""
+        return not self._opener.is_alive()
+
+    def gpu_status(self) -> list[dict[str, Any]]:
+        """Per sampled GPU: index, uuid, name, whether NVML still answers for it (``lost``
+        and why) and the calls it does not support, with NVML's reason
+        (``NvmlSampler.status``); [] while GPU sampling is off."""
+        gpus = self.gpus
+        return gpus.status()["gpus"] if gpus is not None else []
 
     def close(self) -> None:
         """Stop GPU sampling (NVML shutdown, bounded)."""

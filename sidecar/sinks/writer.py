@@ -63,9 +63,20 @@ def previous_activity(out_dir: Path, split: int) -> float | None:
         return None
 
 
+# A run folder's status is the worst of its splits' (SPEC §3): later ones win.
+RUN_STATUS_ORDER = ("completed", "running", "incomplete", "failed")
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None
+
+
 def run_json(split: Split, existing: str) -> str:
     """The text of ``run.json``: this split's run metadata merged into what other splits
     of the same folder wrote there before (their entries under ``splits`` are kept).
+
+    Over all splits listed (SPEC §3): start is the earliest split's, end the latest's
+    (none while one runs), status the worst with its cause, run_id the lowest split's.
     """
     try:
         previous = json.loads(existing) if existing else {}
@@ -73,9 +84,14 @@ def run_json(split: Split, existing: str) -> str:
         previous = {}
     splits = previous.get("splits") if isinstance(previous.get("splits"), dict) else {}
     info = split.info
+    first = split.ranks.get(0) or next(iter(split.ranks.values()), None)
     splits[str(split.split)] = {
+        # the run id of the split's first process: the `run` label of the metrics (SPEC §7)
+        "run_id": first.sessions[0].run_id if first and first.sessions else None,
         "status": split.status,
         "cause": split.cause,
+        "start_unix": info.get("start_unix"),
+        "end_unix": split.end_unix,
         "sessions": max((len(a.sessions) for a in split.ranks.values()), default=0),
         "ranks": sorted(split.ranks),
         "last_unix": max((a.sessions[-1].last_unix for a in split.ranks.values() if a.sessions),
@@ -83,16 +99,28 @@ def run_json(split: Split, existing: str) -> str:
         "training_s": max((a.training_s() for a in split.ranks.values()), default=None),
         "wall_s": max((a.wall_s() for a in split.ranks.values()), default=None),
     }
+    entries = [e for _, e in sorted((int(k), e) for k, e in splits.items()
+                                    if k.isdigit() and isinstance(e, dict))]
+    starts = [t for t in (_number(e.get("start_unix")) for e in entries) if t is not None]
+    ends = [t for t in (_number(e.get("end_unix")) for e in entries) if t is not None]
+    start_unix = min(starts, default=None)
+    end_unix = max(ends) if len(ends) == len(entries) else None  # none while one runs
+    worst = max(entries, key=lambda e: RUN_STATUS_ORDER.index(e.get("status"))
+                if e.get("status") in RUN_STATUS_ORDER else 0)
     document = {
+        "run_id": entries[0].get("run_id"),
         "host": info.get("host"),
         "user": info.get("user"),
         "job_id": info.get("job_id"),
         "command": info.get("command"),
         "cwd": info.get("cwd"),
-        "start": _iso(info.get("start_unix")),
-        "end": _iso(split.end_unix),
-        "status": split.status,
-        "cause": split.cause,
+        "start": _iso(start_unix),
+        "end": _iso(end_unix),
+        # the same instants to the microsecond: the report's wall time (SPEC §6)
+        "start_unix": start_unix,
+        "end_unix": end_unix,
+        "status": worst.get("status"),
+        "cause": worst.get("cause"),
         "gpus": [{"uuid": uuid, "name": name} for uuid, name in split.gpus],
         "versions": info.get("versions", {}),
         "splits": splits,

@@ -239,3 +239,16 @@ def two_busy_gpus() -> FakeNvml:
 
     return FakeNvml([ClockedGpu(uuid="GPU-0a0a0a0a", name="NVIDIA Fake 0"),
                      ClockedGpu(uuid="GPU-1b1b1b1b", name="NVIDIA Fake 1")])
+
+
+def hanging_gpu() -> FakeNvml:
+    """One GPU whose utilization call blocks (30 s): a wedged driver in a sampling round."""
+    return FakeNvml([FakeGpu(uuid="GPU-2c2c2c2c", name="NVIDIA Fake Hanging",
+                             hang={"nvmlDeviceGetUtilizationRates"})])
+
+
+def gpu_without_energy() -> FakeNvml:
+    """Two GPUs without GPM; the second one's energy counter answers NotSupported."""
+    return FakeNvml([FakeGpu(uuid="GPU-3d3d3d3d", name="NVIDIA Fake 0"),
+                     FakeGpu(uuid="GPU-4e4e4e4e", name="NVIDIA Fake 1",
+                             unsupported={"nvmlDeviceGetTotalEnergyConsumption"})])

@@ -12,7 +12,7 @@ from tests.support.frames import Client
 
 
 def test_ended_and_written_splits_are_forgotten_after_a_while(tmp_path: Path) -> None:
-    registry = Registry(lambda out_dir, cwd: tmp_path / out_dir)
+    registry = Registry(lambda out_dir, cwd, owner: tmp_path / out_dir)
     frame = Client().hello("job")
     header, body = wire.decode_header(frame), wire.decode_control(frame)
     registry.hello(header, body, now=100.0)
@@ -33,7 +33,7 @@ def _hello(registry: Registry, client: Client, out_dir: str, now: float = 100.0,
 
 
 def test_a_hello_opens_a_split_and_a_repeated_hello_keeps_it(tmp_path: Path) -> None:
-    registry = Registry(lambda out_dir, cwd: tmp_path / out_dir)
+    registry = Registry(lambda out_dir, cwd, owner: tmp_path / out_dir)
     client = Client()
     reply = _hello(registry, client, "job")
     assert reply["ok"] and reply["session"] == 0 and reply["epoch"] == 0
@@ -44,20 +44,20 @@ def test_a_hello_opens_a_split_and_a_repeated_hello_keeps_it(tmp_path: Path) -> 
 
 
 def test_resume_without_a_state_file_starts_afresh_with_a_warning(tmp_path: Path) -> None:
-    registry = Registry(lambda out_dir, cwd: tmp_path / out_dir)
+    registry = Registry(lambda out_dir, cwd, owner: tmp_path / out_dir)
     reply = _hello(registry, Client(), "job", resume=True)
     assert reply["ok"] and "starting this split afresh" in str(reply["warning"])
 
 
 def test_a_repeated_hello_of_an_unknown_run_is_a_takeover_with_a_gap(tmp_path: Path) -> None:
-    registry = Registry(lambda out_dir, cwd: tmp_path / out_dir)
+    registry = Registry(lambda out_dir, cwd, owner: tmp_path / out_dir)
     _hello(registry, Client(), "job", now=150.0, repeat=True, start_unix=100.0)
     (split,) = registry.splits.values()
     assert split.gaps == [(100.0, 150.0)]
 
 
 def test_malformed_hellos_and_phase_declarations_are_refused(tmp_path: Path) -> None:
-    registry = Registry(lambda out_dir, cwd: tmp_path / out_dir)
+    registry = Registry(lambda out_dir, cwd, owner: tmp_path / out_dir)
     client = Client()
     with pytest.raises(wire.WireError):
         _hello(registry, client, "job", warmup_iterations=-1)
@@ -72,7 +72,7 @@ def test_malformed_hellos_and_phase_declarations_are_refused(tmp_path: Path) -> 
 
 
 def test_records_before_the_hello_wait_then_count(tmp_path: Path) -> None:
-    registry = Registry(lambda out_dir, cwd: tmp_path / out_dir)
+    registry = Registry(lambda out_dir, cwd, owner: tmp_path / out_dir)
     client = Client()
     records_frame = client.records(5)
     hello_frame = client.hello("job")

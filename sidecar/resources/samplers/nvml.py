@@ -9,7 +9,8 @@ Guards, so that NVML can never take the sidecar down:
 
 * Every NVML call runs on one dedicated daemon thread (``worker.Worker``); the caller
   waits at most a timeout. A call that does not return in time marks the sampler
-  ``failed`` with a reason and GPU sampling stops for good (host sampling goes on).
+  ``failed`` (and ``hung``) with a reason and GPU sampling stops for good (host sampling
+  goes on; the node daemon's watchdog stops, so systemd restarts it).
 * A call that raises ``NVMLError_NotSupported`` (or any other NVMLError while the device
   still answers) leaves its fields None, and that call is never made again for that GPU.
 * A GPU that stops answering (``GpuIsLost``, ``Unknown``, ``ResetRequired``,
@@ -197,6 +198,7 @@ class NvmlSampler:
                              api.NVMLError_ResetRequired, api.NVMLError_GpuNotFound)
         self._closed = False
         self.failed = False
+        self.hung = False  # failed because a call never returned (NVML is wedged)
         self.reason: str | None = None
 
     @property
@@ -261,6 +263,7 @@ class NvmlSampler:
         try:
             return self._worker.call(fn, self._timeout_s)
         except CallTimeout:
+            self.hung = True
             self._fail(f"NVML {what} did not return within {self._timeout_s:g} s")
         except Exception as exc:  # a bug or an unforeseen binding error: stop GPUs, not us
             self._fail(f"NVML {what} failed: {exc!r}")

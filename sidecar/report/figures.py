@@ -1,0 +1,236 @@
+"""Per-split figures from the raw files of many splits, computed in bulk.
+
+The tables of all splits are joined into one buffer, each line prefixed with the number
+of its split (a C-level ``bytes.replace``), and parsed by one ``pandas.read_csv`` call
+that keeps only the columns the report uses; the figures are then grouped sums over
+numpy arrays. No Python object is made per table row, so 10 000 run folders take
+seconds, not minutes.
+
+Resource figures follow ``sidecar.resources.samplers.summary`` exactly (the summary.log figures):
+a sample weighs the time since the sample before it of the same GPU (of the job, for the
+host columns), the first weighs nothing unless it is the only one; energy is the
+counter's last − first where it has two readings and did not go back, else the integral
+of power over the sample windows.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from markers import wire
+from sidecar.report.read import SplitFiles
+from sidecar.sinks.resources_text import RESOURCES_COLUMNS
+from sidecar.sinks.summary import TITLE_LINE
+from sidecar.sinks.tables import COLUMNS
+
+# computational.tsv columns the report reads: its name here -> label of the column
+PHASE_COLUMNS = {
+    "loop": wire.PHASE_LABELS[wire.TRAINING_LOOP],
+    "loading": wire.PHASE_LABELS[wire.TRAINING_DATA_LOADING],
+    "forward": wire.PHASE_LABELS[wire.FORWARD],
+    "backward": wire.PHASE_LABELS[wire.BACKWARD],
+    "optimization": wire.PHASE_LABELS[wire.OPTIMIZATION],
+}
+PLOT_POINTS = 400
+_LABELS = [label for label, _, _ in COLUMNS]
+_THROUGHPUT = re.compile(r"^Throughput: (?:([0-9.e+-]+) images/s|.*)$", re.M)
+_RECORDS = re.compile(r"^Records: received \d+, dropped (\d+)", re.M)
+
+
+@dataclass(frozen=True)
+class Figures:
+    """Figures of many splits: ``splits`` has one row per split (in the order given),
+    ``gpus`` one row per split and GPU (UUID), ``utilization`` the samples behind the GPU
+    utilization plot (split, gpu index, time s, utilization %), at most ``PLOT_POINTS``
+    per split and GPU."""
+
+    splits: pd.DataFrame
+    gpus: pd.DataFrame
+    utilization: pd.DataFrame
+
+
+def _joined(bodies: Sequence[bytes]) -> bytes:
+    """The bodies as one buffer, each line prefixed by ``<position>\\t``."""
+    parts = []
+    for i, body in enumerate(bodies):
+        if body:
+            prefix = b"%d\t" % i
+            parts.append(prefix + body[:-1].replace(b"\n", b"\n" + prefix) + b"\n")
+    return b"".join(parts)
+
+
+def _read(bodies: Sequence[bytes], fields: int, usecols: dict[str, int],
+          dtypes: dict[str, str] | None = None) -> pd.DataFrame:
+    """One frame of the chosen columns (by position in the file) of all ``bodies``, with
+    the position of each line's body in column ``split``."""
+    buffer = _joined(bodies)
+    names = ["split", *(f"c{i}" for i in range(fields))]
+    if not buffer:
+        return pd.DataFrame({"split": pd.Series(dtype="int64")} | {
+            name: pd.Series(dtype=(dtypes or {}).get(name, "float64")) for name in usecols})
+    columns = {f"c{position}": name for name, position in usecols.items()}
+    types = {f"c{usecols[name]}": kind for name, kind in (dtypes or {}).items()}
+    frame = pd.read_csv(io.BytesIO(buffer), sep="\t", header=None, names=names,
+                        usecols=["split", *columns],
+                        dtype=types | {"split": "int64"}, engine="c")
+    return frame.rename(columns=columns)
+
+
+def _group_mean(split: np.ndarray, values: np.ndarray, count: int) -> np.ndarray:
+    """Mean of ``values`` per split (NaN ignored; NaN where a split has none)."""
+    present = ~np.isnan(values)
+    sums = np.bincount(split[present], weights=values[present], minlength=count)
+    n = np.bincount(split[present], minlength=count)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(n > 0, sums / np.maximum(n, 1), np.nan)
+
+
+def _phase_means(files: Sequence[SplitFiles]) -> pd.DataFrame:
+    fields = max((f.computational_columns for f in files), default=1)
+    positions = {name: _LABELS.index(f"{label} (s)") + 1 for name, label in
+                 PHASE_COLUMNS.items()}
+    frame = _read([f.computational for f in files], fields, positions,
+                  dict.fromkeys(positions, "float64"))
+    split = frame["split"].to_numpy()
+    return pd.DataFrame({f"{name} mean (s)": _group_mean(split, frame[name].to_numpy(float),
+                                                        len(files))
+                         for name in PHASE_COLUMNS})
+
+
+def _summary_figures(files: Sequence[SplitFiles]) -> pd.DataFrame:
+    """Throughputs and dropped records, as our block of summary.log states them (one regex
+    per file; text of others before the block is not read)."""
+    train, val, dropped = [], [], []
+    for f in files:
+        block = f.summary[f.summary.index(TITLE_LINE):]  # read.py checked it is there
+        throughputs = [float(m[1]) if m[1] else np.nan for m in _THROUGHPUT.finditer(block)]
+        throughputs += [np.nan] * (2 - len(throughputs))
+        train.append(throughputs[0])
+        val.append(throughputs[1])
+        records = _RECORDS.search(block)
+        dropped.append(int(records[1]) if records else 0)
+    return pd.DataFrame({"train throughput": train, "val throughput": val,
+                         "dropped": dropped})
+
+
+def _windows(group: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Each sample's window: time since the previous sample of its group (0 for a first).
+    ``group`` must be contiguous, each group in time order."""
+    dt = np.diff(t, prepend=t[:1])
+    if len(group):
+        dt[np.r_[True, group[1:] != group[:-1]]] = 0.0
+    return dt
+
+
+def _weighted_mean(group: np.ndarray, dt: np.ndarray, values: np.ndarray,
+                   count: int) -> np.ndarray:
+    """Per group: mean of ``values`` weighted by ``dt`` (NaN skipped); the plain mean where
+    the weights add up to nothing (one sample); NaN where nothing is present."""
+    present = ~np.isnan(values)
+    g, w, v = group[present], dt[present], values[present]
+    num = np.bincount(g, weights=w * v, minlength=count)
+    den = np.bincount(g, weights=w, minlength=count)
+    plain = _group_mean(group, values, count)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, num / np.where(den > 0, den, 1), plain)
+
+
+def _group_max(group: np.ndarray, values: np.ndarray, count: int) -> np.ndarray:
+    out = np.full(count, -np.inf)
+    present = ~np.isnan(values)
+    np.maximum.at(out, group[present], values[present])
+    return np.where(np.isfinite(out), out, np.nan)
+
+
+def _energy(group: np.ndarray, dt: np.ndarray, energy: np.ndarray, power: np.ndarray,
+            count: int) -> np.ndarray:
+    """Joules per group: the counter's last − first (two readings, no reset), else the
+    integral of power over the windows; NaN when neither is known."""
+    present = ~np.isnan(energy)
+    g = group[present]
+    e = energy[present]
+    first = np.full(count, np.nan)
+    last = np.full(count, np.nan)
+    first[g[::-1]] = e[::-1]  # fancy assignment: the last write wins, so reversed = first
+    last[g] = e
+    readings = np.bincount(g, minlength=count)
+    counter = np.where((readings >= 2) & (last >= first), last - first, np.nan)
+    has_power = ~np.isnan(power)
+    joules = np.bincount(group[has_power], weights=(power * dt)[has_power], minlength=count)
+    seconds = np.bincount(group[has_power], weights=dt[has_power], minlength=count)
+    return np.where(~np.isnan(counter), counter, np.where(seconds > 0, joules, np.nan))
+
+
+_RESOURCE_NAMES = {
+    "time": "time (s)", "index": "gpu index", "name": "gpu name", "uuid": "gpu uuid",
+    "util": "utilization (%)", "mem_used": "memory used (MB)",
+    "mem_total": "memory total (MB)", "power": "power (W)", "energy": "energy (J)",
+    "cpu": "host cpu (%)", "rss": "job memory rss (MB)",
+}
+
+
+def _resources(files: Sequence[SplitFiles]) -> tuple[pd.DataFrame, pd.DataFrame,
+                                                      pd.DataFrame]:
+    positions = {name: RESOURCES_COLUMNS.index(label) for name, label in _RESOURCE_NAMES.items()}
+    text = {"name": "category", "uuid": "category"}
+    frame = _read([f.resources for f in files], len(RESOURCES_COLUMNS), positions,
+                  {k: text.get(k, "float64") for k in positions})
+    count = len(files)
+    split = frame["split"].to_numpy()
+    t = frame["time"].to_numpy(float)
+
+    # host: one row per sampling round that has host figures (GPU rows repeat them)
+    host_rows = ~(np.isnan(frame["cpu"].to_numpy(float)) & np.isnan(frame["rss"].to_numpy(float)))
+    host_rows &= np.r_[True, (split[1:] != split[:-1]) | (t[1:] != t[:-1])]
+    hs, ht = split[host_rows], t[host_rows]
+    hdt = _windows(hs, ht)
+    host = pd.DataFrame({
+        "cpu mean (%)": _weighted_mean(hs, hdt, frame["cpu"].to_numpy(float)[host_rows], count),
+        "memory peak (MB)": _group_max(hs, frame["rss"].to_numpy(float)[host_rows], count),
+    })
+
+    # GPUs (by UUID): rows of one (split, GPU) made contiguous, each still in time order
+    gpu = frame[frame["uuid"].notna()]
+    codes = gpu["uuid"].cat.codes.to_numpy()
+    order = np.lexsort((codes, gpu["split"].to_numpy()))
+    gpu = gpu.iloc[order]
+    keys, group = np.unique(np.stack([gpu["split"].to_numpy(), codes[order]]), axis=1,
+                            return_inverse=True)
+    group = group.ravel()
+    n = keys.shape[1]
+    gt = gpu["time"].to_numpy(float)
+    dt = _windows(group, gt)
+    last = np.r_[group[1:] != group[:-1], True] if len(group) else np.zeros(0, bool)
+    power = gpu["power"].to_numpy(float)
+    gpus = pd.DataFrame({
+        "split": keys[0], "gpu": gpu["index"].to_numpy(int)[last],
+        "uuid": np.asarray(gpu["uuid"].array[last], dtype=str),
+        "model": np.asarray(gpu["name"].array[last], dtype=str),
+        "utilization mean (%)": _weighted_mean(group, dt, gpu["util"].to_numpy(float), n),
+        "memory peak (MB)": _group_max(group, gpu["mem_used"].to_numpy(float), n),
+        "memory total (MB)": _group_max(group, gpu["mem_total"].to_numpy(float), n),
+        "power mean (W)": _weighted_mean(group, dt, power, n),
+        "energy (J)": _energy(group, dt, gpu["energy"].to_numpy(float), power, n),
+    })
+    # the plots' samples: at most PLOT_POINTS per GPU, evenly thinned
+    sizes = np.bincount(group, minlength=n)
+    first = np.cumsum(sizes) - sizes
+    position = np.arange(len(group)) - first[group]
+    keep = position % np.maximum(1, -(-sizes // PLOT_POINTS))[group] == 0
+    utilization = pd.DataFrame({"split": gpu["split"].to_numpy()[keep],
+                                "gpu": gpu["index"].to_numpy(int)[keep], "time (s)": gt[keep],
+                                "utilization (%)": gpu["util"].to_numpy(float)[keep]})
+    return host, gpus, utilization
+
+
+def compute(files: Sequence[SplitFiles]) -> Figures:
+    """The figures of ``files`` (row i of ``splits`` is ``files[i]``)."""
+    host, gpus, utilization = _resources(files)
+    splits = pd.concat([_phase_means(files), _summary_figures(files), host], axis=1)
+    return Figures(splits, gpus, utilization)

@@ -1,0 +1,209 @@
+"""The report's tables (SPEC §6): ``jobs.tsv`` (one row per run), ``gpus.tsv`` (one row per
+run and GPU) and ``summary.tsv`` (totals per host, user and GPU model), from the run
+folders' figures.
+
+A run of several splits gets the mean over its splits weighted by their Training time
+for means and shares, the maximum for peaks, the sum for energy and dropped records. A
+job's GPU utilization is the mean over its GPUs, its power and energy the sums over them,
+its memory peaks the largest of any GPU.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from sidecar.report.figures import Figures
+from sidecar.report.read import RunFolder
+
+JOB_COLUMNS = [
+    "run_id", "folder", "host", "user", "slurm_job_id", "command", "start", "end", "status",
+    "cause", "wall (s)", "GPUs", "GPU model", "GPU-hours", "GPU utilization mean (%)",
+    "GPU memory peak (MB)", "GPU memory peak (%)", "energy (kWh)", "power mean (W)",
+    "train throughput (samples/s)", "val throughput (samples/s)", "data loading share (%)",
+    "CPU mean (%)", "memory peak (MB)", "records dropped", "flags",
+]
+GPU_COLUMNS = [
+    "run_id", "folder", "host", "user", "gpu", "uuid", "GPU model",
+    "GPU utilization mean (%)", "GPU memory peak (MB)", "GPU memory peak (%)",
+    "energy (kWh)", "power mean (W)", "flags",
+]
+TEXT_COLUMNS = frozenset({"run_id", "folder", "host", "user", "slurm_job_id", "command",
+                          "start", "end", "status", "cause", "uuid", "GPU model", "flags"})
+INT_COLUMNS = frozenset({"GPUs", "records dropped", "gpu"})
+FLAGS = ("idle-gpu", "input-bound", "memory-pressure", "failed", "incomplete")
+SUMMARY_GROUPS = (("host", "host"), ("user", "user"), ("GPU model", "GPU model"))
+IDLE_GPU_PCT = 10.0
+INPUT_BOUND_PCT = 30.0
+MEMORY_PRESSURE_PCT = 90.0
+J_PER_KWH = 3.6e6
+NO_NAME = "(none)"  # summary.tsv's name for jobs without a GPU model (or host, user)
+
+
+def _text(value: object) -> str:
+    """A TSV cell: commands as a shell line; tabs and newlines made spaces."""
+    if value is None:
+        return ""
+    text = shlex.join(value) if isinstance(value, list) else str(value)
+    return text.replace("\t", " ").replace("\n", " ").replace("\r", " ")
+
+
+def _number(value: object) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        else np.nan
+
+
+def typed(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """``frame``'s ``columns`` in their types (text, integer, float), also when it has no
+    row (pandas makes empty columns of type object)."""
+    return pd.DataFrame({
+        c: frame[c].astype(object) if c in TEXT_COLUMNS else
+        frame[c].astype("int64") if c in INT_COLUMNS else frame[c].astype("float64")
+        for c in columns})
+
+
+def _weighted(frame: pd.DataFrame, by: str | list[str], weight: str,
+              columns: list[str]) -> pd.DataFrame:
+    """Per ``by``: NaN-aware means of ``columns`` weighted by ``weight`` (NaN where no
+    weight is left)."""
+    keys = [frame[b] for b in ([by] if isinstance(by, str) else by)]
+    values = frame[columns]
+    w = values.notna().mul(frame[weight], axis=0)
+    num = values.fillna(0.0).mul(w).groupby(keys).sum()
+    den = w.groupby(keys).sum()
+    return (num / den).where(den > 0)
+
+
+def names(frame: pd.DataFrame) -> pd.Series:
+    """How the page and report.md name each job: its folder, else (a report from
+    Prometheus) its run id."""
+    folder = frame["folder"].fillna("")
+    return folder.where(folder != "", frame["run_id"])
+
+
+def flags(frame: pd.DataFrame) -> pd.Series:
+    """The ``flags`` cell of each row of a jobs frame (comma-separated, '' for none)."""
+    conditions = {
+        "idle-gpu": frame["GPU utilization mean (%)"] < IDLE_GPU_PCT,
+        "input-bound": frame["data loading share (%)"] > INPUT_BOUND_PCT,
+        "memory-pressure": frame["GPU memory peak (%)"] > MEMORY_PRESSURE_PCT,
+        "failed": frame["status"] == "failed",
+        "incomplete": frame["status"] == "incomplete",
+    }
+    cells = pd.Series("", index=frame.index, dtype=object)
+    for name in FLAGS:
+        cells = cells.where(~conditions[name], cells + ("," + name))
+    return cells.str.lstrip(",")
+
+
+def _meta_frame(runs: Sequence[RunFolder]) -> pd.DataFrame:
+    rows = []
+    for run in runs:
+        meta = run.meta
+        start, end = _number(meta.get("start_unix")), _number(meta.get("end_unix"))
+        rows.append({
+            "run_id": _text(meta.get("run_id")), "folder": str(run.path),
+            "host": _text(meta.get("host")), "user": _text(meta.get("user")),
+            "slurm_job_id": _text(meta.get("job_id")), "command": _text(meta.get("command")),
+            "start": _text(meta.get("start")), "end": _text(meta.get("end")),
+            "status": _text(meta.get("status")), "cause": _text(meta.get("cause")),
+            "wall (s)": end - start,
+            "announced": {g.get("uuid"): g.get("name") for g in meta.get("gpus") or []
+                          if isinstance(g, dict)},
+        })
+    return pd.DataFrame(rows, columns=[*JOB_COLUMNS[:11], "announced"])
+
+
+def _split_weights(runs: Sequence[RunFolder]) -> pd.DataFrame:
+    """Run number and weight (Training time; 1 each when a run's add up to 0) per split."""
+    run = np.repeat(np.arange(len(runs)), [len(r.splits) for r in runs])
+    weight = pd.Series([f.training_s for r in runs for f in r.splits], dtype="float64")
+    total = weight.groupby(run).transform("sum")
+    return pd.DataFrame({"run": run, "weight": weight.where(total > 0, 1.0)})
+
+
+def _per_gpu(figures: Figures, splits: pd.DataFrame) -> pd.DataFrame:
+    """One row per run and GPU UUID, its splits combined."""
+    gpus = figures.gpus.join(splits, on="split")
+    gpus["peak (%)"] = gpus["memory peak (MB)"] / gpus["memory total (MB)"] * 100.0
+    means = _weighted(gpus, ["run", "uuid"], "weight",
+                      ["utilization mean (%)", "power mean (W)"])
+    grouped = gpus.groupby(["run", "uuid"], sort=True)
+    out = grouped.agg(gpu=("gpu", "last"), model=("model", "last"),
+                      peak_mib=("memory peak (MB)", "max"), peak_pct=("peak (%)", "max"),
+                      energy_j=("energy (J)", lambda s: s.sum(min_count=1)))
+    return out.join(means).reset_index()
+
+
+def tables(runs: Sequence[RunFolder], figures: Figures) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``jobs`` (JOB_COLUMNS) and ``gpus`` (GPU_COLUMNS) frames of ``runs``; ``figures`` has
+    the splits of every run in order (``run.splits`` of runs[0], then of runs[1], ...)."""
+    jobs = _meta_frame(runs)
+    splits = _split_weights(runs)
+    per_split = figures.splits.join(splits)
+    per_split["share"] = per_split["loading mean (s)"] / per_split["loop mean (s)"] * 100.0
+    means = _weighted(per_split, "run", "weight", ["train throughput", "val throughput",
+                                                   "share", "cpu mean (%)"])
+    by_run = per_split.groupby("run")
+    gpus = _per_gpu(figures, splits)
+    job_gpu = gpus.groupby("run").agg(
+        util=("utilization mean (%)", "mean"), peak_mib=("peak_mib", "max"),
+        peak_pct=("peak_pct", "max"), energy_j=("energy_j", lambda s: s.sum(min_count=1)),
+        power=("power mean (W)", lambda s: s.sum(min_count=1)))
+    sampled = gpus.groupby("run")[["uuid", "model"]].agg(list)
+    names = [dict(zip(sampled["uuid"].get(i, []), sampled["model"].get(i, []), strict=True))
+             | {k: v for k, v in jobs["announced"][i].items() if k}
+             for i in range(len(runs))]
+    jobs["GPUs"] = [len(n) for n in names]
+    jobs["GPU model"] = [", ".join(sorted({str(v) for v in n.values()})) for n in names]
+    jobs["GPU-hours"] = (jobs["GPUs"] * jobs["wall (s)"] / 3600.0).where(jobs["GPUs"] > 0, 0.0)
+    jobs["GPU utilization mean (%)"] = job_gpu["util"]
+    jobs["GPU memory peak (MB)"] = job_gpu["peak_mib"]
+    jobs["GPU memory peak (%)"] = job_gpu["peak_pct"]
+    jobs["energy (kWh)"] = job_gpu["energy_j"] / J_PER_KWH
+    jobs["power mean (W)"] = job_gpu["power"]
+    jobs["train throughput (samples/s)"] = means["train throughput"]
+    jobs["val throughput (samples/s)"] = means["val throughput"]
+    jobs["data loading share (%)"] = means["share"]
+    jobs["CPU mean (%)"] = means["cpu mean (%)"]
+    jobs["memory peak (MB)"] = by_run["memory peak (MB)"].max()
+    jobs["records dropped"] = by_run["dropped"].sum().astype("int64")
+    jobs["flags"] = flags(jobs)
+
+    per_gpu = gpus.join(jobs[["run_id", "folder", "host", "user"]], on="run")
+    per_gpu = per_gpu.rename(columns={"model": "GPU model", "peak_mib": "GPU memory peak (MB)",
+                                      "peak_pct": "GPU memory peak (%)",
+                                      "utilization mean (%)": "GPU utilization mean (%)"})
+    per_gpu["energy (kWh)"] = per_gpu["energy_j"] / J_PER_KWH
+    per_gpu["status"] = ""  # a GPU is not failed or incomplete: its job is
+    per_gpu["data loading share (%)"] = np.nan
+    per_gpu["flags"] = flags(per_gpu)
+    return typed(jobs, JOB_COLUMNS), typed(per_gpu, GPU_COLUMNS)
+
+
+def summary(jobs: pd.DataFrame) -> pd.DataFrame:
+    """Totals per host, per user and per GPU model: jobs, GPU-hours, energy, GPU
+    utilization weighted by GPU-hours, and how many jobs carry each flag."""
+    frame = jobs.assign(**{name: jobs["flags"].str.split(",").apply(lambda f, n=name: n in f)
+                           for name in FLAGS})
+    parts = []
+    for label, column in SUMMARY_GROUPS:
+        grouped = frame.groupby(column, sort=True)
+        part = pd.DataFrame({
+            "jobs": grouped.size(),
+            "GPU-hours": grouped["GPU-hours"].sum(),
+            "energy (kWh)": grouped["energy (kWh)"].sum(min_count=1),
+        })
+        weighted = _weighted(frame.assign(w=frame["GPU-hours"].fillna(0.0)), column, "w",
+                             ["GPU utilization mean (%)"])
+        part["GPU utilization mean (%)"] = weighted["GPU utilization mean (%)"]
+        for name in FLAGS:
+            part[name] = grouped[name].sum().astype("int64")
+        part.index = part.index.where(part.index != "", NO_NAME)
+        part.index.name = "name"
+        parts.append(part.reset_index().assign(by=label))
+    out = pd.concat(parts, ignore_index=True)
+    return out[["by", "name", *out.columns[1:-1]]]

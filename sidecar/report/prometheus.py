@@ -1,0 +1,208 @@
+"""``sidecar report --prometheus URL --since DURATION``: the report built from the series a
+Prometheus server holds (SPEC §6, §7), through its HTTP API (``/api/v1/query``).
+
+One row per ``run`` label (a split: each split's run id is its first process's), rank 0's
+figures. The series carry the streaming figures over every post-warmup measurement, so:
+
+* throughput = samples of the measured iterations / their summed Training loop time
+  (``trainmon_samples_total / trainmon_phase_duration_seconds_sum{phase="train_loop"}``),
+  the summary.log figure whenever the run stored all its measurements (below the cap);
+* data loading share = mean Training data loading / mean Training loop, the same way;
+* wall = the Training time the last scrape saw; start = that scrape's time − wall, end =
+  the last scrape's time; CPU mean = CPU seconds / wall;
+* GPU figures: utilization and power are means over the scrapes in the window, memory
+  peak the largest scrape, energy the counter's last value; GPU memory % is left empty
+  (the total memory is not exported).
+
+Prometheus does not hold how a run ended: its status is ``running`` while its series are
+still scraped, else ``ended``; ``cause``, ``folder`` and ``command`` are empty.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sidecar.model.units import BYTES_PER_MIB
+from sidecar.report import jobs
+from sidecar.report.build import PHASE_MEANS, Report, damaged_frame
+from sidecar.report.figures import PLOT_POINTS
+
+TIMEOUT_S = 30.0
+RUN = ["run", "user", "host", "slurm_job_id"]
+_PHASE = "trainmon_phase_duration_seconds"
+_KEYS = {"loop": "train_loop", "loading": "train_loading", "forward": "forward",
+         "backward": "backward", "optimization": "optimization"}
+
+
+class PrometheusError(Exception):
+    """The server could not be asked or answered with an error; the message says which."""
+
+
+def query(url: str, promql: str) -> list[dict[str, Any]]:
+    """The ``result`` list of an instant query; raises PrometheusError."""
+    address = f"{url.rstrip('/')}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
+    try:
+        with urllib.request.urlopen(address, timeout=TIMEOUT_S) as response:
+            body = json.load(response)
+    except urllib.error.HTTPError as exc:
+        try:
+            detail = json.load(exc).get("error", exc.reason)
+        except ValueError:
+            detail = exc.reason
+        raise PrometheusError(f"{url} refused {promql!r}: {detail}") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise PrometheusError(f"cannot ask {url}: {getattr(exc, 'reason', exc)}") from None
+    if body.get("status") != "success":
+        raise PrometheusError(f"{url}: {body.get('error', 'query failed')}")
+    return body["data"]["result"]
+
+
+def _values(url: str, promql: str, keys: tuple[str, ...] = ("run",)) -> pd.Series:
+    """The value of each result of ``promql``, indexed by its ``keys`` labels."""
+    results = query(url, promql)
+    index = pd.MultiIndex.from_tuples(
+        [tuple(r["metric"].get(k, "") for k in keys) for r in results], names=list(keys))
+    if len(keys) == 1:
+        index = index.get_level_values(0)
+    return pd.Series([float(r["value"][1]) for r in results], index=index, dtype="float64")
+
+
+def _phase(url: str, since: str, phase: str, part: str) -> pd.Series:
+    return _values(url, f'last_over_time({_PHASE}_{part}{{phase="{phase}",rank="0"}}[{since}])')
+
+
+def _runs(url: str, since: str) -> pd.DataFrame:
+    """One row per run: labels, Training time, first/last scrape time, still scraped."""
+    raw = query(url, f'{_PHASE}_sum{{phase="training",rank="0"}}[{since}]')
+    present = {r["metric"].get("run") for r in query(url, f'{_PHASE}_sum{{phase="training"}}')}
+    rows = []
+    for series in raw:
+        labels, values = series["metric"], series["values"]
+        last_unix, training_s = float(values[-1][0]), float(values[-1][1])
+        rows.append({**{k: labels.get(k, "") for k in RUN}, "training_s": training_s,
+                     "end_unix": last_unix, "start_unix": last_unix - training_s,
+                     "running": labels.get("run") in present})
+    frame = pd.DataFrame(rows, columns=[*RUN, "training_s", "end_unix", "start_unix",
+                                        "running"])
+    return frame.sort_values("start_unix", kind="stable").reset_index(drop=True)
+
+
+def _iso(unix: float) -> str:
+    return pd.Timestamp(unix, unit="s", tz="UTC").isoformat(timespec="seconds")
+
+
+def _gpus(url: str, since: str) -> pd.DataFrame:
+    """One row per run and GPU: index, model and the GPU figures."""
+    selector = f"{{run!=''}}[{since}]"
+    keys = ("run", "uuid", "gpu", "model")
+    figures = {
+        "GPU utilization mean (%)": _values(
+            url, f"avg_over_time(trainmon_gpu_utilization_ratio{selector}) * 100", keys),
+        "GPU memory peak (MB)": _values(
+            url, f"max_over_time(trainmon_gpu_memory_used_bytes{selector}) / {BYTES_PER_MIB}",
+            keys),
+        "power mean (W)": _values(url, f"avg_over_time(trainmon_gpu_power_watts{selector})",
+                                  keys),
+        "energy (kWh)": _values(
+            url, f"last_over_time(trainmon_gpu_energy_joules_total{selector}) / "
+            f"{jobs.J_PER_KWH:g}", keys),
+    }
+    frame = pd.DataFrame(figures)
+    frame.index.names = list(keys)
+    frame = frame.reset_index()
+    frame["gpu"] = pd.to_numeric(frame["gpu"])
+    frame["GPU memory peak (%)"] = np.nan
+    return frame
+
+
+def _samples(url: str, since: str, runs: pd.Series) -> pd.DataFrame:
+    """GPU utilization scrapes per job (by position in ``runs``) for the page's plots."""
+    position = {run: i for i, run in enumerate(runs)}
+    parts = []
+    for series in query(url, f"trainmon_gpu_utilization_ratio{{run!=''}}[{since}]"):
+        labels = series["metric"]
+        if labels.get("run") not in position:
+            continue
+        values = np.asarray(series["values"], dtype="float64")
+        values = values[::max(1, math.ceil(len(values) / PLOT_POINTS))]
+        parts.append(pd.DataFrame({"job": position[labels["run"]], "gpu": int(labels["gpu"]),
+                                   "time (s)": values[:, 0] - values[0, 0],
+                                   "utilization (%)": values[:, 1] * 100}))
+    columns = ["job", "gpu", "time (s)", "utilization (%)"]
+    return pd.concat(parts, ignore_index=True)[columns] if parts else pd.DataFrame(
+        columns=columns)
+
+
+def from_prometheus(url: str, since: str) -> Report:
+    """The report of every run with series in the last ``since`` (a Prometheus duration
+    such as ``6h``, checked by the caller); raises PrometheusError when the server cannot
+    answer or refuses a query."""
+    runs = _runs(url, since)
+    run = runs["run"]
+    sums = {name: _phase(url, since, phase, "sum").reindex(run).to_numpy()
+            for name, phase in _KEYS.items()}
+    counts = {name: _phase(url, since, phase, "count").reindex(run).to_numpy()
+              for name, phase in _KEYS.items()}
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = {name: np.where(counts[name] > 0, sums[name] / counts[name], np.nan)
+                 for name in _KEYS}
+    samples = {loop: _values(url, f'last_over_time(trainmon_samples_total{{loop="{loop}",'
+                             f'rank="0"}}[{since}])').reindex(run).to_numpy()
+               for loop in ("train", "val")}
+    val_loop = _phase(url, since, "val_loop", "sum").reindex(run).to_numpy()
+    last = {name: _values(url, f"{fn}({metric}[{since}])").reindex(run).to_numpy() for
+            name, fn, metric in (
+                ("cpu", "last_over_time", "trainmon_job_cpu_seconds_total"),
+                ("rss", "max_over_time", "trainmon_job_memory_rss_bytes"),
+                ("dropped", "last_over_time", 'trainmon_records_total{outcome="dropped"}'))}
+    gpus = _gpus(url, since)
+    wall = runs["training_s"].to_numpy()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        table = pd.DataFrame({
+            "run_id": run, "folder": "", "host": runs["host"], "user": runs["user"],
+            "slurm_job_id": runs["slurm_job_id"], "command": "",
+            "start": [_iso(t) for t in runs["start_unix"]],
+            "end": ["" if r else _iso(t) for t, r in zip(runs["end_unix"], runs["running"],
+                                                        strict=True)],
+            "status": np.where(runs["running"], "running", "ended"), "cause": "",
+            "wall (s)": wall,
+            "train throughput (samples/s)": samples["train"] / sums["loop"],
+            "val throughput (samples/s)": samples["val"] / val_loop,
+            "data loading share (%)": means["loading"] / means["loop"] * 100.0,
+            "CPU mean (%)": last["cpu"] / wall * 100.0,
+            "memory peak (MB)": last["rss"] / BYTES_PER_MIB,
+            "records dropped": np.nan_to_num(last["dropped"]).astype("int64"),
+        })
+    per_job = gpus.groupby("run").agg(
+        n=("uuid", "nunique"), model=("model", lambda m: ", ".join(sorted(set(m)))),
+        util=("GPU utilization mean (%)", "mean"), peak=("GPU memory peak (MB)", "max"),
+        energy=("energy (kWh)", lambda s: s.sum(min_count=1)),
+        power=("power mean (W)", lambda s: s.sum(min_count=1))).reindex(run)
+    table["GPUs"] = per_job["n"].fillna(0).astype("int64").to_numpy()
+    table["GPU model"] = per_job["model"].fillna("").to_numpy()
+    table["GPU-hours"] = table["GPUs"] * table["wall (s)"] / 3600.0
+    table["GPU utilization mean (%)"] = per_job["util"].to_numpy()
+    table["GPU memory peak (MB)"] = per_job["peak"].to_numpy()
+    table["GPU memory peak (%)"] = np.nan
+    table["energy (kWh)"] = per_job["energy"].to_numpy()
+    table["power mean (W)"] = per_job["power"].to_numpy()
+    table["flags"] = jobs.flags(table)
+    job_table = jobs.typed(table, jobs.JOB_COLUMNS)
+
+    per_gpu = gpus.merge(job_table[["run_id", "folder", "host", "user"]], left_on="run",
+                         right_on="run_id").rename(columns={"model": "GPU model"})
+    per_gpu["status"] = ""
+    per_gpu["data loading share (%)"] = np.nan
+    per_gpu["flags"] = jobs.flags(per_gpu)
+    phase_means = pd.DataFrame({column: means[name] for column, name in
+                                zip(PHASE_MEANS, _KEYS, strict=True)})
+    return Report(job_table, jobs.typed(per_gpu, jobs.GPU_COLUMNS), jobs.summary(job_table),
+                  damaged_frame([]), phase_means, _samples(url, since, run))

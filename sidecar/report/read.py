@@ -1,0 +1,135 @@
+"""Finding run folders and reading the files the report needs, with the checks that tell a
+damaged or half-written folder from a good one (SPEC §5, §6).
+
+Only bytes are read here; parsing the tables is left to ``sidecar.report.figures``, which
+parses the files of all folders at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sidecar.sinks import layout
+from sidecar.sinks.resources_text import RESOURCES_COLUMNS
+from sidecar.sinks.summary import TITLE_LINE
+from sidecar.sinks.tables import COLUMNS
+
+# What a computational.tsv header starts with; custom phase columns may follow.
+COMPUTATIONAL_HEADER = "\t".join([layout.INDEX_LABEL, *(label for label, _, _ in COLUMNS)]).encode()
+RESOURCES_HEADER = "\t".join(RESOURCES_COLUMNS).encode()
+REQUIRED_KEYS = ("status", "start", "splits")
+
+
+class Damaged(Exception):
+    """A run folder the report skips; the message says why."""
+
+
+@dataclass(frozen=True)
+class SplitFiles:
+    """The raw files of one split: tables without their header line."""
+
+    split: int
+    training_s: float  # the split's Training time: its weight among the run's splits
+    computational: bytes  # body of computational.tsv (rank 0)
+    computational_columns: int  # fields per line, custom phases included
+    resources: bytes  # body of resources.tsv; b"" when the split has no samples
+    summary: str  # summary.log
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """A readable run folder: its ``run.json`` and the files of each split it lists."""
+
+    path: Path
+    meta: dict[str, Any]
+    splits: list[SplitFiles]
+
+
+def find_run_folders(paths: Iterable[Path]) -> Iterator[Path]:
+    """Every folder holding a ``run.json`` under ``paths`` (a path may itself be one), in
+    sorted order. A run folder is not searched further: its own subfolders are its splits.
+    """
+    for root in paths:
+        for folder, subfolders, files in os.walk(root):
+            if layout.RUN_FILE in files:
+                subfolders.clear()
+                yield Path(folder)
+            else:
+                subfolders.sort()
+
+
+def _body(path: Path, header: bytes, exact: bool) -> tuple[bytes, int]:
+    """The lines after the header of the TSV at ``path`` and its number of fields per line.
+
+    Raises Damaged when the header is not ours or a line has another number of fields
+    (a truncated or foreign file); FileNotFoundError passes through.
+    """
+    data = path.read_bytes()
+    end = data.find(b"\n")
+    first = data[:end] if end >= 0 else data
+    if not (first == header if exact else first.startswith(header)):
+        raise Damaged(f"{path.name}: not the expected header")
+    body = data[end + 1:]
+    if body and not body.endswith(b"\n"):
+        raise Damaged(f"{path.name}: last line cut short")
+    fields = first.count(b"\t") + 1
+    # every line holds fields − 1 tabs: counted in C, no line is split here
+    if body.count(b"\t") != body.count(b"\n") * (fields - 1):
+        raise Damaged(f"{path.name}: a line has the wrong number of fields")
+    return body, fields
+
+
+def _split_files(folder: Path, split: int, entry: Any) -> SplitFiles:
+    if not isinstance(entry, dict):
+        raise Damaged(f"run.json: split {split} is not an object")
+    training_s = entry.get("training_s")
+    split_dir = layout.split_dir(folder, split)
+    logs = layout.logs_dir(folder, split)
+    try:
+        computational, columns = _body(logs / layout.computational_file(0), COMPUTATIONAL_HEADER,
+                                       exact=False)
+        summary = (split_dir / layout.SUMMARY_FILE).read_text(encoding="utf-8",
+                                                              errors="replace")
+    except FileNotFoundError as exc:
+        raise Damaged(f"split {split}: {Path(exc.filename).name} missing") from None
+    if TITLE_LINE not in summary:
+        raise Damaged(f"split {split}: summary.log holds no computational summary")
+    try:
+        resources, _ = _body(logs / layout.RESOURCES_FILE, RESOURCES_HEADER, exact=True)
+    except FileNotFoundError:  # no sample was taken (a very short run)
+        resources = b""
+    return SplitFiles(split, float(training_s) if isinstance(training_s, (int, float))
+                      else 0.0, computational, columns, resources, summary)
+
+
+def read_run_folder(folder: Path) -> RunFolder:
+    """The files of the run folder ``folder``; raises Damaged with the reason when its
+    run.json is unreadable or incomplete, or a split it lists lacks a file or holds a
+    truncated or foreign one.
+    """
+    try:
+        meta = json.loads((folder / layout.RUN_FILE).read_bytes())
+    except OSError as exc:
+        raise Damaged(f"run.json unreadable: {exc.strerror or exc}") from None
+    except (ValueError, RecursionError):
+        raise Damaged("run.json is not valid JSON (half-written?)") from None
+    if not isinstance(meta, dict):
+        raise Damaged("run.json is not an object")
+    missing = [key for key in REQUIRED_KEYS if key not in meta]
+    if missing:
+        raise Damaged(f"run.json lacks {', '.join(missing)}")
+    if not isinstance(meta["splits"], dict) or not meta["splits"]:
+        raise Damaged("run.json lists no split")
+    try:
+        splits = sorted((int(k), v) for k, v in meta["splits"].items())
+    except ValueError:
+        raise Damaged("run.json: a split is not numbered") from None
+    try:
+        return RunFolder(folder, meta, [_split_files(folder, k, v) for k, v in splits])
+    except OSError as exc:
+        raise Damaged(f"unreadable: {exc.strerror or exc}") from None

@@ -1,0 +1,217 @@
+"""Users kept apart on a shared node daemon (SPEC §5, §8), with two real local users the
+test creates (``useradd``; removed at the end): each one's runs land under its own
+``ROOT/<user>/``, owned by it and closed to the other; a job naming the other user's folder
+is refused and told so; the user is the kernel's, not the one the hello claims; each sees
+only its own runs; the Slurm epilog's ``sidecar finish --job`` ends a job's runs; a daemon
+that is not shared refuses other users even when its socket is left open. Needs root.
+
+The jobs are forked from this test process and switch to the user (the interpreter may
+lie in a folder the test users cannot enter, e.g. /root/.pyenv).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import markers
+from markers.transport import Sender
+from tests.support.helpers import env, run_json, sidecar_command, status, wait_for
+from tests.support.jobs.loop_job import Batch
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("useradd") is None,
+    reason="the two-user test needs root and useradd (it creates two local users)")
+
+
+@pytest.fixture(scope="module")
+def users() -> Iterator[tuple[str, str]]:
+    """Two fresh local users (no home, no login shell); deleted afterwards."""
+    names = (f"tm{os.getpid()}a", f"tm{os.getpid()}b")
+    for name in names:
+        subprocess.run(["useradd", "--no-create-home", "--user-group", "--shell",
+                        "/usr/sbin/nologin", name], check=True, capture_output=True, timeout=60)
+    try:
+        yield names
+    finally:
+        for name in names:
+            subprocess.run(["userdel", name], capture_output=True, timeout=60)
+
+
+def as_user(user: str, work: Any, *args: Any) -> dict[str, Any]:
+    """Run ``work(*args)`` in a child process switched to ``user``; returns its result
+    (a JSON-able dict), or {"error": ...} when it raised."""
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            os.close(read_end)
+            account = pwd.getpwnam(user)
+            os.setgroups([])
+            os.setgid(account.pw_gid)
+            os.setuid(account.pw_uid)
+            try:
+                result = work(*args)
+            except Exception as exc:
+                result = {"error": f"{type(exc).__name__}: {exc}"}
+            os.write(write_end, json.dumps(result).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        text = pipe.read()
+    os.waitpid(child, 0)
+    return json.loads(text)
+
+
+def train(endpoint: str, out_dir: str, job_id: str, stop_file: str | None = None) -> dict:
+    """A monitored loop (until ``stop_file`` exists, if given); what start_run said."""
+    os.environ["SLURM_JOB_ID"] = job_id
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run = markers.start_run(out_dir=out_dir, endpoint=endpoint, warmup_iterations=0)
+    deadline = time.monotonic() + 60
+    with run:
+        while True:
+            with run.epoch():
+                for _ in run.train_batches([Batch(4)] * 5):
+                    with run.phase("forward"):
+                        pass
+            if stop_file is None or Path(stop_file).exists() or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+    return {"monitored": run.monitored, "out_dir": str(run.out_dir),
+            "warnings": [str(w.message) for w in caught]}
+
+
+def try_files(folder: str) -> dict[str, str]:
+    """What happens when this user lists, reads and writes in ``folder``."""
+    outcome = {}
+    for what, act in (("list", lambda: os.listdir(folder)),
+                      ("write", lambda: Path(folder, "intruder").write_text("x"))):
+        try:
+            act()
+            outcome[what] = "allowed"
+        except PermissionError:
+            outcome[what] = "denied"
+    return outcome
+
+
+def runs_seen(endpoint: str) -> dict[str, Any]:
+    """The users of the runs this user's status view shows."""
+    sender = Sender(endpoint, bytes(16), 0)
+    try:
+        reply = sender.request({"type": "status"}, 5.0, connect_timeout_s=5.0) or {}
+    finally:
+        sender.close()
+    return {"users": sorted({run["user"] for run in reply.get("runs", [])}),
+            "error": reply.get("error")}
+
+
+def _daemon(short_tmp: Path, *args: str) -> subprocess.Popen[bytes]:
+    log = (short_tmp / "sidecar.log").open("ab")
+    return subprocess.Popen(sidecar_command("serve", "--endpoint", f"ipc://{short_tmp}/s.sock",
+                                            "--root", str(short_tmp / "root"), *args),
+                            env=env(), stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+
+
+def _owners(folder: Path) -> set[int]:
+    return {path.lstat().st_uid for path in [folder, *folder.rglob("*")]}
+
+
+def test_two_users_are_kept_apart(users: tuple[str, str], short_tmp: Path) -> None:
+    alice, bob = users
+    uid = {name: pwd.getpwnam(name).pw_uid for name in users}
+    short_tmp.chmod(0o755)
+    root = short_tmp / "root"
+    root.mkdir(mode=0o755)
+    endpoint = f"ipc://{short_tmp}/s.sock"
+    daemon = _daemon(short_tmp, "--shared")
+    stop_file = short_tmp / "stop"
+    long_job = None
+    try:
+        wait_for(lambda: status(endpoint, 0.5), 30, "the shared daemon to answer")
+        assert (short_tmp / "s.sock").stat().st_mode & 0o777 == 0o666
+        # alice trains (job 41) while bob runs a short job (42) and then tries her folder
+        long_job = os.fork()
+        if long_job == 0:
+            try:
+                as_user(alice, train, endpoint, "maps-a", "41", str(stop_file))
+            finally:
+                os._exit(0)
+        theirs = root / alice
+        wait_for(lambda: any(r["job_id"] == "41" for r in status(endpoint, 2)["runs"]),
+                 30, "alice's run")
+        mine = as_user(bob, train, endpoint, "maps-b", "42")
+        assert mine["monitored"] and mine["out_dir"] == str(root / bob / "maps-b")
+        for out_dir in (str(theirs / "stolen"), f"../{alice}/stolen"):
+            refused = as_user(bob, train, endpoint, out_dir, "42")
+            assert not refused["monitored"]
+            assert any(f"another user's folder ({alice})" in w for w in refused["warnings"])
+        assert not (theirs / "stolen").exists()
+        assert as_user(bob, try_files, str(theirs)) == {"list": "denied", "write": "denied"}
+        assert as_user(bob, runs_seen, endpoint) == {"users": [bob], "error": None}
+        # the Slurm epilog (root) ends job 41; `status --job` shows that job only
+        finished = subprocess.run(sidecar_command("finish", "--job", "41", "--endpoint",
+                                                  endpoint), env=env(), capture_output=True,
+                                  text=True, timeout=30)
+        assert finished.returncode == 0, finished.stderr
+        assert "job 41: 1 runs ended" in finished.stdout
+        view = json.loads(subprocess.run(
+            sidecar_command("status", "--job", "41", "--json", "--endpoint", endpoint),
+            env=env(), capture_output=True, text=True, timeout=30, check=True).stdout)
+        assert [(r["user"], r["status"]) for r in view["runs"]] == [(alice, "incomplete")]
+    finally:
+        stop_file.touch()
+        if long_job is not None:
+            os.waitpid(long_job, 0)
+        daemon.terminate()
+        daemon.wait(20)
+    for user, out_dir in ((alice, "maps-a"), (bob, "maps-b")):
+        folder = root / user
+        assert folder.stat().st_mode & 0o777 == 0o700
+        assert _owners(folder) == {uid[user]}  # every folder and file is the user's
+        meta = run_json(folder / out_dir)
+        assert meta["user"] == user  # the kernel's word, not getpass's "root"
+    assert "Slurm job 41 ended" in run_json(root / alice / "maps-a")["cause"]
+    assert run_json(root / bob / "maps-b")["status"] == "completed"
+    assert sorted(p.name for p in root.iterdir()) == sorted(users)
+
+
+def test_a_daemon_that_is_not_shared_refuses_other_users(users: tuple[str, str],
+                                                         short_tmp: Path) -> None:
+    short_tmp.chmod(0o755)
+    (short_tmp / "root").mkdir()
+    endpoint = f"ipc://{short_tmp}/s.sock"
+    daemon = _daemon(short_tmp)
+    try:
+        wait_for(lambda: status(endpoint, 0.5), 30, "the daemon to answer")
+        (short_tmp / "s.sock").chmod(0o666)  # left open by mistake: the kernel still says who
+        refused = as_user(users[1], train, endpoint, "maps", "7")
+        assert not refused["monitored"]
+        assert any(f"user {users[1]} may not use the sidecar of root" in w
+                   for w in refused["warnings"])
+        view = status(endpoint, 5)
+        assert view["rejected_by_kind"].get("foreign_user", 0) >= 1 and view["runs"] == []
+    finally:
+        daemon.terminate()
+        daemon.wait(20)
+    assert list((short_tmp / "root").iterdir()) == []
+
+
+def test_shared_needs_root_and_ipc(short_tmp: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "sidecar", "serve", "--shared", "--root",
+                             str(short_tmp), "--endpoint", "tcp://:5999"], env=env(),
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2 and "needs an ipc:// --endpoint" in result.stderr

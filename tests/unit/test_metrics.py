@@ -1,0 +1,87 @@
+"""The ``/metrics`` collector over snapshots: the names, types and labels of SPEC §7, and a
+forgotten run's series gone from the next scrape. Served over real HTTP on loopback."""
+
+from __future__ import annotations
+
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from markers import wire
+from sidecar.daemon.snapshot import GpuView, PhaseStats, RankView, Snapshot, SplitView
+from sidecar.sinks.metrics import MetricsExporter
+
+RUN = ["run", "user", "host", "slurm_job_id"]
+SPEC = {  # name: (type, labels) as SPEC §7 lists them
+    "trainmon_phase_duration_seconds": ("summary", [*RUN, "split", "rank", "phase"]),
+    "trainmon_phase_gpu_duration_seconds": ("summary", [*RUN, "split", "rank", "phase"]),
+    "trainmon_samples": ("counter", [*RUN, "split", "rank", "loop"]),
+    "trainmon_gpu_utilization_ratio": ("gauge", ["host", "gpu", "uuid", "model", "run"]),
+    "trainmon_gpu_memory_used_bytes": ("gauge", ["host", "gpu", "uuid", "model", "run"]),
+    "trainmon_gpu_job_memory_bytes": ("gauge", ["host", "gpu", "uuid", "model", "run"]),
+    "trainmon_gpu_power_watts": ("gauge", ["host", "gpu", "uuid", "model", "run"]),
+    "trainmon_gpu_energy_joules": ("counter", ["host", "gpu", "uuid", "model", "run"]),
+    "trainmon_gpu_temperature_celsius": ("gauge", ["host", "gpu", "uuid", "model", "run"]),
+    "trainmon_job_cpu_seconds": ("counter", RUN),
+    "trainmon_job_memory_rss_bytes": ("gauge", RUN),
+    "trainmon_records": ("counter", [*RUN, "outcome"]),
+    "trainmon_runs": ("gauge", ["status"]),
+}
+
+
+def _split(run_id: str) -> SplitView:
+    phases = (PhaseStats(wire.FORWARD, "", 10, 0.5, 10, 0.25),
+              PhaseStats(wire.TRAINING_LOOP, "", 10, 1.0, 0, 0.0),
+              PhaseStats(wire.FIRST_CUSTOM_ID, "augment", 3, 0.3, 0, 0.0))
+    return SplitView(
+        run_id=run_id, user="ada", host="node1", slurm_job_id="42", split=0,
+        status="running", ranks=(RankView(0, phases, 12.5, 80, None),),
+        records={"received": 100, "dropped": 1, "lost": 0, "rejected": 2},
+        gpus=(GpuView(0, "GPU-a", "NVIDIA H200", 55.0, 1024.0, 512.0, 300.0, 900.0, 60.0),),
+        cpu_s=3.5, rss_mib=100.0)
+
+
+def _snapshot(*splits: SplitView) -> Snapshot:
+    return Snapshot(pid=1, endpoint="ipc://x", root=None, taken_unix=0.0, loop_monotonic=0.0,
+                    sampler_round_monotonic=None, samplers_started=True, records=0,
+                    dropped=0, lost=0, rejected=0, rejected_by_kind={}, last_error=None,
+                    records_per_s=0.0,
+                    rate_window_s=0.0, samplers={}, runs=(), splits=splits)
+
+
+def _scrape(port: int) -> dict[str, object]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+def test_names_types_labels_and_forgotten_runs() -> None:
+    exporter = MetricsExporter(0, "127.0.0.1")
+    exporter.ready(_snapshot(_split("a" * 32), _split("b" * 32)))
+    try:
+        assert exporter.bound_port
+        families = _scrape(exporter.bound_port)
+        assert set(families) == set(SPEC)
+        for name, (kind, labels) in SPEC.items():
+            family = families[name]
+            assert family.type == kind, name
+            for sample in family.samples:
+                assert sorted(sample.labels) == sorted(labels), (name, sample)
+        phases = {(s.labels["phase"], s.name.rsplit("_", 1)[1]): s.value
+                  for s in families["trainmon_phase_duration_seconds"].samples
+                  if s.labels["run"] == "a" * 32}
+        assert phases[("forward", "sum")] == 0.5 and phases[("forward", "count")] == 10
+        assert phases[("train_loop", "count")] == 10 and phases[("augment", "sum")] == 0.3
+        assert phases[("training", "sum")] == 12.5
+        util = families["trainmon_gpu_utilization_ratio"].samples[0]
+        assert util.value == 0.55
+        assert families["trainmon_gpu_memory_used_bytes"].samples[0].value == 1024 ** 3
+        runs = {s.labels["status"]: s.value for s in families["trainmon_runs"].samples}
+        assert runs == {"running": 2, "completed": 0, "incomplete": 0, "failed": 0}
+
+        exporter.tick(_snapshot(_split("b" * 32)))  # the daemon forgot run a
+        families = _scrape(exporter.bound_port)
+        seen = {s.labels.get("run") for f in families.values() for s in f.samples}
+        assert seen == {"b" * 32, None}  # None: trainmon_runs has no run label
+    finally:
+        exporter.stopping()
