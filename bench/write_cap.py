@@ -21,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import headline  # noqa: E402
 from bench.results import machine_line, write_section  # noqa: E402
 from bench.synthetic import training_records  # noqa: E402
 from sidecar.model.aggregator import Settings  # noqa: E402
@@ -86,10 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--caps", default="100,1000,10000,100000")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
-    text = section(measure([int(c) for c in args.caps.split(",")]))
+    results = measure([int(c) for c in args.caps.split(",")])
+    text = section(results)
     print(text)
     if not args.no_write:
         write_section(text)
+    headline("write_cap", {"seconds_top": min(results[-1][2]), "cap_top": results[-1][0]})
     return 0
 
 
