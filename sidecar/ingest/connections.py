@@ -32,6 +32,8 @@ _EVENTS = (zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAI
 
 @dataclass
 class _Peer:
+    fd: int = -1
+    identity: bytes | None = None  # the ROUTER's routing id, from its first message
     run_id: bytes | None = None
     said_goodbye: bool = False
     handshake_failed: bool = False
@@ -53,9 +55,18 @@ class ConnectionWatch:
         self._peers: dict[int, _Peer] = {}
         self._ended: list[tuple[float, _Peer]] = []
 
-    def message(self, fd: int, run_id: bytes, control_type: str | None) -> None:
-        """Note a message read from the connection ``fd`` (its control type, if any)."""
-        peer = self._peers.setdefault(fd, _Peer())
+    def message(self, fd: int, identity: bytes, run_id: bytes,
+                control_type: str | None) -> None:
+        """Note a message read from the connection ``fd`` whose ROUTER routing id is
+        ``identity`` (its control type, if any)."""
+        peer = self._peers.get(fd)
+        if peer is None or peer.identity not in (None, identity):
+            # The descriptor was reused by a new connection whose events are still
+            # unread (a short-lived status client follows another quickly): read them.
+            self._read_events(time.monotonic())
+            peer = self._peers.setdefault(fd, _Peer(fd))
+        if peer.identity is None:
+            peer.identity = identity
         if run_id != bytes(16):
             peer.run_id = run_id
         peer.said_goodbye = control_type in GOODBYES
@@ -68,6 +79,14 @@ class ConnectionWatch:
         so its last messages, read after the event, still count (a goodbye among them).
         """
         now = time.monotonic()
+        self._read_events(now)
+        while self._ended and now - self._ended[0][0] >= JUDGE_AFTER_S:
+            peer = self._ended.pop(0)[1]
+            for fd in [fd for fd, known in self._peers.items() if known is peer]:
+                del self._peers[fd]
+            self._judge(peer)
+
+    def _read_events(self, now: float) -> None:
         while self._monitor.poll(0):
             try:
                 event = parse_monitor_message(self._monitor.recv_multipart(zmq.NOBLOCK))
@@ -75,18 +94,13 @@ class ConnectionWatch:
                 break
             kind, fd = event["event"], int(event["value"])
             if kind == zmq.EVENT_ACCEPTED:
-                self._peers[fd] = _Peer()
+                self._peers[fd] = _Peer(fd)
             elif kind == zmq.EVENT_DISCONNECTED:
-                self._ended.append((now, self._peers.setdefault(fd, _Peer())))
+                self._ended.append((now, self._peers.setdefault(fd, _Peer(fd))))
             else:
-                self._peers.setdefault(fd, _Peer()).handshake_failed = True
+                self._peers.setdefault(fd, _Peer(fd)).handshake_failed = True
                 self._reject("handshake", "a peer failed the ZeroMQ handshake (incompatible "
                              "socket type or protocol)")
-        while self._ended and now - self._ended[0][0] >= JUDGE_AFTER_S:
-            peer = self._ended.pop(0)[1]
-            for fd in [fd for fd, known in self._peers.items() if known is peer]:
-                del self._peers[fd]
-            self._judge(peer)
 
     def _judge(self, peer: _Peer) -> None:
         if peer.said_goodbye or peer.handshake_failed:

@@ -8,16 +8,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import zmq
 
 from markers import wire
 from markers.endpoints import bind_address, ipc_path
+from sidecar.ingest import records
 from sidecar.ingest.connections import ConnectionWatch
 from sidecar.ingest.peers import Peer, peer_of
 from sidecar.ingest.streams import Registry
@@ -38,7 +39,7 @@ class Incoming:
 
     identity: bytes
     header: wire.Header
-    records: array | None
+    records: np.ndarray | None  # (phases, wire.RECORD_WIDTH), see sidecar.ingest.records
     control: dict[str, Any] | None
     peer: Peer | None = None
 
@@ -101,8 +102,8 @@ class Receiver:
                                   peer_of(frames[-1]) if self._ipc else None)
             if message is not None:
                 control_type = message.control["type"] if message.control else None
-                self.connections.message(frames[-1].get(zmq.SRCFD), message.header.run_id,
-                                         control_type)
+                self.connections.message(frames[-1].get(zmq.SRCFD), message.identity,
+                                         message.header.run_id, control_type)
                 out.append(message)
         return out
 
@@ -116,7 +117,7 @@ class Receiver:
         try:
             header = wire.decode_header(frame)
             if header.kind == wire.KIND_RECORDS:
-                return Incoming(identity, header, wire.decode_records(frame), None, peer)
+                return Incoming(identity, header, records.decode(frame), None, peer)
             return Incoming(identity, header, None, wire.decode_control(frame), peer)
         except wire.WireError as exc:
             self.registry.reject(exc.kind, str(exc))
