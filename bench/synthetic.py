@@ -7,7 +7,10 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterator
 
+import numpy as np
+
 from markers import wire
+from sidecar.ingest import records
 
 STEP_NS = 600_000  # one MLP step
 PHASES = ((wire.TRAINING_DATA_LOADING, 0, 50_000), (wire.FORWARD, 50_000, 250_000),
@@ -25,14 +28,14 @@ def iteration_slots(iteration: int, epoch: int = 0) -> list[int]:
     return slots
 
 
-def decoded(slots: list[int]) -> array:
+def decoded(slots: list[int]) -> np.ndarray:
     """The decoded records of ``slots`` (as the sidecar's receiver hands them on)."""
     frame = wire.pack_header(wire.KIND_RECORDS, 0, 0, 0, 0, bytes(16)) + array(
         "q", slots).tobytes()
-    return wire.decode_records(frame)
+    return records.decode(frame)
 
 
-def training_records(iterations: int, per_message: int = 256) -> Iterator[array]:
+def training_records(iterations: int, per_message: int = 256) -> Iterator[np.ndarray]:
     """Decoded records of ``iterations`` iterations, about ``per_message`` per batch."""
     per = max(1, per_message // RECORDS_PER_ITERATION)
     for first in range(0, iterations, per):

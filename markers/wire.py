@@ -6,9 +6,10 @@ One ZeroMQ message is one frame: a fixed header, then a body whose kind the head
   ``(tag, a, b)``: a *context* slot (flags, epoch, iteration, batch) that the phase slots
   after it share, *phase* slots (id, start, end) and *GPU* slots (GPU time and peak of
   the phase slot just before). The markers write the slots into a preallocated
-  ``array('q')`` (three stores per phase) and send its bytes; ``decode_records`` expands
-  them into one ``RECORD_FIELDS`` record per phase for the sidecar. Every message begins
-  with a context slot, so a lost message never shifts the context of the next.
+  ``array('q')`` (three stores per phase) and send its bytes; the sidecar
+  (``sidecar.ingest.records``) expands them into one ``RECORD_FIELDS`` record per phase.
+  Every message begins with a context slot, so a lost message never shifts the context of
+  the next.
 * ``KIND_CONTROL``: a UTF-8 JSON object with a ``"type"`` key (``hello``, ``phase``,
   ``checkpoint``, ``finish``, ``state``, ``status``, ...). Rare, so readability wins.
 
@@ -64,6 +65,7 @@ FLAG_GPU_DROPPED = 4  # a GPU measurement was wanted but could not be made
 # The packed slots on the wire: (tag, a, b). The low 16 bits of a tag say what a slot is.
 SLOT_WIDTH = 3
 SLOT_BYTES = 8 * SLOT_WIDTH
+SLOT_FIELDS = ("tag", "a", "b")  # each a little-endian int64 (the sidecar's numpy dtype)
 TAG_CONTEXT = 0xFFFF  # tag | flags << 16 | epoch << 32; a = iteration; b = batch
 TAG_GPU = 0xFFFE  # a = gpu_ns, b = peak_bytes of the phase slot before; tag | flags << 16
 TAG_MASK = 0xFFFF
@@ -194,48 +196,6 @@ def decode_header(frame: bytes) -> Header:
     if kind not in (KIND_RECORDS, KIND_CONTROL):
         raise WireError("malformed", f"unknown message kind {kind}")
     return Header(kind, rank, seq, records_before, dropped, run_id)
-
-
-def decode_records(frame: bytes) -> array:
-    """The records of a RECORDS ``frame`` (header already checked), expanded into flat
-    int64 values, ``RECORD_WIDTH`` per phase.
-
-    Raises WireError("truncated") when the body is not whole slots, "malformed" when it
-    does not begin with a context slot or a GPU slot follows no phase slot.
-    """
-    body = memoryview(frame)[HEADER.size:]
-    if len(body) % SLOT_BYTES:
-        raise WireError("truncated", f"body of {len(body)} bytes is not whole {SLOT_BYTES}-byte "
-                        "slots")
-    slots = array("q")
-    slots.frombytes(body)
-    if sys.byteorder != "little":
-        slots.byteswap()
-    if slots and slots[0] & TAG_MASK != TAG_CONTEXT:
-        raise WireError("malformed", "records do not begin with a context slot")
-    records = array("q")
-    context: tuple[int, int, int, int] = (0, 0, 0, 0)
-    last_phase = -1  # offset in ``records`` of the phase a GPU slot may complete
-    for i in range(0, len(slots), SLOT_WIDTH):
-        tag, a, b = slots[i], slots[i + 1], slots[i + 2]
-        kind = tag & TAG_MASK
-        if kind == TAG_CONTEXT:
-            context = ((tag >> 16) & 0xFFFF, tag >> 32, a, b)
-            last_phase = -1
-        elif kind == TAG_GPU:
-            if last_phase < 0:
-                raise WireError("malformed", "a GPU slot that follows no phase slot")
-            records[last_phase + P_FLAGS] |= (tag >> 16) & 0xFFFF
-            records[last_phase + P_GPU] = a
-            records[last_phase + P_PEAK] = b
-            last_phase = -1
-        else:
-            last_phase = len(records)
-            flags, epoch, iteration, batch = context
-            if tag >> 16:  # a phase slot is its id alone: mark the record bad (all flags)
-                flags = -1
-            records.extend((kind, flags, epoch, iteration, batch, a, b, -1, -1))
-    return records
 
 
 def decode_control(frame: bytes) -> dict[str, Any]:

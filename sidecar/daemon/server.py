@@ -14,12 +14,13 @@ import os
 import signal
 import subprocess
 import time
-from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from markers import wire
 from sidecar.daemon.dispatch import Dispatcher
@@ -103,7 +104,7 @@ class Server:
         if stream.is_local():
             self.monitor.watch(stream.split, stream.pid)
 
-    def _on_records(self, stream: Stream, values: array) -> None:
+    def _on_records(self, stream: Stream, values: np.ndarray) -> None:
         self.monitor.note_records(stream.split, stream.rank, values)
 
     def _run_alive(self, run_id: bytes) -> bool | None:

@@ -8,16 +8,17 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from array import array
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from markers import wire
-from markers.wire import P_END, P_FLAGS, P_PHASE, P_START
 from sidecar.ingest.peers import Peer
+from sidecar.ingest.records import valid as valid_records
 from sidecar.model import state
 from sidecar.model.aggregator import RankAggregator, Settings
 from sidecar.model.split import Split
@@ -25,7 +26,6 @@ from sidecar.model.split import Split
 log = logging.getLogger("sidecar")
 
 HOSTNAME = socket.gethostname()
-KNOWN_FLAGS = wire.FLAG_IN_ITERATION | wire.FLAG_VALIDATION | wire.FLAG_GPU_DROPPED
 # Records of a run we have not heard the hello of yet (a restarted sidecar) wait this long
 # for the markers' periodic hello, at most this many bytes of decoded records in all.
 PENDING_S = 5.0
@@ -94,7 +94,7 @@ class Registry:
 
     def __init__(self, resolve_out_dir: Callable[[str, str, Peer | None], Path],
                  on_stream: Callable[[Stream], None] = lambda stream: None,
-                 on_records: Callable[[Stream, array], None] = lambda stream, values: None,
+                 on_records: Callable[[Stream, np.ndarray], None] = lambda stream, values: None,
                  previous_activity: Callable[[Path, int], float | None] = lambda f, s: None,
                  ) -> None:
         self.resolve_out_dir = resolve_out_dir
@@ -106,7 +106,7 @@ class Registry:
         self.rejected: Counter[str] = Counter()
         self.records_received = 0
         self.last_error: str | None = None  # the latest refusal or write error, for status
-        self._pending: dict[bytes, list[tuple[float, wire.Header, array]]] = {}
+        self._pending: dict[bytes, list[tuple[float, wire.Header, np.ndarray]]] = {}
         self._pending_bytes = 0
 
     # -- rejects --------------------------------------------------------------------
@@ -249,7 +249,7 @@ class Registry:
 
     # -- records --------------------------------------------------------------------
 
-    def records(self, header: wire.Header, values: array, now: float) -> None:
+    def records(self, header: wire.Header, values: np.ndarray, now: float) -> None:
         """Aggregate a RECORDS message; bad records are rejected one by one."""
         stream = self.streams.get(header.run_id)
         if stream is None:
@@ -263,16 +263,17 @@ class Registry:
         if lost > 0:
             split.lost[stream.key] = split.lost.get(stream.key, 0) + lost
             stream.received += lost  # counted once
-        count = len(values) // wire.RECORD_WIDTH
+        count = len(values)
         stream.received += count
         split.received[stream.key] = stream.received
-        good = self._valid(stream, values)
-        if good is not values:
+        mask = valid_records(values, stream.custom_ids)
+        good = values if mask.all() else values[mask]
+        if len(good) < count:
             self.reject("bad_record", "a record with an unknown phase, unknown flags or end "
-                        "before start", count - len(good) // wire.RECORD_WIDTH, split)
+                        "before start", count - len(good), split)
         split.rank(stream.rank).add_records(good)
         self.on_records(stream, good)
-        self.records_received += len(good) // wire.RECORD_WIDTH
+        self.records_received += len(good)
         split.dirty = True
 
     def _in_order(self, stream: Stream, header: wire.Header) -> bool:
@@ -283,37 +284,18 @@ class Registry:
         stream.last_seq = header.seq
         return True
 
-    @staticmethod
-    def _valid(stream: Stream, values: array) -> array:
-        """``values`` itself when every record is good, else a copy of the good ones."""
-        width = wire.RECORD_WIDTH
-        bad = [
-            i for i in range(0, len(values), width)
-            if not (0 < values[i + P_PHASE] < wire.FIRST_CUSTOM_ID
-                    or values[i + P_PHASE] in stream.custom_ids)
-            or values[i + P_FLAGS] & ~KNOWN_FLAGS or values[i + P_END] < values[i + P_START]
-        ]
-        if not bad:
-            return values
-        bad_set = set(bad)
-        good = array("q")
-        for i in range(0, len(values), width):
-            if i not in bad_set:
-                good.extend(values[i:i + width])
-        return good
-
-    def _hold(self, header: wire.Header, values: array, now: float) -> None:
-        size = memoryview(values).nbytes
+    def _hold(self, header: wire.Header, values: np.ndarray, now: float) -> None:
+        size = values.nbytes
         if self._pending_bytes + size > PENDING_BYTES:
             self.reject("unknown_run", f"records for run {header.run_id.hex()} that never said "
-                        "hello", len(values) // wire.RECORD_WIDTH)
+                        "hello", len(values))
             return
         self._pending.setdefault(header.run_id, []).append((now, header, values))
         self._pending_bytes += size
 
     def _replay_pending(self, run_id: bytes) -> None:
         held = self._pending.pop(run_id, [])
-        self._pending_bytes -= sum(memoryview(values).nbytes for _, _, values in held)
+        self._pending_bytes -= sum(values.nbytes for _, _, values in held)
         for now, header, values in held:
             self.records(header, values, now)
 
@@ -322,11 +304,11 @@ class Registry:
         for run_id, held in list(self._pending.items()):
             keep = [h for h in held if now - h[0] < PENDING_S]
             expired = sum(len(values) for arrived, _, values in held
-                          if now - arrived >= PENDING_S) // wire.RECORD_WIDTH
+                          if now - arrived >= PENDING_S)
             if expired:
                 self.reject("unknown_run", f"records for run {run_id.hex()} that never said "
                             "hello", expired)
-            self._pending_bytes -= sum(memoryview(values).nbytes for arrived, _, values in held
+            self._pending_bytes -= sum(values.nbytes for arrived, _, values in held
                                        if now - arrived >= PENDING_S)
             if keep:
                 self._pending[run_id] = keep

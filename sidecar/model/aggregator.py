@@ -18,9 +18,10 @@ Semantics (SPEC §4):
 
 from __future__ import annotations
 
-from array import array
 from dataclasses import asdict, dataclass, field, fields
 from operator import attrgetter
+
+import numpy as np
 
 from markers import wire
 from markers.wire import (
@@ -187,19 +188,21 @@ class RankAggregator:
 
     # -- records --------------------------------------------------------------------
 
-    def add_records(self, values: array) -> None:
-        """Aggregate decoded records (flat int64 values, ``wire.RECORD_WIDTH`` per record).
+    def add_records(self, values: np.ndarray) -> None:
+        """Aggregate decoded records (an int64 array, one row of ``wire.RECORD_FIELDS`` per
+        record, as ``sidecar.ingest.records.decode`` makes it).
 
         The caller has checked phase ids against the declared phases.
         """
+        if not len(values):
+            return
         session = self.sessions[-1]
-        for offset in range(0, len(values), wire.RECORD_WIDTH):
-            record = values[offset:offset + wire.RECORD_WIDTH]
-            session.last_ns = max(session.last_ns, record[P_END])
+        session.last_ns = max(session.last_ns, int(values[:, P_END].max()))
+        self.gpu_not_measured += int(np.count_nonzero(values[:, P_FLAGS]
+                                                      & wire.FLAG_GPU_DROPPED))
+        for record in values.tolist():  # rows as lists: indexing them is cheap
             phase = record[P_PHASE]
             flags = record[P_FLAGS]
-            if flags & wire.FLAG_GPU_DROPPED:
-                self.gpu_not_measured += 1
             if phase in UNCAPPED:
                 self._measure(phase, record, record[P_END] - record[P_START], record[P_GPU],
                               record[P_PEAK], store=True)
@@ -215,7 +218,7 @@ class RankAggregator:
                                   record[P_PEAK],
                                   store=stored < self.settings.num_measurements)
 
-    def _add_to_iteration(self, record: array, validation: bool) -> None:
+    def _add_to_iteration(self, record: list[int], validation: bool) -> None:
         key = (validation, record[P_ITERATION])
         phases = self._open.get(key)
         if phases is None:
@@ -228,7 +231,7 @@ class RankAggregator:
         if phase == LOOP_PHASES[validation]:
             self._close_iteration(key, record)
 
-    def _close_iteration(self, key: tuple[bool, int], loop_record: array) -> None:
+    def _close_iteration(self, key: tuple[bool, int], loop_record: list[int]) -> None:
         validation, iteration = key
         phases = self._open.pop(key)
         # Iterations of the same kind left open before this one were abandoned (a loop
@@ -245,7 +248,7 @@ class RankAggregator:
             self._measure(phase, loop_record, partial.wall_ns, partial.gpu_ns,
                           partial.peak_bytes, store, start_ns=partial.start_ns)
 
-    def _measure(self, phase: int, record: array, wall_ns: int, gpu_ns: int, peak_bytes: int,
+    def _measure(self, phase: int, record: list[int], wall_ns: int, gpu_ns: int, peak_bytes: int,
                  store: bool, start_ns: int | None = None) -> None:
         series = self.series.get(phase)
         if series is None:

@@ -11,11 +11,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from markers import wire
 from markers.wire import P_END, P_PHASE, P_START
@@ -194,17 +195,18 @@ class ResourceMonitor:
         """A GPU a job reported using: sample it too."""
         self._pending_uuids.add(uuid)
 
-    def note_records(self, split: Split, rank: int, values: array) -> None:
-        """Keep rank 0's phase intervals for the attribution (called per RECORDS message)."""
+    def note_records(self, split: Split, rank: int, values: np.ndarray) -> None:
+        """Keep rank 0's phase intervals for the attribution (called per RECORDS message
+        with its decoded records, see ``sidecar.ingest.records``)."""
         entry = self.splits.get(id(split))
         if entry is None or rank != 0 or self.gpus is None:
             return
-        intervals = entry[1].intervals
         names = split.rank(0).custom_names
-        for offset in range(0, len(values), wire.RECORD_WIDTH):
-            phase = values[offset + P_PHASE]
-            intervals.append((wire.phase_label(phase, names), values[offset + P_START],
-                              values[offset + P_END]))
+        phases = values[:, P_PHASE].tolist()
+        labels = {phase: wire.phase_label(phase, names) for phase in set(phases)}
+        entry[1].intervals.extend(zip(map(labels.__getitem__, phases),
+                                      values[:, P_START].tolist(), values[:, P_END].tolist(),
+                                      strict=True))
 
     # -- sampling -------------------------------------------------------------------
 

@@ -3,8 +3,7 @@ streaming figures past the cap, uncapped phases, abandoned iterations (SPEC §4)
 
 from __future__ import annotations
 
-from array import array
-
+import numpy as np
 import pytest
 
 from markers import wire
@@ -33,6 +32,11 @@ def iteration(i: int, t_ms: float, batch: int, forward_ms: float = 2.0,
             + record(loop, t_ms, t_ms + 1 + forward_ms, flags, iteration=i, batch=batch))
 
 
+def rows(values: list[int]) -> np.ndarray:
+    """Flat record values as the decoded array the aggregator takes."""
+    return np.array(values, dtype=np.int64).reshape(-1, wire.RECORD_WIDTH)
+
+
 def aggregator(**settings: int) -> RankAggregator:
     agg = RankAggregator(0, Settings(**settings), 1000.0)
     agg.begin_session(1000.0, 0)
@@ -49,7 +53,7 @@ def test_warmup_is_decided_per_iteration_and_rows_stay_aligned() -> None:
     values = []
     for i in range(5):
         values += iteration(i, 10.0 * i, batch=i, forward_ms=1.0 + i)
-    agg.add_records(array("q", values))
+    agg.add_records(rows(values))
     assert walls(agg, wire.FORWARD) == [3.0, 4.0, 5.0]  # iterations 2, 3, 4
     assert walls(agg, wire.TRAINING_LOOP) == [4.0, 5.0, 6.0]
     assert [r.iteration for r in agg.series[wire.FORWARD].rows] == [2, 3, 4]
@@ -61,7 +65,7 @@ def test_caps_bound_the_rows_but_not_the_streaming_figures() -> None:
     values = []
     for i in range(10):
         values += iteration(i, 10.0 * i, batch=i, forward_ms=float(i + 1))
-    agg.add_records(array("q", values))
+    agg.add_records(rows(values))
     series = agg.series[wire.FORWARD]
     assert len(series.rows) == 3 and len(agg.series[wire.TRAINING_LOOP].rows) == 3
     assert series.wall.count == 10
@@ -75,7 +79,7 @@ def test_accumulation_sums_the_phases_of_one_step() -> None:
     values = (record(wire.TRAINING_DATA_LOADING, 0, 1) + record(wire.FORWARD, 1, 3)
               + record(wire.TRAINING_DATA_LOADING, 3, 5) + record(wire.FORWARD, 5, 9)
               + record(wire.OPTIMIZATION, 9, 10) + record(wire.TRAINING_LOOP, 0, 10))
-    agg.add_records(array("q", values))
+    agg.add_records(rows(values))
     assert walls(agg, wire.TRAINING_DATA_LOADING) == [3.0]
     assert walls(agg, wire.FORWARD) == [6.0]
     assert walls(agg, wire.OPTIMIZATION) == [1.0]
@@ -87,7 +91,7 @@ def test_an_abandoned_iteration_is_never_measured() -> None:
     agg = aggregator()
     values = (record(wire.FORWARD, 0, 5, iteration=0)  # left with break: no loop record
               + iteration(1, 10.0, batch=1))
-    agg.add_records(array("q", values))
+    agg.add_records(rows(values))
     assert walls(agg, wire.FORWARD) == [2.0]
     assert [r.iteration for r in agg.series[wire.FORWARD].rows] == [1]
 
@@ -99,7 +103,7 @@ def test_uncapped_phases_are_always_stored_and_validation_has_its_own_cap() -> N
         values += record(wire.EPOCH, 100.0 * e, 100.0 * e + 50, flags=0, epoch=e)
     values += iteration(0, 0.0, 0) + iteration(1, 10.0, 1)
     values += iteration(0, 20.0, 2, flags=VAL) + iteration(1, 30.0, 3, flags=VAL)
-    agg.add_records(array("q", values))
+    agg.add_records(rows(values))
     assert walls(agg, wire.EPOCH) == [50.0, 50.0, 50.0]
     assert len(agg.series[wire.TRAINING_LOOP].rows) == 1
     assert len(agg.series[wire.VALIDATION_LOOP].rows) == 1
@@ -112,7 +116,7 @@ def test_gpu_times_and_peaks_are_summed_and_maxed_and_drops_counted() -> None:
               + record(wire.FORWARD, 1, 2, gpu_ns=3 * MS, peak=8 * 1024 * 1024)
               + record(wire.BACKWARD, 2, 3, flags=TRAIN | wire.FLAG_GPU_DROPPED)
               + record(wire.TRAINING_LOOP, 0, 3))
-    agg.add_records(array("q", values))
+    agg.add_records(rows(values))
     (row,) = agg.series[wire.FORWARD].rows
     assert row.gpu_s == pytest.approx(0.005) and row.peak_mib == 8.0
     assert agg.series[wire.BACKWARD].rows[0].gpu_s is None
@@ -121,13 +125,13 @@ def test_gpu_times_and_peaks_are_summed_and_maxed_and_drops_counted() -> None:
 
 def test_training_time_adds_sessions_and_state_round_trips() -> None:
     agg = aggregator()
-    agg.add_records(array("q", iteration(0, 0.0, 0)))
+    agg.add_records(rows(iteration(0, 0.0, 0)))
     agg.end_session(int(500 * MS))
     assert agg.training_s() == pytest.approx(0.5)
     copy = RankAggregator(0, Settings(), 0.0)
     copy.load_state(agg.to_state())
     copy.begin_session(2000.0, 0)
-    copy.add_records(array("q", iteration(0, 0.0, 0)))
+    copy.add_records(rows(iteration(0, 0.0, 0)))
     copy.end_session(int(250 * MS))
     assert copy.training_s() == pytest.approx(0.75)
     assert walls(copy, wire.FORWARD) == [2.0, 2.0]

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import os
 import time
-from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from markers import wire
@@ -69,15 +69,15 @@ def test_gpu_use_is_attributed_to_the_phases_that_ran(tmp_path: Path) -> None:
     assert monitor.gpus is not None
     split = make_split(tmp_path)
     monitor.watch(split, os.getpid())
-    records = array("q")
+    records = []
     for label_id, util, power_mw in ((wire.FORWARD, 95, 300_000),
                                      (wire.TRAINING_DATA_LOADING, 5, 80_000),
                                      (wire.FORWARD, 95, 300_000)):
         for gpu in gpus:
             gpu.util, gpu.power_instant_mw = util, power_mw
         start, end = run_phase(monitor, 0.6)
-        records.extend((label_id, 0, 0, -1, 0, start, end, -1, -1))
-    monitor.note_records(split, 0, records)
+        records.append((label_id, 0, 0, -1, 0, start, end, -1, -1))
+    monitor.note_records(split, 0, np.array(records, dtype=np.int64))
     split.set_status("completed", None)
     report = _report(monitor, split, ["Records: test"])
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from markers import wire
+from sidecar.ingest import records
 from sidecar.ingest.streams import Registry
 from tests.support.frames import Client
 
@@ -76,7 +77,7 @@ def test_records_before_the_hello_wait_then_count(tmp_path: Path) -> None:
     client = Client()
     records_frame = client.records(5)
     hello_frame = client.hello("job")
-    registry.records(wire.decode_header(records_frame), wire.decode_records(records_frame),
+    registry.records(wire.decode_header(records_frame), records.decode(records_frame),
                      now=10.0)
     assert registry.records_received == 0
     registry.hello(wire.decode_header(hello_frame), wire.decode_control(hello_frame), 11.0)

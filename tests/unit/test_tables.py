@@ -3,11 +3,9 @@ in order, custom columns after them, empty tails, rank files named by the layout
 
 from __future__ import annotations
 
-from array import array
-
 from markers import wire
 from sidecar.sinks import layout, tables
-from tests.unit.test_aggregator import aggregator, iteration, record
+from tests.unit.test_aggregator import aggregator, iteration, record, rows
 
 
 def test_computational_frame_has_the_reference_columns_then_custom_ones() -> None:
@@ -18,7 +16,7 @@ def test_computational_frame_has_the_reference_columns_then_custom_ones() -> Non
         values += iteration(i, 10.0 * i, batch=i)
     values += record(wire.FIRST_CUSTOM_ID, 40, 41, flags=0)
     values += record(wire.EPOCH, 0, 40, flags=0)
-    agg.add_records(array("q", values))
+    agg.add_records(rows(values))
     frame = tables.computational_frame(agg)
     assert list(frame.columns[:22]) == [c[0] for c in tables.COLUMNS]
     assert list(frame.columns[22:]) == ["augment (s)"]
@@ -35,7 +33,7 @@ def test_computational_frame_has_the_reference_columns_then_custom_ones() -> Non
 
 def test_phases_frame_is_long_and_ordered_by_start() -> None:
     agg = aggregator()
-    agg.add_records(array("q", iteration(0, 0.0, 0) + iteration(1, 10.0, 1)))
+    agg.add_records(rows(iteration(0, 0.0, 0) + iteration(1, 10.0, 1)))
     frame = tables.phases_frame(agg)
     assert list(frame.columns) == tables.PHASES_COLUMNS
     assert frame["start (s)"].is_monotonic_increasing

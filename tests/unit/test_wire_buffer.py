@@ -10,6 +10,7 @@ from array import array
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import zmq
 
@@ -17,6 +18,7 @@ from markers import wire
 from markers.buffer import FLUSH_RECORDS, RecordBuffer
 from markers.gpu import GpuTimer
 from markers.transport import Sender
+from sidecar.ingest import records
 from tests.support.fake_cuda import FakeBackend
 
 P = {name: i for i, name in enumerate(wire.RECORD_FIELDS)}
@@ -35,19 +37,18 @@ def socket_pair(tmp_path: Path) -> Iterator[tuple[zmq.Socket, Sender]]:
     router.close(linger=0)
 
 
-def received(router: zmq.Socket) -> list[array]:
+def received(router: zmq.Socket) -> list[np.ndarray]:
     """Every RECORDS message waiting at ``router``, decoded (controls skipped)."""
     out = []
     while router.poll(500):
         _, frame = router.recv_multipart()
         if wire.decode_header(frame).kind == wire.KIND_RECORDS:
-            out.append(wire.decode_records(frame))
+            out.append(records.decode(frame))
     return out
 
 
-def rows(values: array) -> list[tuple[int, ...]]:
-    return [tuple(values[i:i + wire.RECORD_WIDTH])
-            for i in range(0, len(values), wire.RECORD_WIDTH)]
+def rows(values: np.ndarray) -> list[tuple[int, ...]]:
+    return [tuple(row) for row in values.tolist()]
 
 
 def test_slots_expand_to_records_with_their_context() -> None:
@@ -56,8 +57,8 @@ def test_slots_expand_to_records_with_their_context() -> None:
                         wire.BACKWARD, 150, 300,
                         *wire.context_slot(0, 3, -1, 41), wire.EPOCH, 0, 400])
     header = wire.pack_header(wire.KIND_RECORDS, 0, 0, 0, 0, b"x" * 16)
-    records = rows(wire.decode_records(wire.encode_records(header, slots)))
-    assert records == [
+    decoded = rows(records.decode(wire.encode_records(header, slots)))
+    assert decoded == [
         (wire.FORWARD, wire.FLAG_IN_ITERATION, 3, 7, 40, 100, 150, 30, 4096),
         (wire.BACKWARD, wire.FLAG_IN_ITERATION, 3, 7, 40, 150, 300, -1, -1),
         (wire.EPOCH, 0, 3, -1, 41, 0, 400, -1, -1),
@@ -72,7 +73,7 @@ def test_slots_expand_to_records_with_their_context() -> None:
 def test_bad_slot_streams_are_rejected_by_kind(body: array, kind: str) -> None:
     header = wire.pack_header(wire.KIND_RECORDS, 0, 0, 0, 0, b"x" * 16)
     with pytest.raises(wire.WireError) as error:
-        wire.decode_records(wire.encode_records(header, body))
+        records.decode(wire.encode_records(header, body))
     assert error.value.kind == kind
 
 
