@@ -1,7 +1,7 @@
 """Training steps end to end on the CPU: unmonitored vs ours vs the alternatives, and the
 slowdown our markers cause against the machine's own noise.
 
-    python bench/end_to_end.py [--steps 300] [--repeats 7] [--no-write]
+    python bench/end_to_end.py [--steps 200] [--repeats 7] [--no-write]
 
 1. *Tools* (one torch thread): the MLP and the small CNN of ``bench/models.py``, each step
    marked forward / backward / optimization the way each tool is written in a plain loop:
@@ -185,6 +185,11 @@ def traceml_worker(model: str, steps: int, repeats: int, threads: int) -> None:
     print("TRACEML " + json.dumps({"before": before, "traced": after}), flush=True)
 
 
+def cnn_steps(mlp_steps: int) -> int:
+    """CNN steps per block: about as long as a block of ``mlp_steps`` MLP steps."""
+    return max(10, mlp_steps // 8)
+
+
 def measure(steps: int, repeats: int) -> dict[str, object]:
     """Every figure of this benchmark."""
     results: dict[str, object] = {"tools": {}, "slowdown": {}, "traceml": {}}
@@ -201,21 +206,21 @@ def measure(steps: int, repeats: int) -> dict[str, object]:
             blocks = {"unmonitored": unmonitored(w), "ours": ours(w, run),
                       "Lightning SimpleProfiler": lightning_simple(w),
                       "torch.profiler": torch_profiler(w)}
-            model_steps = steps if key == "mlp" else max(20, steps // 6)
+            model_steps = steps if key == "mlp" else cnn_steps(steps)
             results["tools"][key] = (w.name, interleaved(blocks, model_steps, repeats))
         w = WORKLOADS["mlp"]()
         for threads in (1, default_threads):
             torch.set_num_threads(threads)
             plain, marked = unmonitored(w), ours(w, run)
             results["slowdown"][threads] = {
-                "marked": pair_ratios(plain, marked, steps * 3, 7),
-                "noise": pair_ratios(plain, unmonitored(w), steps * 3, 7)}
+                "marked": pair_ratios(plain, marked, steps * 2, 7),
+                "noise": pair_ratios(plain, unmonitored(w), steps * 2, 7)}
         run.finish()
         results["dropped"] = run.dropped
     torch.set_num_threads(default_threads)
     for key in WORKLOADS:
         results["traceml"][key] = traceml_rows(
-            key, steps if key == "mlp" else max(20, steps // 6), repeats, 1)
+            key, steps if key == "mlp" else cnn_steps(steps), repeats, 1)
     return results
 
 
@@ -267,7 +272,7 @@ def section(results: dict[str, object], steps: int, repeats: int) -> tuple[str, 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("mode", nargs="?", default="bench", choices=["bench", "traceml-worker"])
-    parser.add_argument("--steps", type=int, default=300, help="MLP steps per block")
+    parser.add_argument("--steps", type=int, default=200, help="MLP steps per block")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--model", default="mlp", choices=sorted(WORKLOADS))
     parser.add_argument("--threads", type=int, default=1)
