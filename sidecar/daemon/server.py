@@ -135,6 +135,7 @@ class Server:
             if refusal:
                 raise PermissionError(refusal)
             self.monitor.final_round(split)
+            writer.load_modules()  # with the daemon's own identity, see there
             with self._acting(owner):
                 writer.write_split(split, self.monitor.figures(split),
                                    self.record_counts(split), with_state, self._write_file)

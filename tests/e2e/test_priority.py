@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 
-from tests.support.helpers import Sidecar, env, sidecar_command, wait_for
+from tests.support.helpers import env, sidecar_command, status, wait_for
 
 
 def _thread_niceness(pid: int) -> list[int]:
@@ -19,12 +19,20 @@ def _thread_niceness(pid: int) -> list[int]:
             for thread in psutil.Process(pid).threads()]
 
 
-def test_a_served_sidecar_runs_all_its_threads_niced(serve, short_tmp: Path) -> None:
+def test_a_served_sidecar_runs_all_its_threads_niced(short_tmp: Path) -> None:
     own = os.getpriority(os.PRIO_PROCESS, 0)
-    sidecar: Sidecar = serve()
-    niceness = _thread_niceness(sidecar.process.pid)
-    assert len(niceness) >= 2  # the loop and ZeroMQ's I/O thread at least
-    assert niceness == [min(own + 10, 19)] * len(niceness)
+    endpoint = f"ipc://{short_tmp}/s.sock"
+    process = subprocess.Popen(  # at its default priority (the serve fixture's is the job's)
+        sidecar_command("serve", "--quiet", "--endpoint", endpoint, "--root", str(short_tmp)),
+        env=env(), stdin=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: status(endpoint, 0.5), 30, "the sidecar to answer")
+        niceness = _thread_niceness(process.pid)
+        assert len(niceness) >= 2  # the loop and ZeroMQ's I/O thread at least
+        assert niceness == [min(own + 10, 19)] * len(niceness)
+    finally:
+        process.terminate()
+        process.wait(30)
 
 
 def test_sidecar_run_keeps_the_jobs_priority_and_nice_is_configurable(
