@@ -20,6 +20,7 @@ class Workload:
     backward: Callable[[torch.Tensor], None]
     optimize: Callable[[], None]
     model: nn.Module
+    optimizer: torch.optim.Optimizer
 
     def step(self) -> None:
         """One unmarked training step."""
@@ -39,7 +40,7 @@ def _workload(name: str, model: nn.Module, inputs: torch.Tensor) -> Workload:
         loss.backward()
 
     return Workload(name, lambda: loss_fn(model(inputs), labels), backward, optimizer.step,
-                    model)
+                    model, optimizer)
 
 
 def mlp() -> Workload:

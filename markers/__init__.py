@@ -29,17 +29,29 @@ import zmq
 
 from markers import wire
 from markers.endpoints import connect_address, ipc_path, private_endpoint
+from markers.instrument import Instrumentation, instrument
 from markers.run import NullRun, Phase, Run
 from markers.transport import Sender
 
-__all__ = ["NullRun", "Phase", "Run", "start_run"]
+__all__ = ["Instrumentation", "NullRun", "Phase", "Run", "current_run", "instrument",
+           "start_run"]
 __version__ = "0.1.0"
 
 CONNECT_TIMEOUT_S = 5.0
 PRIVATE_START_TIMEOUT_S = 20.0  # a fresh interpreter importing the sidecar on a busy machine
 
+_current: list[Run | NullRun] = []  # the run started last in this process
 
-def _rank() -> int:
+
+def current_run() -> Run | NullRun | None:
+    """The run ``start_run`` returned last in this process (None before any): what
+    ``instrument()`` uses when it is not given a run."""
+    return _current[-1] if _current else None
+
+
+def _rank(given: int | None = None) -> int:
+    if given is not None:
+        return given
     for variable in ("RANK", "LOCAL_RANK"):
         value = os.environ.get(variable, "")
         if value.isdigit():
@@ -100,7 +112,7 @@ def start_run(out_dir: str | os.PathLike[str] = "maps", split: int = 0,
               warmup_iterations: int = 10, num_measurements: int = 100,
               train_batch_size: int | None = None, val_batch_size: int | None = None,
               accumulation_steps: int = 1, resume: bool = False,
-              endpoint: str | None = None) -> Run | NullRun:
+              endpoint: str | None = None, rank: int | None = None) -> Run | NullRun:
     """Start monitoring one split of a training run and return its ``Run``.
 
     Connects to the sidecar at ``endpoint``, else ``$SIDECAR_ENDPOINT``, else starts a
@@ -108,7 +120,9 @@ def start_run(out_dir: str | os.PathLike[str] = "maps", split: int = 0,
     seconds at most); when none answers, one RuntimeWarning says so and the run goes on
     unmonitored (records are dropped and counted; a sidecar that appears later on the
     endpoint picks the run up). ``resume`` continues the split from the state the sidecar
-    saved at the last ``checkpoint()``. Times are measured with ``time.perf_counter_ns``.
+    saved at the last ``checkpoint()``. ``rank`` is the process's rank in a distributed
+    run (default: ``$RANK``, else ``$LOCAL_RANK``, else 0; framework callbacks pass the
+    trainer's). Times are measured with ``time.perf_counter_ns``.
 
     An endpoint or runtime folder that cannot be used at all gives one RuntimeWarning and a
     ``NullRun`` (the same interface; nothing is measured).
@@ -121,14 +135,18 @@ def start_run(out_dir: str | os.PathLike[str] = "maps", split: int = 0,
     _check("train_batch_size", train_batch_size, 1)
     _check("val_batch_size", val_batch_size, 1)
     _check("accumulation_steps", accumulation_steps, 1)
+    _check("rank", rank, 0)
     try:
         endpoint, private, timeout_s = _endpoint(endpoint)
-        sender = Sender(endpoint, os.urandom(16), _rank())
+        sender = Sender(endpoint, os.urandom(16), _rank(rank))
     except (OSError, RuntimeError, ValueError, zmq.ZMQError) as exc:
         # A configuration we cannot use must never stop the training script.
         warnings.warn(f"markers: cannot reach a sidecar ({type(exc).__name__}: {exc}); this "
                       "run is not monitored, training goes on", RuntimeWarning, stacklevel=2)
-        return NullRun()
+        _current[:] = [NullRun()]
+        return _current[0]
+    # Training time starts when the run is ready: a private sidecar's start-up is not training.
+    connected = sender.wait_connected(timeout_s)
     hello = {
         "type": wire.HELLO, "out_dir": os.fspath(out_dir), "cwd": os.getcwd(), "split": split,
         "warmup_iterations": warmup_iterations, "num_measurements": num_measurements,
@@ -138,10 +156,11 @@ def start_run(out_dir: str | os.PathLike[str] = "maps", split: int = 0,
         "job_id": os.environ.get("SLURM_JOB_ID"), "command": [sys.executable, *sys.argv],
         "start_unix": time.time(), "start_ns": time.perf_counter_ns(), "versions": _versions(),
     }
-    reply = sender.request(hello, timeout_s, connect_timeout_s=timeout_s)
+    reply = sender.request(hello, timeout_s) if connected else None
     monitored = bool(reply and reply.get("ok"))
     if not monitored:
-        reason = reply.get("error") if reply else f"no answer within {timeout_s:.0f} s"
+        reason = reply.get("error") if reply else (
+            sender.last_failure if connected else f"none connected within {timeout_s:.0f} s")
         warnings.warn(f"markers: sidecar at {endpoint} not reachable ({reason}); this run is "
                       "not monitored, training goes on", RuntimeWarning, stacklevel=2)
     elif reply and reply.get("warning"):
@@ -156,4 +175,5 @@ def start_run(out_dir: str | os.PathLike[str] = "maps", split: int = 0,
     folder = reply.get("out_dir") if reply else None
     run.out_dir = Path(folder) if isinstance(folder, str) else None
     atexit.register(run.close_at_exit)
+    _current[:] = [run]
     return run

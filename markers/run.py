@@ -11,10 +11,11 @@ Nothing here waits on the GPU or raises into the loop.
 from __future__ import annotations
 
 import functools
+import json
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -32,24 +33,47 @@ GPU_CHECK_EVERY = 100  # steps between checks whether the script started using C
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _batch_size(batch: Any) -> int | None:
-    """First dimension of a batch: a tensor's, the first tensor's of a tuple/list/dict
-    (``(inputs, labels)``), or the length of a list of plain samples; None if it has none.
+def _first_dims(batch: Any, depth: int = 3) -> set[int] | None:
+    """The first dimensions found in ``batch``: a tensor's (anything with ``shape``), those
+    of the fields of a tuple, a default-collated list or a mapping (``(inputs, labels)``,
+    ``{"input_ids": ...}``), the length of a list of strings or numbers. None when it cannot
+    tell: a list of samples as they are (a list of tuples, dicts or token lists, as an
+    identity ``collate_fn`` gives), or an object without a shape.
     """
-    for _ in range(4):
-        shape = getattr(batch, "shape", None)
-        if shape is not None:
-            return int(shape[0]) if len(shape) else None
-        if isinstance(batch, dict):
-            batch = next(iter(batch.values()), None)
-        elif isinstance(batch, (list, tuple)) and batch:
-            first = batch[0]
-            if not hasattr(first, "shape") and not isinstance(first, (list, tuple, dict)):
-                return len(batch)
-            batch = first
-        else:
+    shape = getattr(batch, "shape", None)
+    if shape is not None:
+        return {int(shape[0])} if len(shape) else set()
+    if batch is None or isinstance(batch, (str, bytes, int, float)):
+        return set()
+    if isinstance(batch, Mapping):
+        items = list(batch.values())
+    elif isinstance(batch, (list, tuple)):
+        items = list(batch)
+        texts = all(isinstance(item, str) for item in items)
+        scalars = isinstance(batch, list) and all(isinstance(i, (int, float)) for i in items)
+        if items and (texts or scalars):
+            return {len(items)}  # texts, or scalar samples
+        if isinstance(batch, list) and items and all(
+                isinstance(item, (list, tuple, Mapping)) for item in items):
+            return None  # samples, not fields: the batch size is ambiguous
+    else:
+        return None
+    if depth == 0:
+        return None
+    sizes: set[int] = set()
+    for item in items:
+        found = _first_dims(item, depth - 1)
+        if found is None:
             return None
-    return None
+        sizes |= found
+    return sizes
+
+
+def _batch_size(batch: Any) -> int | None:
+    """The batch size of ``batch`` where it is unambiguous (see ``_first_dims``: every
+    first dimension found agrees), else None."""
+    sizes = _first_dims(batch)
+    return sizes.pop() if sizes and len(sizes) == 1 else None
 
 
 class Phase:
@@ -176,6 +200,11 @@ class Run:
         self.out_dir: Path | None = None  # the run folder as the sidecar resolved it
         self._on_close = on_close
         self._accumulation = int(hello["accumulation_steps"])
+        # Batch sizes read from the batches (by ``validation``): the last one sent (0: the
+        # batches cannot tell), None before the first batch, -1 when given (not read).
+        self._read_sizes: list[int | None] = [None if hello.get(key) is None else -1
+                                              for key in ("train_batch_size", "val_batch_size")]
+        self._sized = [-1, -1]  # the iteration whose size was read last (by ``validation``)
         self._buffer = RecordBuffer(sender, hello, perf_counter_ns())
         self._phases = _PhaseTable(self._new_phase)
         # run.phase(name) is written inside the loop, so it is the table's own C lookup
@@ -185,10 +214,12 @@ class Run:
         self._epoch = first_epoch  # epochs continue across resumes
         self._epoch_start_ns = 0
         self._validation_start_ns = 0
+        self._in_validation = False
+        self._boundary_ns = 0  # the latest begin or end of an epoch or validation pass
         self._iterations = [0, 0]  # training, validation iterations so far (by `validation`)
         self._net_batches = 0  # batches that went through the network in this process
         self._open: tuple[bool, int] | None = None  # the open iteration: (validation, start)
-        self._batch_sizes_sent: set[str] = set()
+        self._excluded_ns = 0  # of the open iteration: checkpoints made in it
         self._finished = False
         self._buffer.set_context(0, self._epoch, -1, 0)
 
@@ -218,41 +249,64 @@ class Run:
         return self._batches(loader, validation=True)
 
     def checkpoint(self, timeout_s: float = CHECKPOINT_TIMEOUT_S) -> bool:
-        """Send what is buffered and have the sidecar write every file and its state now.
+        """Send what is buffered and have the sidecar take its state now; it writes every
+        file and the state file right after answering (a failed write is logged, reported
+        in ``sidecar status`` and retried).
 
-        Waits for the sidecar's answer at most ``timeout_s``; True when it wrote.
+        Returns True once the sidecar took the state (milliseconds: the writing does not
+        hold up the loop), False when no sidecar answered within ``timeout_s``. The time
+        spent here is kept out of the iteration it is called in.
         """
+        start_ns = perf_counter_ns()
         self._buffer.flush()
         reply = self._sender.request({"type": wire.CHECKPOINT}, timeout_s)
+        self._exclude_from_iteration(start_ns)
         return bool(reply and reply.get("ok"))
 
     def state_dict(self, timeout_s: float = STATE_TIMEOUT_S) -> dict[str, Any]:
         """The sidecar's state of this split, to keep inside the user's own checkpoint.
 
         The same content as the state file ``checkpoint()`` writes (a JSON-compatible dict
-        with a ``schema`` key). Waits for the sidecar at most ``timeout_s`` seconds; returns
-        an empty dict when the run is not monitored or no sidecar answered (loading an
-        empty dict later is a no-op). Never raises.
+        with a ``schema`` key). Waits for the sidecar at most ``timeout_s`` seconds without
+        progress; returns an empty dict when the run is not monitored or no sidecar
+        answered (then with one RuntimeWarning saying why; loading an empty dict later is
+        a no-op). Never raises. The time spent here is kept out of the iteration it is
+        called in.
         """
+        start_ns = perf_counter_ns()
         self._buffer.flush()
         reply = self._sender.request({"type": wire.STATE}, timeout_s)
+        self._exclude_from_iteration(start_ns)
         state = reply.get("state") if reply and reply.get("ok") else None
-        return state if isinstance(state, dict) else {}
+        if not isinstance(state, dict):
+            if self.monitored:  # an empty dict means nothing was saved: say why
+                reason = reply.get("error") if reply else self._sender.last_failure
+                warnings.warn(f"markers: state_dict() got no state ({reason})",
+                              RuntimeWarning, stacklevel=2)
+            return {}
+        return state
 
     def load_state_dict(self, state: dict[str, Any],
                         timeout_s: float = STATE_TIMEOUT_S) -> bool:
         """Continue this split from ``state`` (from ``state_dict()`` of an earlier process):
         the same as ``start_run(resume=True)`` with the state kept by the user. Call it
-        before the first epoch. Epochs continue from the saved ones. Waits at most
-        ``timeout_s`` seconds; True when the sidecar took the state, False (with one
-        RuntimeWarning giving the sidecar's reason) otherwise. Never raises.
+        before the first epoch. Epochs continue from the saved ones. A state of any size
+        is sent in parts. Waits at most ``timeout_s`` seconds without progress; True when
+        the sidecar took the state, False (with one RuntimeWarning saying why) otherwise.
+        Never raises.
         """
         if not state:
             return False
         self._buffer.flush()
-        reply = self._sender.request({"type": wire.LOAD_STATE, "state": state}, timeout_s)
+        try:
+            payload = json.dumps(state, separators=(",", ":")).encode()
+        except (TypeError, ValueError) as exc:
+            reply: dict[str, Any] | None = {"error": f"the state is not JSON-compatible: {exc}"}
+        else:  # any size: it travels in parts (``wire.PART_BYTES``)
+            reply = self._sender.request({"type": wire.LOAD_STATE, "payload_bytes": len(payload)},
+                                         timeout_s, payload=payload)
         if not (reply and reply.get("ok")):
-            reason = reply.get("error") if reply else "no answer from the sidecar"
+            reason = reply.get("error") if reply else self._sender.last_failure
             warnings.warn(f"markers: saved state not loaded ({reason})", RuntimeWarning,
                           stacklevel=2)
             return False
@@ -264,8 +318,9 @@ class Run:
 
     def finish(self, status: str = "completed", error: str | None = None) -> None:
         """End the run: send everything (waiting at most ``GPU_DRAIN_S`` for GPU times
-        still in flight), have the sidecar write its files (waiting at most
-        ``FINISH_TIMEOUT_S``), close the connection. Safe to call more than once.
+        still in flight), have the sidecar write its files (waiting as long as it reports
+        progress on them, and at most ``FINISH_TIMEOUT_S`` without), close the connection.
+        Safe to call more than once.
         """
         if self._finished:
             return
@@ -277,10 +332,8 @@ class Run:
         reply = self._sender.request({"type": wire.FINISH, "status": status, "error": error,
                                       "end_ns": end_ns}, FINISH_TIMEOUT_S)
         if reply is None:
-            reason = (f"within {FINISH_TIMEOUT_S:.0f} s" if self._sender.connected
-                      else "(no sidecar connected)")
-            warnings.warn(f"markers: the sidecar did not confirm writing the files {reason}",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn("markers: the sidecar did not confirm writing the files "
+                          f"({self._sender.last_failure})", RuntimeWarning, stacklevel=2)
         self._sender.close()
         if self._on_close is not None:
             self._on_close()
@@ -298,8 +351,8 @@ class Run:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  _tb: object) -> None:
-        if exc_type is None:
-            self.finish("completed")
+        if exc_type is None or (exc_type is SystemExit and exc.code in (0, None)):  # type: ignore[union-attr]
+            self.finish("completed")  # sys.exit(0) is a normal end
         else:
             self.finish("failed", f"{exc_type.__name__}: {exc}")
 
@@ -317,23 +370,27 @@ class Run:
 
     def begin_epoch(self) -> None:
         """An epoch starts now."""
-        self._epoch_start_ns = perf_counter_ns()
+        self._epoch_start_ns = self._boundary_ns = perf_counter_ns()
 
     def end_epoch(self) -> None:
         """The epoch begun by ``begin_epoch`` ends now (one Epoch measurement); the next
         phases belong to the next epoch. Sends what is buffered."""
-        self._buffer.record(wire.EPOCH, self._epoch_start_ns, perf_counter_ns())
+        self._boundary_ns = perf_counter_ns()
+        self._buffer.record(wire.EPOCH, self._epoch_start_ns, self._boundary_ns)
         self._epoch += 1
         self._buffer.set_context(0, self._epoch, -1, self._net_batches)
         self._buffer.flush()
 
     def begin_validation(self) -> None:
         """A validation pass starts now."""
-        self._validation_start_ns = perf_counter_ns()
+        self._validation_start_ns = self._boundary_ns = perf_counter_ns()
+        self._in_validation = True
 
     def end_validation(self) -> None:
         """The validation pass ends now (one Validation measurement)."""
-        self._buffer.record(wire.VALIDATION, self._validation_start_ns, perf_counter_ns())
+        self._boundary_ns = perf_counter_ns()
+        self._in_validation = False
+        self._buffer.record(wire.VALIDATION, self._validation_start_ns, self._boundary_ns)
         self._buffer.flush()
 
     def begin_iteration(self, validation: bool = False, start_ns: int | None = None) -> None:
@@ -343,6 +400,7 @@ class Run:
         if start_ns is None:
             start_ns = perf_counter_ns()
         self._open = (validation, start_ns)
+        self._excluded_ns = 0
         flags = wire.FLAG_IN_ITERATION | (wire.FLAG_VALIDATION if validation else 0)
         self._buffer.set_context(flags, self._epoch, self._iterations[validation],
                                  self._net_batches)
@@ -367,7 +425,8 @@ class Run:
         validation, start_ns = self._open
         self._open = None
         self._buffer.record(wire.VALIDATION_LOOP if validation else wire.TRAINING_LOOP,
-                            start_ns, perf_counter_ns() if end_ns is None else end_ns)
+                            start_ns + self._excluded_ns,
+                            perf_counter_ns() if end_ns is None else end_ns)
         self._iterations[validation] += 1
         if not validation and self._buffer.gpu is None \
                 and self._iterations[False] % GPU_CHECK_EVERY == 0:
@@ -376,14 +435,54 @@ class Run:
     def leave_iteration(self) -> None:
         """Phases from now on are outside any iteration; an iteration still open is left
         unfinished and never measured."""
+        if self._open is not None:
+            # The next iteration gets a number of its own: nothing of the left one (whose
+            # records went out under this number) merges into it.
+            self._iterations[self._open[0]] += 1
         self._open = None
         self._buffer.set_context(0, self._epoch, -1, self._net_batches)
+
+    def _exclude_from_iteration(self, start_ns: int) -> None:
+        """Keep the time since ``start_ns`` (a checkpoint, a state request) out of the open
+        iteration: its loop record starts that much later (``iteration`` stays the same,
+        hooks compare it)."""
+        if self._open is not None:
+            self._excluded_ns += perf_counter_ns() - start_ns
+
+    # -- what hooks and callbacks read to agree with the loop drivers -----------------
+
+    @property
+    def iteration(self) -> tuple[bool, int] | None:
+        """The open iteration as ``(validation, start_ns)``, or None between iterations."""
+        return self._open
+
+    @property
+    def in_validation(self) -> bool:
+        """True between ``begin_validation`` and ``end_validation``."""
+        return self._in_validation
+
+    @property
+    def last_boundary_ns(self) -> int:
+        """When the latest epoch or validation pass began or ended (perf_counter_ns; 0
+        before any): time before it belongs to no iteration that starts after it."""
+        return self._boundary_ns
+
+    def batch_seen(self, validation: bool, batch: Any) -> None:
+        """A batch of the open iteration was fetched: its size is read (when ``start_run``
+        was not given it) from the first batch of each iteration, and sent when it
+        changed."""
+        if self._read_sizes[validation] == -1:
+            return
+        iteration = self._iterations[validation]
+        if self._sized[validation] == iteration:
+            return
+        self._sized[validation] = iteration
+        self._note_batch_size(validation, batch)
 
     # -- loop drivers ---------------------------------------------------------------
 
     def _batches(self, loader: Iterable[Any], validation: bool) -> Iterator[Any]:
         per_iteration = 1 if validation else self._accumulation
-        kind = "validation" if validation else "train"
         self._open_gpu()  # CUDA may have come up since the last loop
         iterator = iter(loader)
         in_iteration = 0
@@ -397,8 +496,7 @@ class Run:
                 if in_iteration == 0:
                     self.begin_iteration(validation, start_ns)
                 self.data_loaded(start_ns)
-                if kind not in self._batch_sizes_sent:
-                    self._send_batch_size(kind, batch)
+                self.batch_seen(validation, batch)
                 yield batch
                 self.batch_done()
                 in_iteration += 1
@@ -411,11 +509,23 @@ class Run:
             # A loop left early leaves its iteration open: it is never measured.
             self.leave_iteration()
 
-    def _send_batch_size(self, kind: str, batch: Any) -> None:
-        self._batch_sizes_sent.add(kind)
-        size = _batch_size(batch)
-        if size:
-            self._sender.send_control({"type": wire.BATCH_SIZE, "kind": kind, "value": size})
+    def _note_batch_size(self, validation: bool, batch: Any) -> None:
+        """Tell the sidecar the batch size from this iteration on when it changed (the
+        first batch of an iteration counts); a batch that cannot tell gives one warning."""
+        size = _batch_size(batch) or 0
+        if size == self._read_sizes[validation]:
+            return
+        first = self._read_sizes[validation] is None
+        self._read_sizes[validation] = size
+        kind = "validation" if validation else "train"
+        self._sender.send_control({"type": wire.BATCH_SIZE, "kind": kind, "value": size or None,
+                                   "iteration": self._iterations[validation]})
+        if not size and first:
+            given = "val_batch_size" if validation else "train_batch_size"
+            warnings.warn(f"markers: the {kind} batch size cannot be read from a batch of "
+                          f"type {type(batch).__name__} (ambiguous: give {given}= to "
+                          "start_run); its throughput is reported as unknown",
+                          RuntimeWarning, stacklevel=3)
 
     def _open_gpu(self) -> None:
         """Start GPU timing once the script uses CUDA (checked at loop starts and every
@@ -468,6 +578,9 @@ class NullRun:
     monitored = False
     out_dir: Path | None = None
     dropped = 0
+    iteration: tuple[bool, int] | None = None
+    in_validation = False
+    last_boundary_ns = 0
 
     def phase(self, name: str) -> _NullPhase:
         """A marker that measures nothing."""
@@ -492,6 +605,9 @@ class NullRun:
         """Does nothing."""
 
     def end_iteration(self, end_ns: int | None = None) -> None:
+        """Does nothing."""
+
+    def batch_seen(self, validation: bool, batch: Any) -> None:
         """Does nothing."""
 
     def _nothing(self) -> None:

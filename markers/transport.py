@@ -9,10 +9,18 @@ ZeroMQ reconnects by itself, so a sidecar started later on the same endpoint rec
 A monitor socket tells whether a sidecar is connected right now; it is read only when a
 request is made (rare), so a checkpoint or finish with no sidecar returns at once instead
 of waiting for a reply that cannot come.
+
+No message larger than the sidecar's cap (``wire.MAX_MESSAGE_BYTES``) is ever sent: libzmq
+would drop the whole connection for it. A payload of any size (a saved state) travels as
+``part`` messages of ``wire.PART_BYTES`` before the request that uses it. While a request
+is being worked on (or a write this run asked for earlier, such as a checkpoint's, is
+still going on), the sidecar sends progress replies; each one restarts the wait, so a long
+write is waited for and a gone or stuck sidecar is given up after ``timeout_s``.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import time
@@ -29,6 +37,8 @@ from markers import wire
 SEND_QUEUE_BYTES = 4 * 1024 * 1024
 SNDHWM = SEND_QUEUE_BYTES // wire.FLUSH_MESSAGE_BYTES
 CONNECT_POLL_S = 0.01
+# However much progress a sidecar reports, a request is given up after this long.
+PROGRESS_LIMIT_S = 600.0
 _UP = zmq.EVENT_HANDSHAKE_SUCCEEDED
 _DOWN = zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED | zmq.EVENT_CONNECT_RETRIED
 
@@ -50,6 +60,7 @@ class Sender:
         self._connected = False
         self._socket.connect(endpoint)
         self._pid = os.getpid()
+        self.last_failure = ""  # why the latest request got no reply, in words
 
     @property
     def connected(self) -> bool:
@@ -78,6 +89,8 @@ class Sender:
     def _send(self, frame: bytes) -> bool:
         if os.getpid() != self._pid:  # a forked child (data-loader worker) must not share it
             return False
+        if len(frame) > wire.MAX_MESSAGE_BYTES:  # it would cost the whole connection
+            return False
         try:
             self._socket.send(frame, zmq.NOBLOCK, copy=False)
         except zmq.ZMQError:
@@ -97,34 +110,54 @@ class Sender:
         return self._send(wire.encode_control(self._header(wire.KIND_CONTROL), body))
 
     def request(self, body: dict[str, Any], timeout_s: float,
-                connect_timeout_s: float = 0.0) -> dict[str, Any] | None:
-        """Send a control message that asks for a reply and wait for it, at most ``timeout_s``
-        seconds in all. Without a connected sidecar (after waiting ``connect_timeout_s`` for
-        one) it returns None at once: the training loop is never held up by an absent
-        sidecar. Replies to earlier requests that arrive late are skipped. Returns None on
-        timeout.
+                connect_timeout_s: float = 0.0, payload: bytes = b"") -> dict[str, Any] | None:
+        """Send a control message that asks for a reply and wait for it. ``payload`` (any
+        size) goes first as ``part`` messages; the sidecar hands it to the request.
+
+        Waits at most ``timeout_s`` seconds without news: a progress reply from the sidecar
+        (it is working on this request, or still writing for an earlier one of this run)
+        restarts that wait, up to ``PROGRESS_LIMIT_S`` in all. Without a connected sidecar
+        (after waiting ``connect_timeout_s`` for one) it returns None at once: the training
+        loop is never held up by an absent sidecar. Replies to earlier requests that arrive
+        late are skipped. Returns None when no reply came; ``last_failure`` then says why.
         """
-        deadline = time.monotonic() + timeout_s
+        started = time.monotonic()
+        deadline = started + timeout_s
         if not self.wait_connected(min(connect_timeout_s, timeout_s)):
-            return None
+            return self._failed("no sidecar is connected")
+        for offset in range(0, len(payload), wire.PART_BYTES):
+            chunk = base64.b64encode(payload[offset:offset + wire.PART_BYTES]).decode()
+            if not self.send_control({"type": wire.PART, "data": chunk}):
+                return self._failed(f"part {offset // wire.PART_BYTES + 1} of "
+                                    f"{-(-len(payload) // wire.PART_BYTES)} could not be queued "
+                                    "(the sidecar is not taking messages)")
         request_id = f"{self.seq}-{os.getpid()}"
         if not self.send_control({**body, "reply_to": request_id}):
-            return None
+            return self._failed("the request could not be queued (the sidecar is not taking "
+                                "messages)")
         poller = zmq.Poller()
         poller.register(self._socket, zmq.POLLIN)
         poller.register(self._monitor, zmq.POLLIN)
         while (left_s := deadline - time.monotonic()) > 0:
             ready = dict(poller.poll(int(left_s * 1000) + 1))
             if self._monitor in ready and not self.connected:
-                return None  # the sidecar went away while we waited: no answer will come
+                return self._failed("the sidecar went away while we waited")
             if self._socket not in ready:
                 continue
             try:
                 reply = json.loads(self._socket.recv(zmq.NOBLOCK))
             except (zmq.ZMQError, ValueError):
                 continue
-            if isinstance(reply, dict) and reply.get("reply_to") == request_id:
+            if not isinstance(reply, dict):
+                continue
+            if "progress" in reply:  # on this run's socket: news of this run's work
+                deadline = min(time.monotonic() + timeout_s, started + PROGRESS_LIMIT_S)
+            elif reply.get("reply_to") == request_id:
                 return reply
+        return self._failed(f"no answer and no progress within {timeout_s:g} s")
+
+    def _failed(self, reason: str) -> None:
+        self.last_failure = reason
         return None
 
     def close(self) -> None:

@@ -114,15 +114,16 @@ CANONICAL_PHASE_NAMES: dict[str, int] = {
 HELLO = "hello"  # a run starts (or re-announces itself): its settings and identity
 PHASE = "phase"  # declares a custom phase id and name
 GPU = "gpu"  # the GPU the run's markers time on (uuid, name)
-BATCH_SIZE = "batch_size"  # a batch size read from the first batch
+BATCH_SIZE = "batch_size"  # the batch size read from the batches, from an iteration on
+PART = "part"  # one part of a payload too big for one message (base64 ``data``)
 CHECKPOINT = "checkpoint"  # write every file and the resume state now (answered)
 STATE = "state"  # send the split's state document (answered)
 LOAD_STATE = "load_state"  # continue the split from a state the user kept (answered)
 FINISH = "finish"  # the run ended; write everything (answered)
 STATUS = "status"  # the status view (``sidecar status``; answered)
 FINISH_JOB = "finish_job"  # end every run of a Slurm job (``sidecar finish --job``; answered)
-CONTROL_TYPES = (HELLO, PHASE, GPU, BATCH_SIZE, CHECKPOINT, STATE, LOAD_STATE, FINISH, STATUS,
-                 FINISH_JOB)
+CONTROL_TYPES = (HELLO, PHASE, GPU, BATCH_SIZE, PART, CHECKPOINT, STATE, LOAD_STATE, FINISH,
+                 STATUS, FINISH_JOB)
 
 # Upper bound the sidecar enforces at the socket (ZMQ_MAXMSGSIZE).
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
@@ -133,6 +134,8 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 FLUSH_SLOTS = 256
 FLUSH_MESSAGE_BYTES = HEADER.size + SLOT_BYTES * (FLUSH_SLOTS + 4)
 MAX_CONTROL_BYTES = 1024 * 1024
+# Raw bytes per ``part`` message: base64 makes it 4/3 bigger, still under MAX_CONTROL_BYTES.
+PART_BYTES = 512 * 1024
 
 
 class WireError(ValueError):

@@ -190,7 +190,8 @@ def _status(endpoint: str, job: str | None, as_json: bool) -> int:
     samplers = reply["samplers"]
     print(f"sidecar pid {reply['pid']} on {reply['endpoint']}; sampling every "
           f"{samplers['interval_s']:g} s: host {samplers['host']}, GPU {samplers['gpu']}")
-    print(f"records {reply['records']} ({reply['records_per_s']:.0f}/s), dropped "
+    print(f"records {reply['records']} ({reply['records_per_s']:.0f}/s, mean over the last "
+          f"{reply['rate_window_s']:.1f} s), dropped "
           f"{reply['dropped']}, lost {reply['lost']}, rejected {reply['rejected']} "
           f"{reply['rejected_by_kind'] or ''}".rstrip())
     for gpu in samplers.get("gpus", []):

@@ -2,7 +2,10 @@
 
 Each handler takes the stream the message came from (None only for the types that need
 none), its body and the time, checks every field it reads (WireError "malformed"
-otherwise) and returns the reply body, or None when the type is never answered.
+otherwise) and returns the reply body, or None when the type is never answered. Work that
+must follow the reply (a checkpoint's writing: the client goes on as soon as the state is
+taken) is queued in ``later``; the server runs it right after replying, before it reads
+anything else, so what is written is the state at the checkpoint.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any
 from markers import wire
 from sidecar.ingest.peers import Peer
 from sidecar.ingest.streams import Registry, Stream
+from sidecar.model import state
 from sidecar.model.split import Split
 from sidecar.resources.monitor import ResourceMonitor
 
@@ -25,6 +29,10 @@ def _string(body: dict[str, Any], key: str, kind: str) -> str:
     if not isinstance(value, str):
         raise wire.WireError("malformed", f"{kind} needs a string {key!r}")
     return value
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 class Dispatcher:
@@ -41,10 +49,12 @@ class Dispatcher:
         self.write = write
         self.status = status
         self.finish_job = finish_job
+        self.later: list[Callable[[], object]] = []  # run by the server after the reply
         self._table: dict[str, Callable[[Stream, dict[str, Any], float], Reply]] = {
             wire.PHASE: self._phase,
             wire.GPU: self._gpu,
             wire.BATCH_SIZE: self._batch_size,
+            wire.PART: self._part,
             wire.STATE: self._state,
             wire.LOAD_STATE: self._load_state,
             wire.CHECKPOINT: self._checkpoint,
@@ -81,21 +91,34 @@ class Dispatcher:
         return None
 
     def _batch_size(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
-        which, value = body.get("kind"), body.get("value")
-        if which not in ("train", "validation") or not isinstance(value, int) \
-                or isinstance(value, bool) or value < 1:
-            raise wire.WireError("malformed", "batch_size needs kind and a positive value")
-        stream.split.batch_sizes.setdefault(which, value)
+        which, value, iteration = body.get("kind"), body.get("value"), body.get("iteration")
+        if which not in ("train", "validation") or not (value is None or _positive(value)) \
+                or not (_positive(iteration) or iteration == 0):
+            raise wire.WireError("malformed", "batch_size needs kind, a positive value or null "
+                                 "and an iteration >= 0")
+        stream.split.rank(stream.rank).note_batch_size(which == "validation", iteration, value)
         return None
 
     def _state(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
         return self.registry.state_of(stream)
 
+    def _part(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
+        self.registry.add_part(stream, body)
+        return None
+
     def _load_state(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
-        return self.registry.load_state(stream, body.get("state"))
+        if "payload_bytes" not in body:  # small enough to travel inline
+            return self.registry.load_state(stream, body.get("state"))
+        try:
+            saved = self.registry.take_payload(stream, body["payload_bytes"])
+        except state.StateError as exc:
+            return {"ok": False, "error": str(exc)}
+        return self.registry.load_state(stream, saved)
 
     def _checkpoint(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
-        return self._written(stream.split, with_state=True)
+        split = stream.split
+        self.later.append(lambda: self.write(split, True))
+        return {"ok": True, "out_dir": str(split.out_dir), "error": split.write_error}
 
     def _finish(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
         status = body.get("status")

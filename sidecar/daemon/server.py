@@ -31,13 +31,14 @@ from sidecar.daemon.snapshot import RunView, Snapshot, split_view
 from sidecar.daemon.users import ForeignFolder, acting_as, user_folder
 from sidecar.ingest.peers import Peer, user_name
 from sidecar.ingest.receiver import Incoming, Receiver
-from sidecar.ingest.streams import HOSTNAME, Refused, Registry, Stream
+from sidecar.ingest.streams import HOSTNAME, Claim, Refused, Registry, Stream
 from sidecar.model.split import Split
 from sidecar.resources.monitor import ResourceMonitor
 from sidecar.resources.samplers import DEFAULT_INTERVAL_S
 from sidecar.resources.samplers.nvml import open_nvml
-from sidecar.sinks import writer
-from sidecar.sinks.atomic import write_atomic
+from sidecar.sinks import layout, resources_text, writer
+from sidecar.sinks.atomic import WriteBytes
+from sidecar.sinks.locks import Busy, SplitClaim
 
 log = logging.getLogger("sidecar")
 
@@ -68,25 +69,27 @@ class Server:
     """A running sidecar; ``run()`` returns the exit status for the command line.
 
     Test seams are constructor parameters: ``open_gpus`` opens NVML (a fake on machines
-    without a GPU), ``write_file`` replaces one file atomically (a fake full disk), and
+    without a GPU), ``write_bytes`` puts bytes into an open file (a fake full disk), and
     ``hooks`` receive the lifecycle calls (sd_notify, exporters).
     """
 
     def __init__(self, config: Config, child: subprocess.Popen[bytes] | None = None, *,
                  hooks: Sequence[Lifecycle] = (),
                  open_gpus: Callable[[str | None], Any] = open_nvml,
-                 write_file: writer.WriteFile = write_atomic) -> None:
+                 write_bytes: WriteBytes | None = None) -> None:
         self.config = config
         self.child = child
         self.hooks = list(hooks)
         self.policy = OutDirPolicy(config.root, config.shared)
-        self._write_file = write_file
+        self._write_bytes = write_bytes
+        self._waiting: tuple[bytes, Any] | None = None  # (identity, reply_to) being answered
         own_job = config.root is None
         self.monitor = ResourceMonitor(
             config.interval_s, os.environ.get("CUDA_VISIBLE_DEVICES") if own_job else None,
             all_splits_share_gpus=own_job, open_gpus=open_gpus)
         self.registry = Registry(self.policy.resolve, self._on_stream, self._on_records,
-                                 writer.previous_activity)
+                                 writer.previous_activity, self._claim,
+                                 lambda stream: not stream.is_local() or pid_alive(stream.pid))
         self.receiver = Receiver(config.endpoint, self.registry, self._run_alive,
                                  shared=config.shared)
         self.dispatcher = Dispatcher(self.registry, self.monitor, self.write, self.status_for,
@@ -101,8 +104,33 @@ class Server:
         self.snapshot = self.publish()
 
     def _on_stream(self, stream: Stream) -> None:
-        if stream.is_local():
-            self.monitor.watch(stream.split, stream.pid)
+        if not stream.is_local():
+            return
+        split = stream.split
+        agg = split.ranks.get(0)
+        if self.monitor.watch(split, stream.pid) and agg is not None and len(agg.sessions) > 1:
+            # A resume under a sidecar that did not see the earlier sessions: their samples
+            # come back from the folder, so the resources cover every session.
+            run_start_ns, _ = self.monitor.session_starts_ns(split)
+            self.monitor.restore(split, *resources_text.read_samples(
+                split.logs_dir / layout.RESOURCES_FILE, run_start_ns, agg.sessions[-1].number))
+
+    def _claim(self, split_dir: Path) -> Claim | None:
+        """Claim a split's folder for this sidecar (one writer per split)."""
+        try:
+            return SplitClaim(split_dir)
+        except Busy as exc:
+            holder = exc.holder
+            runs = holder.get("ranks") if isinstance(holder.get("ranks"), dict) else {}
+            names = ", ".join(f"run {str(r.get('run_id'))[:8]} (pid {r.get('pid')})"
+                              for r in runs.values() if isinstance(r, dict)) or "another run"
+            raise Refused(f"{split_dir} is being written by {names} under the sidecar pid "
+                          f"{holder.get('sidecar_pid')} on {holder.get('host')}; one writer "
+                          "per split: this run is not monitored") from None
+        except OSError as exc:  # the writes will say it, and retry
+            log.warning("cannot claim %s (%s); writing it anyway when possible", split_dir,
+                        exc.strerror or exc)
+            return None
 
     def _on_records(self, stream: Stream, values: np.ndarray) -> None:
         self.monitor.note_records(stream.split, stream.rank, values)
@@ -117,10 +145,9 @@ class Server:
 
     def record_counts(self, split: Split) -> writer.RecordCounts:
         """The record accounting of ``split`` for its summary."""
-        streams = [s for s in self.registry.streams.values() if s.split is split]
         lost = sum(split.lost.values())
         return writer.RecordCounts(
-            received=sum(s.received for s in streams) - lost,
+            received=sum(split.received.values()) - lost,  # every session's, resumes too
             dropped=sum(split.dropped.values()), lost=lost, rejected=split.rejected,
             gpu_not_measured=sum(agg.gpu_not_measured for agg in split.ranks.values())
             if split.gpus else None)
@@ -138,7 +165,8 @@ class Server:
             writer.load_modules()  # with the daemon's own identity, see there
             with self._acting(owner):
                 writer.write_split(split, self.monitor.figures(split),
-                                   self.record_counts(split), with_state, self._write_file)
+                                   self.record_counts(split), with_state, self._write_bytes,
+                                   self._progress)
         except OSError as exc:
             # without the file name: it is a fresh temporary one at each try
             error = f"cannot write {split.split_dir}: {exc.strerror or exc}"
@@ -146,7 +174,17 @@ class Server:
                 log.error("%s (data kept in memory, retried every %.0f s)", error, RETRY_S)
             split.write_error = self.registry.last_error = error
             return error
+        if split.end_unix is not None:  # ended and written: another run may take it now
+            self.registry.release(split)
         return None
+
+    def _progress(self, what: str) -> None:
+        """Tell the client whose request caused this write that it goes on: a finish
+        waiting for it, or a run that checkpointed and may ask for more meanwhile (its
+        markers take any progress reply as news)."""
+        if self._waiting is not None:
+            identity, reply_to = self._waiting
+            self.receiver.reply(identity, {"reply_to": reply_to, "progress": what})
 
     def write_dirty(self) -> None:
         """Write every split that changed since its last successful write."""
@@ -206,6 +244,8 @@ class Server:
         if message.records is not None:
             self.registry.records(message.header, message.records, now)
             return
+        if "reply_to" in body:
+            self._waiting = (message.identity, body["reply_to"])
         try:
             self._take_hello(body, message.peer)
             with self._acting(message.peer):
@@ -219,6 +259,12 @@ class Server:
             reply = {"ok": False, "error": str(exc)}
         if "reply_to" in body and reply is not None:
             self.receiver.reply(message.identity, {"reply_to": body["reply_to"], **reply})
+        try:  # a checkpoint's writing: its progress still goes to that client (see _progress)
+            later, self.dispatcher.later = self.dispatcher.later, []
+            for action in later:
+                action()
+        finally:
+            self._waiting = None
 
     def handle_safely(self, message: Incoming) -> None:
         """``handle``, with any error counted and logged: one bad message never stops the
@@ -229,6 +275,8 @@ class Server:
         except Exception as exc:  # the loop must survive anything
             log.exception("internal error on a message from run %s", message.header.run_id.hex())
             self.registry.reject("internal_error", repr(exc))
+            self._waiting = None
+            self.dispatcher.later.clear()
             body = message.control or {}
             if "reply_to" in body:  # a waiting client learns at once, not by its timeout
                 self.receiver.reply(message.identity, {"reply_to": body["reply_to"],
@@ -428,7 +476,7 @@ def lower_priority(increment: int) -> int:
 def serve(config: Config, command: list[str] | None = None, **seams: Any) -> int:
     """Run a sidecar; with ``command``, start it with SIDECAR_ENDPOINT set and return its
     exit status once it ended and everything is written. ``seams`` go to ``Server``
-    (hooks, open_gpus, write_file). The sidecar lowers its own CPU priority by
+    (hooks, open_gpus, write_bytes). The sidecar lowers its own CPU priority by
     ``config.nice`` after starting ``command``, which keeps the priority it was given.
     """
     server = Server(config, **seams)

@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from markers import wire
 from sidecar.model.aggregator import RankAggregator
 from sidecar.model.split import Split
 from sidecar.resources.monitor import SplitResources
@@ -76,7 +75,8 @@ class PhaseStats:
 @dataclass(frozen=True)
 class RankView:
     """One rank of a split: its phases, Training time and the samples of its measured
-    iterations (batch × accumulation per step; None when the batch size is unknown)."""
+    iterations (each with its own batch size, × accumulation per step; across resumes;
+    None while no batch size is known)."""
 
     rank: int
     phases: tuple[PhaseStats, ...]
@@ -119,19 +119,12 @@ class SplitView:
     rss_mib: float | None  # latest RSS of the job's process tree
 
 
-def _rank_view(split: Split, agg: RankAggregator) -> RankView:
+def _rank_view(agg: RankAggregator) -> RankView:
     phases = tuple(
         PhaseStats(phase, agg.custom_names.get(phase, ""), s.wall.count,
                    s.wall.mean * s.wall.count, s.gpu.count, s.gpu.mean * s.gpu.count)
         for phase, s in sorted(agg.series.items()))
-    train_batch, val_batch = split.batch_size("train"), split.batch_size("validation")
-    loops = {kind: agg.series[phase].wall.count if phase in agg.series else 0
-             for kind, phase in (("train", wire.TRAINING_LOOP), ("val", wire.VALIDATION_LOOP))}
-    return RankView(
-        agg.rank, phases, agg.training_s(),
-        loops["train"] * train_batch * split.settings.accumulation_steps
-        if train_batch else None,
-        loops["val"] * val_batch if val_batch else None)
+    return RankView(agg.rank, phases, agg.training_s(), agg.samples[False], agg.samples[True])
 
 
 def _gpu_view(sample: GpuSample, first_energy_j: float | None) -> GpuView:
@@ -159,7 +152,7 @@ def split_view(split: Split, resources: SplitResources | None) -> SplitView:
         run_id=first.sessions[0].run_id if first and first.sessions else "",
         user=str(info.get("user") or ""), host=str(info.get("host") or ""),
         slurm_job_id=str(info.get("job_id") or ""), split=split.split, status=split.status,
-        ranks=tuple(_rank_view(split, split.ranks[r]) for r in sorted(split.ranks)),
+        ranks=tuple(_rank_view(split.ranks[r]) for r in sorted(split.ranks)),
         records={"received": sum(split.received.values()) - lost,
                  "dropped": sum(split.dropped.values()), "lost": lost,
                  "rejected": split.rejected},

@@ -5,6 +5,10 @@ splits they feed, and the counts of rejected input. Decoded messages come in her
 
 from __future__ import annotations
 
+import base64
+import binascii
+import datetime as dt
+import json
 import logging
 import os
 import socket
@@ -12,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -30,10 +34,31 @@ HOSTNAME = socket.gethostname()
 # for the markers' periodic hello, at most this many bytes of decoded records in all.
 PENDING_S = 5.0
 PENDING_BYTES = 16 * 1024 * 1024
+# A payload sent in parts (a saved state) may not grow past this.
+MAX_PAYLOAD_BYTES = 1 << 30
 
 
 class Refused(Exception):
-    """A hello the sidecar will not serve (e.g. an out_dir outside ``--root``)."""
+    """A hello the sidecar will not serve (e.g. an out_dir outside ``--root``, a split
+    another live run writes)."""
+
+
+class Claim(Protocol):
+    """This sidecar's exclusive claim on a split's folder (``sidecar.sinks.locks``)."""
+
+    previous: dict[str, Any]  # what the last holder recorded
+
+    def record(self, holder: dict[str, Any]) -> None:
+        """Say who holds it now."""
+
+    def release(self) -> None:
+        """Give it up."""
+
+
+def _iso(unix: Any) -> str:
+    if not isinstance(unix, (int, float)):
+        return "an unknown time"
+    return dt.datetime.fromtimestamp(unix, dt.UTC).isoformat(timespec="seconds")
 
 
 @dataclass
@@ -53,6 +78,7 @@ class Stream:
     finished: bool = False
     custom_ids: set[int] = field(default_factory=set)
     owner: Peer | None = None  # the kernel's word on who started it (ipc), else unknown
+    payload: bytearray = field(default_factory=bytearray)  # parts received for a request
 
     @property
     def key(self) -> str:
@@ -89,16 +115,31 @@ class Registry:
     knowledge as callables: ``resolve_out_dir(out_dir, cwd, owner)`` places a run's folder
     for the user ``owner`` (a Peer, or None when unknown; raises Refused),
     ``previous_activity(folder, split)`` tells when the split's last process was last
-    heard of (Unix s, from the run folder; None when unknown).
+    heard of (Unix s, from the run folder; None when unknown), ``claim(split_dir)`` takes
+    the split's folder for this sidecar (raises Refused when another live sidecar holds
+    it; None when the folder cannot be used now, the writes will say why), ``alive(stream)``
+    whether a stream's process still lives (False only when known to be gone).
+
+    One writer per split (SPEC §4): a hello for a split and rank that a live run of this
+    sidecar feeds, or whose folder another sidecar claimed, is refused. A resume takes
+    only a state of the lineage of the last run started on the split (``state.lineage``).
     """
 
     def __init__(self, resolve_out_dir: Callable[[str, str, Peer | None], Path],
                  on_stream: Callable[[Stream], None] = lambda stream: None,
                  on_records: Callable[[Stream, np.ndarray], None] = lambda stream, values: None,
                  previous_activity: Callable[[Path, int], float | None] = lambda f, s: None,
+                 claim: Callable[[Path], Claim | None] = lambda split_dir: None,
+                 alive: Callable[[Stream], bool] = lambda stream: True,
                  ) -> None:
         self.resolve_out_dir = resolve_out_dir
         self.previous_activity = previous_activity
+        self.claim = claim
+        self.alive = alive
+        self.claims: dict[tuple[Path, int], Claim] = {}
+        # Per split, what its lock file says of the last run started on each rank:
+        # {"ranks": {rank: {"run_id", "lineage", "start_unix", "pid", "host"}}, ...}
+        self.last_runs: dict[tuple[Path, int], dict[str, Any]] = {}
         self.on_stream = on_stream  # a new training process said hello
         self.on_records = on_records  # good records of a stream, after aggregation
         self.streams: dict[bytes, Stream] = {}
@@ -156,6 +197,7 @@ class Registry:
         folder = self.resolve_out_dir(out_dir, cwd, owner)
         key = (folder, split_index)
         split = self.splits.get(key)
+        self._one_writer(key, split, header.rank)
         info = {k: body.get(k) for k in ("host", "user", "job_id", "command", "cwd",
                                           "versions")}
         info["start_unix"] = start_unix
@@ -174,8 +216,9 @@ class Registry:
         agg = None
         if resume:
             try:
-                agg = self._restore(stream, state.load(state.state_path(split.split_dir)),
-                                    now, repeat)
+                saved = state.load(state.state_path(split.split_dir))
+                self._same_lineage(key, saved, header.rank)
+                agg = self._restore(stream, saved, now, repeat)
             except state.StateError as exc:
                 warning = f"{exc}; starting this split afresh"
         if agg is None:
@@ -186,6 +229,7 @@ class Registry:
         if warning:
             log.warning("run %s: %s", header.run_id.hex(), warning)
         self.streams[header.run_id] = stream
+        self._record_run(stream, agg)
         split.dirty = True
         self.on_stream(stream)
         self._replay_pending(header.run_id)
@@ -233,6 +277,7 @@ class Registry:
                 agg.begin_session(stream.start_unix, stream.start_ns, stream.key)
             log.warning("run %s: state not loaded: %s", stream.key, exc)
             return {"ok": False, "error": str(exc)}
+        self._record_run(stream, agg)  # the user's state: this run continues its lineage
         stream.split.dirty = True
         return {"ok": True, "session": agg.sessions[-1].number, "epoch": self._next_epoch(agg)}
 
@@ -241,6 +286,92 @@ class Registry:
         checkpoint); the same content as the state file of a checkpoint.
         """
         return {"ok": True, "state": state.document(stream.split.to_state())}
+
+    # -- one writer per split, lineage --------------------------------------------------
+
+    def _one_writer(self, key: tuple[Path, int], split: Split | None, rank: int) -> None:
+        """Refuse a second live writer of the split (Refused); claim its folder."""
+        for other in self.streams.values():
+            if other.split is not split or other.rank != rank or other.finished:
+                continue
+            if not self.alive(other):  # killed and restarted faster than the liveness check
+                self.finish(other, "incomplete", f"process {other.pid} ended without "
+                            "finish()", None, other.split.rank(rank).sessions[-1].last_unix)
+                continue
+            raise Refused(f"split {key[1]} of {key[0]} (rank {rank}) is being written by "
+                          f"run {other.key[:8]} (pid {other.pid} on {other.host}) under this "
+                          "sidecar; one writer per split: this run is not monitored")
+        if key not in self.claims:
+            claim = self.claim(key[0] / "training" / f"split-{key[1]}")
+            if claim is not None:
+                self.claims[key] = claim
+                self.last_runs[key] = claim.previous
+
+    def _same_lineage(self, key: tuple[Path, int], saved: dict[str, Any], rank: int) -> None:
+        """Raise StateError when ``saved`` is not of the lineage of the last run started
+        on the split's ``rank`` (a run started afresh after it left no state of its own)."""
+        ranks = self.last_runs.get(key, {}).get("ranks")
+        last = ranks.get(str(rank)) if isinstance(ranks, dict) else None
+        lineage = state.lineage(saved, rank)
+        if not isinstance(last, dict) or not lineage or not last.get("lineage") \
+                or last["lineage"] == lineage:
+            return
+        raise state.StateError(
+            f"the saved state belongs to run {lineage[:8]}, but run {str(last.get('run_id'))[:8]} "
+            f"started afresh in this folder after it (at {_iso(last.get('start_unix'))}) and "
+            "left no state: that state is older than the last run and is not loaded")
+
+    def _record_run(self, stream: Stream, agg: RankAggregator) -> None:
+        """Note ``stream`` as the last run started on its split and rank, in memory and in
+        the split's lock file; its lineage is its aggregator's first session's run."""
+        key = (stream.split.out_dir, stream.split.split)
+        last = self.last_runs.setdefault(key, {})
+        ranks = last.get("ranks") if isinstance(last.get("ranks"), dict) else {}
+        ranks[str(stream.rank)] = {
+            "run_id": stream.key, "lineage": agg.sessions[0].run_id or stream.key,
+            "start_unix": stream.start_unix, "pid": stream.pid, "host": stream.host}
+        last.update({"sidecar_pid": os.getpid(), "host": HOSTNAME, "ranks": ranks})
+        claim = self.claims.get(key)
+        if claim is not None:
+            claim.record(last)
+
+    def release(self, split: Split) -> None:
+        """Give up the claim on ``split``'s folder once none of its runs is live."""
+        if any(s.split is split and not s.finished for s in self.streams.values()):
+            return
+        claim = self.claims.pop((split.out_dir, split.split), None)
+        if claim is not None:
+            claim.release()
+
+    # -- payloads -------------------------------------------------------------------
+
+    def add_part(self, stream: Stream, body: dict[str, Any]) -> None:
+        """One ``part`` of a payload (base64 ``data``); WireError when malformed or when
+        the payload would exceed ``MAX_PAYLOAD_BYTES``."""
+        data = body.get("data")
+        try:
+            chunk = base64.b64decode(data, validate=True) if isinstance(data, str) else None
+        except (binascii.Error, ValueError):
+            chunk = None
+        if chunk is None:
+            raise wire.WireError("malformed", "a part needs base64 'data'")
+        if len(stream.payload) + len(chunk) > MAX_PAYLOAD_BYTES:
+            stream.payload.clear()
+            raise wire.WireError("oversized", f"payload over {MAX_PAYLOAD_BYTES} bytes")
+        stream.payload += chunk
+
+    def take_payload(self, stream: Stream, expected: Any) -> Any:
+        """The JSON value of the payload sent in parts before a request that says it has
+        ``expected`` bytes; raises StateError when parts are missing or it is not JSON."""
+        payload, stream.payload = bytes(stream.payload), bytearray()
+        if not isinstance(expected, int) or len(payload) != expected:
+            raise state.StateError(f"the state arrived incomplete ({len(payload)} of "
+                                   f"{expected} bytes: parts were lost on the way)")
+        try:
+            return json.loads(payload)
+        except (ValueError, RecursionError) as exc:
+            raise state.StateError(f"the state sent is not JSON ({type(exc).__name__})") \
+                from None
 
     @staticmethod
     def _next_epoch(agg: Any) -> int:

@@ -25,7 +25,6 @@ class Split:
         self.status = "running"
         self.cause: str | None = None
         self.end_unix: float | None = None
-        self.batch_sizes: dict[str, int] = {}  # read from the batches when not given
         self.dropped: dict[str, int] = {}  # per run id (hex): records the markers could not send
         self.lost: dict[str, int] = {}  # per run id: sent but never received here
         self.received: dict[str, int] = {}  # per run id: records taken, lost ones included
@@ -69,19 +68,12 @@ class Split:
             self.status, self.cause = status, cause
         self.dirty = True
 
-    def batch_size(self, kind: str) -> int | None:
-        """The train/validation batch size: as given at start, else as read from a batch."""
-        given = (self.settings.train_batch_size if kind == "train"
-                 else self.settings.val_batch_size)
-        return given if given is not None else self.batch_sizes.get(kind)
-
     def to_state(self) -> dict[str, Any]:
         """The split's state for ``sidecar.model.state`` (schema there)."""
         return {
             "split": self.split,
             "settings": asdict(self.settings),
             "gpus": [list(g) for g in self.gpus],
-            "batch_sizes": self.batch_sizes,
             "dropped": self.dropped,
             "lost": self.lost,
             "received": self.received,
@@ -100,7 +92,6 @@ class Split:
         """
         for uuid, name in state["gpus"]:
             self.add_gpu(str(uuid), str(name))
-        self.batch_sizes.update({str(k): int(v) for k, v in state["batch_sizes"].items()})
         self.dropped.update({str(k): int(v) for k, v in state["dropped"].items()})
         self.lost.update({str(k): int(v) for k, v in state["lost"].items()})
         self.received.update({str(k): int(v) for k, v in state["received"].items()})

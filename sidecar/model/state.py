@@ -4,7 +4,12 @@ the same document travels through the training process with ``run.state_dict()``
 Schema history: 1 (first release); 2 adds, per rank, ``saved_unix``, ``downtime_s`` and
 ``redone_s`` (the wall-time account of resumes) and, per split, ``received`` (records
 taken per run id, so a new sidecar knows what its predecessor had) and ``gaps`` (spans
-when no sidecar saved the run's records). A schema-1 document is upgraded on reading.
+when no sidecar saved the run's records); 3 gives each stored loop row its
+``batch_size`` and drops the split's single ``batch_sizes``. Older documents are upgraded
+on reading.
+
+The *lineage* of a state is the run id of its first session: a fresh run starts a
+lineage, a resume continues the lineage of the state it loaded.
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-SCHEMA = 2
+from markers.wire import TRAINING_LOOP, VALIDATION_LOOP
+
+SCHEMA = 3
 FILE_NAME = "sidecar-state.json"
 
 
@@ -34,10 +41,10 @@ def document(state: dict[str, Any]) -> dict[str, Any]:
 def dumps(state: dict[str, Any]) -> str:
     """The text of a state file for ``state`` (stamped with the current schema).
 
-    One line: ``indent`` would switch ``json`` to its pure-Python encoder, ~10× slower on
-    the 10⁵–10⁶ stored rows of a large cap.
+    Compact, without ``indent``: indenting switches ``json`` to its pure-Python encoder,
+    ~10× slower on the 10⁵–10⁶ stored rows of a large cap.
     """
-    return json.dumps(document(state), separators=(",", ":")) + "\n"
+    return json.dumps(document(state), separators=(",", ":"))
 
 
 def upgrade(state: Any, where: str = "state") -> dict[str, Any]:
@@ -57,8 +64,7 @@ def upgrade(state: Any, where: str = "state") -> dict[str, Any]:
     if schema > SCHEMA:
         raise StateError(f"{where} has schema {schema}, newer than this sidecar's {SCHEMA}: "
                          "upgrade the sidecar to resume from it")
-    for key in ("split", "settings", "gpus", "batch_sizes", "dropped", "lost", "rejected",
-                "ranks"):
+    for key in ("split", "settings", "gpus", "dropped", "lost", "rejected", "ranks"):
         if key not in state:
             raise StateError(f"{where} (schema {schema}) lacks the field {key!r}")
     state = dict(state)
@@ -71,6 +77,8 @@ def upgrade(state: Any, where: str = "state") -> dict[str, Any]:
                    "saved_unix": _last_unix(saved), **saved}
             for rank, saved in ranks.items() if isinstance(saved, dict)
         }
+    if schema <= 2:
+        _give_rows_batch_sizes(state)
     state["schema"] = SCHEMA
     return state
 
@@ -83,6 +91,33 @@ def _last_unix(rank_state: dict[str, Any]) -> float:
     last = sessions[-1]
     end_ns = last.get("end_ns") if last.get("end_ns") is not None else last.get("last_ns", 0)
     return float(last.get("start_unix", 0.0)) + (end_ns - last.get("start_ns", 0)) / 1e9
+
+
+def _give_rows_batch_sizes(state: dict[str, Any]) -> None:
+    """Schema 2 -> 3: every stored loop row held the split's one batch size (given, else
+    the first read)."""
+    settings = state["settings"] if isinstance(state["settings"], dict) else {}
+    read = state.pop("batch_sizes", None)
+    read = read if isinstance(read, dict) else {}
+    sizes = {str(TRAINING_LOOP): settings.get("train_batch_size") or read.get("train"),
+             str(VALIDATION_LOOP): settings.get("val_batch_size") or read.get("validation")}
+    for saved in state["ranks"].values() if isinstance(state["ranks"], dict) else ():
+        series = saved.get("series") if isinstance(saved, dict) else None
+        for phase, size in sizes.items():
+            rows = (series or {}).get(phase, {}).get("rows", [])
+            for row in rows:
+                if isinstance(row, dict):
+                    row.setdefault("batch_size", size)
+
+
+def lineage(state: dict[str, Any], rank: int) -> str:
+    """The run id (hex) that began the lineage of ``rank`` in ``state`` (current schema):
+    the run of its first session; '' when the state does not say."""
+    saved = state["ranks"].get(str(rank)) if isinstance(state["ranks"], dict) else None
+    sessions = saved.get("sessions") if isinstance(saved, dict) else None
+    if sessions and isinstance(sessions[0], dict) and isinstance(sessions[0].get("run_id"), str):
+        return sessions[0]["run_id"]
+    return ""
 
 
 def load(path: Path) -> dict[str, Any]:

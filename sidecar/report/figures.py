@@ -10,7 +10,9 @@ Resource figures follow ``sidecar.resources.samplers.summary`` exactly (the summ
 a sample weighs the time since the sample before it of the same GPU (of the job, for the
 host columns), the first weighs nothing unless it is the only one; energy is the
 counter's last − first where it has two readings and did not go back, else the integral
-of power over the sample windows.
+of power over the sample windows. Both per session (one training process: a resume starts
+a new one, ``sidecar.resources.sessions``): a session's first sample opens a new clock and
+the energies of the sessions add up, so the downtime between processes counts nowhere.
 """
 
 from __future__ import annotations
@@ -128,6 +130,28 @@ def _windows(group: np.ndarray, t: np.ndarray) -> np.ndarray:
     return dt
 
 
+def _session_starts(group: np.ndarray, session: np.ndarray) -> np.ndarray:
+    """True where a row begins a new session within its (contiguous) group."""
+    if not len(group):
+        return np.zeros(0, bool)
+    return np.r_[False, (group[1:] == group[:-1]) & (session[1:] != session[:-1])]
+
+
+def _energy_over_sessions(group: np.ndarray, session: np.ndarray, dt: np.ndarray,
+                          energy: np.ndarray, power: np.ndarray, count: int) -> np.ndarray:
+    """Joules per group: ``_energy`` of each (group, session) run of rows, summed; NaN
+    where no session of the group has an energy."""
+    if not len(group):
+        return np.full(count, np.nan)
+    begins = np.r_[True, (group[1:] != group[:-1]) | (session[1:] != session[:-1])]
+    part = np.cumsum(begins) - 1
+    parts = _energy(part, dt, energy, power, int(part[-1]) + 1)
+    owner = group[begins]
+    known = ~np.isnan(parts)
+    total = np.bincount(owner[known], weights=parts[known], minlength=count)
+    return np.where(np.bincount(owner[known], minlength=count) > 0, total, np.nan)
+
+
 def _weighted_mean(group: np.ndarray, dt: np.ndarray, values: np.ndarray,
                    count: int) -> np.ndarray:
     """Per group: mean of ``values`` weighted by ``dt`` (NaN skipped); the plain mean where
@@ -171,7 +195,7 @@ _RESOURCE_NAMES = {
     "time": "time (s)", "index": "gpu index", "name": "gpu name", "uuid": "gpu uuid",
     "util": "utilization (%)", "mem_used": "memory used (MB)",
     "mem_total": "memory total (MB)", "power": "power (W)", "energy": "energy (J)",
-    "cpu": "host cpu (%)", "rss": "job memory rss (MB)",
+    "cpu": "host cpu (%)", "rss": "job memory rss (MB)", "session": "session",
 }
 
 
@@ -190,6 +214,8 @@ def _resources(files: Sequence[SplitFiles]) -> tuple[pd.DataFrame, pd.DataFrame,
     host_rows &= np.r_[True, (split[1:] != split[:-1]) | (t[1:] != t[:-1])]
     hs, ht = split[host_rows], t[host_rows]
     hdt = _windows(hs, ht)
+    sessions = np.nan_to_num(frame["session"].to_numpy(float))
+    hdt[_session_starts(hs, sessions[host_rows])] = 0.0
     host = pd.DataFrame({
         "cpu mean (%)": _weighted_mean(hs, hdt, frame["cpu"].to_numpy(float)[host_rows], count),
         "memory peak (MB)": _group_max(hs, frame["rss"].to_numpy(float)[host_rows], count),
@@ -205,7 +231,9 @@ def _resources(files: Sequence[SplitFiles]) -> tuple[pd.DataFrame, pd.DataFrame,
     group = group.ravel()
     n = keys.shape[1]
     gt = gpu["time"].to_numpy(float)
+    gs = np.nan_to_num(gpu["session"].to_numpy(float))
     dt = _windows(group, gt)
+    dt[_session_starts(group, gs)] = 0.0
     last = np.r_[group[1:] != group[:-1], True] if len(group) else np.zeros(0, bool)
     power = gpu["power"].to_numpy(float)
     gpus = pd.DataFrame({
@@ -216,7 +244,8 @@ def _resources(files: Sequence[SplitFiles]) -> tuple[pd.DataFrame, pd.DataFrame,
         "memory peak (MB)": _group_max(group, gpu["mem_used"].to_numpy(float), n),
         "memory total (MB)": _group_max(group, gpu["mem_total"].to_numpy(float), n),
         "power mean (W)": _weighted_mean(group, dt, power, n),
-        "energy (J)": _energy(group, dt, gpu["energy"].to_numpy(float), power, n),
+        "energy (J)": _energy_over_sessions(group, gs, dt, gpu["energy"].to_numpy(float),
+                                            power, n),
     })
     # the plots' samples: at most PLOT_POINTS per GPU, evenly thinned
     sizes = np.bincount(group, minlength=n)

@@ -29,9 +29,8 @@ from sidecar.resources.samplers.summary import (
     HostSummary,
     PhaseAttribution,
     attribute_phases,
-    summarize_gpus,
-    summarize_host,
 )
+from sidecar.resources.sessions import summarize_gpus_over_sessions, summarize_host_over_sessions
 
 log = logging.getLogger("sidecar")
 
@@ -127,7 +126,10 @@ class ResourceFigures:
     """What the monitor knows of one split's resources, for the writers to lay out.
 
     ``gpu_off_reason`` set means GPU sampling was off (or stopped); ``run_start_ns`` is the
-    monotonic time (ns) of the run's start, the origin of resources.tsv's time column.
+    monotonic time (ns) of the run's start, the origin of resources.tsv's time column;
+    ``session_starts_ns`` when each session (process) of rank 0 started, on that clock.
+    Samples of earlier sessions (restored on resume) are included; the summaries are
+    taken per session and merged (``sidecar.resources.sessions``).
     """
 
     gpus: list[GpuSummary]
@@ -137,6 +139,7 @@ class ResourceFigures:
     gpu_samples: list[nvml.GpuSample]
     host_samples: list[HostSample]
     run_start_ns: int
+    session_starts_ns: list[int] = field(default_factory=list)
 
 
 class ResourceMonitor:
@@ -176,16 +179,33 @@ class ResourceMonitor:
 
     # -- what to watch --------------------------------------------------------------
 
-    def watch(self, split: Split, pid: int) -> None:
-        """Sample ``pid``'s process tree (with the split's GPUs) for ``split``."""
+    def watch(self, split: Split, pid: int) -> bool:
+        """Sample ``pid``'s process tree (with the split's GPUs) for ``split``; True when
+        the split is new to the monitor (its earlier sessions' samples are not here)."""
         entry = self.splits.get(id(split))
         if entry is None:
             resources = SplitResources(pid)
             # A first host round now: the baseline of CPU time and the starting memory.
             resources.add_host(resources.host.sample(time.monotonic_ns()))
             self.splits[id(split)] = (split, resources)
-        else:
-            entry[1].host.add_root(pid)
+            return True
+        entry[1].host.add_root(pid)
+        return False
+
+    def restore(self, split: Split, gpu_samples: list[nvml.GpuSample],
+                host_samples: list[HostSample]) -> None:
+        """Put the samples of ``split``'s earlier sessions (read back from its folder on a
+        resume) before the ones taken here; they are never attributed to phases again."""
+        entry = self.splits.get(id(split))
+        if entry is None:
+            return
+        resources = entry[1]
+        resources.gpu_samples[:0] = gpu_samples
+        resources.host_samples[:0] = host_samples
+        # The first window of this session opens at its own first round, not at the last
+        # restored one (the downtime between them is nobody's).
+        resources.attributed_ns = max([resources.attributed_ns]
+                                      + [s.t_ns + 1 for s in gpu_samples])
 
     def forget(self, split: Split) -> None:
         """Stop keeping ``split``'s samples (it ended and was written)."""
@@ -282,17 +302,25 @@ class ResourceMonitor:
         off_reason = self.gpu_off_reason
         if off_reason is None and not resources.gpu_samples and not split.gpus:
             off_reason = "the job used no GPU"
-        agg = split.ranks.get(0)
-        run_start_ns = 0
-        if agg is not None and agg.sessions:
-            session = agg.sessions[-1]
-            run_start_ns = session.start_ns - int(
-                (session.start_unix - agg.run_start_unix) * 1e9)
+        run_start_ns, starts_ns = self.session_starts_ns(split)
         return ResourceFigures(
-            summarize_gpus(resources.gpu_samples),
-            summarize_host(resources.host_samples) if resources.host_samples else None,
+            summarize_gpus_over_sessions(resources.gpu_samples, starts_ns),
+            summarize_host_over_sessions(resources.host_samples, starts_ns)
+            if resources.host_samples else None,
             off_reason, {label: a.result() for label, a in resources.attribution.items()},
-            resources.gpu_samples, resources.host_samples, run_start_ns)
+            resources.gpu_samples, resources.host_samples, run_start_ns, starts_ns)
+
+    @staticmethod
+    def session_starts_ns(split: Split) -> tuple[int, list[int]]:
+        """The run's start and each session's start of ``split``'s rank 0 on this process's
+        monotonic clock (ns); (0, []) before rank 0 said hello."""
+        agg = split.ranks.get(0)
+        if agg is None or not agg.sessions:
+            return 0, []
+        session = agg.sessions[-1]
+        run_start_ns = session.start_ns - int((session.start_unix - agg.run_start_unix) * 1e9)
+        return run_start_ns, [run_start_ns + int((s.start_unix - agg.run_start_unix) * 1e9)
+                              for s in agg.sessions]
 
     def live(self, split: Split) -> SplitResources | None:
         """The running samples and figures of ``split`` (None when it is not watched);

@@ -5,6 +5,8 @@ Every writer and reader of a run folder (the writers here, ``sidecar report`` la
 names and columns from this module.
 
     <out_dir>/run.json
+    <out_dir>/.run.json.lock                                 (sidecar.sinks.locks)
+    <out_dir>/training/split-<k>/sidecar.lock                (sidecar.sinks.locks)
     <out_dir>/training/split-<k>/summary.log
     <out_dir>/training/split-<k>/sidecar-state.json      (sidecar.model.state)
     <out_dir>/training/split-<k>/logs/computational[-rank<r>].tsv
@@ -20,6 +22,8 @@ from pathlib import Path
 from markers import wire
 
 RUN_FILE = "run.json"
+RUN_LOCK_FILE = ".run.json.lock"  # held while run.json is read, merged and replaced
+SPLIT_LOCK_FILE = "sidecar.lock"  # held by the sidecar that writes the split
 SUMMARY_FILE = "summary.log"
 RESOURCES_FILE = "resources.tsv"
 WIDTH = 106  # characters of the reference's summary block (its star and dash lines)

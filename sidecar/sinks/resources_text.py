@@ -5,18 +5,20 @@ figures of ``sidecar.resources.samplers.summary`` (MB means MiB, as in every fil
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sidecar.resources.samplers.host import HostSample
 from sidecar.resources.samplers.nvml import GpuSample
 from sidecar.resources.samplers.summary import GpuSummary, HostSummary, PhaseAttribution
+from sidecar.resources.sessions import session_of
 from sidecar.sinks.layout import WIDTH
 
 if TYPE_CHECKING:
     import pandas as pd
 
 RESOURCES_COLUMNS = (
-    "time (s)", "gpu index", "gpu name", "gpu uuid", "utilization (%)",
+    "time (s)", "session", "gpu index", "gpu name", "gpu uuid", "utilization (%)",
     "memory utilization (%)", "memory used (MB)", "memory total (MB)", "power (W)",
     "power source", "energy (J)", "temperature (C)", "sm clock (MHz)", "sm activity (%)",
     "job gpu memory (MB)", "job sm utilization (%)", "host cpu (%)", "job memory rss (MB)",
@@ -29,7 +31,7 @@ _GPU_ATTRIBUTES = (
     "sm_activity_pct", "job_mem_mib", "job_sm_util_pct",
 )
 _HOST_ATTRIBUTES = ("cpu_pct", "rss_mib", "uss_mib", "system_mem_used_pct")
-_TEXT_COLUMNS = ("gpu index", "gpu name", "gpu uuid", "power source")
+_TEXT_COLUMNS = ("session", "gpu index", "gpu name", "gpu uuid", "power source")
 
 
 
@@ -110,11 +112,12 @@ def resources_block(gpu: list[GpuSummary], host: HostSummary | None,
 
 
 def resources_frame(gpu_samples: Sequence[GpuSample], host_samples: Sequence[HostSample],
-                    run_start_ns: int) -> pd.DataFrame:
+                    run_start_ns: int, session_starts_ns: Sequence[int] = ()) -> pd.DataFrame:
     """The rows of resources.tsv: one per sample and GPU, ordered by time and GPU index,
     with ``RESOURCES_COLUMNS``. Host figures join the GPU rows of the same round (same
     ``t_ns``); a round without GPU samples (a CPU-only run) gives one row with empty GPU
-    columns. Time is seconds since ``run_start_ns``; MB means MiB."""
+    columns. Time is seconds since ``run_start_ns``; ``session`` the process it belongs to
+    (by ``session_starts_ns``, 0 for the first); MB means MiB."""
     host_by_t = {h.t_ns: h for h in host_samples}
     gpu_rounds = {s.t_ns for s in gpu_samples}
     rows: list[tuple[int, int, GpuSample | None, HostSample | None]] = [
@@ -123,7 +126,7 @@ def resources_frame(gpu_samples: Sequence[GpuSample], host_samples: Sequence[Hos
     rows += [(h.t_ns, -1, None, h) for h in host_samples if h.t_ns not in gpu_rounds]
     rows.sort(key=lambda row: (row[0], row[1]))
     records = [
-        [(t_ns - run_start_ns) / 1e9]
+        [(t_ns - run_start_ns) / 1e9, session_of(t_ns, session_starts_ns)]
         + [None if g is None else getattr(g, a) for a in _GPU_ATTRIBUTES]
         + [None if h is None else getattr(h, a) for a in _HOST_ATTRIBUTES]
         for t_ns, _, g, h in rows
@@ -131,9 +134,41 @@ def resources_frame(gpu_samples: Sequence[GpuSample], host_samples: Sequence[Hos
     import pandas as pd  # only when writing (see sinks/tables.py)
 
     frame = pd.DataFrame.from_records(records, columns=list(RESOURCES_COLUMNS))
+    frame["session"] = frame["session"].astype("Int64")
     frame["gpu index"] = frame["gpu index"].astype("Int64")
-    for column in _TEXT_COLUMNS[1:]:
+    for column in _TEXT_COLUMNS[2:]:
         frame[column] = frame[column].astype(object)
     numeric = [c for c in RESOURCES_COLUMNS if c not in _TEXT_COLUMNS]
     frame[numeric] = frame[numeric].astype(float)
     return frame
+
+
+def read_samples(path: Path, run_start_ns: int, before_session: int,
+                 ) -> tuple[list[GpuSample], list[HostSample]]:
+    """The samples of sessions before ``before_session`` in a resources.tsv we wrote, back
+    on the clock whose run start is ``run_start_ns`` (a resumed run's sidecar reads its
+    predecessors' samples). ([], []) when the file is missing or not ours.
+    """
+    try:
+        frame = pd.read_csv(path, sep="\t", keep_default_na=True,
+                            dtype={"gpu name": str, "gpu uuid": str, "power source": str})
+    except (OSError, ValueError, pd.errors.ParserError):
+        return [], []
+    if list(frame.columns) != list(RESOURCES_COLUMNS):
+        return [], []
+    frame = frame[frame["session"] < before_session]
+    frame = frame.astype(object).where(frame.notna(), None)
+    gpu: list[GpuSample] = []
+    host: dict[int, HostSample] = {}
+    for row in frame.itertuples(index=False, name=None):
+        values = dict(zip(RESOURCES_COLUMNS, row, strict=True))
+        t_ns = run_start_ns + round(float(values["time (s)"]) * 1e9)
+        if values["gpu uuid"] is not None:
+            fields = dict(zip(_GPU_ATTRIBUTES, (values[c] for c in RESOURCES_COLUMNS[2:17]),
+                              strict=True))
+            fields["gpu_index"] = int(fields["gpu_index"])
+            gpu.append(GpuSample(t_ns=t_ns, **fields))
+        if values["host cpu (%)"] is not None and t_ns not in host:
+            host[t_ns] = HostSample(t_ns, *(values[c] for c in RESOURCES_COLUMNS[17:]),
+                                    n_processes=0)
+    return gpu, list(host.values())

@@ -45,9 +45,9 @@ _RANK_ROWS = tuple(r for r in layout.TRAIN_ROWS if r.phase not in (wire.TRAINING
 
 @dataclass(frozen=True)
 class Throughput:
-    """What a throughput line needs: images per optimization step and where they come from."""
+    """What a throughput line needs besides the rows: batches per optimization step (each
+    stored loop row holds its own batch size)."""
 
-    batch_size: int | None
     accumulation_steps: int = 1
 
 
@@ -111,17 +111,24 @@ def _phase_lines(agg: RankAggregator, rows: Sequence[layout.PhaseRow],
 
 def _throughput_lines(agg: RankAggregator, loop_phase: int, gpu_phases: Sequence[int],
                       images: Throughput, on_gpu: bool) -> list[str]:
-    if images.batch_size is None:
+    """Samples in the stored loop rows whose batch size is known over their summed time
+    (SPEC §3); GPU throughput uses the mean GPU time of ``gpu_phases`` per row."""
+    series = agg.series.get(loop_phase)
+    rows = series.rows if series is not None else []
+    if not rows:
+        return ["Throughput: no measurement"]
+    known = [r for r in rows if r.batch_size is not None]
+    if not known:
         return ["Throughput: unknown (batch size not given and not readable from the batches)"]
-    per_step = images.batch_size * images.accumulation_steps
-    loop = _stored(agg.series.get(loop_phase), "wall_s")
-    out = [f"Throughput: {per_step / statistics.fmean(loop):.2f} images/s" if loop
-           else "Throughput: no measurement"]
+    samples = sum(r.batch_size for r in known) * images.accumulation_steps  # type: ignore[misc]
+    out = [f"Throughput: {samples / sum(r.wall_s for r in known):.2f} images/s"]
+    if len(known) < len(rows):
+        out[0] += f" (over the {len(known)} of {len(rows)} iterations of known batch size)"
     if on_gpu:
         gpu_means = [_stored(agg.series.get(p), "gpu_s") for p in gpu_phases]
         gpu_s = sum(statistics.fmean(v) for v in gpu_means if v)
         if gpu_s > 0:
-            out.append(f"GPU throughput: {per_step / gpu_s:.2f} images/s")
+            out.append(f"GPU throughput: {samples / len(known) / gpu_s:.2f} images/s")
     return out
 
 
@@ -209,9 +216,8 @@ def computational_block(ranks: Sequence[RankAggregator], gpu_names: Sequence[str
     lines += ["", *_throughput_lines(agg, wire.TRAINING_LOOP, layout.TRAIN_GPU_PHASES, train,
                                      on_gpu), DASHES]
     lines += _phase_lines(agg, layout.VAL_ROWS, on_gpu)
-    val_images = Throughput(validation.batch_size, 1)
     lines += ["", *_throughput_lines(agg, wire.VALIDATION_LOOP, layout.VAL_GPU_PHASES,
-                                     val_images, on_gpu), STARS]
+                                     validation, on_gpu), STARS]
     lines += ["", ADDITIONS_LINE]
     parts = [part for part in (time_lines(agg, gaps), _streaming_lines(agg),
                                _custom_lines(agg, on_gpu), _rank_lines(ranks)) if part]

@@ -36,11 +36,12 @@ COLUMNS: list[tuple[str, int, str]] = [
 ]
 
 PHASES_COLUMNS = ["phase", "epoch", "iteration", "batch", "rank", "session", "start (s)",
-                  "wall (s)", "GPU (s)", "GPU peak (MB)"]
+                  "wall (s)", "GPU (s)", "GPU peak (MB)", "batch size"]
 # The Row attributes behind PHASES_COLUMNS (phase and rank come from elsewhere).
 _PHASES_ATTRIBUTES = {"epoch": "epoch", "iteration": "iteration", "batch": "batch",
                       "session": "session", "start (s)": "start_s", "wall (s)": "wall_s",
-                      "GPU (s)": "gpu_s", "GPU peak (MB)": "peak_mib"}
+                      "GPU (s)": "gpu_s", "GPU peak (MB)": "peak_mib",
+                      "batch size": "batch_size"}
 _INTEGER = frozenset({"epoch", "iteration", "batch", "rank", "session"})
 
 
@@ -91,7 +92,9 @@ def phases_frame(agg: RankAggregator) -> pd.DataFrame:
             columns[name] = _column(rows, _PHASES_ATTRIBUTES[name],
                                     "int64" if name in _INTEGER else "float64")
     order = np.argsort(columns["start (s)"], kind="stable")
-    return pd.DataFrame({name: values[order] for name, values in columns.items()})
+    frame = pd.DataFrame({name: values[order] for name, values in columns.items()})
+    frame["batch size"] = frame["batch size"].astype("Int64")  # loop rows only: an integer
+    return frame
 
 
 def _quoted(text: str) -> str:

@@ -1,5 +1,13 @@
 """Writes every file of a split (SPEC §3): all texts are built first, then each file is
-replaced atomically, so a failure leaves the previous files whole.
+replaced atomically, so a failure leaves the previous files whole. Two files are shared
+with others and written differently (docs/across-processes.md):
+
+* ``summary.log`` may be held open by the user's own logger: it is rewritten in place
+  (same inode), our block replaced, their text (also what they append meanwhile) kept.
+* ``run.json`` holds every split of the folder, maybe written by several sidecars at once:
+  it is read, merged and replaced under the folder's lock (``sinks/locks.py``); its top
+  level describes the whole run (the worst status of its splits, the earliest start, the
+  latest end).
 """
 
 from __future__ import annotations
@@ -9,14 +17,19 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sidecar.model import state
 from sidecar.model.split import Split
 from sidecar.resources.monitor import ResourceFigures
 from sidecar.sinks import layout, resources_text, summary, tables
-from sidecar.sinks.atomic import write_atomic
+from sidecar.sinks.atomic import WriteBytes, rewrite_in_place, write_atomic
+from sidecar.sinks.locks import folder_lock
 
-WriteFile = Callable[[Path, str], None]  # replaces a file with a text, atomically
+Progress = Callable[[str], None]  # told what was just built or written
+
+# A run's status is the worst of its splits' (SPEC §3); later ones are worse.
+RUN_STATUS_ORDER = ("completed", "running", "incomplete", "failed")
 
 
 @dataclass(frozen=True)
@@ -63,42 +76,50 @@ def previous_activity(out_dir: Path, split: int) -> float | None:
         return None
 
 
-# A run folder's status is the worst of its splits' (SPEC §3): later ones win.
-RUN_STATUS_ORDER = ("completed", "running", "incomplete", "failed")
-
-
 def _number(value: object) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def run_json(split: Split, existing: str) -> str:
-    """The text of ``run.json``: this split's run metadata merged into what other splits
-    of the same folder wrote there before (their entries under ``splits`` are kept).
+def _split_entry(split: Split) -> dict[str, Any]:
+    """The ``run.json`` entry of one split: its own status, times and metadata."""
+    info = split.info
+    aggs = [a for a in split.ranks.values() if a.sessions]
+    first = split.ranks.get(0) or next(iter(split.ranks.values()), None)
+    start_unix = min((a.run_start_unix for a in aggs), default=info.get("start_unix"))
+    return {
+        # the run id of the split's first process: the `run` label of the metrics (SPEC §7)
+        "run_id": first.sessions[0].run_id if first and first.sessions else None,
+        "status": split.status,
+        "cause": split.cause,
+        "start": _iso(start_unix),
+        "end": _iso(split.end_unix),
+        "start_unix": start_unix,
+        "end_unix": split.end_unix,
+        "sessions": max((len(a.sessions) for a in split.ranks.values()), default=0),
+        "ranks": sorted(split.ranks),
+        "last_unix": max((a.sessions[-1].last_unix for a in aggs), default=None),
+        "training_s": max((a.training_s() for a in split.ranks.values()), default=None),
+        "wall_s": max((a.wall_s() for a in split.ranks.values()), default=None),
+        "gpus": [{"uuid": uuid, "name": name} for uuid, name in split.gpus],
+        **{key: info.get(key) for key in ("host", "user", "job_id", "command", "cwd")},
+    }
 
-    Over all splits listed (SPEC §3): start is the earliest split's, end the latest's
-    (none while one runs), status the worst with its cause, run_id the lowest split's.
+
+def run_json(split: Split, existing: str) -> str:
+    """The text of ``run.json``: this split's entry merged into what other splits of the
+    same folder wrote there before (their entries under ``splits`` are kept), and a top
+    level that describes the whole run (SPEC §3): status and cause of the worst split
+    (failed > incomplete > running > completed), the earliest start, the latest end (none
+    while a split runs), every GPU of every split, run_id the lowest split's. Call it
+    under ``folder_lock``.
     """
     try:
         previous = json.loads(existing) if existing else {}
     except ValueError:
         previous = {}
+    previous = previous if isinstance(previous, dict) else {}
     splits = previous.get("splits") if isinstance(previous.get("splits"), dict) else {}
-    info = split.info
-    first = split.ranks.get(0) or next(iter(split.ranks.values()), None)
-    splits[str(split.split)] = {
-        # the run id of the split's first process: the `run` label of the metrics (SPEC §7)
-        "run_id": first.sessions[0].run_id if first and first.sessions else None,
-        "status": split.status,
-        "cause": split.cause,
-        "start_unix": info.get("start_unix"),
-        "end_unix": split.end_unix,
-        "sessions": max((len(a.sessions) for a in split.ranks.values()), default=0),
-        "ranks": sorted(split.ranks),
-        "last_unix": max((a.sessions[-1].last_unix for a in split.ranks.values() if a.sessions),
-                         default=None),
-        "training_s": max((a.training_s() for a in split.ranks.values()), default=None),
-        "wall_s": max((a.wall_s() for a in split.ranks.values()), default=None),
-    }
+    splits[str(split.split)] = _split_entry(split)
     entries = [e for _, e in sorted((int(k), e) for k, e in splits.items()
                                     if k.isdigit() and isinstance(e, dict))]
     starts = [t for t in (_number(e.get("start_unix")) for e in entries) if t is not None]
@@ -107,13 +128,15 @@ def run_json(split: Split, existing: str) -> str:
     end_unix = max(ends) if len(ends) == len(entries) else None  # none while one runs
     worst = max(entries, key=lambda e: RUN_STATUS_ORDER.index(e.get("status"))
                 if e.get("status") in RUN_STATUS_ORDER else 0)
+    gpus: dict[str, dict[str, Any]] = {}
+    for entry in entries:
+        for gpu in entry.get("gpus") or []:
+            if isinstance(gpu, dict) and gpu.get("uuid") not in gpus:
+                gpus[gpu.get("uuid")] = gpu
+    info = split.info
     document = {
         "run_id": entries[0].get("run_id"),
-        "host": info.get("host"),
-        "user": info.get("user"),
-        "job_id": info.get("job_id"),
-        "command": info.get("command"),
-        "cwd": info.get("cwd"),
+        **{key: info.get(key) for key in ("host", "user", "job_id", "command", "cwd")},
         "start": _iso(start_unix),
         "end": _iso(end_unix),
         # the same instants to the microsecond: the report's wall time (SPEC §6)
@@ -121,7 +144,7 @@ def run_json(split: Split, existing: str) -> str:
         "end_unix": end_unix,
         "status": worst.get("status"),
         "cause": worst.get("cause"),
-        "gpus": [{"uuid": uuid, "name": name} for uuid, name in split.gpus],
+        "gpus": list(gpus.values()),
         "versions": info.get("versions", {}),
         "splits": splits,
     }
@@ -129,34 +152,39 @@ def run_json(split: Split, existing: str) -> str:
 
 
 def render(split: Split, resources: ResourceFigures, counts: RecordCounts,
-           with_state: bool) -> dict[Path, str]:
-    """Every file of ``split`` and its text, keyed by path (nothing is written)."""
+           with_state: bool, on_progress: Progress = lambda what: None,
+           ) -> tuple[dict[Path, str], list[str] | None]:
+    """The files of ``split`` that are replaced whole, with their text, keyed by path, and
+    the lines of our summary block (None before any rank reported); nothing is written.
+    ``on_progress(file name)`` is called as each text is ready.
+    """
     files: dict[Path, str] = {}
     ranks = [split.ranks[r] for r in sorted(split.ranks)]
     for agg in ranks:
-        files[split.logs_dir / layout.computational_file(agg.rank)] = tables.to_tsv(
-            tables.computational_frame(agg), index=True)
-        files[split.logs_dir / layout.phases_file(agg.rank)] = tables.to_tsv(
-            tables.phases_frame(agg), index=False)
-    block_lines = resources_text.resources_block(
-        resources.gpus, resources.host, resources.gpu_off_reason, resources.attribution,
-        records_lines(counts))
+        for path, frame, index in (
+                (split.logs_dir / layout.computational_file(agg.rank),
+                 tables.computational_frame(agg), True),
+                (split.logs_dir / layout.phases_file(agg.rank), tables.phases_frame(agg), False)):
+            files[path] = tables.to_tsv(frame, index=index)
+            on_progress(path.name)
+    block = None
     if ranks:
+        block_lines = resources_text.resources_block(
+            resources.gpus, resources.host, resources.gpu_off_reason, resources.attribution,
+            records_lines(counts))
         block = summary.computational_block(
             ranks, [name for _, name in split.gpus],
-            summary.Throughput(split.batch_size("train"), split.settings.accumulation_steps),
-            summary.Throughput(split.batch_size("validation")), split.gaps, block_lines)
-        summary_path = split.split_dir / layout.SUMMARY_FILE
-        files[summary_path] = summary.replace_block(_read_text(summary_path), block)
+            summary.Throughput(split.settings.accumulation_steps),
+            summary.Throughput(1), split.gaps, block_lines)
     if resources.host_samples or resources.gpu_samples:
         frame = resources_text.resources_frame(resources.gpu_samples, resources.host_samples,
-                                               resources.run_start_ns)
+                                               resources.run_start_ns, resources.session_starts_ns)
         files[split.logs_dir / layout.RESOURCES_FILE] = tables.to_tsv(frame, index=False)
-    run_path = split.out_dir / layout.RUN_FILE
-    files[run_path] = run_json(split, _read_text(run_path))
+        on_progress(layout.RESOURCES_FILE)
     if with_state:
         files[state.state_path(split.split_dir)] = state.dumps(split.to_state())
-    return files
+        on_progress(state.FILE_NAME)
+    return files, block
 
 
 def load_modules() -> None:
@@ -169,14 +197,26 @@ def load_modules() -> None:
 
 
 def write_split(split: Split, resources: ResourceFigures, counts: RecordCounts,
-                with_state: bool = False, write_file: WriteFile = write_atomic) -> None:
-    """Write all files of ``split`` with ``write_file``; ``with_state`` adds the resume
-    state (checkpoints).
+                with_state: bool = False, write_bytes: WriteBytes | None = None,
+                on_progress: Progress = lambda what: None) -> None:
+    """Write all files of ``split``; ``with_state`` adds the resume state (checkpoints).
+    ``write_bytes`` puts the bytes into an open file (a seam for a full disk in tests);
+    ``on_progress(what)`` is called after each step (the server tells a waiting client).
 
     Raises OSError from the first file that cannot be written; files already replaced
     stay replaced, the others keep their previous content, none is partial.
     """
-    for path, text in render(split, resources, counts, with_state).items():
-        write_file(path, text)
+    seam = {} if write_bytes is None else {"write_bytes": write_bytes}
+    files, block = render(split, resources, counts, with_state, on_progress)
+    for path, text in files.items():
+        write_atomic(path, text, **seam)
+        on_progress(path.name)
+    if block is not None:
+        rewrite_in_place(split.split_dir / layout.SUMMARY_FILE,
+                         lambda existing: summary.replace_block(existing, block), **seam)
+        on_progress(layout.SUMMARY_FILE)
+    run_path = split.out_dir / layout.RUN_FILE
+    with folder_lock(split.out_dir):
+        write_atomic(run_path, run_json(split, _read_text(run_path)), **seam)
     split.dirty = False
     split.write_error = None

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.sinks import layout
 from tests.support.helpers import progress, split_dir, start_job, wait_for
 
 SIZE = 1024 * 1024  # the files of the test's run (at most 20 rows per phase) take ~100 KiB
@@ -92,9 +93,12 @@ def disk(request: pytest.FixtureRequest, short_tmp: Path) -> Iterator[Disk]:
             os.chmod(root, 0o755)
 
 
+LOCKS = (layout.RUN_LOCK_FILE, layout.SPLIT_LOCK_FILE)  # taken at hello, not output
+
+
 def _files(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*")
-                  if p.is_file() and p.name != "filler")
+                  if p.is_file() and p.name not in ("filler", *LOCKS))
 
 
 def test_unwritable_output_is_reported_kept_and_written_later(serve, short_tmp: Path,

@@ -1,5 +1,5 @@
 """A disk that fills, where no small filesystem can be mounted (CI without privileges): a
-``write_bytes`` for ``sidecar.sinks.atomic.write_atomic``, handed to the server by the
+``write_bytes`` for ``sidecar.sinks.atomic`` (both writers), handed to the server by the
 test launcher (``tests.support.launcher --disk-quota DIR:BYTES``).
 
 ``DIR`` behaves as a filesystem of ``BYTES`` bytes: the regular files under it (anyone's)

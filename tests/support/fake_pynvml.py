@@ -226,7 +226,9 @@ class FakeNvml:
 
 def two_busy_gpus() -> FakeNvml:
     """Two GPUs whose utilization follows the clock (busy in the first 300 ms of every
-    500 ms): the fake a sidecar process loads through ``SIDECAR_TEST_NVML``."""
+    500 ms) and whose energy counter grows by 200 J per second of the host's monotonic
+    clock, whoever reads it (as a driver's counter does between two jobs): the fake the
+    test launcher plugs in with ``--fake-nvml two_busy_gpus``."""
 
     class ClockedGpu(FakeGpu):
         @property  # type: ignore[misc]
@@ -235,6 +237,14 @@ def two_busy_gpus() -> FakeNvml:
 
         @util.setter
         def util(self, _value: int) -> None:
+            pass
+
+        @property  # type: ignore[misc]
+        def energy_mj(self) -> int:
+            return int(time.monotonic() * 200_000)
+
+        @energy_mj.setter
+        def energy_mj(self, _value: int) -> None:
             pass
 
     return FakeNvml([ClockedGpu(uuid="GPU-0a0a0a0a", name="NVIDIA Fake 0"),

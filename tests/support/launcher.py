@@ -4,24 +4,25 @@ test variable; tests start ``python -m tests.support.launcher [SEAMS] -- SIDECAR
 
     --fake-nvml NAME        open NVML through ``tests.support.fake_pynvml.NAME()``
     --disk-quota DIR:BYTES  writes under DIR fail with ENOSPC past BYTES (``disk_quota``)
+    --slow-disk SECONDS     every file written takes SECONDS more (``slow_disk``)
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 from pathlib import Path
 from typing import Any
 
 from sidecar import cli
 from sidecar.resources.samplers import nvml
-from sidecar.sinks.atomic import write_atomic
 from tests.support import fake_pynvml
 from tests.support.disk_quota import DiskQuota
+from tests.support.slow_disk import SlowDisk
 
 
-def seams(fake_nvml: str | None, disk_quota: str | None) -> dict[str, Any]:
+def seams(fake_nvml: str | None, disk_quota: str | None,
+          slow_disk: float | None = None) -> dict[str, Any]:
     """The ``Server`` keyword arguments for the options given."""
     result: dict[str, Any] = {}
     if fake_nvml:
@@ -30,7 +31,9 @@ def seams(fake_nvml: str | None, disk_quota: str | None) -> dict[str, Any]:
     if disk_quota:
         folder, _, size = disk_quota.rpartition(":")
         quota = DiskQuota(Path(folder), int(size))
-        result["write_file"] = functools.partial(write_atomic, write_bytes=quota.write)
+        result["write_bytes"] = quota.write
+    if slow_disk:
+        result["write_bytes"] = SlowDisk(slow_disk).write
     return result
 
 
@@ -39,9 +42,10 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="launcher")
     parser.add_argument("--fake-nvml")
     parser.add_argument("--disk-quota")
+    parser.add_argument("--slow-disk", type=float)
     split = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:split])
-    return cli.main(argv[split + 1:], **seams(args.fake_nvml, args.disk_quota))
+    return cli.main(argv[split + 1:], **seams(args.fake_nvml, args.disk_quota, args.slow_disk))
 
 
 if __name__ == "__main__":

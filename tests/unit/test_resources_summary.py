@@ -137,7 +137,7 @@ def test_resources_frame_cpu_only_and_empty() -> None:
     assert tuple(frame.columns) == RESOURCES_COLUMNS and len(frame) == 1
     row = frame.iloc[0]
     assert row["time (s)"] == 0.5 and row["host cpu (%)"] == 80.0
-    gpu_columns = list(RESOURCES_COLUMNS[1:16])
+    gpu_columns = list(RESOURCES_COLUMNS[2:17])
     assert frame[gpu_columns].isna().all(axis=None)
     empty = resources_frame([], [], START)
     assert tuple(empty.columns) == RESOURCES_COLUMNS and empty.empty

@@ -1,0 +1,414 @@
+"""``markers.instrument``: the Run's markers put into an unchanged script through hooks.
+
+    run = markers.start_run(out_dir="maps")
+    markers.instrument(model, optimizer)          # the loop stays as it is
+
+Which hook stamps what (SPEC §1):
+
+* **Forward**: a forward pre-hook and a forward hook on each given module (only the
+  outermost call counts when one instrumented module calls another).
+* **Backward**: after a training forward, a pre-hook on the ``grad_fn`` of each output
+  tensor that needs a gradient; the first one the autograd engine reaches starts
+  Backward, and a callback queued on the engine (``queue_callback``, what DDP uses) ends
+  it when the whole backward pass is done. So Backward runs from the model's output to
+  the last parameter's gradient (the loss function's own backward, a few µs, is before).
+* **Optimization**: the optimizer's step pre-hook and post-hook (torch >= 2); without an
+  optimizer given, the global step hooks, for optimizers over the model's parameters.
+* **Iterations**: a training iteration runs from the end of one optimizer step to the end
+  of the next: with accumulation every forward/backward before the step is in it. With
+  several optimizers (a GAN), pass them in the order they step: the step of the LAST one
+  ends the iteration (a discriminator stepping k times per generator step gives
+  iterations of one generator step each). A step skipped by AMP's GradScaler (inf/NaN
+  gradients: ``optimizer.step()`` is never called) is recognised when the gradients are
+  cleared (``zero_grad()``, set_to_none by default) before the next forward: that
+  iteration is left unmeasured (it has no Optimization, and rows stay aligned).
+* **Training data loading**: from the end of the step (or, within an accumulation step,
+  of the previous backward) to the next forward: everything the script does in between
+  (fetching, moving to the device, ``zero_grad``) counts.
+* **Evaluation / Validation loop**: a forward in eval mode, or under ``no_grad`` outside
+  training, is an evaluation: one validation iteration, whose data loading runs from the
+  previous evaluation's (or step's) end; the metrics of a batch therefore count in the
+  next batch's data loading. A forward in training mode under ``no_grad`` while training
+  (a GAN's generator making fakes) is part of the training iteration's Forward.
+
+Where the script already uses ``run.train_batches``/``run.val_batches`` (or a framework
+callback drives the iterations), the hooks only stamp the phases: the loop driver owns
+the iterations and data loading, nothing is counted twice. ``run.epoch()`` and
+``run.validation()`` bound the inferred iterations: the first data loading after an
+epoch or validation boundary starts at that boundary, and any forward inside
+``run.validation()`` is an evaluation. Without them, the first iteration after an
+evaluation counts the time since it as data loading; ``warmup_iterations`` leaves out
+the first iteration after ``instrument()``.
+
+``torch.compile``: hooks are wrapped in ``torch.compiler.disable``, so they run eagerly
+when Dynamo meets them; instrument the compiled module (``instrument(torch.compile(m))``)
+so they stay outside the compiled graph (on the inner module they break it in two).
+
+Hooks never raise into the training loop: an error inside one is reported once
+(RuntimeWarning) and the hooks are taken off.
+
+Importing this module does not import torch; ``instrument()`` does.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from collections.abc import Callable, Iterable
+from time import perf_counter_ns
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from markers.run import NullRun, Run
+
+_START, _TRAIN, _VAL = 0, 1, 2  # what the model did last: nothing yet, training, evaluation
+_MAX_OUTPUT_DEPTH = 4  # nesting of tuples/dicts searched for output tensors
+
+
+class Instrumentation:
+    """The hooks ``instrument()`` installed; ``remove()`` takes every one off."""
+
+    def __init__(self, hooks: _Hooks | None) -> None:
+        self._hooks = hooks
+
+    @property
+    def active(self) -> bool:
+        """True while the hooks are installed."""
+        return self._hooks is not None and self._hooks.active
+
+    def remove(self) -> None:
+        """Take every hook off; an iteration the hooks left open is never measured.
+        Safe to call more than once."""
+        if self._hooks is not None:
+            self._hooks.remove()
+            self._hooks = None
+
+    def __enter__(self) -> Instrumentation:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.remove()
+
+
+def instrument(model: torch.nn.Module | Iterable[torch.nn.Module],
+               optimizer: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] | None = None,
+               run: Run | NullRun | None = None) -> Instrumentation:
+    """Stamp Forward, Backward, Optimization, Evaluation, data loading and the iteration
+    boundaries of ``run`` (default: the run ``start_run`` returned last) through hooks on
+    ``model`` (a module or several) and ``optimizer`` (one, several in stepping order,
+    None for every optimizer over the model's parameters, or an empty sequence for none:
+    when a framework callback stamps Optimization and drives the iterations). Call it once
+    per run, with every module and optimizer. See the module docstring for what each hook
+    measures. Returns the handle whose ``remove()`` takes the hooks off.
+
+    Raises RuntimeError when no run was given and none was started, TypeError when
+    ``model`` holds something that is not a ``torch.nn.Module``.
+    """
+    import torch
+
+    from markers import current_run
+    from markers.run import Run
+
+    if run is None:
+        run = current_run()
+        if run is None:
+            raise RuntimeError("markers.instrument: call markers.start_run() first, or pass "
+                               "run=")
+    modules = [model] if isinstance(model, torch.nn.Module) else list(model)
+    for module in modules:
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"markers.instrument: {module!r} is not a torch.nn.Module")
+    if optimizer is None:
+        optimizers = None
+    elif isinstance(optimizer, torch.optim.Optimizer):
+        optimizers = [optimizer]
+    else:
+        optimizers = list(optimizer)
+    if not isinstance(run, Run):  # not monitored: nothing to stamp
+        return Instrumentation(None)
+    return Instrumentation(_Hooks(run, modules, optimizers))
+
+
+class _Hooks:
+    """The state machine behind the hooks (one per ``instrument()`` call).
+
+    ``optimizers``: None hooks every optimizer (global hooks) whose parameters are the
+    model's; an empty list hooks none (a framework callback stamps Optimization and the
+    iterations itself).
+    """
+
+    def __init__(self, run: Run, modules: list[torch.nn.Module],
+                 optimizers: list[torch.optim.Optimizer] | None) -> None:
+        import torch
+        from torch.optim.optimizer import (
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
+
+        self._torch = torch
+        self._run = run
+        self._forward = run.phase("forward")
+        self._backward = run.phase("backward")
+        self._optimization = run.phase("optimization")
+        self._evaluation = run.phase("evaluation")
+        self._queue_callback = torch.autograd.Variable._execution_engine.queue_callback
+        self.active = True  # hooks installed
+        self._failed = False  # a hook raised: every hook does nothing from then on
+        self._last_ns = perf_counter_ns()  # end of the latest step, backward or evaluation
+        self._owned: tuple[bool, int] | None = None  # the iteration these hooks opened
+        self._state = _START
+        self._last_eval_mode = False  # the latest evaluation ran in eval mode
+        self._depth = 0  # nesting of instrumented forwards
+        self._step_depth = 0  # nesting of optimizer steps
+        self._marker: Any = None  # the phase the outermost forward stamps
+        self._batches = 0  # batches in the open training iteration
+        self._after_backward = False  # the next training forward starts a new batch
+        self._pending_backward = False  # a backward since the last step
+        self._backward_open = False
+        self._probe: torch.nn.Parameter | None = None  # a parameter that has a gradient
+        self._parameters = [p for m in modules for p in m.parameters()]
+        self._boundary: torch.optim.Optimizer | None = optimizers[-1] if optimizers else None
+        self._ours: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+        self._stepping: set[int] = set()  # ids of our optimizers seen (global hooks)
+        self._handles: list[Any] = []
+
+        safe = self._safe
+        for module in modules:
+            self._handles.append(module.register_forward_pre_hook(safe(self._forward_pre),
+                                                                  with_kwargs=True))
+            self._handles.append(module.register_forward_hook(safe(self._forward_post)))
+        if optimizers is None:
+            self._handles.append(register_optimizer_step_pre_hook(safe(self._global_pre)))
+            self._handles.append(register_optimizer_step_post_hook(safe(self._global_post)))
+        else:
+            for opt in optimizers:
+                self._handles.append(opt.register_step_pre_hook(safe(self._step_pre)))
+                self._handles.append(opt.register_step_post_hook(safe(self._step_post)))
+        self._on_backward = safe(self._backward_pre)
+        self._on_backward_done = safe(self._backward_done)
+        run._open_gpu()  # the model is usually on its device by now: GPU timing from the start
+
+    # -- safety ---------------------------------------------------------------------
+
+    def _safe(self, hook: Callable[..., Any]) -> Callable[..., Any]:
+        """``hook`` that never raises (one warning, then every hook stops measuring) and
+        that Dynamo never traces."""
+        def guarded(*args: Any) -> None:
+            if self._failed:
+                return
+            try:
+                hook(*args)
+            except Exception as exc:  # never into the training loop
+                self._fail(exc)
+
+        return self._torch.compiler.disable(guarded)
+
+    def _fail(self, exc: Exception) -> None:
+        # The hooks stay registered (torch may be iterating over them right now) but do
+        # nothing from now on; remove() takes them off.
+        self._failed = True
+        if self._owned is not None and self._run.iteration == self._owned:
+            self._run.leave_iteration()
+        self._owned = None
+        warnings.warn(f"markers.instrument: a hook failed ({type(exc).__name__}: {exc}); "
+                      "the hooks stop measuring, training goes on", RuntimeWarning,
+                      stacklevel=2)
+
+    def remove(self) -> None:
+        """Take every hook off; an iteration still open is left unmeasured."""
+        if not self.active:
+            return
+        self.active = False
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        if self._owned is not None and self._run.iteration == self._owned:
+            self._run.leave_iteration()
+        self._owned = None
+
+    # -- forward --------------------------------------------------------------------
+
+    def _forward_pre(self, module: torch.nn.Module, args: tuple[Any, ...],
+                     kwargs: dict[str, Any]) -> None:
+        self._depth += 1
+        if self._depth > 1:
+            return
+        now = perf_counter_ns()
+        run = self._run
+        opened = run.iteration
+        if opened is not None and opened != self._owned:
+            # A loop driver owns the iteration: stamp the phase only.
+            evaluation = opened[0] or run.in_validation or not module.training
+            self._marker = self._evaluation if evaluation else self._forward
+        elif self._is_training(module):
+            self._begin_training_forward(now, args or kwargs)
+            self._marker = self._forward
+        else:
+            self._begin_evaluation(module, now, args or kwargs)
+            self._marker = self._evaluation
+        self._marker.begin()
+
+    def _forward_post(self, module: torch.nn.Module, args: tuple[Any, ...],
+                      output: Any) -> None:
+        self._depth -= 1
+        if self._depth:
+            return
+        marker, self._marker = self._marker, None
+        if marker is None:  # hooks installed during this forward
+            return
+        marker.end()
+        if self._torch.is_grad_enabled():
+            self._watch_backward(output)
+        if marker is self._evaluation and self._owned is not None and self._owned[0]:
+            run = self._run
+            run.batch_done()
+            run.end_iteration()
+            self._owned = None
+            self._last_ns = perf_counter_ns()
+
+    def _is_training(self, module: torch.nn.Module) -> bool:
+        if self._run.in_validation or not module.training:
+            return False
+        if self._torch.is_grad_enabled():
+            return True
+        # Training mode under no_grad: part of training once training is under way (a
+        # GAN's generator), or right after an evaluation in eval mode (the script called
+        # model.train() again); an evaluation before training otherwise.
+        return self._state == _TRAIN or (self._state == _VAL and self._last_eval_mode)
+
+    def _begin_training_forward(self, now: int, batch: Any) -> None:
+        run = self._run
+        boundary = run.last_boundary_ns
+        owned = self._owned
+        if owned is not None and (owned[0] or boundary > owned[1] or (
+                self._pending_backward and self._gradients_cleared())):
+            # An epoch or validation boundary inside it, or its step was skipped
+            # (GradScaler): never measured. Its batches still went through the network.
+            self._leave()
+            self._pending_backward = False
+            self._after_backward = False
+        new_batch = self._owned is None or self._after_backward
+        if self._owned is None:
+            start = max(self._last_ns, boundary)
+            run.begin_iteration(False, start)
+            self._owned = run.iteration
+            self._batches = 0
+        if new_batch:
+            if self._batches:
+                run.batch_done()
+            self._batches += 1
+            run.data_loaded(max(self._last_ns, boundary), now)
+            run.batch_seen(False, batch)
+        self._after_backward = False
+        self._state = _TRAIN
+
+    def _begin_evaluation(self, module: torch.nn.Module, now: int, batch: Any) -> None:
+        run = self._run
+        if self._owned is not None:  # a training iteration cut by an evaluation
+            self._leave()
+        start = max(self._last_ns, run.last_boundary_ns)
+        run.begin_iteration(True, start)
+        self._owned = run.iteration
+        run.data_loaded(start, now)
+        run.batch_seen(True, batch)
+        self._state = _VAL
+        self._last_eval_mode = not module.training
+
+    def _leave(self) -> None:
+        """Leave the open iteration unmeasured; its batches still count for warmup."""
+        if self._batches and not self._owned[0]:
+            self._run.batch_done()
+        self._batches = 0
+        if self._run.iteration == self._owned:
+            self._run.leave_iteration()
+        self._owned = None
+
+    # -- backward -------------------------------------------------------------------
+
+    def _watch_backward(self, output: Any) -> None:
+        """Put the Backward pre-hook on the grad_fn of each output tensor needing a grad."""
+        pending = [(output, 0)]
+        while pending:
+            value, depth = pending.pop()
+            grad_fn = getattr(value, "grad_fn", None)
+            if grad_fn is not None:
+                grad_fn.register_prehook(self._on_backward)
+            elif depth < _MAX_OUTPUT_DEPTH:
+                if isinstance(value, dict):
+                    pending.extend((v, depth + 1) for v in value.values())
+                elif isinstance(value, (list, tuple)):
+                    pending.extend((v, depth + 1) for v in value)
+
+    def _backward_pre(self, grad_outputs: Any) -> None:
+        if self._backward_open:
+            return
+        self._backward_open = True
+        self._backward.begin()
+        self._queue_callback(self._on_backward_done)
+
+    def _backward_done(self) -> None:
+        self._backward.end()
+        self._backward_open = False
+        self._last_ns = perf_counter_ns()
+        self._after_backward = True
+        self._pending_backward = True
+        probe = self._probe
+        if probe is None or probe.grad is None:
+            self._probe = next((p for p in self._parameters if p.grad is not None), None)
+
+    def _gradients_cleared(self) -> bool:
+        """The gradients of the last backward were cleared without a step (zero_grad)."""
+        return self._probe is not None and self._probe.grad is None
+
+    # -- optimizer ------------------------------------------------------------------
+
+    def _step_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        # A step inside a step (a subclass calling super().step(), both wrapped by torch's
+        # hook caller; an optimizer wrapping another) is part of the outer one.
+        self._step_depth += 1
+        if self._step_depth == 1:
+            self._optimization.begin()
+
+    def _step_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._step_depth -= 1
+        if self._step_depth:
+            return
+        self._optimization.end()
+        self._last_ns = now = perf_counter_ns()
+        self._pending_backward = False
+        self._after_backward = False
+        boundary = self._boundary
+        if boundary is not None and optimizer is not boundary:
+            return  # a GAN's discriminator step: the iteration goes on
+        owned = self._owned
+        if owned is not None and not owned[0] and self._run.iteration == owned:
+            self._run.batch_done()
+            self._run.end_iteration(now)
+        self._owned = None
+        self._batches = 0
+
+    def _is_ours(self, optimizer: Any) -> bool:
+        """True for an optimizer over the instrumented modules' parameters."""
+        ours = self._ours.get(optimizer)
+        if ours is None:
+            mine = {id(p) for p in self._parameters}
+            ours = self._ours[optimizer] = any(
+                id(p) in mine for group in optimizer.param_groups for p in group["params"])
+            if ours:
+                self._stepping.add(id(optimizer))
+                if len(self._stepping) == 2:
+                    warnings.warn("markers.instrument: several optimizers step the model; "
+                                  "each step ends an iteration. Pass them to instrument() "
+                                  "in the order they step: the last one ends the iteration",
+                                  RuntimeWarning, stacklevel=3)
+        return ours
+
+    def _global_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._is_ours(optimizer):
+            self._step_pre(optimizer, args, kwargs)
+
+    def _global_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._is_ours(optimizer):
+            self._step_post(optimizer, args, kwargs)

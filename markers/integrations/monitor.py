@@ -1,0 +1,108 @@
+"""What the framework callbacks share: starting the run from the callback's keyword
+arguments and the framework's settings, driving the ``Run`` primitives from the
+framework's events (one phase open at a time), and never raising into the trainer.
+
+Importing this module imports no framework.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from time import perf_counter_ns
+from typing import Any, TypeVar
+
+from markers.run import NullRun, Phase, Run
+
+log = logging.getLogger("markers.integrations")
+F = TypeVar("F", bound=Callable[..., Any])
+
+START_RUN_KEYWORDS = frozenset({
+    "out_dir", "split", "warmup_iterations", "num_measurements", "train_batch_size",
+    "val_batch_size", "accumulation_steps", "resume", "endpoint", "rank"})
+
+
+def never_raise(method: F) -> F:
+    """A callback method that never raises into the trainer: the first error is logged
+    (with its traceback) and the monitor stops measuring; training goes on."""
+    @functools.wraps(method)
+    def guarded(self: Monitor, *args: Any, **kwargs: Any) -> Any:
+        if self.broken:
+            return None
+        try:
+            return method(self, *args, **kwargs)
+        except Exception:
+            self.broken = True
+            log.exception("markers: the %s callback failed in %s; monitoring stops, training "
+                          "goes on", type(self).__name__, method.__name__)
+            return None
+
+    return guarded  # type: ignore[return-value]
+
+
+class Monitor:
+    """The state of a framework callback: its run and the phase open now.
+
+    ``start_run_kwargs`` are ``markers.start_run``'s keyword arguments; those not given
+    are read from the framework when the run starts (``start``).
+    """
+
+    def __init__(self, **start_run_kwargs: Any) -> None:
+        unknown = set(start_run_kwargs) - START_RUN_KEYWORDS
+        if unknown:
+            raise TypeError(f"MonitorCallback: unknown keyword arguments {sorted(unknown)}; "
+                            f"it takes those of markers.start_run: {sorted(START_RUN_KEYWORDS)}")
+        self.start_run_kwargs = start_run_kwargs
+        self.run: Run | NullRun = NullRun()
+        self.broken = False
+        self._started = False
+        self._current: Phase | None = None  # the phase the framework's events opened
+        self._last_end_ns = perf_counter_ns()  # end of the latest batch, save or pass
+
+    def start(self, **framework: Any) -> None:
+        """Start the run: the callback's keyword arguments, else the framework's values."""
+        import markers
+
+        if self._started:
+            return
+        self._started = True
+        given = {k: v for k, v in framework.items() if v is not None}
+        self.run = markers.start_run(**{**given, **self.start_run_kwargs})
+
+    def finish(self, status: str = "completed", error: str | None = None) -> None:
+        """End the run (the sidecar writes the files); safe to call more than once."""
+        self.switch(None)
+        self.run.finish(status, error)
+
+    def switch(self, name: str | None) -> None:
+        """End the open phase and begin ``name`` (none when None)."""
+        if self._current is not None:
+            self._current.end()
+        self._current = self.run.phase(name) if name is not None else None
+        if self._current is not None:
+            self._current.begin()
+
+    def begin_batch(self, validation: bool, batch: Any = None) -> None:
+        """A batch starts now: the iteration opens (when none is) at the end of the
+        previous batch, and the time since then is its data loading."""
+        run = self.run
+        now = perf_counter_ns()
+        start = max(self._last_end_ns, run.last_boundary_ns)
+        if run.iteration is None:
+            run.begin_iteration(validation, start)
+        run.data_loaded(start, now)
+        if batch is not None:
+            run.batch_seen(validation, batch)
+
+    def end_batch(self, end_iteration: bool) -> None:
+        """The batch ends now; with ``end_iteration`` its iteration too."""
+        self.switch(None)
+        self.run.batch_done()
+        if end_iteration:
+            self.run.end_iteration()
+        self.mark()
+
+    def mark(self) -> None:
+        """Time before now belongs to no later batch's data loading (a checkpoint write)."""
+        self._last_end_ns = perf_counter_ns()

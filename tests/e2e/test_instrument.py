@@ -1,0 +1,340 @@
+"""markers.instrument(): a plain script, unchanged but for two lines, gets true, aligned
+rows through module, autograd and optimizer hooks (SPEC §1, §4), with a real sidecar."""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+import markers
+from tests.support.helpers import REPO, Sidecar, env, read_tsv
+from tests.support.spin import (
+    SpinNet,
+    SpinSGD,
+    Truth,
+    assert_close,
+    one_thread,
+    spin_loader,
+)
+
+SPINS = {"forward": 0.002, "backward": 0.002, "optimization": 0.001, "loading": 0.002,
+         "val loading": 0.001}
+TRAINING = ["Training loop (s)", "Training data loading (s)", "Forward (s)", "Backward (s)",
+            "Optimization (s)"]
+VALIDATION = ["Validation loop (s)", "Validation data loading (s)", "Evaluation (s)"]
+pytestmark = pytest.mark.usefixtures("one_thread")
+__all__ = ["one_thread"]  # a fixture, used through pytestmark
+
+
+def sums(values: list[float], group: int) -> list[float]:
+    """Consecutive groups of ``group`` values summed (a short last group too)."""
+    return [sum(values[i:i + group]) for i in range(0, len(values), group)]
+
+
+def table(sidecar: Sidecar) -> pd.DataFrame:
+    """The split's computational.tsv."""
+    return read_tsv(sidecar.split_dir() / "logs" / "computational.tsv")
+
+
+def column(frame: pd.DataFrame, name: str) -> list[float]:
+    """The stored values of one column."""
+    return frame[name].dropna().tolist()
+
+
+def plain_training(model: nn.Module, optimizer: torch.optim.Optimizer, truth: Truth,
+                   epochs: int, batches: int, val_batches: int, accumulation: int = 1,
+                   run: markers.Run | None = None) -> None:
+    """A plain PyTorch loop: accumulation, then a validation pass, per epoch. With
+    ``run``, it also uses run.epoch()/validation()/train_batches()/val_batches()."""
+    loss_fn = nn.MSELoss()
+    for _ in range(epochs):
+        epoch = run.epoch() if run else contextlib.nullcontext()
+        with epoch:
+            model.train()
+            loader = spin_loader(truth, batches, SPINS["loading"])
+            for i, (x, y) in enumerate(run.train_batches(loader) if run else loader):
+                loss = loss_fn(model(x), y) / accumulation
+                loss.backward()
+                if (i + 1) % accumulation == 0 or i + 1 == batches:
+                    optimizer.step()
+                    optimizer.zero_grad()
+            model.eval()
+            with run.validation() if run else contextlib.nullcontext(), torch.no_grad():
+                loader = spin_loader(truth, val_batches, SPINS["val loading"], part="val")
+                for x, _y in run.val_batches(loader) if run else loader:
+                    model(x)
+
+
+def spin_parts(truth: Truth) -> tuple[SpinNet, SpinSGD]:
+    """The model and optimizer with the known costs of SPINS."""
+    model = SpinNet(truth, SPINS["forward"], SPINS["backward"])
+    return model, SpinSGD(model.parameters(), truth, SPINS["optimization"])
+
+
+@pytest.mark.parametrize("accumulation", [1, 3])
+def test_plain_script_gets_true_aligned_rows(sidecar: Sidecar, accumulation: int) -> None:
+    truth = Truth()
+    model, optimizer = spin_parts(truth)
+    with markers.start_run(out_dir="maps", warmup_iterations=1,
+                           accumulation_steps=accumulation):
+        hooks = markers.instrument(model, optimizer)
+        plain_training(model, optimizer, truth, epochs=2, batches=6, val_batches=3,
+                       accumulation=accumulation)
+        hooks.remove()
+    frame = table(sidecar)
+    steps = 2 * (6 // accumulation)
+    for name in TRAINING:  # the first step is warmup
+        assert len(column(frame, name)) == steps - 1, name
+    for name in VALIDATION:
+        assert len(column(frame, name)) == 6, name
+    assert frame["Epoch (s)"].isna().all()  # epochs need run.epoch()
+
+    def true(part: str) -> list[float]:
+        return sums(truth.seconds[part], accumulation)[1:]
+
+    assert_close(column(frame, "Forward (s)"), true("forward"), "Forward")
+    assert_close(column(frame, "Backward (s)"), true("backward"), "Backward")
+    assert_close(column(frame, "Optimization (s)"), truth.seconds["optimization"][1:],
+                 "Optimization")
+    assert_close(column(frame, "Training data loading (s)"), true("loading"), "Data loading")
+    assert_close(column(frame, "Evaluation (s)"), truth.seconds["evaluation"], "Evaluation")
+    assert_close(column(frame, "Validation data loading (s)"), truth.seconds["val"],
+                 "Validation data loading")
+    loops = column(frame, "Training loop (s)")
+    parts = [sum(v) for v in zip(*(column(frame, n) for n in TRAINING[1:]), strict=True)]
+    assert all(loop >= part for loop, part in zip(loops, parts, strict=True))
+
+
+def test_with_the_loop_helpers_nothing_is_counted_twice(sidecar: Sidecar) -> None:
+    truth = Truth()
+    model, optimizer = spin_parts(truth)
+    with markers.start_run(out_dir="maps", warmup_iterations=0, accumulation_steps=2) as run:
+        markers.instrument(model, optimizer)
+        plain_training(model, optimizer, truth, epochs=2, batches=4, val_batches=2,
+                       accumulation=2, run=run)
+    frame = table(sidecar)
+    for name in TRAINING:
+        assert len(column(frame, name)) == 4, name
+    for name in VALIDATION:
+        assert len(column(frame, name)) == 4, name
+    assert len(column(frame, "Epoch (s)")) == 2
+    assert len(column(frame, "Validation (s)")) == 2
+    assert_close(column(frame, "Forward (s)"), sums(truth.seconds["forward"], 2), "Forward")
+    assert_close(column(frame, "Training data loading (s)"), sums(truth.seconds["loading"], 2),
+                 "Data loading")
+
+
+def test_run_epoch_and_validation_bound_the_inferred_iterations(sidecar: Sidecar) -> None:
+    # Without train_batches, the first data loading of an epoch starts at the epoch's
+    # begin: code between epochs (here a 30 ms pause) is not taken for data loading.
+    truth = Truth()
+    model, optimizer = spin_parts(truth)
+    loss_fn = nn.MSELoss()
+    with markers.start_run(out_dir="maps", warmup_iterations=0) as run:
+        markers.instrument(model, optimizer)
+        for _ in range(2):
+            Truth().spin("between epochs", 0.03)
+            with run.epoch():
+                model.train()
+                for x, y in spin_loader(truth, 3, SPINS["loading"]):
+                    loss_fn(model(x), y).backward()
+                    optimizer.step()
+                    optimizer.zero_grad()
+                model.eval()
+                with run.validation():  # training mode, no no_grad: still evaluations
+                    model.train()
+                    for x, _y in spin_loader(truth, 2, SPINS["val loading"], part="val"):
+                        model(x)
+    frame = table(sidecar)
+    assert_close(column(frame, "Training data loading (s)"), truth.seconds["loading"],
+                 "Data loading")
+    assert len(column(frame, "Evaluation (s)")) == 4
+    assert len(column(frame, "Forward (s)")) == 6
+    assert len(column(frame, "Validation (s)")) == 2
+
+
+def test_a_step_skipped_by_gradscaler_leaves_its_iteration_unmeasured(
+        sidecar: Sidecar) -> None:
+    truth = Truth()
+    model, optimizer = spin_parts(truth)
+    scaler = torch.amp.GradScaler("cpu")
+    loss_fn = nn.MSELoss()
+    skipped = 3
+    with markers.start_run(out_dir="maps", warmup_iterations=1) as run:
+        markers.instrument(model, optimizer, run)
+        for i, (x, y) in enumerate(spin_loader(truth, 8, SPINS["loading"])):
+            loss = loss_fn(model(x), y)
+            if i == skipped:  # inf gradients: GradScaler skips optimizer.step()
+                loss = loss * float("inf")
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+    assert len(truth.seconds["optimization"]) == 7  # the skipped step never ran
+    frame = table(sidecar)
+    for name in TRAINING:  # 8 batches: 1 warmup, 1 skipped
+        assert len(column(frame, name)) == 6, name
+
+    def true(part: str) -> list[float]:
+        values = truth.seconds[part]
+        return values[1:skipped] + values[skipped + 1:]
+
+    assert_close(column(frame, "Forward (s)"), true("forward"), "Forward")
+    assert_close(column(frame, "Backward (s)"), true("backward"), "Backward")
+    assert_close(column(frame, "Training data loading (s)"), true("loading"), "Data loading")
+    assert_close(column(frame, "Optimization (s)"), truth.seconds["optimization"][1:],
+                 "Optimization")
+
+
+def test_two_optimizers_the_last_one_given_ends_the_iteration(sidecar: Sidecar) -> None:
+    # A GAN: the discriminator steps, then the generator; the generator's fakes for the
+    # discriminator step are made under no_grad in training mode.
+    truth = Truth()
+    generator = nn.Linear(8, 8)
+    discriminator = SpinNet(truth, SPINS["forward"], SPINS["backward"])
+    opt_g = SpinSGD(generator.parameters(), truth, 0.001)
+    opt_d = SpinSGD(discriminator.parameters(), truth, 0.002)
+    batches = 6
+    with markers.start_run(out_dir="maps", warmup_iterations=2) as run:
+        markers.instrument([generator, discriminator], [opt_d, opt_g], run)
+        for x, _y in spin_loader(truth, batches, SPINS["loading"]):
+            noise = torch.randn(4, 8)
+            with torch.no_grad():
+                fake = generator(noise)
+            d_loss = discriminator(x).mean() - discriminator(fake).mean()
+            opt_d.zero_grad()
+            d_loss.backward()
+            opt_d.step()
+            g_loss = -discriminator(generator(noise)).mean()
+            opt_g.zero_grad()
+            g_loss.backward()
+            opt_g.step()
+    frame = table(sidecar)
+    # The very first no_grad forward, before any training, is taken for an evaluation
+    # (batch 0, warmup); every later one is part of its training iteration.
+    for name in TRAINING:
+        assert len(column(frame, name)) == batches - 1, name
+    assert frame["Evaluation (s)"].isna().all()
+    # Per iteration: three discriminator forwards, two backward passes, both steps.
+    assert_close(column(frame, "Forward (s)"), sums(truth.seconds["forward"], 3)[1:],
+                 "Forward", abs_s=1e-3)
+    assert_close(column(frame, "Optimization (s)"), sums(truth.seconds["optimization"], 2)[1:],
+                 "Optimization")
+    assert_close(column(frame, "Training data loading (s)"), truth.seconds["loading"][1:],
+                 "Data loading")
+
+
+def test_a_compiled_model(sidecar: Sidecar) -> None:
+    # torch.compile with its default backend (inductor builds C++ on this CPU box: ~30 s).
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    compiled = torch.compile(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    truth = Truth()
+    with markers.start_run(out_dir="maps", warmup_iterations=2) as run:
+        markers.instrument(compiled, optimizer, run)
+        for x, y in spin_loader(truth, 6, SPINS["loading"]):
+            nn.functional.mse_loss(compiled(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    frame = table(sidecar)
+    for name in TRAINING:
+        assert len(column(frame, name)) == 4, name
+    assert_close(column(frame, "Training data loading (s)"), truth.seconds["loading"][2:],
+                 "Data loading")
+
+
+def test_remove_takes_every_hook_off(sidecar: Sidecar) -> None:
+    model = nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with markers.start_run(out_dir="maps", warmup_iterations=0) as run:
+        hooks = markers.instrument(model, optimizer, run)
+        assert hooks.active
+        hooks.remove()
+        hooks.remove()
+        assert not hooks.active
+        for _ in range(3):
+            model(torch.randn(2, 8)).sum().backward()
+            optimizer.step()
+    assert not model._forward_hooks and not model._forward_pre_hooks
+    assert not optimizer._optimizer_step_pre_hooks and not optimizer._optimizer_step_post_hooks
+    assert table(sidecar)["Forward (s)"].isna().all()
+
+
+def test_instrument_without_a_run_says_what_to_do() -> None:
+    code = ("import torch, markers\n"
+            "try:\n    markers.instrument(torch.nn.Linear(2, 2))\n"
+            "except RuntimeError as exc:\n    print(exc)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=env(), timeout=120, check=True)
+    assert "call markers.start_run() first" in result.stdout
+
+
+def test_the_examples_differ_by_two_lines() -> None:
+    plain = (REPO / "examples" / "train_plain.py").read_text()
+    instrumented = (REPO / "examples" / "train_instrumented.py").read_text()
+
+    def code(text: str) -> list[str]:  # without the module docstring
+        return text.split('"""', 2)[2].splitlines()
+
+    diff = [line for line in difflib.ndiff(code(plain), code(instrumented))
+            if line[:2] in ("+ ", "- ")]
+    assert [line for line in diff if line.startswith("- ")] == []
+    added = [line[2:].strip() for line in diff]
+    assert [line for line in added if line and line != "import markers"] == [
+        'markers.start_run(out_dir=args.out_dir, warmup_iterations=10)',
+        "markers.instrument(model, optimizer)"]
+
+
+def test_the_instrumented_example_writes_the_standard_columns(serve, short_tmp: Path) -> None:
+    server = serve()
+    subprocess.run([sys.executable, str(REPO / "examples" / "train_instrumented.py"),
+                    "--epochs", "2", "--train-samples", "1024"], cwd=short_tmp,
+                   env=env(SIDECAR_ENDPOINT=server.endpoint), timeout=240, check=True,
+                   capture_output=True)
+    frame = read_tsv(server.split_dir() / "logs" / "computational.tsv")
+    for name in (*TRAINING, *VALIDATION):
+        assert frame[name].notna().sum() > 0, name
+
+
+def test_a_failing_hook_warns_once_and_training_goes_on(sidecar: Sidecar) -> None:
+    model = nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with markers.start_run(out_dir="maps", warmup_iterations=0) as run:
+        hooks = markers.instrument(model, optimizer, run)
+        hooks._hooks._forward = None  # a bug inside the hooks: the pre-hook raises
+        with pytest.warns(RuntimeWarning, match="a hook failed") as caught:
+            for _ in range(3):
+                model(torch.randn(2, 8)).sum().backward()
+                optimizer.step()
+        assert len([w for w in caught if "a hook failed" in str(w.message)]) == 1
+        hooks.remove()
+    assert table(sidecar)["Forward (s)"].isna().all()
+
+
+def test_without_an_optimizer_the_models_own_steps_end_the_iterations(
+        sidecar: Sidecar) -> None:
+    truth = Truth()
+    model, optimizer = spin_parts(truth)
+    foreign = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)  # not the model's
+    with markers.start_run(out_dir="maps", warmup_iterations=1):
+        markers.instrument(model)  # the global step hooks
+        for x, y in spin_loader(truth, 6, SPINS["loading"]):
+            nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            foreign.step()
+    frame = table(sidecar)
+    for name in TRAINING:
+        assert len(column(frame, name)) == 5, name
+    assert_close(column(frame, "Optimization (s)"), truth.seconds["optimization"][1:],
+                 "Optimization")
+    assert_close(column(frame, "Training data loading (s)"), truth.seconds["loading"][1:],
+                 "Data loading")

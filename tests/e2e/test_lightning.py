@@ -1,0 +1,121 @@
+"""MonitorCallback for Lightning: a real Trainer on CPU with known costs, its rows against
+the parts' own clocks; resume from a Lightning checkpoint in a second process and a
+second sidecar; DDP with two processes (gloo) writing the rank files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.support.helpers import REPO, Sidecar, env, read_tsv, split_dir
+from tests.support.spin import assert_close
+
+pytest.importorskip("lightning")
+JOB = REPO / "tests" / "support" / "jobs" / "lightning_job.py"
+TRAINING = ["Training loop (s)", "Training data loading (s)", "Forward (s)", "Backward (s)",
+            "Optimization (s)"]
+
+
+def fit(sidecar: Sidecar, *args: str) -> tuple[dict[str, list[float]], Path]:
+    """Run the Lightning job in ``<root>/job`` (its default_root_dir, so the run folder)
+    against ``sidecar``; its truth and its run folder."""
+    folder = sidecar.root / "job"
+    folder.mkdir(exist_ok=True)
+    truth = folder / f"truth-{len(list(folder.glob('truth-*')))}.json"
+    result = subprocess.run(
+        [sys.executable, str(JOB), "--truth", str(truth), *args], cwd=folder,
+        env=env(SIDECAR_ENDPOINT=sidecar.endpoint, OMP_NUM_THREADS="1"),
+        capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(truth.read_text()), folder
+
+
+def sums(values: list[float], group: int) -> list[float]:
+    """Consecutive groups of ``group`` values summed."""
+    return [sum(values[i:i + group]) for i in range(0, len(values), group)]
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_rows_follow_the_hooks_with_accumulation(sidecar: Sidecar, accumulation: int) -> None:
+    truth, folder = fit(sidecar, "--accumulation", str(accumulation), "--batches", "8")
+    frame = read_tsv(split_dir(folder) / "logs" / "computational.tsv")
+    steps = 2 * 8 // accumulation
+    for name in TRAINING:  # 2 epochs of 8 batches; the first step is warmup
+        assert frame[name].notna().sum() == steps - 1, name
+    assert frame["Epoch (s)"].notna().sum() == 2
+    assert frame["Validation (s)"].notna().sum() == 2  # not the sanity check
+    assert frame["Validation loop (s)"].notna().sum() == 4
+
+    def column(name: str) -> list[float]:
+        return frame[name].dropna().tolist()
+
+    def true(part: str) -> list[float]:
+        return sums(truth[part], accumulation)[1:]
+
+    assert_close(column("Forward (s)"), true("forward"), "Forward")
+    assert_close(column("Backward (s)"), true("backward"), "Backward")
+    assert_close(column("Optimization (s)"), truth["optimization"][1:], "Optimization")
+    assert_close(column("Training data loading (s)"), true("loading"), "Data loading")
+    # The sanity check's batch (the first) is not measured.
+    assert_close(column("Evaluation (s)"), truth["evaluation"][1:], "Evaluation")
+    assert_close(column("Validation data loading (s)"), truth["val"][1:],
+                 "Validation data loading")
+
+
+def test_a_run_resumed_from_a_lightning_checkpoint_continues_the_split(
+        serve: Callable[..., Sidecar]) -> None:
+    first = serve()
+    _truth, folder = fit(first, "--epochs", "1", "--ckpt-dir", "ckpt")
+    first.stop()
+    second = serve()  # a new sidecar: the state comes from the checkpoint only
+    fit(second, "--epochs", "2", "--ckpt-dir", "ckpt", "--resume", "ckpt/last.ckpt")
+    logs = split_dir(folder) / "logs"
+    frame = read_tsv(logs / "computational.tsv")
+    assert frame["Epoch (s)"].notna().sum() == 2
+    # 6 steps per process, the first of each is warmup (a new process is a cold start).
+    assert frame["Training loop (s)"].notna().sum() == 10
+    phases = read_tsv(logs / "phases.tsv")
+    epochs = phases[phases["phase"] == "Epoch"]
+    assert sorted(epochs["epoch"]) == [0, 1]
+    assert sorted(set(phases["session"])) == [0, 1]
+    assert json.loads((folder / "run.json").read_text())["status"] == "completed"
+
+
+def test_ddp_on_two_cpu_processes_writes_the_rank_files(sidecar: Sidecar) -> None:
+    _truth, folder = fit(sidecar, "--devices", "2", "--epochs", "1", "--batches", "4")
+    logs = split_dir(folder) / "logs"
+    for name in ("computational.tsv", "computational-rank1.tsv", "phases-rank1.tsv"):
+        assert (logs / name).is_file(), name
+    for name in ("computational.tsv", "computational-rank1.tsv"):
+        # Each rank runs the 4 batches of its own loader (a plain iterable gets no
+        # distributed sampler); the first step is warmup.
+        assert read_tsv(logs / name)["Forward (s)"].notna().sum() == 3, name
+    assert (folder / "truth-0.json.rank1").is_file()
+
+
+def test_the_callback_never_raises_into_the_trainer(caplog: pytest.LogCaptureFixture) -> None:
+    from markers.integrations.lightning import MonitorCallback
+
+    callback = MonitorCallback(warmup_iterations=0)
+    # A trainer without the attributes the callback reads: the error is logged once.
+    assert callback.setup(object(), None, "fit") is None
+    assert callback.on_train_epoch_start(object(), None) is None
+    errors = [r for r in caplog.records if r.name == "markers.integrations"]
+    assert len(errors) == 1 and "setup" in errors[0].getMessage()
+    with pytest.raises(TypeError, match="unknown keyword arguments"):
+        MonitorCallback(warmup=3)
+
+
+def test_the_pytorch_lightning_namespace_accepts_the_callback() -> None:
+    pytorch_lightning = pytest.importorskip("pytorch_lightning")
+    from markers.integrations.lightning import MonitorCallback
+
+    callback = MonitorCallback()
+    trainer = pytorch_lightning.Trainer(callbacks=[callback], logger=False,
+                                        enable_checkpointing=False, enable_progress_bar=False)
+    assert callback in trainer.callbacks

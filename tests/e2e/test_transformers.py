@@ -1,0 +1,129 @@
+"""MonitorCallback for the Hugging Face Trainer: real Trainer runs on CPU, offline (a tiny
+BERT from a config; a model with known costs), evaluation every eval_steps inside
+training, and resume_from_checkpoint in a second process with a second sidecar."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.support.helpers import REPO, Sidecar, env, read_tsv, split_dir
+from tests.support.spin import assert_close
+
+pytest.importorskip("transformers")
+JOB = REPO / "tests" / "support" / "jobs" / "transformers_job.py"
+TRAINING = ["Training loop (s)", "Training data loading (s)", "Forward (s)", "Backward (s)",
+            "Optimization (s)"]
+BATCH = 4  # per_device_train_batch_size of the job
+
+
+def train(sidecar: Sidecar, *args: str) -> tuple[dict[str, list[float]], Path]:
+    """Run the Trainer job with its output_dir (the run folder) under the sidecar's root."""
+    out = sidecar.root / "hf"
+    truth = sidecar.root / f"truth-{len(list(sidecar.root.glob('truth-*')))}.json"
+    result = subprocess.run(
+        [sys.executable, str(JOB), "--truth", str(truth), "--out", str(out), *args],
+        cwd=sidecar.root, capture_output=True, text=True, timeout=300,
+        env=env(SIDECAR_ENDPOINT=sidecar.endpoint, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(truth.read_text()), out
+
+
+def computational(out: Path) -> pd.DataFrame:
+    """The run's computational.tsv."""
+    return read_tsv(split_dir(out) / "logs" / "computational.tsv")
+
+
+def sums(values: list[float], group: int) -> list[float]:
+    """Consecutive groups of ``group`` values summed."""
+    return [sum(values[i:i + group]) for i in range(0, len(values), group)]
+
+
+def step_loading(samples: list[float], batches: int, accumulation: int) -> list[float]:
+    """Seconds of sample loading inside each step's data loading window. accelerate's
+    DataLoaderShard fetches one batch ahead: an epoch's first step also fetches the next
+    step's first batch, its last step fetches one batch fewer."""
+    per_batch = sums(samples, BATCH)
+    windows = []
+    for epoch in range(0, len(per_batch), batches):
+        loads = per_batch[epoch:epoch + batches]
+        for step in range(0, batches, accumulation):
+            first = 0 if step == 0 else step + 1
+            windows.append(sum(loads[first:step + accumulation + 1]))
+    return windows
+
+
+def test_tiny_bert_with_accumulation_and_evaluation_inside_training(
+        sidecar: Sidecar) -> None:
+    # 16 samples, batches of 4, accumulation 2: 2 steps per epoch, 2 epochs; evaluation
+    # (2 batches) every 2 steps. The first step is warmup.
+    _truth, out = train(sidecar, "--model", "bert", "--accumulation", "2",
+                        "--eval-steps", "2")
+    frame = computational(out)
+    counts = frame.drop(columns="measurement #").notna().sum()
+    for name in TRAINING:
+        assert counts[name] == 3, name
+    for name in ("Validation loop (s)", "Validation data loading (s)", "Evaluation (s)"):
+        assert counts[name] == 4, name
+    assert counts["Validation (s)"] == 2
+    assert counts["Epoch (s)"] == 2
+    summary = (split_dir(out) / "summary.log").read_text()
+    assert "Throughput: " in summary and "unknown" not in summary.split("Throughput: ")[1][:20]
+
+
+def test_evaluation_at_epoch_ends_lies_inside_its_epoch(sidecar: Sidecar) -> None:
+    _truth, out = train(sidecar, "--model", "bert", "--eval-epochs")
+    logs = split_dir(out) / "logs"
+    counts = computational(out).drop(columns="measurement #").notna().sum()
+    assert counts["Validation (s)"] == 2 and counts["Epoch (s)"] == 2
+    assert counts["Training loop (s)"] == 7  # 4 steps per epoch, the first is warmup
+    phases = read_tsv(logs / "phases.tsv")
+    epochs = phases[phases["phase"] == "Epoch"].sort_values("epoch")
+    passes = phases[phases["phase"] == "Validation"].sort_values("start (s)")
+    for (_, epoch), (_, validation) in zip(epochs.iterrows(), passes.iterrows(), strict=True):
+        assert epoch["start (s)"] <= validation["start (s)"]
+        assert (validation["start (s)"] + validation["wall (s)"]
+                <= epoch["start (s)"] + epoch["wall (s)"] + 1e-6)
+
+
+def test_rows_against_known_costs(sidecar: Sidecar) -> None:
+    # 32 samples, batches of 4, accumulation 2: 4 steps per epoch, 2 epochs, 7 rows after
+    # warmup (enough that a step descheduled on this busy machine is not a third of them).
+    truth, out = train(sidecar, "--model", "spin", "--accumulation", "2", "--samples", "32",
+                       "--eval-steps", "4")
+    frame = computational(out)
+
+    def column(name: str) -> list[float]:
+        return frame[name].dropna().tolist()
+
+    assert_close(column("Forward (s)"), sums(truth["forward"], 2)[1:], "Forward")
+    assert_close(column("Backward (s)"), sums(truth["backward"], 2)[1:], "Backward")
+    assert_close(column("Optimization (s)"), truth["optimization"][1:], "Optimization")
+    assert_close(column("Training data loading (s)"),
+                 step_loading(truth["loading"], batches=8, accumulation=2)[1:],
+                 "Data loading")
+    assert_close(column("Evaluation (s)"), truth["evaluation"], "Evaluation")
+
+
+def test_resume_from_checkpoint_continues_the_split(serve: Callable[..., Sidecar]) -> None:
+    # 32 samples, batches of 4: 8 steps per epoch. The first process stops at step 4 with a
+    # checkpoint; the second, with a new sidecar, resumes from it to step 8.
+    first = serve()
+    _truth, out = train(first, "--model", "bert", "--samples", "32", "--max-steps", "4",
+                        "--save-steps", "4")
+    assert (out / "checkpoint-4" / "trainmon-state.json").is_file()
+    first.stop()
+    second = serve()
+    train(second, "--model", "bert", "--samples", "32", "--max-steps", "8",
+          "--save-steps", "4", "--resume")
+    frame = computational(out)
+    assert frame["Training loop (s)"].notna().sum() == 6  # 3 + 3: warmup in each process
+    phases = read_tsv(split_dir(out) / "logs" / "phases.tsv")
+    assert sorted(set(phases["session"])) == [0, 1]
+    assert json.loads((out / "run.json").read_text())["status"] == "completed"

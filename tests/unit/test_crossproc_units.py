@@ -1,0 +1,145 @@
+"""The pieces behind issue 14, in-process: the batch sizes the markers read, summary.log
+rewritten in place with others appending, the state's schema 3 and lineage, the split
+claim between two holders, resource figures merged over sessions."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from markers.run import _batch_size
+from sidecar.model import state
+from sidecar.resources.samplers.host import HostSample
+from sidecar.resources.samplers.nvml import GpuSample
+from sidecar.resources.sessions import summarize_gpus_over_sessions, summarize_host_over_sessions
+from sidecar.sinks.atomic import rewrite_in_place
+from sidecar.sinks.locks import Busy, SplitClaim
+
+
+class Tensor:
+    def __init__(self, *shape: int) -> None:
+        self.shape = shape
+
+
+@pytest.mark.parametrize(("batch", "size"), [
+    (Tensor(8, 3), 8),
+    ((Tensor(8, 3), Tensor(8)), 8),  # (inputs, labels)
+    ([Tensor(8, 3), Tensor(8)], 8),  # default_collate of tuple samples gives a list
+    ({"input_ids": Tensor(4, 16), "attention_mask": Tensor(4, 16)}, 4),
+    ((Tensor(5, 3), ["a.png"] * 5), 5),  # images and their file names
+    (["some text"] * 6, 6),
+    ([1.0, 2.0, 3.0], 3),  # scalar samples
+    ([(Tensor(3, 32, 32), 1)] * 8, None),  # collate_fn=lambda b: b: not the channels (3)
+    ([[101, 7, 102]] * 8, None),  # token lists: not the first sample's length
+    ([{"x": Tensor(3)}] * 8, None),
+    ((Tensor(8, 3), Tensor(4)), None),  # first dimensions disagree
+    (object(), None),
+    (Tensor(), None),
+])
+def test_batch_size_is_read_only_where_unambiguous(batch: object, size: int | None) -> None:
+    assert _batch_size(batch) == size
+
+
+def test_rewrite_in_place_keeps_the_inode_and_what_others_append(tmp_path: Path) -> None:
+    path = tmp_path / "summary.log"
+    handler = logging.FileHandler(path)  # mode "a": O_APPEND, as users open it
+    logger = logging.getLogger("user-test")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.info("before")
+    inode = path.stat().st_ino
+
+    def transform(text: str) -> str:
+        logger.info("during")  # another writer appends between our read and our write
+        return text.replace("before", "BLOCK") + "ours\n"
+
+    rewrite_in_place(path, transform)
+    logger.info("after")
+    handler.close()
+    assert path.stat().st_ino == inode
+    assert path.read_text() == "BLOCK\nours\nduring\nafter\n"
+
+
+def test_rewrite_in_place_puts_the_old_text_back_when_the_write_fails(tmp_path: Path) -> None:
+    path = tmp_path / "summary.log"
+    path.write_text("theirs\n")
+
+    def full_disk(handle, _path, data):  # what fits, then ENOSPC
+        handle.write(data[:3])
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError):
+        rewrite_in_place(path, lambda text: text + "a longer block\n", full_disk)
+    assert path.read_text() == "theirs\n"
+    with pytest.raises(OSError):
+        rewrite_in_place(tmp_path / "new.log", lambda text: "block\n", full_disk)
+    assert not (tmp_path / "new.log").exists()  # nothing partial left
+
+
+def test_a_split_claim_is_exclusive_across_processes_and_dies_with_its_holder(
+        tmp_path: Path) -> None:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
+         "from sidecar.sinks.locks import SplitClaim; c = SplitClaim(Path(sys.argv[1])); "
+         "c.record({'sidecar_pid': 1}); print('held', flush=True); time.sleep(60)",
+         str(tmp_path)], stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(Busy) as busy:
+            SplitClaim(tmp_path)
+        assert busy.value.holder == {"sidecar_pid": 1}
+    finally:
+        holder.kill()
+        holder.wait()
+    claim = SplitClaim(tmp_path)  # the kernel dropped the dead holder's lock
+    assert claim.previous == {"sidecar_pid": 1}
+    claim.release()
+
+
+def _state_2() -> dict:
+    row = {"wall_s": 0.1, "gpu_s": None, "peak_mib": None, "epoch": 0, "iteration": 0,
+           "batch": 0, "session": 0, "start_s": 0.0}
+    return {"schema": 2, "split": 0, "settings": {"train_batch_size": None},
+            "gpus": [], "batch_sizes": {"train": 16}, "dropped": {}, "lost": {},
+            "rejected": 0, "received": {}, "gaps": [],
+            "ranks": {"0": {"sessions": [{"run_id": "abc"}],
+                            "series": {"2": {"rows": [dict(row)]},
+                                       "4": {"rows": [dict(row)]}}}}}
+
+
+def test_schema_2_rows_get_the_one_batch_size_and_the_lineage_is_the_first_run() -> None:
+    upgraded = state.upgrade(_state_2())
+    assert upgraded["schema"] == 3 and "batch_sizes" not in upgraded
+    series = upgraded["ranks"]["0"]["series"]
+    assert series["2"]["rows"][0]["batch_size"] == 16  # Training loop
+    assert "batch_size" not in series["4"]["rows"][0]  # Forward: loop rows only
+    assert state.lineage(upgraded, 0) == "abc"
+    assert state.lineage(upgraded, 1) == ""
+
+
+def _gpu(t_s: float, energy_j: float, util: float) -> GpuSample:
+    return GpuSample(int(t_s * 1e9), 0, "GPU-a", "A", util, 10.0, 100.0, 1000.0, 200.0,
+                     "average", energy_j, 50.0, None, None, None, None)
+
+
+def test_figures_over_sessions_leave_the_downtime_out() -> None:
+    # Session 0 from 0 s to 10 s, session 1 from 100 s to 120 s; the energy counter runs on
+    # in between (another 5000 J that nobody of this run used).
+    samples = [_gpu(0, 0, 10), _gpu(10, 1000, 10), _gpu(100, 6000, 40), _gpu(120, 8000, 40)]
+    starts = [0, int(100e9)]
+    (merged,) = summarize_gpus_over_sessions(samples, starts)
+    assert merged.n_samples == 4 and merged.duration_s == 30
+    assert merged.energy_j == 1000 + 2000
+    assert merged.util_mean_pct == pytest.approx((10 * 10 + 40 * 20) / 30)
+    host = [HostSample(int(t * 1e9), cpu, 100.0 * (1 + t / 100), None, 20.0, 1)
+            for t, cpu in ((0, 50), (10, 50), (100, 200), (120, 200))]
+    figures = summarize_host_over_sessions(host, starts)
+    assert figures.n_samples == 4
+    assert figures.cpu_mean_pct == pytest.approx((50 * 10 + 200 * 20) / 30)
+    assert figures.rss_peak_mib == pytest.approx(220.0)
