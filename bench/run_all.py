@@ -2,8 +2,9 @@
 
 Runs each benchmark script in a fresh process, in this order, each replacing its own
 section of bench/RESULTS.md: marker cost, end to end, sidecar ingest and memory, write
-time vs cap, sampler cost, ``instrument()`` overhead, report scale, GPU overhead (only
-where CUDA exists; elsewhere its section says plainly that it was not run). Then it
+time vs cap, checkpoint cost, sampler cost, ``instrument()`` overhead, report scale, GPU
+overhead (only where CUDA exists; elsewhere its section says plainly that it was not
+run). Then it
 writes ``## Summary`` at the top: the machine, the load before and after (the machine is
 shared), each benchmark's wall time and exit status, and the headline figures the README
 quotes, against their targets.
@@ -37,6 +38,7 @@ BENCHMARKS: list[tuple[str, list[str]]] = [
     ("end_to_end.py", []),
     ("ingest.py", []),
     ("write_cap.py", []),
+    ("checkpoint_cost.py", []),
     ("sampler_cost.py", []),
     ("instrument_overhead.py", []),
     ("report_scale.py", ["--repeats", "2"]),
