@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -57,19 +58,25 @@ def cuda_available() -> bool:
 def run_one(script: str, args: list[str]) -> tuple[int | str, float, dict[str, Any]]:
     """(exit status or 'timeout', seconds, headline figures) of one benchmark."""
     start = time.monotonic()
+    # Its own process group: a benchmark that runs over its time is stopped together with
+    # the sidecars and producers it started.
+    process = subprocess.Popen([sys.executable, str(ROOT / "bench" / script), *args],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True,
+                               env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
-        done = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args],
-                              cwd=ROOT, capture_output=True, text=True, timeout=BENCH_TIMEOUT_S,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+        stdout, stderr = process.communicate(timeout=BENCH_TIMEOUT_S)
     except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
         return "timeout", time.monotonic() - start, {}
     figures: dict[str, Any] = {}
-    for line in done.stdout.splitlines():
+    for line in stdout.splitlines():
         if line.startswith(HEADLINE):
             figures = json.loads(line[len(HEADLINE):])
-    if done.returncode:
-        sys.stderr.write(done.stdout[-4000:] + done.stderr[-4000:])
-    return done.returncode, time.monotonic() - start, figures
+    if process.returncode:
+        sys.stderr.write(stdout[-4000:] + stderr[-4000:])
+    return process.returncode, time.monotonic() - start, figures
 
 
 def _fmt(figures: dict[str, dict[str, Any]], bench: str, key: str,
