@@ -149,6 +149,8 @@ def read_samples(path: Path, run_start_ns: int, before_session: int,
     on the clock whose run start is ``run_start_ns`` (a resumed run's sidecar reads its
     predecessors' samples). ([], []) when the file is missing or not ours.
     """
+    import pandas as pd  # only when writing (see sinks/tables.py)
+
     try:
         frame = pd.read_csv(path, sep="\t", keep_default_na=True,
                             dtype={"gpu name": str, "gpu uuid": str, "power source": str})
