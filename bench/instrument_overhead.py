@@ -3,7 +3,7 @@ unmarked and marked by hand.
 
     python bench/instrument_overhead.py [--no-write]
 
-The MLP step of bench/markers_overhead.py (784-256-10, batch 64, one thread), in blocks
+The MLP step of bench/models.py (784-256-10, batch 64, one thread), in blocks
 of ``--steps`` steps, interleaved, medians of repeats: unmarked, unmarked again (the
 noise floor), marked by hand (train_batches + three phases) and instrumented (the
 unmarked loop with instrument()'s hooks on; they are put on and taken off outside the
@@ -14,7 +14,6 @@ nothing. Writes ``## instrument() overhead`` into bench/RESULTS.md.
 from __future__ import annotations
 
 import argparse
-import signal
 import statistics
 import sys
 import tempfile
@@ -29,7 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import markers  # noqa: E402
-from bench.markers_overhead import mlp_case, start_sidecar  # noqa: E402
+from bench.common import sidecar  # noqa: E402
+from bench.end_to_end import ours  # noqa: E402
+from bench.models import mlp  # noqa: E402
 from bench.results import machine_line, write_section  # noqa: E402
 
 perf_counter = time.perf_counter
@@ -65,38 +66,41 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
 
-    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
-        endpoint, sidecar = start_sidecar(Path(tmp))
-        try:
-            run = markers.start_run(out_dir="bench", warmup_iterations=0, endpoint=endpoint)
-            plain, marked, model, optimizer = mlp_case(args.steps)
-            tiny_model, tiny_optimizer, tiny = tiny_case(args.steps)
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp, \
+            sidecar(Path(tmp)) as (endpoint, _):
+        run = markers.start_run(out_dir="bench", warmup_iterations=0, endpoint=endpoint)
+        workload = mlp()
+        model, optimizer = workload.model, workload.optimizer
+        marked_block = ours(workload, run)
 
-            def hooked(module: nn.Module, opt: torch.optim.Optimizer,
-                       block: Callable[[], None]) -> float:
-                hooks = markers.instrument(module, opt, run)
-                try:
-                    return timed(block, args.steps)
-                finally:
-                    hooks.remove()
+        def plain() -> None:
+            for _ in range(args.steps):
+                workload.step()
 
-            cases: dict[str, Callable[[], float]] = {
-                "unmarked": lambda: timed(plain, args.steps),
-                "marked by hand": lambda: timed(lambda: marked(run), args.steps),
-                "instrumented": lambda: hooked(model, optimizer, plain),
-                "unmarked again": lambda: timed(plain, args.steps),
-                "tiny unmarked": lambda: timed(tiny, args.steps),
-                "tiny instrumented": lambda: hooked(tiny_model, tiny_optimizer, tiny),
-            }
-            seconds: dict[str, list[float]] = {name: [] for name in cases}
-            for repeat in range(args.repeats):
-                order = list(cases.items())
-                for name, case in order if repeat % 2 else order[::-1]:
-                    seconds[name].append(case())
-            run.finish()
-        finally:
-            sidecar.send_signal(signal.SIGTERM)
-            sidecar.wait(timeout=10)
+        tiny_model, tiny_optimizer, tiny = tiny_case(args.steps)
+
+        def hooked(module: nn.Module, opt: torch.optim.Optimizer,
+                   block: Callable[[], None]) -> float:
+            hooks = markers.instrument(module, opt, run)
+            try:
+                return timed(block, args.steps)
+            finally:
+                hooks.remove()
+
+        cases: dict[str, Callable[[], float]] = {
+            "unmarked": lambda: timed(plain, args.steps),
+            "marked by hand": lambda: timed(lambda: marked_block(args.steps), args.steps),
+            "instrumented": lambda: hooked(model, optimizer, plain),
+            "unmarked again": lambda: timed(plain, args.steps),
+            "tiny unmarked": lambda: timed(tiny, args.steps),
+            "tiny instrumented": lambda: hooked(tiny_model, tiny_optimizer, tiny),
+        }
+        seconds: dict[str, list[float]] = {name: [] for name in cases}
+        for repeat in range(args.repeats):
+            order = list(cases.items())
+            for name, case in order if repeat % 2 else order[::-1]:
+                seconds[name].append(case())
+        run.finish()
 
     step = {name: statistics.median(v) for name, v in seconds.items()}
 

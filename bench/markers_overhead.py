@@ -1,27 +1,35 @@
-"""Cost of one marker start+stop, transport included, against the alternatives.
+"""Cost of one marker start+stop against the alternatives, measured as users write them.
 
-    python bench/markers_overhead.py [--no-write]
+    python bench/markers_overhead.py [--n 50000] [--repeats 15] [--no-write]
 
-Side by side in one process, interleaved, medians of repeats:
+Side by side in one process with torch imported, interleaved, medians of repeats. Every
+variant gets a loop function of its own (compiled per variant), so no variant runs on
+call sites another one specialized:
 
-* empty loop: the loop itself, subtracted from the others to get each marker's own cost;
+* empty loop (subtracted from the others: 'net');
+* ``with`` a no-op object (the cost of the ``with`` statement alone);
 * bare in-process timer: ``perf_counter`` at enter, list append and cap check at exit
-  (the reference monitor's approach, written here);
-* ours: ``with run.phase("forward")`` of a run connected to a real sidecar process (the
-  records are batched and sent: the amortized send is in the figure);
-* ours with no sidecar listening (records dropped and counted, the fault path);
-* ``torch.autograd.profiler.record_function`` (no profiler attached).
+  (the reference monitor's approach);
+* ours, natural: ``with run.phase("forward"):`` written inside the loop as the README
+  shows (the name lookup included), a real sidecar listening (batched sends included);
+* ours, reused: the marker object taken once before the loop;
+* ``nvtx.annotate("forward")`` and ``nvtx.push_range``/``pop_range`` (no tool attached);
+* ``torch.autograd.profiler.record_function("forward")`` (no profiler attached);
+* Lightning's ``SimpleProfiler().profile("forward")``.
 
-Then a real CPU training step (MLP 784-256-10, batch 64) unmarked and marked
-(train_batches + forward/backward/optimization). Writes ``## Marker overhead`` into
-bench/RESULTS.md. Targets: ours ≤ 2× the bare timer, ≥ 10× cheaper than record_function.
+Then *layouts*: the same natural/bare pair in fresh processes on copies of ``markers``
+with unrelated edits (two more methods on Phase; a class renamed). CPython 3.11's caches
+made such edits flip the natural path between ~480 and ~850 ns once; this row shows
+whether the hot path still depends on that. Writes ``## Marker overhead``. Target:
+natural ≤ 2× the bare timer.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import signal
+import shutil
 import statistics
 import subprocess
 import sys
@@ -29,19 +37,27 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from pathlib import Path
-
-import torch
-from torch import nn
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import markers  # noqa: E402
-from bench.results import machine_line, write_section  # noqa: E402
-
 perf_counter = time.perf_counter
+TARGET = 2.0
+
+LOOP = """
+def loop(n, m):
+    start = perf_counter()
+    for _ in range(n):
+        {body}
+    return perf_counter() - start
+"""
+
+
+def _loop(body: str) -> Callable[[int, Any], float]:
+    """A loop function of its own running ``body`` (``m`` is the variant's object)."""
+    namespace: dict[str, Any] = {"perf_counter": perf_counter}
+    exec(compile(LOOP.format(body=body), f"<loop {body}>", "exec"), namespace)
+    return namespace["loop"]
 
 
 class BareTimer:
@@ -62,7 +78,7 @@ class BareTimer:
 
 
 class Nothing:
-    """A context manager that does nothing (the cost of the ``with`` statement alone)."""
+    """A context manager that does nothing."""
 
     __slots__ = ()
 
@@ -73,167 +89,193 @@ class Nothing:
         return None
 
 
-def time_with(marker: AbstractContextManager[object], n: int) -> float:
-    """Seconds for ``n`` entries and exits of ``marker``."""
-    start = perf_counter()
-    for _ in range(n):
-        with marker:
-            pass
-    return perf_counter() - start
+WITH = "with {}:\n            pass"
 
 
-def time_loop(n: int) -> float:
-    """Seconds for the bare loop."""
-    start = perf_counter()
-    for _ in range(n):
+def variants(run: Any) -> dict[str, tuple[Callable[[int, Any], float], Any]]:
+    """name -> (loop, object) of every variant that is installed here."""
+    import torch
+
+    out = {
+        "empty loop": (_loop("pass"), None),
+        "`with` a no-op object": (_loop(WITH.format("m")), Nothing()),
+        "bare in-process timer": (_loop(WITH.format("m")), BareTimer(10**9)),
+        "ours, natural `with run.phase(\"forward\")`": (
+            _loop(WITH.format('m.phase("forward")')), run),
+        "ours, reused marker object": (_loop(WITH.format("m")), run.phase("forward")),
+        "record_function(\"forward\")": (
+            _loop(WITH.format('m("forward")')), torch.autograd.profiler.record_function),
+    }
+    try:
+        import nvtx
+
+        out["nvtx.annotate(\"forward\")"] = (_loop(WITH.format('m("forward")')), nvtx.annotate)
+        out["nvtx push_range + pop_range"] = (
+            _loop('m.push_range("forward")\n        m.pop_range()'), nvtx)
+    except ImportError:
         pass
-    return perf_counter() - start
+    try:
+        from lightning.pytorch.profilers import SimpleProfiler
+
+        out["Lightning SimpleProfiler.profile(\"forward\")"] = (
+            _loop(WITH.format('m.profile("forward")')), SimpleProfiler())
+    except ImportError:
+        pass
+    return out
 
 
-def start_sidecar(folder: Path) -> tuple[str, subprocess.Popen[bytes]]:
-    endpoint = f"ipc://{folder}/sidecar.sock"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    process = subprocess.Popen([sys.executable, "-m", "sidecar", "serve", "--quiet",
-                                "--endpoint", endpoint, "--root", str(folder)], env=env)
-    while not (folder / "sidecar.sock").exists():
-        time.sleep(0.05)
-    return endpoint, process
+def measure(run: Any, n: int, repeats: int,
+            names: list[str] | None = None) -> dict[str, list[float]]:
+    """ns per start+stop of each variant in each repeat (the bare timer's list cleared)."""
+    table = variants(run)
+    if names is not None:
+        table = {k: v for k, v in table.items() if k in names}
+    out: dict[str, list[float]] = {name: [] for name in table}
+    for loop, obj in table.values():  # warm up: specialization, first sends
+        loop(n // 10, obj)
+    for _ in range(repeats):
+        for name, (loop, obj) in table.items():
+            if isinstance(obj, BareTimer):
+                obj.times.clear()
+            out[name].append(loop(n, obj) / n * 1e9)
+    return out
 
 
-def markers_only(run: markers.Run, batches: list[tuple[int, int]]) -> None:
-    """The marked loop of ``mlp_case`` with no model: what the markers cost per step."""
-    for _ in run.train_batches(batches):
-        with run.phase("forward"):
-            pass
-        with run.phase("backward"):
-            pass
-        with run.phase("optimization"):
-            pass
+def connected_run(endpoint: str) -> Any:
+    """A run of ``markers`` (as imported now) reporting to ``endpoint``."""
+    import markers
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return markers.start_run(out_dir="overhead", warmup_iterations=0, endpoint=endpoint)
 
 
-def mlp_case(steps: int) -> tuple[Callable[[], None], Callable[[markers.Run], None],
-                                  nn.Module, torch.optim.Optimizer]:
-    """``steps`` MLP training steps, plain and marked (one train_batches loop), and the
-    model and optimizer they train (for bench/instrument_overhead.py's hooks)."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 10))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    x, y = torch.randn(64, 784), torch.randint(0, 10, (64,))
-    loss_fn = nn.CrossEntropyLoss()
+NATURAL = "ours, natural `with run.phase(\"forward\")`"
+BARE = "bare in-process timer"
+EMPTY = "empty loop"
 
-    batches = [(x, y)] * steps
 
-    def plain() -> None:
-        for _ in iter(batches):
-            loss = loss_fn(model(x), y)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+def layout_worker(markers_root: str, endpoint: str, n: int, repeats: int) -> None:
+    """In a fresh process on a copy of ``markers``: the natural/bare pair as JSON."""
+    sys.path.insert(0, markers_root)
+    import torch  # noqa: F401  (its types fill the interpreter's caches, as in training)
 
-    def marked(run: markers.Run) -> None:
-        for _ in run.train_batches(batches):
-            with run.phase("forward"):
-                loss = loss_fn(model(x), y)
-            with run.phase("backward"):
-                optimizer.zero_grad()
-                loss.backward()
-            with run.phase("optimization"):
-                optimizer.step()
+    run = connected_run(endpoint)
+    times = measure(run, n, repeats, [EMPTY, BARE, NATURAL])
+    run.finish()
+    print("LAYOUT " + json.dumps(times), flush=True)
 
-    return plain, marked, model, optimizer
+
+def _layouts(endpoint: str, n: int, repeats: int) -> dict[str, dict[str, list[float]]]:
+    """The natural/bare pair on copies of ``markers`` with unrelated edits."""
+    edits: dict[str, Callable[[str], str]] = {
+        "as committed": lambda text: text,
+        "two more methods on Phase": lambda text: text.replace(
+            "    def begin(self) -> None:",
+            "    def extra_one(self) -> int:\n        return 1\n\n"
+            "    def extra_two(self) -> int:\n        return 2\n\n"
+            "    def begin(self) -> None:", 1),
+        "class _Span renamed": lambda text: text.replace("_Span", "_SpanRenamed"),
+    }
+    out = {}
+    for name, edit in edits.items():
+        with tempfile.TemporaryDirectory(prefix="bench-layout-") as tmp:
+            shutil.copytree(ROOT / "markers", Path(tmp) / "markers",
+                            ignore=shutil.ignore_patterns("__pycache__"))
+            run_py = Path(tmp) / "markers" / "run.py"
+            run_py.write_text(edit(run_py.read_text()))
+            done = subprocess.run(
+                [sys.executable, __file__, "layout-worker", tmp, endpoint, str(n),
+                 str(repeats)], capture_output=True, text=True, timeout=300, check=True,
+                env={**os.environ, "PYTHONPATH": f"{tmp}{os.pathsep}{ROOT}"})
+        line = next(x for x in done.stdout.splitlines() if x.startswith("LAYOUT "))
+        out[name] = json.loads(line[len("LAYOUT "):])
+    return out
+
+
+def _net(times: dict[str, list[float]]) -> dict[str, float]:
+    empty = statistics.median(times[EMPTY])
+    return {name: statistics.median(v) - empty for name, v in times.items()}
+
+
+def _ratio(times: dict[str, list[float]], name: str) -> float:
+    """Median over repeats of ``name``'s net cost over the bare timer's in the same repeat
+    (a load burst on this shared machine hits both of a repeat alike)."""
+    return statistics.median(
+        (v - e) / (b - e) for v, b, e in zip(times[name], times[BARE], times[EMPTY],
+                                              strict=True))
+
+
+def section(times: dict[str, list[float]], layouts: dict[str, dict[str, list[float]]],
+            n: int, repeats: int, dropped: int) -> tuple[str, dict[str, float]]:
+    """The ``## Marker overhead`` section and the headline figures."""
+    from bench.common import load_line, spread
+    from bench.results import machine_line
+
+    net = _net(times)
+    lines = ["## Marker overhead", "",
+             machine_line("python bench/markers_overhead.py") + f" {load_line()} at the "
+             f"end. torch imported; {n} start+stops per block, {repeats} interleaved "
+             "repeats; per start+stop: median (min–max); 'net' subtracts the empty loop's "
+             "median; a real sidecar listening.", "",
+             "| variant | per start+stop (ns) | net (ns) | net / bare timer |",
+             "|---|---:|---:|---:|"]
+    for name, values in times.items():
+        if name == EMPTY:
+            lines.append(f"| {name} | {spread(values)} | | |")
+        else:
+            lines.append(f"| {name} | {spread(values)} | {net[name]:.0f} | "
+                         f"{_ratio(times, name):.2f}× |")
+    natural = _ratio(times, NATURAL)
+    lines += ["", f"- ours, natural / bare timer: **{natural:.2f}×** (target ≤ {TARGET:.0f}×: "
+              f"{'met' if natural <= TARGET else 'missed'}); reused: "
+              f"{_ratio(times, 'ours, reused marker object'):.2f}× (ratios: median over repeats of "
+              "the net cost over the bare timer's in the same repeat)",
+              f"- records the markers could not send during this benchmark: {dropped}",
+              "", "Layouts (fresh processes, torch imported, copies of `markers` with "
+              "unrelated edits):", "",
+              "| layout | natural (net ns) | bare (net ns) | natural / bare |",
+              "|---|---:|---:|---:|"]
+    ratios = []
+    for name, layout_times in layouts.items():
+        layout_net = _net(layout_times)
+        ratio = _ratio(layout_times, NATURAL)
+        ratios.append(ratio)
+        lines.append(f"| {name} | {layout_net[NATURAL]:.0f} | {layout_net[BARE]:.0f} | "
+                     f"{ratio:.2f}× |")
+    lines += ["", f"- natural / bare across layouts: {min(ratios):.2f}…{max(ratios):.2f}× "
+              "(a flip would show as one layout near 3×)", ""]
+    return "\n".join(lines), {"natural_vs_bare": natural,
+                              "layouts_max": max(ratios), "layouts_min": min(ratios)}
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["layout-worker"]:
+        layout_worker(argv[1], argv[2], int(argv[3]), int(argv[4]))
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=50_000, help="start+stops per timed block")
-    parser.add_argument("--repeats", type=int, default=11)
-    parser.add_argument("--steps", type=int, default=200, help="MLP steps per timed block")
+    parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
+    sys.path.insert(0, str(ROOT))
+    import torch  # noqa: F401
 
-    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
-        endpoint, sidecar = start_sidecar(Path(tmp))
-        try:
-            live = markers.start_run(out_dir="bench", warmup_iterations=0, endpoint=endpoint)
-            markers.CONNECT_TIMEOUT_S = 0.5
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                absent = markers.start_run(out_dir="bench",
-                                           endpoint=f"ipc://{tmp}/nobody.sock")
-            variants: dict[str, Callable[[], float]] = {
-                "empty loop": lambda: time_loop(args.n),
-                "`with` a no-op object": lambda: time_with(Nothing(), args.n),
-                "bare in-process timer": lambda: time_with(BareTimer(10**9), args.n),
-                "ours (sidecar listening)": lambda: time_with(live.phase("forward"), args.n),
-                "ours (no sidecar: dropped)": lambda: time_with(absent.phase("forward"),
-                                                                args.n),
-                "record_function": lambda: time_with(
-                    torch.autograd.profiler.record_function("forward"), args.n),
-            }
-            seconds: dict[str, list[float]] = {name: [] for name in variants}
-            for _ in range(args.repeats):
-                for name, measure in variants.items():
-                    seconds[name].append(measure())
-            plain, marked, _model, _optimizer = mlp_case(args.steps)
-            empty = [(0, 0)] * (args.steps * 10)
-            steps: dict[str, list[float]] = {"unmarked": [], "unmarked again": [],
-                                             "marked": [], "markers only": []}
-            for repeat in range(args.repeats):
-                order = [("unmarked", plain), ("marked", lambda: marked(live)),
-                         ("unmarked again", plain)]
-                for name, step in order if repeat % 2 else order[::-1]:
-                    start = perf_counter()
-                    step()
-                    steps[name].append((perf_counter() - start) / args.steps)
-                start = perf_counter()
-                markers_only(live, empty)
-                loop_s = perf_counter() - start
-                start = perf_counter()
-                for _ in iter(empty):
-                    pass
-                steps["markers only"].append((loop_s - perf_counter() + start) / len(empty))
-            live.finish()
-            absent.finish()
-            dropped = absent.dropped
-        finally:
-            sidecar.send_signal(signal.SIGTERM)
-            sidecar.wait(timeout=10)
+    from bench.common import headline, sidecar
+    from bench.results import write_section
 
-    per_op_ns = {name: statistics.median(v) / args.n * 1e9 for name, v in seconds.items()}
-    loop_ns = per_op_ns["empty loop"]
-    net = {name: value - loop_ns for name, value in per_op_ns.items()}
-    ours, bare, rf = (net["ours (sidecar listening)"], net["bare in-process timer"],
-                      net["record_function"])
-    step = {k: statistics.median(v) for k, v in steps.items()}
-    lines = [
-        "## Marker overhead", "",
-        machine_line("python bench/markers_overhead.py") + f" {args.n} start+stops per "
-        f"block, medians of {args.repeats} interleaved repeats; 'net' subtracts the empty "
-        "loop.", "",
-        "| variant | per start+stop (ns) | net (ns) |",
-        "|---|---:|---:|",
-        *(f"| {name} | {per_op_ns[name]:.0f} | {net[name]:.0f} |" for name in variants
-          if name != "empty loop"),
-        "",
-        f"- ours / bare in-process timer: **{ours / bare:.2f}×** (target ≤ 2×)",
-        f"- record_function / ours: **{rf / ours:.1f}×** (target ≥ 10×)",
-        f"- with no sidecar listening the markers queued up to their bound, then dropped "
-        f"and counted {dropped} records, at {net['ours (no sidecar: dropped)'] / ours:.2f}× "
-        "the connected cost",
-        f"- MLP 784-256-10 CPU step, batch 64: unmarked {step['unmarked'] * 1e6:.0f} µs, "
-        f"marked {step['marked'] * 1e6:.0f} µs "
-        f"(**{(step['marked'] / step['unmarked'] - 1) * 100:+.2f} %**; the same unmarked "
-        f"loop run twice differs by {(step['unmarked again'] / step['unmarked'] - 1) * 100:+.2f}"
-        " %, the noise floor of this machine); the markers alone (same loop, no model) cost "
-        f"**{step['markers only'] * 1e6:.1f} µs per step** for its 5 records (data loading, "
-        "three phases, loop) and the iteration's context",
-        "",
-    ]
-    text = "\n".join(lines)
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp, \
+            sidecar(Path(tmp)) as (endpoint, _):
+        run = connected_run(endpoint)
+        times = measure(run, args.n, args.repeats)
+        run.finish()
+        layouts = _layouts(endpoint, args.n, max(5, args.repeats // 2))
+    text, figures = section(times, layouts, args.n, args.repeats, run.dropped)
     print(text)
     if not args.no_write:
         write_section(text)
+    headline("markers_overhead", figures)
     return 0
 
 

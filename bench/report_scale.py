@@ -54,7 +54,7 @@ def _resources(rng: np.random.Generator, gpus: int, rounds: int) -> str:
     t = np.repeat(np.arange(rounds, dtype=float), gpus) + 0.0123
     n = len(t)
     frame = pd.DataFrame({
-        "time (s)": t, "gpu index": np.tile(np.arange(gpus), rounds),
+        "time (s)": t, "session": 0, "gpu index": np.tile(np.arange(gpus), rounds),
         "gpu name": "NVIDIA H100 80GB HBM3",
         "gpu uuid": [f"GPU-{i:08x}-0000-0000-0000-000000000000" for i in range(gpus)] * rounds,
         "utilization (%)": rng.integers(0, 101, n).astype(float),

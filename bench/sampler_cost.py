@@ -48,7 +48,7 @@ def median_us(fn: Callable[[], object], repeats: int = REPEATS) -> float:
 
 
 def start_tree() -> subprocess.Popen[str]:
-    root = subprocess.Popen([sys.executable, str(ROOT / "tests" / "proc_tree.py")],
+    root = subprocess.Popen([sys.executable, str(ROOT / "tests" / "support" / "proc_tree.py")],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert root.stdin is not None and root.stdout is not None
     for _ in range(N_CHILDREN):

@@ -27,7 +27,7 @@ from markers import wire
 from markers.forks import ChildCounts
 from markers.transport import Sender
 
-FLUSH_RECORDS = 256  # per message: ~6 KiB, the ~20 µs cost of a send spread thin
+FLUSH_RECORDS = wire.FLUSH_SLOTS  # per message: ~6 KiB, the ~20 µs cost of a send spread thin
 FLUSH_AGE_NS = 50_000_000  # and at least every 50 ms while phases keep ending
 HELLO_EVERY_NS = 2_000_000_000  # re-announce the run so a restarted sidecar picks it up
 GPU_DRAIN_S = 5.0  # the bounded wait for pending GPU times at finish
@@ -38,6 +38,12 @@ _NOT_MEASURED = (-1, -1, 0)
 
 class RecordBuffer:
     """Slots of one run waiting to be sent. One thread (the training loop's) uses it."""
+
+    # Slots keep every attribute access of the hot path a specialized slot load, whatever
+    # else the interpreter's caches hold (see docs/architecture.md, "The hot path").
+    __slots__ = ("_context", "_contexts", "_next_hello_ns", "_pending", "_sent_since_context",
+                 "_undeclared", "children", "deadline_ns", "flush_at", "flushes", "gpu",
+                 "hello", "in_child", "n", "sender", "slots")
 
     def __init__(self, sender: Sender, hello: dict[str, Any], now_ns: int) -> None:
         self.sender = sender

@@ -201,6 +201,21 @@ class _Iteration:
         self.recorded = False  # phases recorded in it before a suspension
 
 
+class _PhaseTable(dict[str, "Phase | _NullPhase"]):
+    """The phase markers of a run by name; a name seen for the first time gets its marker
+    from ``make`` (``__missing__``), later lookups are plain dict hits."""
+
+    __slots__ = ("_make",)
+
+    def __init__(self, make: Callable[[str], Phase | _NullPhase]) -> None:
+        super().__init__()
+        self._make = make
+
+    def __missing__(self, name: str) -> Phase | _NullPhase:
+        marker = self[name] = self._make(name)
+        return marker
+
+
 class Run:
     """One monitored training run of one split (created by ``markers.start_run``).
 
@@ -208,6 +223,13 @@ class Run:
     iteration runs from fetching its batch to fetching the next (or leaving the loop);
     every iteration that holds anything ends with exactly one loop record, complete or
     flagged incomplete, so nothing of it can move into a later one.
+
+    ``run.phase(name)`` returns the marker of phase ``name``: a canonical one (forward,
+    backward, optimization, evaluation, metrics) or a custom name, which gets its own
+    column (tabs and newlines in it become spaces). A custom name equal to a standard
+    label in any case (``Forward``, ``Epoch``, ``Training loop``, ...) is refused with one
+    RuntimeWarning and measures nothing. Use it as a context manager or a decorator; the
+    same object is returned each time.
     """
 
     def __init__(self, sender: Sender, hello: dict[str, Any], monitored: bool,
@@ -225,7 +247,11 @@ class Run:
                                               for key in ("train_batch_size", "val_batch_size")]
         self._sized = [-1, -1]  # the iteration whose size was read last (by ``validation``)
         self._buffer = RecordBuffer(sender, hello, perf_counter_ns())
-        self._phases: dict[str, Phase | _NullPhase] = {}
+        self._phases = _PhaseTable(self._new_phase)
+        # run.phase(name) is written inside the loop, so it is the table's own C lookup
+        # (no Python frame): a known name costs a dict hit, a new one calls _new_phase
+        # (a refused name is kept too, as the null marker, so it warns once).
+        self.phase: Callable[[str], Phase | _NullPhase] = self._phases.__getitem__
         self._next_custom = wire.FIRST_CUSTOM_ID
         self._epoch = first_epoch  # epochs continue across resumes
         self._epoch_start_ns = 0  # 0: no epoch open
@@ -247,19 +273,6 @@ class Run:
     def dropped(self) -> int:
         """Records that could not be sent so far (sidecar absent or slow)."""
         return self._sender.dropped
-
-    def phase(self, name: str) -> Phase | _NullPhase:
-        """The marker of phase ``name``: a canonical one (forward, backward, optimization,
-        evaluation, metrics) or a custom name, which gets its own column (tabs and
-        newlines in it become spaces). A custom name equal to a standard label in any
-        case (``Forward``, ``Epoch``, ``Training loop``, ...) is refused with one
-        RuntimeWarning and measures nothing. Use as a context manager or a decorator;
-        the same object is returned each time.
-        """
-        marker = self._phases.get(name)
-        if marker is None:
-            marker = self._phases[name] = self._new_phase(name)
-        return marker
 
     def epoch(self) -> _Span:
         """Context manager around one epoch (the Epoch column); an exception leaving it

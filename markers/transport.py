@@ -1,9 +1,10 @@
 """The markers' side of the socket: non-blocking sends, drop counting, bounded request waits.
 
 One ZeroMQ DEALER socket connects to the sidecar's ROUTER. Sends use NOBLOCK: when the
-sidecar is absent or slow the socket queues up to ``SNDHWM`` messages, then a send raises
-``zmq.Again`` and the records of that message are dropped and counted. ZeroMQ reconnects
-by itself, so a sidecar started later on the same endpoint receives what follows.
+sidecar is absent or slow the socket queues up to ``SNDHWM`` messages (``SEND_QUEUE_BYTES``
+of full messages), then a send raises ``zmq.Again`` and the records of that message are
+dropped and counted: the training process never holds more than that for the sidecar.
+ZeroMQ reconnects by itself, so a sidecar started later on the same endpoint receives what follows.
 
 A monitor socket tells whether a sidecar is connected right now; it is read only when a
 request is made (rare), so a checkpoint or finish with no sidecar returns at once instead
@@ -32,9 +33,10 @@ from zmq.utils.monitor import parse_monitor_message
 from markers import secret as shared_secret
 from markers import wire
 
-# Messages queued while no sidecar takes them; bounds the markers' memory (each message
-# holds at most a few KiB of records).
-SNDHWM = 1000
+# Bytes queued while no sidecar takes them (ZeroMQ counts messages: sized from the
+# largest message a flush makes); past it records are dropped and counted.
+SEND_QUEUE_BYTES = 4 * 1024 * 1024
+SNDHWM = SEND_QUEUE_BYTES // wire.FLUSH_MESSAGE_BYTES
 CONNECT_POLL_S = 0.01
 # ZMTP heartbeats: a sidecar that died with its host, or froze, is noticed within about
 # HEARTBEAT_IVL + HEARTBEAT_TIMEOUT (the I/O thread pings; nothing runs in the loop).

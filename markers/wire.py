@@ -164,6 +164,12 @@ CONTROL_TYPES = (HELLO, PHASE, GPU, BATCH_SIZE, PART, CHECKPOINT, STATE, LOAD_ST
 
 # Upper bound the sidecar enforces at the socket (ZMQ_MAXMSGSIZE).
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+# The markers send their buffer once it holds this many slots (sooner by age), so a
+# RECORDS message is at most FLUSH_MESSAGE_BYTES (~6 KiB); both ends size their queues,
+# which ZeroMQ bounds in messages, from it. Only a GPU run whose CUDA events are still
+# pending holds more back (up to the event pool) and sends it as one larger message.
+FLUSH_SLOTS = 256
+FLUSH_MESSAGE_BYTES = HEADER.size + SLOT_BYTES * (FLUSH_SLOTS + 4)
 MAX_CONTROL_BYTES = 1024 * 1024
 MAX_REPLY_TO = 64  # a request id; echoed back in the reply
 # Raw bytes per ``part`` message: base64 makes it 4/3 bigger, still under MAX_CONTROL_BYTES.

@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 from markers import endpoints, wire
 from markers import secret as shared_secret
 from sidecar.daemon.notify import SystemdNotifier, stall_s_for
-from sidecar.daemon.server import Config, serve
+from sidecar.daemon.server import DEFAULT_NICE, Config, serve
 from sidecar.ingest.binding import EndpointError
 from sidecar.ingest.receiver import HEARTBEAT_S
 from sidecar.resources.samplers import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
@@ -77,6 +77,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         "heartbeats (a dead or unreachable host) is dropped, and its run "
                         f"written as incomplete, within this time (default {HEARTBEAT_S:g})")
     parser.add_argument("--quiet", action="store_true", help="log warnings and errors only")
+    parser.add_argument("--nice", type=int, default=DEFAULT_NICE, metavar="N",
+                        help=f"lower the sidecar's CPU priority by N (default {DEFAULT_NICE}; "
+                        "0 keeps the job's): it never competes with training for a core")
 
 
 def _port(text: str) -> int:
@@ -310,7 +313,7 @@ def _serve(args: argparse.Namespace, seams: dict[str, Any]) -> int:
         config = Config(args.endpoint or _in_runtime_folder(endpoints.daemon_endpoint),
                         args.root, args.owner_pid, args.interval,
                         secret=os.environ.get(shared_secret.ENV), heartbeat_s=args.heartbeat,
-                        shared=args.shared)
+                        shared=args.shared, nice=args.nice)
         # sd_notify for systemd (Type=notify, watchdog); sends nothing without NOTIFY_SOCKET
         notifier = SystemdNotifier(stall_s_for(args.interval))
         try:
@@ -325,7 +328,7 @@ def _serve(args: argparse.Namespace, seams: dict[str, Any]) -> int:
     endpoint = args.endpoint or _in_runtime_folder(endpoints.private_endpoint)
     try:
         return serve(Config(endpoint, interval_s=args.interval, secret=shared_secret.new(),
-                            heartbeat_s=args.heartbeat), command, **seams)
+                            heartbeat_s=args.heartbeat, nice=args.nice), command, **seams)
     finally:
         if args.endpoint is None:
             _remove_private_folder(endpoint)

@@ -51,6 +51,8 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 # What a terminal (or the shell, on hangup) sends to its whole foreground process group:
 # a job sharing our group got it already.
 TERMINAL_SIGNALS = frozenset({signal.SIGINT, signal.SIGQUIT, signal.SIGHUP})
+# The sidecar yields the CPU to training: on a busy node its work waits, the loop's doesn't.
+DEFAULT_NICE = 10
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class Config:
     # One daemon for every local user (root, ipc): the kernel names each connection's
     # user, whose runs go under root/<user>/ and are written as that user.
     shared: bool = False
+    nice: int = DEFAULT_NICE  # added to the sidecar's CPU niceness (0: same as the job)
 
 
 class Server:
@@ -182,6 +185,7 @@ class Server:
             if refusal:
                 raise PermissionError(refusal)
             self.monitor.final_round(split)
+            writer.load_modules()  # with the daemon's own identity, see there
             with self._acting(owner):
                 writer.write_split(split, self.monitor.figures(split),
                                    self.record_counts(split), with_state, self._write_bytes,
@@ -499,6 +503,27 @@ def gone_cause(pid: int) -> str:
             "out-of-memory killer, or it exited without closing the run)")
 
 
+def lower_priority(increment: int) -> int:
+    """Add ``increment`` to the niceness of every thread of this process (Linux keeps one
+    per thread: ZeroMQ's I/O thread and the NVML threads already run); threads started
+    later inherit it. Returns the niceness now; a value the system refuses leaves it
+    unchanged (logged): monitoring goes on."""
+    target = os.getpriority(os.PRIO_PROCESS, 0) + increment
+    try:
+        threads = [int(tid) for tid in os.listdir("/proc/self/task")]
+    except OSError:  # no procfs: the calling thread only
+        threads = [0]
+    for tid in threads:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, target)
+        except ProcessLookupError:  # a thread that just ended
+            continue
+        except OSError as exc:
+            log.warning("cannot lower the sidecar's CPU priority by %d: %s", increment, exc)
+            break
+    return os.getpriority(os.PRIO_PROCESS, 0)
+
+
 def serve(config: Config, command: list[str] | None = None, **seams: Any) -> int:
     """Run a sidecar; with ``command``, start it with SIDECAR_ENDPOINT (and
     SIDECAR_SECRET, when ``config`` has one) set and return its exit status once it ended
@@ -508,7 +533,8 @@ def serve(config: Config, command: list[str] | None = None, **seams: Any) -> int
     started directly: it reads the terminal (input, pdb) and gets Ctrl-C, Ctrl-backslash and
     Ctrl-Z from it. Otherwise it gets a process group of its own, and every signal we get
     is forwarded to it once. Raises EndpointError when the endpoint cannot be served (the
-    job is then not started).
+    job is then not started). The sidecar lowers its own CPU priority by ``config.nice``
+    after starting ``command``, which keeps the priority it was given.
     """
     shares_group = os.isatty(0)
     server = Server(config, child_shares_group=shares_group, **seams)
@@ -523,4 +549,5 @@ def serve(config: Config, command: list[str] | None = None, **seams: Any) -> int
             server.receiver.close()
             log.error("cannot start %s: %s", command[0], exc)
             return 127
+    lower_priority(config.nice)
     return server.run()

@@ -38,6 +38,7 @@ _EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | _HANDSHAKE_FAILED
 
 @dataclass
 class _Peer:
+    identity: bytes | None = None  # the ROUTER's routing id, from its first message
     run_id: bytes | None = None
     said_goodbye: bool = False
     spoke: bool = False  # a message came on it (so its handshake succeeded)
@@ -64,9 +65,18 @@ class ConnectionWatch:
         self._ended: list[tuple[float, _Peer]] = []
         self._failed_handshakes = 0  # whose connection's end is still to come
 
-    def message(self, fd: int, run_id: bytes, control_type: str | None) -> None:
-        """Note a message read from the connection ``fd`` (its control type, if any)."""
-        peer = self._peers.setdefault(fd, _Peer())
+    def message(self, fd: int, identity: bytes, run_id: bytes,
+                control_type: str | None) -> None:
+        """Note a message read from the connection ``fd`` whose ROUTER routing id is
+        ``identity`` (its control type, if any)."""
+        peer = self._peers.get(fd)
+        if peer is None or peer.identity not in (None, identity):
+            # The descriptor was reused by a new connection whose events are still
+            # unread (a short-lived status client follows another quickly): read them.
+            self._read_events(time.monotonic())
+            peer = self._peers.setdefault(fd, _Peer())
+        if peer.identity is None:
+            peer.identity = identity
         peer.spoke = True
         if run_id != bytes(16):
             peer.run_id = run_id
@@ -80,6 +90,14 @@ class ConnectionWatch:
         so its last messages, read after the event, still count (a goodbye among them).
         """
         now = time.monotonic()
+        self._read_events(now)
+        while self._ended and now - self._ended[0][0] >= JUDGE_AFTER_S:
+            peer = self._ended.pop(0)[1]
+            for fd in [fd for fd, known in self._peers.items() if known is peer]:
+                del self._peers[fd]
+            self._judge(peer)
+
+    def _read_events(self, now: float) -> None:
         while self._monitor.poll(0):
             try:
                 event = parse_monitor_message(self._monitor.recv_multipart(zmq.NOBLOCK))
@@ -98,11 +116,6 @@ class ConnectionWatch:
                 else:
                     self._reject("handshake", "a peer failed the ZeroMQ handshake "
                                  "(incompatible socket type or protocol)")
-        while self._ended and now - self._ended[0][0] >= JUDGE_AFTER_S:
-            peer = self._ended.pop(0)[1]
-            for fd in [fd for fd, known in self._peers.items() if known is peer]:
-                del self._peers[fd]
-            self._judge(peer)
 
     def _judge(self, peer: _Peer) -> None:
         if not peer.spoke and self._failed_handshakes:

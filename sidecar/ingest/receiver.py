@@ -31,6 +31,11 @@ from sidecar.ingest.streams import Registry
 # Frames read per poll before the server gets to run its timers.
 BATCH = 256
 HEARTBEAT_S = 10.0  # default: a silent client is dropped within this many seconds
+# Bytes that may wait in the receive queue of one connection (ZeroMQ bounds it in
+# messages: sized from the largest message a markers' flush makes). Past it the markers'
+# own queue fills, and they drop and count: a slow sidecar never grows without bound.
+RECEIVE_QUEUE_BYTES = 4 * 1024 * 1024
+RCVHWM = RECEIVE_QUEUE_BYTES // wire.FLUSH_MESSAGE_BYTES
 
 
 @dataclass(frozen=True)
@@ -83,7 +88,7 @@ class Receiver:
         socket = self.socket
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_BYTES)
-        socket.setsockopt(zmq.RCVHWM, 100_000)
+        socket.setsockopt(zmq.RCVHWM, RCVHWM)
         socket.setsockopt(zmq.ROUTER_MANDATORY, 0)
         # A ping every fifth of the time, an answer awaited for three fifths of it: a
         # silent peer is dropped within heartbeat_s. TTL tells the clients the same bound.
@@ -107,8 +112,8 @@ class Receiver:
                                   peer_of(frames[-1]) if self._ipc else None)
             if message is not None:
                 control_type = message.control["type"] if message.control else None
-                self.connections.message(frames[-1].get(zmq.SRCFD), message.header.run_id,
-                                         control_type)
+                self.connections.message(frames[-1].get(zmq.SRCFD), message.identity,
+                                         message.header.run_id, control_type)
                 out.append(message)
         return out
 

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from sidecar.resources.samplers.host import HostSample
 from sidecar.resources.samplers.nvml import GpuSample
 from sidecar.resources.samplers.summary import GpuSummary, HostSummary, PhaseAttribution
 from sidecar.resources.sessions import session_of
 from sidecar.sinks.layout import WIDTH
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 RESOURCES_COLUMNS = (
     "time (s)", "session", "gpu index", "gpu name", "gpu uuid", "utilization (%)",
@@ -131,6 +133,8 @@ def resources_frame(gpu_samples: Sequence[GpuSample], host_samples: Sequence[Hos
         + [None if h is None else getattr(h, a) for a in _HOST_ATTRIBUTES]
         for t_ns, _, g, h in rows
     ]
+    import pandas as pd  # only when writing (see sinks/tables.py)
+
     frame = pd.DataFrame.from_records(records, columns=list(RESOURCES_COLUMNS))
     shared = [g is not None and g.whole_gpu_uuid is not None and g.power_source is not None
               for _, _, g, _ in rows]
@@ -151,6 +155,8 @@ def read_samples(path: Path, run_start_ns: int, before_session: int,
     on the clock whose run start is ``run_start_ns`` (a resumed run's sidecar reads its
     predecessors' samples). ([], []) when the file is missing or not ours.
     """
+    import pandas as pd  # only when writing (see sinks/tables.py)
+
     try:
         frame = pd.read_csv(path, sep="\t", keep_default_na=True,
                             dtype={"gpu name": str, "gpu uuid": str, "power source": str})

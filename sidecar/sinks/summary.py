@@ -19,8 +19,6 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-import pandas as pd
-
 from markers import wire
 from sidecar.model.aggregator import PhaseSeries, RankAggregator
 from sidecar.model.stats import Welford
@@ -56,6 +54,8 @@ def cell(values: Sequence[float]) -> str:
         return ""
     if len(values) == 1:
         return f"{values[0]:.2e} [1]"
+    import pandas as pd  # only when writing (see sinks/tables.py)
+
     series = pd.Series(values, dtype="float64")
     return f"{series.mean():.2e} ± {series.std():.2e} [{len(values)}]"
 

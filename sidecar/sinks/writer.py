@@ -185,6 +185,15 @@ def render(split: Split, resources: ResourceFigures, counts: RecordCounts,
     return files, block
 
 
+def load_modules() -> None:
+    """Import what building the texts needs and an idle sidecar does without (pandas).
+
+    Call it before acting as a run's user (a shared daemon): that user may not be allowed
+    to read the Python installation the modules come from.
+    """
+    import pandas  # noqa: F401
+
+
 def write_split(split: Split, resources: ResourceFigures, counts: RecordCounts,
                 with_state: bool = False, write_bytes: WriteBytes | None = None,
                 on_progress: Progress = lambda what: None) -> None:

@@ -17,7 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import JOB, env, progress, run_json, split_dir, start_job, wait_for
+from tests.support.helpers import (
+    JOB,
+    SAME_PRIORITY,
+    env,
+    progress,
+    run_json,
+    split_dir,
+    start_job,
+    wait_for,
+)
 
 BOUND_S = 4.0  # the spec says 2 s; see the module docstring
 # SIGHUP: a closed terminal or a dropped ssh session; SIGQUIT: Ctrl-backslash
@@ -57,7 +66,8 @@ def test_sigkill_of_the_training_process_mid_epoch_is_noticed(serve, short_tmp: 
 
 def _sidecar_run(short_tmp: Path, *job_args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "sidecar", "run", "--quiet", "--", sys.executable, str(JOB),
+        [sys.executable, "-m", "sidecar", "run", "--quiet", *SAME_PRIORITY, "--",
+         sys.executable, str(JOB),
          "--out-dir", "maps", "--progress", str(short_tmp / "p.json"), *job_args],
         cwd=short_tmp, env=env(XDG_RUNTIME_DIR=str(short_tmp)), stdin=subprocess.DEVNULL)
 

@@ -11,12 +11,12 @@ import signal
 import time
 from pathlib import Path
 
-from markers.transport import SNDHWM
+from markers.transport import SEND_QUEUE_BYTES, SNDHWM
 from tests.support.helpers import progress, run_json, split_dir, start_job, status, wait_for
 
-# The markers queue at most SNDHWM messages of at most FLUSH_RECORDS (256) records of
-# 24 bytes while no sidecar takes them: about 6 MB, plus ZeroMQ's own overhead.
-MEMORY_BOUND = 64 * 1024 * 1024
+# The markers queue at most SNDHWM messages of at most FLUSH_SLOTS (256) slots of 24 bytes
+# (SEND_QUEUE_BYTES, 4 MiB) while no sidecar takes them, plus ZeroMQ's own overhead.
+MEMORY_BOUND = SEND_QUEUE_BYTES + 28 * 1024 * 1024
 # An iteration or a checkpoint blocked on the absent sidecar would take its request
 # timeout (5 s); a scheduling hiccup on a busy machine stays far below this.
 SPEED_BOUND_S = 1.0

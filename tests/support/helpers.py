@@ -64,6 +64,13 @@ def status(endpoint: str, timeout_s: float = 2.0,
         sender.close()
 
 
+# The tests bound how fast a sidecar reacts (a death noticed and written within seconds).
+# At its default priority (nice +10) a sidecar on this shared, overloaded CI machine waits
+# behind everyone else's work, so the tests run it at the job's priority;
+# tests/e2e/test_priority.py checks the default.
+SAME_PRIORITY = ("--nice", "0")
+
+
 def sidecar_command(*args: str, seams: Sequence[str] = ()) -> list[str]:
     """The command line of ``sidecar ARGS``; with ``seams`` (``--fake-nvml NAME``,
     ``--disk-quota DIR:BYTES``) through the test launcher (``tests.support.launcher``)."""
@@ -83,8 +90,8 @@ class Sidecar:
         self.log = log
         with log.open("ab") as handle:
             self.process = subprocess.Popen(
-                sidecar_command("serve", "--endpoint", endpoint, "--root", str(root), *args,
-                                seams=seams),
+                sidecar_command("serve", "--endpoint", endpoint, "--root", str(root),
+                                *SAME_PRIORITY, *args, seams=seams),
                 env=env(), stdout=handle, stderr=handle, stdin=subprocess.DEVNULL, **popen)
         wait_for(lambda: self.process.poll() is not None or status(endpoint, 0.5), 30,
                  "the sidecar to answer")

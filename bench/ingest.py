@@ -1,0 +1,252 @@
+"""Sidecar ingest: records per second from 1, 2 and 4 producers, none lost; the sidecar's
+memory over 10⁷ records at full rate; the markers' own queue with no sidecar.
+
+    python bench/ingest.py [--records 3000000] [--rss-records 10000000] [--no-write]
+
+A real ``sidecar serve`` process; each producer is a process of its own with a DEALER
+socket that says hello like the markers, then sends well-formed RECORDS messages as the
+markers' buffer makes them (``bench/synthetic.py``: 5-phase iterations, ~256 slots a
+message) with *blocking* sends, so the sidecar's pace sets the rate and nothing is dropped.
+The clock runs from the moment every producer is told to go until the sidecar's status
+counts every record; the status also says how many were lost (sent, not received) and
+rejected. The memory run samples the sidecar's RSS every 0.1 s while 4 producers send
+10⁷ records. The queue row starts a run whose sidecar never listens and ends 10⁶ phases
+as fast as it can: the training process's RSS growth is bounded by the send queue.
+
+Writes ``## Sidecar ingest and memory``. Targets: ≥ 2 M records/s on one core, ≥ 1 M/s
+from 4 producers, none lost; sidecar RSS ≤ 100 MB after 10⁷ records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.common import ROOT as _ROOT  # noqa: E402
+from bench.common import headline, load_line, sidecar  # noqa: E402
+from bench.results import machine_line, write_section  # noqa: E402
+from bench.synthetic import RECORDS_PER_ITERATION  # noqa: E402
+from markers import wire  # noqa: E402
+from tests.support.helpers import status  # noqa: E402
+
+ITERATIONS_PER_MESSAGE = 42  # 42 × (context + 5 phases) = 252 slots, as a full flush
+RATE_TARGET_ONE = 2_000_000
+RATE_TARGET_FOUR = 1_000_000
+RSS_TARGET_MB = 100.0
+POLL_S = 0.05
+DONE_TIMEOUT_S = 600.0
+
+
+def producer(endpoint: str, split: int, records: int) -> None:
+    """One producer process: hello, wait for a line on stdin, send ``records`` records."""
+    import numpy as np
+    import zmq
+
+    from bench.synthetic import STEP_NS, iteration_slots
+
+    socket = zmq.Context.instance().socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, -1)
+    socket.connect(endpoint)
+    run_id = uuid.uuid4().bytes
+    hello = {"type": wire.HELLO, "out_dir": "ingest", "cwd": "/", "split": split,
+             "warmup_iterations": 0, "num_measurements": 100, "pid": os.getpid(),
+             "host": os.uname().nodename, "start_unix": time.time(),
+             "start_ns": time.perf_counter_ns(), "reply_to": "hello"}
+    socket.send(wire.encode_control(wire.pack_header(wire.KIND_CONTROL, 0, 0, 0, 0, run_id),
+                                    hello))
+    socket.recv()
+    template = np.array([v for i in range(ITERATIONS_PER_MESSAGE) for v in iteration_slots(i)],
+                        dtype="<i8").reshape(-1, 3)
+    is_context = (template[:, 0] & wire.TAG_MASK) == wire.TAG_CONTEXT
+    per_message = ITERATIONS_PER_MESSAGE * RECORDS_PER_ITERATION
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    sys.stdin.readline()
+    sent, seq = 0, 1
+    while sent < records:
+        offset = (seq - 1) * ITERATIONS_PER_MESSAGE
+        slots = template.copy()
+        slots[is_context, 1] += offset  # iteration
+        slots[is_context, 2] += offset  # warmup gate (batches before)
+        slots[~is_context, 1:] += offset * STEP_NS
+        header = wire.pack_header(wire.KIND_RECORDS, 0, seq, sent, 0, run_id)
+        socket.send(header + slots.tobytes())
+        sent += per_message
+        seq += 1
+    sys.stdout.write(f"sent {sent}\n")
+    sys.stdout.flush()
+    sys.stdin.readline()  # stay alive (the sidecar watches our pid) until told
+    socket.close()
+
+
+def _start_producers(endpoint: str, count: int, records: int) -> list[subprocess.Popen[str]]:
+    processes = [subprocess.Popen(
+        [sys.executable, __file__, "producer", endpoint, str(split), str(records)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(_ROOT)}) for split in range(count)]
+    for process in processes:
+        assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+    return processes
+
+
+def _go(processes: list[subprocess.Popen[str]]) -> None:
+    for process in processes:
+        assert process.stdin is not None
+        process.stdin.write("go\n")
+        process.stdin.flush()
+
+
+def _sent(processes: list[subprocess.Popen[str]]) -> int:
+    total = 0
+    for process in processes:
+        assert process.stdout is not None
+        total += int(process.stdout.readline().split()[1])
+    return total
+
+
+def _stop(processes: list[subprocess.Popen[str]]) -> None:
+    for process in processes:
+        if process.stdin is not None:
+            process.stdin.close()
+        process.wait(30)
+
+
+def ingest_once(count: int, records: int, sample_rss: bool = False,
+                nice: int | None = None) -> dict[str, Any]:
+    """``count`` producers sending ``records`` in all to a fresh sidecar (``nice``: its
+    ``--nice``, default its own)."""
+    args = () if nice is None else ("--nice", str(nice))
+    with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp, \
+            sidecar(Path(tmp), *args) as (endpoint, process):
+        side = psutil.Process(process.pid)
+        per_message = ITERATIONS_PER_MESSAGE * RECORDS_PER_ITERATION
+        each = -(-(records // count) // per_message) * per_message  # whole messages
+        expected = each * count
+        producers = _start_producers(endpoint, count, each)
+        idle_mb = side.memory_info().rss / 2**20
+        peak_mb = idle_mb
+        try:
+            start = time.perf_counter()
+            _go(producers)
+            view: dict = {}
+            while view.get("records", 0) + view.get("rejected", 0) < expected:
+                if time.perf_counter() - start > DONE_TIMEOUT_S:
+                    raise RuntimeError(f"the sidecar took {view.get('records')} of "
+                                       f"{expected} records in {DONE_TIMEOUT_S} s")
+                if sample_rss:
+                    peak_mb = max(peak_mb, side.memory_info().rss / 2**20)
+                view = status(endpoint, 30.0) or {}
+                time.sleep(POLL_S)
+            elapsed = time.perf_counter() - start
+            sent = _sent(producers)
+            after_mb = side.memory_info().rss / 2**20
+        finally:
+            _stop(producers)
+    return {"producers": count, "sent": sent, "received": view.get("records", 0),
+            "lost": view.get("lost", 0), "rejected": view.get("rejected_by_kind", {}),
+            "dropped": view.get("dropped", 0), "seconds": elapsed,
+            "rate": view.get("records", 0) / elapsed, "idle_mb": idle_mb, "peak_mb": peak_mb,
+            "after_mb": after_mb}
+
+
+def markers_queue(phases: int) -> dict[str, float]:
+    """In a fresh process: RSS growth of a run whose sidecar never listens."""
+    code = f"""
+import os, sys, time, warnings, psutil
+sys.path.insert(0, {str(_ROOT)!r})
+import markers
+markers.CONNECT_TIMEOUT_S = 0.2
+warnings.simplefilter("ignore")
+run = markers.start_run(out_dir="q", endpoint="ipc://{tempfile.gettempdir()}/nobody-{os.getpid()}.sock")
+me = psutil.Process()
+before = me.memory_info().rss
+phase = run.phase("forward")
+for _ in run.train_batches(range({phases})):
+    with phase:
+        pass
+print(before, me.memory_info().rss, run.dropped)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, check=True).stdout.split()
+    before, after, dropped = map(int, out[-3:])
+    return {"growth_mb": (after - before) / 2**20, "dropped": dropped,
+            "records": phases * 3}
+
+
+def section(rates: list[dict[str, float]], memory: dict[str, float],
+            queue: dict[str, float]) -> tuple[str, dict[str, float]]:
+    """The ``## Sidecar ingest and memory`` section and the headline figures."""
+    from markers.transport import SEND_QUEUE_BYTES
+    from sidecar.ingest.receiver import RECEIVE_QUEUE_BYTES
+
+    lines = ["## Sidecar ingest and memory", "",
+             machine_line("python bench/ingest.py") + f" {load_line()} at the end. "
+             "Producers are separate processes sending with blocking sends. The rates are "
+             "measured with the sidecar at the job's priority (`--nice 0`): at its default "
+             "(+10) other engineers' work on this shared machine takes the CPU first; the "
+             "memory run uses the default.", "",
+             "| producers | records | seconds | records/s | lost | rejected | dropped |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rates:
+        lines.append(f"| {r['producers']} | {r['received']:,} of {r['sent']:,} | "
+                     f"{r['seconds']:.2f} | **{r['rate'] / 1e6:.2f} M** | {r['lost']} | "
+                     f"{sum(r['rejected'].values())} {r['rejected'] or ''} | {r['dropped']} |")
+    one = next(r for r in rates if r["producers"] == 1)["rate"]
+    four = next(r for r in rates if r["producers"] == 4)["rate"]
+    lines += ["", f"- one producer: {one / 1e6:.2f} M records/s (target ≥ "
+              f"{RATE_TARGET_ONE / 1e6:.0f} M: {'met' if one >= RATE_TARGET_ONE else 'missed'})"
+              f"; four: {four / 1e6:.2f} M/s (target ≥ {RATE_TARGET_FOUR / 1e6:.0f} M: "
+              f"{'met' if four >= RATE_TARGET_FOUR else 'missed'})",
+              "", "| sidecar memory, 4 producers, full rate | RSS (MB) |", "|---|---:|",
+              f"| idle, before the first record | {memory['idle_mb']:.1f} |",
+              f"| peak while {memory['received'] / 1e6:.0f} M records arrived "
+              f"({memory['seconds']:.1f} s, {memory['lost']} lost) | "
+              f"**{memory['peak_mb']:.1f}** |",
+              f"| after them (before any write) | {memory['after_mb']:.1f} |",
+              "", f"- target ≤ {RSS_TARGET_MB:.0f} MB: "
+              f"{'met' if memory['peak_mb'] <= RSS_TARGET_MB else 'missed'}; what may wait "
+              f"is bounded in bytes: {SEND_QUEUE_BYTES >> 20} MiB in each training "
+              f"process's send queue, {RECEIVE_QUEUE_BYTES >> 20} MiB per connection in the "
+              "sidecar's receive queue; past it the markers drop and count",
+              f"- no sidecar listening, {queue['records']:,} records ended in a training "
+              f"process: its RSS grew by {queue['growth_mb']:.1f} MB, {queue['dropped']:,} "
+              "records dropped and counted", ""]
+    figures = {"rate_1": one, "rate_4": four, "rss_peak_mb": memory["peak_mb"],
+               "rss_idle_mb": memory["idle_mb"]}
+    return "\n".join(lines), figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is None and sys.argv[1:2] == ["producer"]:
+        producer(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=3_000_000)
+    parser.add_argument("--rss-records", type=int, default=10_000_000)
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args(argv)
+    rates = [ingest_once(count, args.records, nice=0) for count in (1, 2, 4)]
+    memory = ingest_once(4, args.rss_records, sample_rss=True)
+    queue = markers_queue(1_000_000)
+    text, figures = section(rates, memory, queue)
+    print(text)
+    if not args.no_write:
+        write_section(text)
+    headline("ingest", figures)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
