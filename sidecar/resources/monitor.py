@@ -12,13 +12,15 @@ import bisect
 import logging
 import threading
 import time
-from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from markers import wire
 from markers.wire import P_END, P_GPU, P_LAG, P_PHASE, P_START
+from sidecar.model.aggregator import RecordValues
 from sidecar.model.split import Split
 from sidecar.resources.samplers import nvml
 from sidecar.resources.samplers.host import HostSample, HostSampler
@@ -70,9 +72,11 @@ class SplitResources:
         self.host_samples: list[HostSample] = []
         self.gpu_samples: list[nvml.GpuSample] = []
         self.gpu_ts: list[int] = []  # t_ns of gpu_samples (appended in time order)
-        # rank 0's phase intervals (label, start, end) not attributed yet: those that end
-        # after the last round; a late record waits here at most until the next round
-        self.waiting: list[tuple[str, int, int]] = []
+        # rank 0's phase intervals not attributed yet (label index, start, end: arrays of
+        # rows): those that end after the last round; a late record waits here at most
+        # until the next round
+        self.waiting: list[np.ndarray] = []
+        self.labels: dict[str, int] = {}  # label -> its index in ``waiting``
         self.attribution: dict[str, _Attribution] = {}
         self.attributable_from_ns = 0  # rounds before it (earlier sessions) open no window
         self.closed = False  # the split ended and its last round was taken
@@ -107,26 +111,46 @@ class SplitResources:
         self.gpu_samples = [s for s in self.gpu_samples if s.t_ns in kept]
         self.gpu_ts = [s.t_ns for s in self.gpu_samples]
 
+    def wait(self, phases: np.ndarray, names: dict[int, str], starts_ns: np.ndarray,
+             ends_ns: np.ndarray) -> None:
+        """Keep intervals of ``phases`` (keys, named by ``names`` for custom ones) until
+        the round after their end."""
+        keys, which = np.unique(phases, return_inverse=True)
+        index = np.array([self.labels.setdefault(wire.phase_label(key, names),
+                                                 len(self.labels))
+                          for key in keys.tolist()], dtype=np.int64)
+        self.waiting.append(np.column_stack((index[which], starts_ns, ends_ns)))
+
+    def latest_end_ns(self) -> int:
+        """The latest end of a waiting interval (0 when none waits)."""
+        return max((int(part[:, 2].max()) for part in self.waiting if len(part)), default=0)
+
     def attribute(self, until_ns: int) -> None:
         """Fold the waiting intervals that end by ``until_ns`` (the last round) into the
         attribution, against the rounds around them: however late a record arrives, the
         samples of its time are still kept."""
-        ready = [i for i in self.waiting if i[2] <= until_ns]
-        if not ready:
+        if not self.waiting:
             return
-        self.waiting = [i for i in self.waiting if i[2] > until_ns]
+        waiting = np.concatenate(self.waiting)
+        ends_now = waiting[:, 2] <= until_ns
+        ready = waiting[ends_now]
+        self.waiting = [waiting[~ends_now]] if not ends_now.all() else []
+        if not len(ready):
+            return
         ts = self.gpu_ts
         # the round before the earliest start opens its window; the one after the latest
         # end closes the last
-        low = max(0, bisect.bisect_right(ts, min(i[1] for i in ready)) - 1)
-        high = bisect.bisect_left(ts, max(i[2] for i in ready)) + 1
+        low = max(0, bisect.bisect_right(ts, int(ready[:, 1].min())) - 1)
+        high = bisect.bisect_left(ts, int(ready[:, 2].max())) + 1
         while high < len(ts) and ts[high] == ts[high - 1]:
             high += 1  # every GPU of the closing round
         while low > 0 and ts[low - 1] == ts[low]:
             low -= 1
         low = max(low, bisect.bisect_left(ts, self.attributable_from_ns))
-        for label, part in attribute_phases(self.gpu_samples[low:high], ready).items():
-            self.attribution.setdefault(label, _Attribution()).add(part)
+        labels = list(self.labels)
+        for index, part in attribute_phases(self.gpu_samples[low:high], ready[:, 0],
+                                            ready[:, 1], ready[:, 2]).items():
+            self.attribution.setdefault(labels[index], _Attribution()).add(part)
 
 
 @dataclass(frozen=True)
@@ -224,8 +248,9 @@ class ResourceMonitor:
         """A GPU a job reported using: sample it too."""
         self._pending_uuids.add(uuid)
 
-    def note_records(self, split: Split, rank: int, values: array) -> None:
-        """Keep rank 0's phase intervals for the attribution (called per RECORDS message).
+    def note_records(self, split: Split, rank: int, values: RecordValues) -> None:
+        """Keep rank 0's phase intervals for the attribution (called with the records of
+        each read; records × ``wire.RECORD_WIDTH``, or flat values).
 
         A phase with a GPU time is placed where the GPU ran it: from its host start plus
         the GPU lag the markers measured, for its GPU time; other phases on host time.
@@ -233,16 +258,15 @@ class ResourceMonitor:
         entry = self.splits.get(id(split))
         if entry is None or rank != 0 or self.gpus is None:
             return
-        waiting = entry[1].waiting
-        names = split.rank(0).custom_names
-        for offset in range(0, len(values), wire.RECORD_WIDTH):
-            label = wire.phase_label(values[offset + P_PHASE], names)
-            start, gpu_ns = values[offset + P_START], values[offset + P_GPU]
-            if gpu_ns >= 0:
-                start += max(0, values[offset + P_LAG])
-                waiting.append((label, start, start + gpu_ns))
-            else:
-                waiting.append((label, start, values[offset + P_END]))
+        records = np.asarray(values, dtype=np.int64).reshape(-1, wire.RECORD_WIDTH)
+        if not len(records):
+            return
+        gpu_ns = records[:, P_GPU]
+        on_gpu = gpu_ns >= 0
+        # on the GPU: from the host start plus the lag, for the GPU time
+        starts_ns = records[:, P_START] + np.where(on_gpu, np.maximum(records[:, P_LAG], 0), 0)
+        ends_ns = np.where(on_gpu, starts_ns + gpu_ns, records[:, P_END])
+        entry[1].wait(records[:, P_PHASE], split.rank(0).custom_names, starts_ns, ends_ns)
 
     # -- sampling -------------------------------------------------------------------
 
@@ -309,7 +333,7 @@ class ResourceMonitor:
         self._sample([entry], time.monotonic_ns())
         # what ends after the last round (GPU work the markers timed beyond it) still
         # gets the overlap it has with the sampled windows
-        resources.attribute(max(i[2] for i in resources.waiting) if resources.waiting else 0)
+        resources.attribute(resources.latest_end_ns())
 
     def figures(self, split: Split) -> ResourceFigures:
         """Everything sampled for ``split`` so far, summarized; takes no sample itself."""

@@ -3,6 +3,7 @@ hand-made samples with exact expected values."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from sidecar.resources.samplers.host import HostSample
@@ -89,12 +90,23 @@ def test_host_summary() -> None:
     assert (summary.system_mem_used_max_pct, summary.n_samples) == (45.0, 3)
 
 
+def attribution(samples: list[GpuSample], intervals: list[tuple[str, int, int]],
+                ) -> dict[str, PhaseAttribution]:
+    """``attribute_phases`` over (label, start, end) intervals, keyed by label."""
+    labels = list(dict.fromkeys(label for label, _, _ in intervals))
+    phases, starts, ends = (np.array(column, dtype=np.int64) for column in zip(
+        *[(labels.index(label), start, end) for label, start, end in intervals],
+        strict=True))
+    return {labels[key]: part
+            for key, part in attribute_phases(samples, phases, starts, ends).items()}
+
+
 def test_attribution_by_overlap() -> None:
     intervals = [("Forward", START + S // 2, START + 3 * S // 2),      # 0.5-1.5 s
                  ("Forward", START + 5 * S // 2, START + 7 * S // 2),  # 2.5-3.5 s
                  ("Backward", START + 7 * S // 2, START + 9 * S // 2),  # 3.5-4.5 s
                  ("Idle", START + 10 * S, START + 11 * S)]             # after the last
-    result = attribute_phases(gpu0(), intervals)
+    result = attribution(gpu0(), intervals)
     # Forward overlaps window (0,1] by 0.5 s (util 40), (1,3] by 1 s (70), (3,4] by 0.5 s.
     assert result["Forward"] == PhaseAttribution(
         covered_s=2.0, n_samples=3, util_mean_pct=pytest.approx(70.0),
@@ -103,14 +115,14 @@ def test_attribution_by_overlap() -> None:
     assert result["Idle"] == PhaseAttribution(0.0, 0, None, None)
     assert list(result) == ["Forward", "Backward", "Idle"]
     # With a second GPU (0 %, 50 W) the means are over both GPUs; time covered is the same.
-    both = attribute_phases(gpu0() + gpu1(), intervals)["Forward"]
+    both = attribution(gpu0() + gpu1(), intervals)["Forward"]
     assert (both.covered_s, both.n_samples) == (2.0, 3)
     assert both.util_mean_pct == pytest.approx(35.0)
     assert both.power_mean_w == pytest.approx(175.0)
 
 
 def test_attribution_without_gpu_samples() -> None:
-    assert attribute_phases([], [("Forward", 0, S)]) == {
+    assert attribution([], [("Forward", 0, S)]) == {
         "Forward": PhaseAttribution(0.0, 0, None, None)}
 
 
@@ -166,9 +178,9 @@ def test_resources_block_with_gpu_off() -> None:
 def test_resources_block_with_gpus_and_attribution() -> None:
     samples = gpu0() + gpu1()
     long_label = "A custom phase with a very long name that will not fit the column"
-    attribution = attribute_phases(samples, [("Forward", START, START + 4 * S),
-                                             (long_label, START, START + S)])
-    lines = resources_block(summarize_gpus(samples), None, None, attribution,
+    by_label = attribution(samples, [("Forward", START, START + 4 * S),
+                                     (long_label, START, START + S)])
+    lines = resources_block(summarize_gpus(samples), None, None, by_label,
                             ["Records: dropped 0, rejected 0"])
     assert all(len(line) <= WIDTH for line in lines), max(lines, key=len)
     text = "\n".join(lines)

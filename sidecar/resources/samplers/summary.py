@@ -12,7 +12,7 @@ Energy of a GPU is ``last − first`` of NVML's energy counter where the GPU has
 (``energy_method == "counter"``), else the integral of power over the sample windows
 (``"integrated power"``).
 
-Phase attribution (``attribute_phases``). Phases are intervals (label, start_ns,
+Phase attribution (``attribute_phases``). Phases are intervals (phase, start_ns,
 end_ns) on the same monotonic clock as the samples. The windows between consecutive
 sampling rounds are intersected with the intervals; a phase's mean GPU utilization and
 mean power are the means of the samples weighted by those overlaps, over all the job's
@@ -32,9 +32,10 @@ Memory is in MB meaning MiB (bytes / 1024²), as in the rest of the product's fi
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from sidecar.resources.samplers.host import HostSample
 from sidecar.resources.samplers.nvml import GpuSample
@@ -167,40 +168,53 @@ def summarize_host(samples: Sequence[HostSample]) -> HostSummary:
     )
 
 
-def attribute_phases(gpu_samples: Sequence[GpuSample],
-                     intervals: Iterable[tuple[str, int, int]]) -> dict[str, PhaseAttribution]:
-    """Mean GPU utilization (%) and mean power per GPU (W) during each phase label.
+def attribute_phases(gpu_samples: Sequence[GpuSample], phases: np.ndarray,
+                     starts_ns: np.ndarray, ends_ns: np.ndarray) -> dict[int, PhaseAttribution]:
+    """Mean GPU utilization (%) and mean power per GPU (W) during each phase.
 
-    ``intervals`` are (label, start_ns, end_ns) on the samples' clock. Every label seen
-    gets an entry, with ``covered_s`` 0 and None means when no sample window overlaps it.
-    Cost O(intervals × log rounds + overlaps). See the module docstring for the method.
+    The intervals are parallel arrays: ``phases`` (any integer key of a phase),
+    ``starts_ns`` and ``ends_ns`` on the samples' clock. Every phase seen gets an entry
+    (in the order of its first interval), with ``covered_s`` 0 and None means when no
+    sample window overlaps it. On arrays: cost O(intervals × log rounds + overlaps), with
+    no Python work per interval. See the module docstring for the method.
     """
-    rounds = sorted({s.t_ns for s in gpu_samples})
-    by_round: dict[int, list[GpuSample]] = {}
-    for sample in gpu_samples:
-        by_round.setdefault(sample.t_ns, []).append(sample)
-    overlaps: dict[str, dict[int, int]] = {}  # label -> round index -> overlap ns
-    for label, start, end in intervals:
-        per_round = overlaps.setdefault(label, {})
-        i = max(1, bisect.bisect_right(rounds, start))
-        while i < len(rounds) and rounds[i - 1] < end:
-            overlap = min(end, rounds[i]) - max(start, rounds[i - 1])
-            if overlap > 0:
-                per_round[i] = per_round.get(i, 0) + overlap
-            i += 1
+    keys, first_at, which = np.unique(phases, return_index=True, return_inverse=True)
+    rounds, of_sample = np.unique(np.array([s.t_ns for s in gpu_samples], dtype=np.int64),
+                                  return_inverse=True)
+    util_sum, util_n = _per_round([s.util_pct for s in gpu_samples], of_sample, len(rounds))
+    power_sum, power_n = _per_round([s.power_w for s in gpu_samples], of_sample, len(rounds))
+    # The windows (rounds[i - 1], rounds[i]] each interval meets: i from ``low`` to ``high``.
+    low = np.maximum(1, np.searchsorted(rounds, starts_ns, side="right"))
+    high = np.minimum(len(rounds) - 1, np.searchsorted(rounds, ends_ns, side="left"))
+    counts = np.maximum(high - low + 1, 0)
+    interval = np.repeat(np.arange(len(phases)), counts)
+    window = low[interval] + np.arange(len(interval)) - np.repeat(np.cumsum(counts) - counts,
+                                                                  counts)
+    overlap = (np.minimum(ends_ns[interval], rounds[window])
+               - np.maximum(starts_ns[interval], rounds[window - 1]))
+    met = overlap > 0
+    phase, window, overlap = which[interval[met]], window[met], overlap[met]
+    n = len(keys)
+    covered_ns = np.bincount(phase, overlap, minlength=n)
+    windows = np.bincount(np.unique(phase * len(rounds) + window) // max(len(rounds), 1),
+                          minlength=n)
+    util = (np.bincount(phase, overlap * util_sum[window], minlength=n),
+            np.bincount(phase, overlap * util_n[window], minlength=n))
+    power = (np.bincount(phase, overlap * power_sum[window], minlength=n),
+             np.bincount(phase, overlap * power_n[window], minlength=n))
     result = {}
-    for label, per_round in overlaps.items():
-        util = [0.0, 0.0]  # weighted sum, weight
-        power = [0.0, 0.0]
-        for i, overlap in per_round.items():
-            for sample in by_round[rounds[i]]:
-                for acc, value in ((util, sample.util_pct), (power, sample.power_w)):
-                    if value is not None:
-                        acc[0] += overlap * value
-                        acc[1] += overlap
-        result[label] = PhaseAttribution(
-            covered_s=sum(per_round.values()) / 1e9, n_samples=len(per_round),
-            util_mean_pct=util[0] / util[1] if util[1] else None,
-            power_mean_w=power[0] / power[1] if power[1] else None,
-        )
+    for i in np.argsort(first_at).tolist():
+        result[int(keys[i])] = PhaseAttribution(
+            covered_s=int(covered_ns[i]) / 1e9, n_samples=int(windows[i]),
+            util_mean_pct=float(util[0][i] / util[1][i]) if util[1][i] else None,
+            power_mean_w=float(power[0][i] / power[1][i]) if power[1][i] else None)
     return result
+
+
+def _per_round(values: list[float | None], of_sample: np.ndarray,
+               rounds: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per round: the sum of the values that were read, and how many were."""
+    read = np.array([v is not None for v in values], dtype=bool)
+    numbers = np.array([v if v is not None else 0.0 for v in values], dtype=np.float64)
+    return (np.bincount(of_sample, numbers * read, minlength=rounds),
+            np.bincount(of_sample, read.astype(np.float64), minlength=rounds))
