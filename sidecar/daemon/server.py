@@ -294,6 +294,39 @@ class Server:
             if body["type"] == wire.HELLO and not reply.get("ok"):
                 self._sent_away.append(message.header.run_id)  # the markers hang up now
 
+    def handle_all(self, messages: list[Incoming]) -> None:
+        """Handle what one read returned, in order. Consecutive RECORDS messages are
+        aggregated together (``Registry.records_batch``): the work per message stays in
+        Python, the work per record in arrays. A control message is handled after the
+        records before it."""
+        batch: list[Incoming] = []
+        for message in messages:
+            if message.records is not None:
+                batch.append(message)
+                continue
+            self._records_safely(batch)
+            batch = []
+            self.handle_safely(message)
+        self._records_safely(batch)
+
+    def _records_safely(self, batch: list[Incoming]) -> None:
+        """Aggregate RECORDS messages, those of senders that may not use us refused; any
+        error counted and logged, as ``handle_safely``."""
+        taken = []
+        for message in batch:
+            foreign = self._foreign(message)
+            if foreign is not None:
+                self.registry.reject("foreign_user", foreign)
+            else:
+                taken.append((message.header, message.records))
+        if not taken:
+            return
+        try:
+            self.registry.records_batch(taken, time.time())
+        except Exception as exc:  # the loop must survive anything
+            log.exception("internal error on records of %d messages", len(taken))
+            self.registry.reject("internal_error", repr(exc))
+
     def handle_safely(self, message: Incoming) -> None:
         """``handle``, with any error counted and logged: one bad message never stops the
         sidecar nor loses what it holds.
@@ -454,8 +487,7 @@ class Server:
         try:
             while not self._should_stop():
                 wait_s = min(TICK_S, self.monitor.wait_s())
-                for message in self.receiver.read(int(wait_s * 1000)):
-                    self.handle_safely(message)
+                self.handle_all(self.receiver.read(int(wait_s * 1000)))
                 self.monitor.tick()
                 self.tick(time.time())
                 self._publish_for_hooks()
@@ -477,8 +509,7 @@ class Server:
             messages = self.receiver.read(50)
             if not messages:
                 break
-            for message in messages:
-                self.handle_safely(message)
+            self.handle_all(messages)
 
     def _finalize(self) -> None:
         now = time.time()

@@ -1,5 +1,6 @@
 """The sidecar's socket: one ZeroMQ ROUTER bound at the endpoint. It reads frames, decodes
-them with ``markers.wire`` and hands them on; frames that do not decode are rejected and
+them (headers and controls with ``markers.wire``, the records of a whole read at once with
+``sidecar.ingest.records``) and hands them on; frames that do not decode are rejected and
 counted here. Replies go back to the sender's identity as JSON.
 
 The socket has a ZeroMQ context of its own (a ZAP handler answers for it alone). It is
@@ -13,11 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-from array import array
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
 import zmq
 
 from markers import wire
@@ -26,6 +27,7 @@ from sidecar.ingest.binding import bind
 from sidecar.ingest.connections import ConnectionWatch
 from sidecar.ingest.job_only import JobOnly
 from sidecar.ingest.peers import Peer, peer_of
+from sidecar.ingest.records import decode_bodies
 from sidecar.ingest.streams import Registry
 
 # Frames read per poll before the server gets to run its timers.
@@ -45,7 +47,7 @@ class Incoming:
 
     identity: bytes
     header: wire.Header
-    records: array | None
+    records: np.ndarray | None  # records × wire.RECORD_WIDTH
     control: dict[str, Any] | None
     peer: Peer | None = None
 
@@ -97,41 +99,71 @@ class Receiver:
         socket.setsockopt(zmq.HEARTBEAT_TTL, min(6_553_500, int(heartbeat_s * 1000)))
 
     def read(self, timeout_ms: int) -> list[Incoming]:
-        """Wait up to ``timeout_ms`` for frames; return up to ``BATCH`` decoded messages."""
-        out: list[Incoming] = []
+        """Wait up to ``timeout_ms`` for frames; return up to ``BATCH`` decoded messages,
+        in the order they came (the records of all of them decoded together)."""
         self.connections.poll()
         if not self.socket.poll(timeout_ms, zmq.POLLIN):
-            return out
+            return []
         self.connections.poll()
+        arrived: list[tuple[list[bytes], Peer | None, int]] = []
         for _ in range(BATCH):
             try:
                 frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
-            message = self.decode([frame.bytes for frame in frames],
-                                  peer_of(frames[-1]) if self._ipc else None)
+            arrived.append(([frame.bytes for frame in frames],
+                            peer_of(frames[-1]) if self._ipc else None,
+                            frames[-1].get(zmq.SRCFD)))
+        out = []
+        for message, (_, _, fd) in zip(self.decode_many([(parts, peer) for parts, peer, _
+                                                         in arrived]), arrived, strict=True):
             if message is not None:
                 control_type = message.control["type"] if message.control else None
-                self.connections.message(frames[-1].get(zmq.SRCFD), message.identity,
-                                         message.header.run_id, control_type)
+                self.connections.message(fd, message.identity, message.header.run_id,
+                                         control_type)
                 out.append(message)
         return out
 
     def decode(self, parts: list[bytes], peer: Peer | None = None) -> Incoming | None:
         """Decode one ROUTER message (identity, frame) sent by ``peer``; None after
         rejecting a bad one."""
-        if len(parts) != 2:
-            self.registry.reject("malformed", f"{len(parts) - 1} frames in one message")
-            return None
-        identity, frame = parts
-        try:
-            header = wire.decode_header(frame)
-            if header.kind == wire.KIND_RECORDS:
-                return Incoming(identity, header, wire.decode_records(frame), None, peer)
-            return Incoming(identity, header, None, wire.decode_control(frame), peer)
-        except wire.WireError as exc:
-            self.registry.reject(exc.kind, str(exc))
-            return None
+        return self.decode_many([(parts, peer)])[0]
+
+    def decode_many(self, messages: list[tuple[list[bytes], Peer | None]],
+                    ) -> list[Incoming | None]:
+        """Decode ROUTER messages ((identity, frame), sender), the records of all of them
+        in one go (``sidecar.ingest.records``); None in place of each one rejected."""
+        out: list[Incoming | None] = []
+        records: list[tuple[int, bytes]] = []  # (index in out, body) of RECORDS messages
+        for parts, peer in messages:
+            if len(parts) != 2:
+                self.registry.reject("malformed", f"{len(parts) - 1} frames in one message")
+                out.append(None)
+                continue
+            identity, frame = parts
+            try:
+                header = wire.decode_header(frame)
+                control = wire.decode_control(frame) if header.kind == wire.KIND_CONTROL \
+                    else None
+            except wire.WireError as exc:
+                self.registry.reject(exc.kind, str(exc))
+                out.append(None)
+                continue
+            if control is None:
+                records.append((len(out), frame[wire.HEADER.size:]))
+            out.append(Incoming(identity, header, None, control, peer))
+        if records:
+            decoded = decode_bodies([body for _, body in records])
+            for n, (index, _) in enumerate(records):
+                message = out[index]
+                assert message is not None
+                error = decoded.errors[n]
+                if error is not None:
+                    self.registry.reject(error.kind, str(error))
+                    out[index] = None
+                else:
+                    out[index] = replace(message, records=decoded.of(n))
+        return out
 
     def reply(self, identity: bytes, body: dict[str, Any]) -> None:
         """Send ``body`` as JSON to ``identity``; a vanished peer is ignored."""

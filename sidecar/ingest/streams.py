@@ -12,23 +12,25 @@ import json
 import logging
 import os
 import socket
-from array import array
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
+
 from markers import wire
 from markers.wire import P_BATCHES, P_END, P_FLAGS, P_PHASE, P_START
 from sidecar.ingest.peers import Peer
 from sidecar.model import state
-from sidecar.model.aggregator import RankAggregator, Settings
+from sidecar.model.aggregator import RankAggregator, RecordValues, Settings
 from sidecar.model.split import Split
 
 log = logging.getLogger("sidecar")
 
 HOSTNAME = socket.gethostname()
+LAST_STANDARD_ID = max(wire.PHASE_LABELS)  # standard ids are 1 (Training is derived) to this
 KNOWN_FLAGS = (wire.FLAG_IN_ITERATION | wire.FLAG_VALIDATION | wire.FLAG_GPU_DROPPED
                | wire.FLAG_INCOMPLETE | wire.FLAG_BEGIN)
 # Records of a run we have not heard the hello of yet (a restarted sidecar) wait this long
@@ -155,7 +157,7 @@ class Registry:
 
     def __init__(self, resolve_out_dir: Callable[[str, str, Peer | None], Path],
                  on_stream: Callable[[Stream], None] = lambda stream: None,
-                 on_records: Callable[[Stream, array], None] = lambda stream, values: None,
+                 on_records: Callable[[Stream, np.ndarray], None] = lambda stream, values: None,
                  previous_activity: Callable[[Path, int], float | None] = lambda f, s: None,
                  claim: Callable[[Path], Claim | None] = lambda split_dir: None,
                  alive: Callable[[Stream], bool] = lambda stream: True,
@@ -175,7 +177,7 @@ class Registry:
         self.rejected: Counter[str] = Counter()
         self.records_received = 0
         self.last_error: str | None = None  # the latest refusal or write error, for status
-        self._pending: dict[bytes, list[tuple[float, wire.Header, array]]] = {}
+        self._pending: dict[bytes, list[tuple[float, wire.Header, np.ndarray]]] = {}
         self._pending_count = 0
 
     # -- rejects --------------------------------------------------------------------
@@ -437,33 +439,50 @@ class Registry:
 
     # -- records --------------------------------------------------------------------
 
-    def records(self, header: wire.Header, values: array, now: float) -> None:
-        """Aggregate a RECORDS message; bad records are rejected one by one."""
-        stream = self.streams.get(header.run_id)
-        if stream is None:
-            self._hold(header, values, now)
-            return
-        if not self._in_order(stream, header):
-            return
-        split = stream.split
-        split.dropped[stream.key] = max(split.dropped.get(stream.key, 0), header.dropped)
-        lost = header.records_before - stream.received
-        if lost > 0:
-            split.lost[stream.key] = split.lost.get(stream.key, 0) + lost
-            stream.received += lost  # counted once
-        count = len(values) // wire.RECORD_WIDTH
-        stream.received += count
-        split.received[stream.key] = stream.received
-        agg = split.rank(stream.rank)
-        good = self._checked(stream, values, agg)
-        if good is not values:
-            self.reject("bad_record", "a record with an unknown phase, unknown flags, a batch "
-                        "count off a loop record or end before start",
-                        count - len(good) // wire.RECORD_WIDTH, split)
-        agg.add_records(good)
-        self.on_records(stream, good)
-        self.records_received += len(good) // wire.RECORD_WIDTH
-        split.dirty = True
+    def records(self, header: wire.Header, values: RecordValues, now: float) -> None:
+        """Aggregate one RECORDS message (see ``records_batch``)."""
+        self.records_batch([(header, values)], now)
+
+    def records_batch(self, messages: list[tuple[wire.Header, RecordValues]],
+                      now: float) -> None:
+        """Aggregate RECORDS messages (header, decoded records: records × RECORD_WIDTH)
+        in the order they came. The accounting is per message (order, lost, dropped);
+        the checks and the aggregation take each run's good records at once, so their
+        cost is per record in arrays, not per record in Python. Bad records are rejected
+        one by one; records of a run not known yet are held for its hello.
+        """
+        taken: dict[bytes, list[np.ndarray]] = {}
+        for header, values in messages:
+            records = np.asarray(values, dtype=np.int64).reshape(-1, wire.RECORD_WIDTH)
+            stream = self.streams.get(header.run_id)
+            if stream is None:
+                self._hold(header, records, now)
+                continue
+            if not self._in_order(stream, header):
+                continue
+            split = stream.split
+            split.dropped[stream.key] = max(split.dropped.get(stream.key, 0), header.dropped)
+            lost = header.records_before - stream.received
+            if lost > 0:
+                split.lost[stream.key] = split.lost.get(stream.key, 0) + lost
+                stream.received += lost  # counted once
+            stream.received += len(records)
+            split.received[stream.key] = stream.received
+            taken.setdefault(header.run_id, []).append(records)
+        for run_id, parts in taken.items():
+            stream = self.streams[run_id]
+            split = stream.split
+            records = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            agg = split.rank(stream.rank)
+            good = self._checked(stream, records, agg)
+            if len(good) < len(records):
+                self.reject("bad_record", "a record with an unknown phase, unknown flags, a "
+                            "batch count off a loop record or end before start",
+                            len(records) - len(good), split)
+            agg.add_records(good)
+            self.on_records(stream, good)
+            self.records_received += len(good)
+            split.dirty = True
 
     def _in_order(self, stream: Stream, header: wire.Header) -> bool:
         if header.seq <= stream.last_seq:
@@ -474,36 +493,30 @@ class Registry:
         return True
 
     @staticmethod
-    def _checked(stream: Stream, values: array, agg: RankAggregator) -> array:
-        """``values`` with custom phase ids mapped to ``agg``'s keys (in place), itself when
-        every record is good, else a copy of the good ones."""
-        width = wire.RECORD_WIDTH
-        keys = stream.custom_keys(agg)
-        bad = []
-        for i in range(0, len(values), width):
-            phase = values[i + P_PHASE]
-            if phase >= wire.FIRST_CUSTOM_ID and phase in keys:
-                values[i + P_PHASE] = phase = keys[phase]
-            elif phase not in wire.PHASE_LABELS or phase == wire.TRAINING:
-                bad.append(i)
-                continue
-            batches = values[i + P_BATCHES]
-            if values[i + P_FLAGS] & ~KNOWN_FLAGS or values[i + P_END] < values[i + P_START] \
-                    or batches < 0 or (batches and phase not in wire.LOOP_IDS):
-                bad.append(i)
-        if not bad:
-            return values
-        bad_set = set(bad)
-        good = array("q")
-        for i in range(0, len(values), width):
-            if i not in bad_set:
-                good.extend(values[i:i + width])
-        return good
+    def _checked(stream: Stream, records: np.ndarray, agg: RankAggregator) -> np.ndarray:
+        """The good ones of ``records``, custom phase ids mapped to ``agg``'s keys (a copy
+        when any is mapped or bad; ``records`` itself when all are good as they are)."""
+        phase = records[:, P_PHASE]
+        good = (phase > wire.TRAINING) & (phase <= LAST_STANDARD_ID)
+        custom = phase >= wire.FIRST_CUSTOM_ID
+        if custom.any():
+            keys = stream.custom_keys(agg)
+            ids, where = np.unique(phase[custom], return_inverse=True)
+            mapped = np.array([keys.get(i, -1) for i in ids.tolist()], dtype=np.int64)[where]
+            records = records.copy()
+            records[custom, P_PHASE] = mapped
+            good[custom] = mapped >= 0
+        batches = records[:, P_BATCHES]
+        good &= (records[:, P_FLAGS] & ~KNOWN_FLAGS) == 0
+        good &= records[:, P_END] >= records[:, P_START]
+        good &= (batches == 0) | ((batches > 0) & ((phase == wire.TRAINING_LOOP)
+                                                  | (phase == wire.VALIDATION_LOOP)))
+        return records if good.all() else records[good]
 
-    def _hold(self, header: wire.Header, values: array, now: float) -> None:
+    def _hold(self, header: wire.Header, values: np.ndarray, now: float) -> None:
         if self._pending_count >= PENDING_MESSAGES:
             self.reject("unknown_run", f"records for run {header.run_id.hex()} that never said "
-                        "hello", len(values) // wire.RECORD_WIDTH)
+                        "hello", len(values))
             return
         self._pending.setdefault(header.run_id, []).append((now, header, values))
         self._pending_count += 1
@@ -519,7 +532,7 @@ class Registry:
         for run_id, held in list(self._pending.items()):
             keep = [h for h in held if now - h[0] < PENDING_S]
             expired = sum(len(values) for arrived, _, values in held
-                          if now - arrived >= PENDING_S) // wire.RECORD_WIDTH
+                          if now - arrived >= PENDING_S)
             if expired:
                 self.reject("unknown_run", f"records for run {run_id.hex()} that never said "
                             "hello", expired)

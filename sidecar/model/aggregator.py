@@ -32,7 +32,11 @@ Semantics (SPEC §4, docs/iteration-model.md):
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
+from itertools import pairwise
+
+import numpy as np
 
 from markers import wire
 from markers.wire import (
@@ -47,10 +51,16 @@ from markers.wire import (
     P_PHASE,
     P_START,
 )
+from sidecar.model.blocks import Blocks, is_validation, moments, split_blocks
 from sidecar.model.stats import Welford
 from sidecar.model.units import BYTES_PER_MIB, NS_PER_S
 
 UNCAPPED = frozenset({wire.EPOCH, wire.VALIDATION})
+# Runs of ordinary iteration records shorter than this go record by record: the array
+# path costs a fixed ~0.1 ms however few records it takes.
+MIN_ARRAY_RECORDS = 64
+ARRAY_FLAGS_MASK = wire.FLAG_IN_ITERATION | wire.FLAG_INCOMPLETE | wire.FLAG_BEGIN
+RecordValues = np.ndarray | array | Sequence[int]
 LOOP_PHASES = {False: wire.TRAINING_LOOP, True: wire.VALIDATION_LOOP}
 OUTSIDE = "outside"  # flag of a row measured outside any iteration
 INCOMPLETE = "incomplete"  # flag of a row cut short: kept, never a measurement
@@ -138,6 +148,19 @@ class _Partial:
         self.peak_bytes = max(self.peak_bytes, peak_bytes)
 
 
+def _partial_records(context: list[int], partials: dict[int, _Partial]) -> np.ndarray:
+    """An open iteration's sums so far as records (one per phase) that sum to the same
+    figures: the array path continues an iteration the record path left open."""
+    out = np.zeros((len(partials), wire.RECORD_WIDTH), dtype=np.int64)
+    for row, (phase, partial) in zip(out, partials.items(), strict=True):
+        row[[P_PHASE, P_FLAGS, P_EPOCH, P_ITERATION, P_BATCH]] = (
+            phase, context[P_FLAGS], context[P_EPOCH], context[P_ITERATION], context[P_BATCH])
+        row[[P_START, P_END, P_GPU, P_PEAK]] = (
+            partial.start_ns, partial.start_ns + partial.wall_ns, partial.gpu_ns,
+            partial.peak_bytes)
+    return out
+
+
 class RankAggregator:
     """Aggregation state of one (run folder, split, rank)."""
 
@@ -159,8 +182,8 @@ class RankAggregator:
         self.aligned_custom: set[int] = set()  # custom phases measured inside iterations
         self._names: dict[str, int] = {}  # custom name -> its key in ``series``
         # Open iterations: their phases' sums and the context record of each.
-        self._open: dict[tuple[bool, int], tuple[array, dict[int, _Partial]]] = {}
-        self._spans: dict[int, array] = {}  # Epoch/Validation begun, not ended: begin record
+        self._open: dict[tuple[bool, int], tuple[list[int], dict[int, _Partial]]] = {}
+        self._spans: dict[int, list[int]] = {}  # Epoch/Validation begun, not ended: begin record
         self._standalone_seen: dict[int, int] = {}
         # Batch sizes read from the batches in this session, by "is validation": (first
         # iteration, size or None when the batches could not tell), in order.
@@ -262,27 +285,192 @@ class RankAggregator:
 
     # -- records --------------------------------------------------------------------
 
-    def add_records(self, values: array) -> None:
-        """Aggregate decoded records (flat int64 values, ``wire.RECORD_WIDTH`` per record).
+    def add_records(self, values: RecordValues) -> None:
+        """Aggregate decoded records (``wire.RECORD_WIDTH`` int64 values per record: a
+        records × width array, or flat values).
 
         The caller has checked the records and mapped custom phase ids to ``custom_key``.
+        Runs of ordinary iteration records go through ``_add_iterations`` (arrays, the
+        work per iteration), the rest record by record (``_add_one``); both give the same
+        result.
         """
+        records = np.asarray(values, dtype=np.int64).reshape(-1, wire.RECORD_WIDTH)
+        if not len(records):
+            return
         session = self.sessions[-1]
-        for offset in range(0, len(values), wire.RECORD_WIDTH):
-            record = values[offset:offset + wire.RECORD_WIDTH]
-            session.last_ns = max(session.last_ns, record[P_END])
-            phase = record[P_PHASE]
-            flags = record[P_FLAGS]
-            if flags & wire.FLAG_GPU_DROPPED:
-                self.gpu_not_measured += 1
-            if phase in UNCAPPED:
-                self._add_span(phase, record, flags)
-            elif flags & wire.FLAG_IN_ITERATION:
-                self._add_to_iteration(record, bool(flags & wire.FLAG_VALIDATION))
-            else:
-                self._add_outside(phase, record)
+        session.last_ns = max(session.last_ns, int(records[:, P_END].max()))
+        self.gpu_not_measured += int(np.count_nonzero(records[:, P_FLAGS]
+                                                      & wire.FLAG_GPU_DROPPED))
+        ordinary = self._ordinary(records)
+        bounds = [0, *(np.flatnonzero(ordinary[1:] != ordinary[:-1]) + 1).tolist(),
+                  len(records)]
+        for low, high in pairwise(bounds):
+            if ordinary[low] and high - low >= MIN_ARRAY_RECORDS \
+                    and self._add_iterations(records[low:high]):
+                continue
+            for record in records[low:high].tolist():
+                self._add_one(record)
 
-    def _add_span(self, phase: int, record: array, flags: int) -> None:
+    def _ordinary(self, records: np.ndarray) -> np.ndarray:
+        """Per record: inside an iteration, whole (not incomplete, not a begin mark), of
+        a phase that is not an Epoch/Validation span and, if custom, already aligned."""
+        flags, phase = records[:, P_FLAGS], records[:, P_PHASE]
+        ordinary = (flags & ARRAY_FLAGS_MASK) == wire.FLAG_IN_ITERATION
+        ordinary &= (phase != wire.EPOCH) & (phase != wire.VALIDATION)
+        custom = phase >= wire.FIRST_CUSTOM_ID
+        if custom.any():
+            ordinary &= ~custom | np.isin(phase, list(self.aligned_custom))
+        return ordinary
+
+    def _add_one(self, record: list[int]) -> None:
+        """Aggregate one record (the semantics ``_add_iterations`` reproduces on arrays)."""
+        phase = record[P_PHASE]
+        flags = record[P_FLAGS]
+        if phase in UNCAPPED:
+            self._add_span(phase, record, flags)
+        elif flags & wire.FLAG_IN_ITERATION:
+            self._add_to_iteration(record, bool(flags & wire.FLAG_VALIDATION))
+        else:
+            self._add_outside(phase, record)
+
+    def _add_iterations(self, records: np.ndarray) -> bool:
+        """Aggregate a run of ordinary iteration records on arrays; False (nothing done)
+        when their shape needs the record-by-record path: interleaved iterations, or an
+        iteration left open earlier that these records do not continue first."""
+        validation = is_validation(records)
+        present = (bool(validation.any()), not bool(validation.all()))  # (val, train)
+        touched = [key for key in self._open if present[0 if key[0] else 1]]
+        first_key = (bool(validation[0]), int(records[0, P_ITERATION]))
+        if len(touched) > 1 or (touched and touched[0] != first_key):
+            return False
+        context = None
+        if touched:
+            context, partials = self._open[first_key]
+            records = np.concatenate((_partial_records(context, partials), records))
+            validation = np.concatenate((np.full(len(partials), first_key[0]), validation))
+        blocks = split_blocks(records, validation)
+        if blocks is None:
+            return False
+        if touched:
+            del self._open[first_key]
+        self._close_blocks(records, blocks)
+        if not blocks.closed[-1]:
+            self._keep_open(records, blocks, context)
+        return True
+
+    def _close_blocks(self, records: np.ndarray, blocks: Blocks) -> None:
+        """Decide the closed iterations of ``blocks`` as ``_close_iteration`` does."""
+        closed = np.flatnonzero(blocks.closed)
+        if not len(closed):
+            return
+        loops = records[blocks.last[closed]]
+        validation = blocks.validation[closed]
+        measured = loops[:, P_BATCH] >= self.settings.warmup_iterations
+        store = np.zeros(len(loops), dtype=bool)
+        for kind in (False, True):
+            room = self.settings.num_measurements - self.stored_iterations[kind]
+            chosen = np.flatnonzero(measured & (validation == kind))[:max(room, 0)]
+            store[chosen] = True
+            self.stored_iterations[kind] += len(chosen)
+        batches = np.where(loops[:, P_BATCHES] != 0, loops[:, P_BATCHES],
+                           np.where(validation, 1, self.settings.accumulation_steps))
+        sizes = self._batch_sizes(validation, loops[:, P_ITERATION])
+        for kind in (False, True):
+            known = measured & (validation == kind) & (sizes >= 0)
+            if known.any():
+                self.samples[kind] = ((self.samples[kind] or 0)
+                                      + int((sizes[known] * batches[known]).sum()))
+        of_block = np.full(len(blocks.first), -1)
+        of_block[closed] = np.arange(len(closed))
+        loop_of = of_block[blocks.block]  # per group: its loop's index in ``loops``, or -1
+        taken = loop_of >= 0
+        taken[taken] = measured[loop_of[taken]]
+        self._merge_moments(blocks.phase[taken], blocks.wall_ns[taken], blocks.gpu_ns[taken])
+        kept = np.flatnonzero(taken)
+        kept = kept[store[loop_of[kept]]]
+        if len(kept):
+            self._store_rows(blocks, kept, loops, loop_of, sizes, batches, validation)
+
+    def _merge_moments(self, phases: np.ndarray, wall_ns: np.ndarray,
+                       gpu_ns: np.ndarray) -> None:
+        """Add measured per-iteration sums (ns) to the phases' streaming figures."""
+        if not len(phases):
+            return
+        for phase, count, mean, m2 in zip(*map(np.ndarray.tolist, moments(
+                phases, wall_ns / NS_PER_S)), strict=True):
+            self._series(phase).wall.merge(count, mean, m2)
+        measured = gpu_ns >= 0
+        if measured.any():
+            for phase, count, mean, m2 in zip(*map(np.ndarray.tolist, moments(
+                    phases[measured], gpu_ns[measured] / NS_PER_S)), strict=True):
+                self._series(phase).gpu.merge(count, mean, m2)
+
+    def _store_rows(self, blocks: Blocks, kept: np.ndarray, loops: np.ndarray,
+                    loop_of: np.ndarray, sizes: np.ndarray, batches: np.ndarray,
+                    validation: np.ndarray) -> None:
+        """Store the rows of the groups ``kept`` (in block order, as ``_measure`` would)."""
+        session = self.sessions[-1]
+        offset_s = session.start_unix - self.run_start_unix
+        loop_rows = loops.tolist()
+        size_list, batch_list, val_list = sizes.tolist(), batches.tolist(), validation.tolist()
+        for phase, index, start_ns, wall_ns, gpu_ns, peak_bytes in zip(
+                *(column[kept].tolist() for column in (
+                    blocks.phase, loop_of, blocks.start_ns, blocks.wall_ns, blocks.gpu_ns,
+                    blocks.peak_bytes)), strict=True):
+            loop = loop_rows[index]
+            size = size_list[index]
+            is_loop = phase == LOOP_PHASES[val_list[index]]
+            self._series(phase).rows.append(Row(
+                wall_ns / NS_PER_S, gpu_ns / NS_PER_S if gpu_ns >= 0 else None,
+                peak_bytes / BYTES_PER_MIB if peak_bytes >= 0 else None,
+                loop[P_EPOCH], loop[P_ITERATION], loop[P_BATCH], session.number,
+                offset_s + (start_ns - session.start_ns) / NS_PER_S,
+                size if is_loop and size >= 0 else None, batch_list[index]))
+
+    def _keep_open(self, records: np.ndarray, blocks: Blocks,
+                   context: list[int] | None) -> None:
+        """The last block has no loop record yet: it stays open (``_open``), its phases'
+        sums in the order they came, its context the record that opened it."""
+        last = len(blocks.first) - 1
+        groups = np.flatnonzero(blocks.block == last)
+        groups = groups[np.argsort(blocks.order[groups])]
+        partials: dict[int, _Partial] = {}
+        for phase, start_ns, wall_ns, gpu_ns, peak_bytes in zip(
+                *(column[groups].tolist() for column in (
+                    blocks.phase, blocks.start_ns, blocks.wall_ns, blocks.gpu_ns,
+                    blocks.peak_bytes)), strict=True):
+            partial = partials[phase] = _Partial(start_ns)
+            partial.wall_ns, partial.gpu_ns, partial.peak_bytes = wall_ns, gpu_ns, peak_bytes
+        opener = records[blocks.first[last]].tolist()
+        if context is None or last > 0:
+            context = opener
+        self._open[(bool(opener[P_FLAGS] & wire.FLAG_VALIDATION), opener[P_ITERATION])] = (
+            context, partials)
+
+    def _batch_sizes(self, validation: np.ndarray, iterations: np.ndarray) -> np.ndarray:
+        """``batch_size`` of each (kind, iteration) on arrays; -1 where unknown."""
+        sizes = np.full(len(iterations), -1, dtype=np.int64)
+        for kind in (False, True):
+            mine = validation == kind
+            given = self.settings.val_batch_size if kind else self.settings.train_batch_size
+            read = self._read_sizes[kind]
+            if not mine.any() or (given is None and not read):
+                continue
+            if given is not None:
+                sizes[mine] = given
+                continue
+            firsts = np.array([first for first, _ in read], dtype=np.int64)
+            values = np.array([-1 if size is None else size for _, size in read],
+                              dtype=np.int64)
+            if np.any(firsts[1:] < firsts[:-1]):  # not in order: as batch_size walks it
+                sizes[mine] = [-1 if (size := self.batch_size(kind, i)) is None else size
+                               for i in iterations[mine].tolist()]
+                continue
+            index = np.searchsorted(firsts, iterations[mine], side="right") - 1
+            sizes[mine] = np.where(index >= 0, values[np.maximum(index, 0)], -1)
+        return sizes
+
+    def _add_span(self, phase: int, record: list[int], flags: int) -> None:
         """An Epoch or Validation record: its begin mark, its end, or its end cut short."""
         if flags & wire.FLAG_BEGIN:
             earlier = self._spans.get(phase)
@@ -298,7 +486,7 @@ class RankAggregator:
         else:
             self._measure(phase, record, wall_ns, record[P_GPU], record[P_PEAK], store=True)
 
-    def _add_outside(self, phase: int, record: array) -> None:
+    def _add_outside(self, phase: int, record: list[int]) -> None:
         """A phase outside any iteration: a standard one (or a custom one whose column is
         iteration-aligned) is a flagged row; another custom one is its own measurement."""
         wall_ns = record[P_END] - record[P_START]
@@ -313,7 +501,7 @@ class RankAggregator:
             self._measure(phase, record, wall_ns, record[P_GPU], record[P_PEAK],
                           store=stored < self.settings.num_measurements, flag=OUTSIDE)
 
-    def _add_to_iteration(self, record: array, validation: bool) -> None:
+    def _add_to_iteration(self, record: list[int], validation: bool) -> None:
         key = (validation, record[P_ITERATION])
         entry = self._open.get(key)
         if entry is None:
@@ -327,7 +515,7 @@ class RankAggregator:
         if phase == LOOP_PHASES[validation]:
             self._close_iteration(key, record)
 
-    def _close_iteration(self, key: tuple[bool, int], loop_record: array) -> None:
+    def _close_iteration(self, key: tuple[bool, int], loop_record: list[int]) -> None:
         validation, iteration = key
         _, phases = self._open.pop(key)
         # Iterations of the same kind still open before this one never got their loop
@@ -362,7 +550,7 @@ class RankAggregator:
         context, phases = self._open.pop(key)
         self._flag_iteration(context, phases, 0)
 
-    def _flag_iteration(self, context: array, phases: dict[int, _Partial],
+    def _flag_iteration(self, context: list[int], phases: dict[int, _Partial],
                         batches: int) -> None:
         for phase, partial in phases.items():
             self._flag(phase, context, partial.wall_ns, partial.gpu_ns, partial.peak_bytes,
@@ -383,7 +571,7 @@ class RankAggregator:
             series = self.series[phase] = PhaseSeries()
         return series
 
-    def _row(self, record: array, wall_ns: int, gpu_ns: int, peak_bytes: int,
+    def _row(self, record: list[int], wall_ns: int, gpu_ns: int, peak_bytes: int,
              start_ns: int | None, batch_size: int | None, batches: int, flag: str) -> Row:
         session = self.sessions[-1]
         begin_ns = record[P_START] if start_ns is None else start_ns
@@ -394,7 +582,7 @@ class RankAggregator:
                    record[P_EPOCH], record[P_ITERATION], record[P_BATCH], session.number,
                    start_s, batch_size, batches, flag)
 
-    def _flag(self, phase: int, record: array, wall_ns: int, gpu_ns: int, peak_bytes: int,
+    def _flag(self, phase: int, record: list[int], wall_ns: int, gpu_ns: int, peak_bytes: int,
               flag: str, start_ns: int | None = None, batches: int = 0) -> None:
         """Keep a flagged row (phases.tsv only), up to ``num_measurements`` per phase."""
         series = self._series(phase)
@@ -402,7 +590,7 @@ class RankAggregator:
             series.flagged.append(self._row(record, wall_ns, gpu_ns, peak_bytes, start_ns,
                                             None, batches, flag))
 
-    def _measure(self, phase: int, record: array, wall_ns: int, gpu_ns: int, peak_bytes: int,
+    def _measure(self, phase: int, record: list[int], wall_ns: int, gpu_ns: int, peak_bytes: int,
                  store: bool, start_ns: int | None = None, batches: int = 0,
                  flag: str = "", batch_size: int | None = None) -> None:
         series = self._series(phase)

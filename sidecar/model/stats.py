@@ -23,6 +23,18 @@ class Welford:
         self.mean += delta / self.count
         self.m2 += delta * (value - self.mean)
 
+    def merge(self, count: int, mean: float, m2: float) -> None:
+        """Add the figures of another set of values (``count`` values of mean ``mean`` and
+        sum of squared deviations ``m2``): Chan et al.'s parallel formula, as if each value
+        had been added."""
+        if count <= 0:
+            return
+        total = self.count + count
+        delta = mean - self.mean
+        self.mean += delta * count / total
+        self.m2 += m2 + delta * delta * self.count * count / total
+        self.count = total
+
     @property
     def std(self) -> float:
         """Sample standard deviation (ddof=1); 0.0 for fewer than two values."""

@@ -1,0 +1,107 @@
+"""Per-iteration sums of a run of ordinary iteration records, on arrays (issue 16).
+
+The aggregator's record-by-record path (``RankAggregator._add_one``) defines the
+semantics; this module computes the same per-iteration, per-phase sums for the shape
+nearly every record has: records inside iterations, each iteration's records together
+and closed by its loop record. ``split_blocks`` refuses (returns None) any run it cannot
+do exactly that way, and the aggregator then takes it record by record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from markers import wire
+from markers.wire import P_END, P_FLAGS, P_GPU, P_ITERATION, P_PEAK, P_PHASE, P_START
+
+# A key packs (iteration, is validation); iterations outside this range take the slow path.
+MAX_ITERATION = 2**61
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """The iterations (blocks) of a run of records and their per-phase sums (groups).
+
+    Per block: ``last`` (row of its last record, the loop record when ``closed``),
+    ``first`` (row of its first record), ``validation`` (a validation iteration). Per
+    group (one phase of one block): ``block``, ``phase``, ``start_ns`` (its first
+    record's start), ``wall_ns`` (sum), ``gpu_ns`` (sum of the measured ones, -1 when
+    none), ``peak_bytes`` (max, -1 when none), ``order`` (row of its first record: the
+    order the phases came in).
+    """
+
+    first: np.ndarray
+    last: np.ndarray
+    closed: np.ndarray
+    validation: np.ndarray
+    block: np.ndarray
+    phase: np.ndarray
+    start_ns: np.ndarray
+    wall_ns: np.ndarray
+    gpu_ns: np.ndarray
+    peak_bytes: np.ndarray
+    order: np.ndarray
+
+
+def is_validation(records: np.ndarray) -> np.ndarray:
+    """Per record: recorded during validation."""
+    return (records[:, P_FLAGS] & wire.FLAG_VALIDATION) != 0
+
+
+def closes(records: np.ndarray, validation: np.ndarray) -> np.ndarray:
+    """Per record: the loop record of its kind (``validation``: per record, recorded
+    during validation), which closes its iteration."""
+    return records[:, P_PHASE] == np.where(validation, wire.VALIDATION_LOOP,
+                                           wire.TRAINING_LOOP)
+
+
+def split_blocks(records: np.ndarray, validation: np.ndarray) -> Blocks | None:
+    """The blocks and groups of ``records`` (in-iteration records, none flagged
+    incomplete or begin, no Epoch/Validation span); None when an iteration's records are
+    not together (another iteration's records come before its loop record) or an
+    iteration number is out of range. ``validation``: ``is_validation(records)``."""
+    iteration = records[:, P_ITERATION]
+    if iteration.min() < 0 or iteration.max() >= MAX_ITERATION:
+        return None
+    key = iteration * 2 + validation
+    loop = closes(records, validation)
+    changed = key[1:] != key[:-1]
+    if np.any(changed & ~loop[:-1]):
+        return None  # interleaved iterations: the record-by-record path decides cuts
+    begins = np.empty(len(records), dtype=bool)
+    begins[0] = True
+    begins[1:] = changed | loop[:-1]
+    first = np.flatnonzero(begins)
+    last = np.append(first[1:] - 1, len(records) - 1)
+    block = np.cumsum(begins) - 1
+    phase = records[:, P_PHASE]
+    group_key = block * (int(phase.max()) + 1) + phase
+    order = np.argsort(group_key, kind="stable")
+    sorted_key = group_key[order]
+    starts = np.flatnonzero(np.concatenate(([True], sorted_key[1:] != sorted_key[:-1])))
+    ordered = records[order]
+    gpu = ordered[:, P_GPU]
+    measured = gpu >= 0
+    gpu_sum = np.add.reduceat(np.where(measured, gpu, 0), starts)
+    gpu_count = np.add.reduceat(measured.astype(np.int64), starts)
+    return Blocks(
+        first=first, last=last, closed=loop[last], validation=validation[last],
+        block=block[order[starts]], phase=phase[order[starts]],
+        start_ns=ordered[starts, P_START],
+        wall_ns=np.add.reduceat(ordered[:, P_END] - ordered[:, P_START], starts),
+        gpu_ns=np.where(gpu_count > 0, gpu_sum, -1),
+        peak_bytes=np.maximum(np.maximum.reduceat(ordered[:, P_PEAK], starts), -1),
+        order=order[starts])
+
+
+def moments(groups: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray,
+                                                                np.ndarray, np.ndarray]:
+    """Per distinct value of ``groups``: (that value, count, mean, sum of squared
+    deviations) of ``values`` (the parts of a streaming mean and variance to merge)."""
+    keys, inverse = np.unique(groups, return_inverse=True)
+    counts = np.bincount(inverse, minlength=len(keys))
+    means = np.bincount(inverse, values, minlength=len(keys)) / counts
+    m2 = np.bincount(inverse, (values - means[inverse]) ** 2, minlength=len(keys))
+    return keys, counts, means, m2
