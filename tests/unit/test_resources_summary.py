@@ -3,6 +3,8 @@ hand-made samples with exact expected values."""
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 
@@ -221,3 +223,50 @@ def test_the_power_source_is_that_of_the_weighed_samples() -> None:
     samples = [gpu_sample(t, power_source="instant" if i == 0 else "energy")
                for i, t in enumerate(TIMES)]
     assert summarize_gpus(samples)[0].power_source == "energy"
+
+
+def overlap_by_hand(samples: list[GpuSample], intervals: list[tuple[str, int, int]],
+                    ) -> dict[str, tuple[float, int, float | None, float | None]]:
+    """The attribution written the plain way: every interval against every window."""
+    rounds = sorted({s.t_ns for s in samples})
+    out = {}
+    for label in dict.fromkeys(label for label, _, _ in intervals):
+        covered, windows, util, power = 0, set(), [0.0, 0.0], [0.0, 0.0]
+        for name, start, end in intervals:
+            for i in range(1, len(rounds)):
+                overlap = min(end, rounds[i]) - max(start, rounds[i - 1])
+                if name != label or overlap <= 0:
+                    continue
+                covered += overlap
+                windows.add(i)
+                for s in samples:
+                    if s.t_ns == rounds[i]:
+                        for acc, value in ((util, s.util_pct), (power, s.power_w)):
+                            if value is not None:
+                                acc[0] += overlap * value
+                                acc[1] += overlap
+        out[label] = (covered / 1e9, len(windows), util[0] / util[1] if util[1] else None,
+                      power[0] / power[1] if power[1] else None)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_attribution_matches_the_plain_computation(seed: int) -> None:
+    rng = random.Random(seed)
+    times = sorted(rng.sample(range(0, 20 * S, S // 10), rng.randint(0, 12)))
+    samples = [gpu_sample(t, index=g, util_pct=rng.choice([None, rng.uniform(0, 100)]),
+                          power_w=rng.choice([None, rng.uniform(50, 500)]))
+               for t in times for g in range(rng.randint(1, 3))]
+    intervals = []
+    for _ in range(rng.randint(1, 40)):
+        start = rng.randrange(-S, 21 * S)
+        intervals.append((rng.choice(["Forward", "Backward", "Epoch", "custom"]), start,
+                          start + rng.choice([0, rng.randrange(S // 100), rng.randrange(8 * S)])))
+    got = attribution(samples, intervals)
+    expected = overlap_by_hand(samples, intervals)
+    assert list(got) == list(expected)
+    for label, (covered_s, windows, util, power) in expected.items():
+        part = got[label]
+        assert (part.covered_s, part.n_samples) == (covered_s, windows), label
+        assert part.util_mean_pct == (pytest.approx(util) if util is not None else None)
+        assert part.power_mean_w == (pytest.approx(power) if power is not None else None)
