@@ -351,3 +351,54 @@ def test_ranks_write_their_own_files_and_the_summary_compares_them(
     assert re.search(r"^ +1 \| +4 \|", summary, re.M)
     assert json.loads((sidecar.root / "maps" / "run.json").read_text())["splits"]["0"][
         "ranks"] == [0, 1]
+
+
+def _busy(ns: int) -> int:
+    """Spin for about ``ns`` nanoseconds; returns how long it really took (the loop's own
+    clock)."""
+    start = time.perf_counter_ns()
+    while time.perf_counter_ns() - start < ns:
+        pass
+    return time.perf_counter_ns() - start
+
+
+def test_a_fast_loop_is_counted_and_timed_whole(sidecar: Sidecar) -> None:
+    """30 000 short iterations at full speed, with a validation inside a training
+    iteration now and then: the sidecar takes them in reads of many messages (the array
+    path); every measured iteration is counted and the streaming mean over all of them
+    matches the loop's own clock."""
+    iterations, warmup, cap = 30_000, 5, 50
+    forward_ns: list[int] = []
+    evaluation_ns: list[int] = []
+    with markers.start_run(out_dir="maps", warmup_iterations=warmup, num_measurements=cap,
+                           train_batch_size=2, val_batch_size=2) as run:
+        for i, _batch in enumerate(run.train_batches(range(iterations))):
+            with run.phase("forward"):
+                forward_ns.append(_busy(10_000 * (1 + i % 3)))
+            if i % 5000 == 4999:
+                with run.validation():
+                    for _ in run.val_batches(range(20)):
+                        with run.phase("evaluation"):
+                            evaluation_ns.append(_busy(5_000))
+    summary = (sidecar.split_dir() / "summary.log").read_text()
+    streaming = summary.split("All post-warmup measurements")[1]
+
+    def mean_and_count(label: str) -> tuple[float, int]:
+        match = re.search(rf"^ +{label} +\| (\S+) ± \S+ \[(\d+)\]", streaming, re.M)
+        assert match, label
+        return float(match[1]), int(match[2])
+
+    # Warmup counts every batch through the network: validation batches too.
+    measured = forward_ns[warmup:]
+    mean_s, count = mean_and_count("Forward")
+    assert count == len(measured)
+    truth_s = statistics.fmean(measured) / 1e9
+    assert abs(mean_s - truth_s) <= max(0.05 * truth_s, 3e-6), (mean_s, truth_s)
+    mean_s, count = mean_and_count("Evaluation")
+    assert count == len(evaluation_ns)
+    assert abs(mean_s - statistics.fmean(evaluation_ns) / 1e9) <= 3e-6
+    mean_s, count = mean_and_count("Iteration")
+    assert count == len(measured)
+    assert f"received {iterations * 3 + len(evaluation_ns) * 3 + 6 * 2}," in summary
+    frame = read_tsv(sidecar.split_dir() / "logs" / "computational.tsv")
+    assert frame["Forward (s)"].notna().sum() == cap
