@@ -34,9 +34,10 @@ LAST_STANDARD_ID = max(wire.PHASE_LABELS)  # standard ids are 1 (Training is der
 KNOWN_FLAGS = (wire.FLAG_IN_ITERATION | wire.FLAG_VALIDATION | wire.FLAG_GPU_DROPPED
                | wire.FLAG_INCOMPLETE | wire.FLAG_BEGIN)
 # Records of a run we have not heard the hello of yet (a restarted sidecar) wait this long
-# for the markers' periodic hello, at most this many messages in all.
+# for the markers' periodic hello, at most this many records in all (~18 MB: bounded in
+# bytes, whatever the size of the messages).
 PENDING_S = 5.0
-PENDING_MESSAGES = 10_000
+PENDING_RECORDS = 200_000
 # A payload sent in parts (a saved state) may not grow past this.
 MAX_PAYLOAD_BYTES = 1 << 30
 
@@ -178,7 +179,7 @@ class Registry:
         self.records_received = 0
         self.last_error: str | None = None  # the latest refusal or write error, for status
         self._pending: dict[bytes, list[tuple[float, wire.Header, np.ndarray]]] = {}
-        self._pending_count = 0
+        self._pending_records = 0
 
     # -- rejects --------------------------------------------------------------------
 
@@ -514,16 +515,17 @@ class Registry:
         return records if good.all() else records[good]
 
     def _hold(self, header: wire.Header, values: np.ndarray, now: float) -> None:
-        if self._pending_count >= PENDING_MESSAGES:
+        if self._pending_records + len(values) > PENDING_RECORDS:
             self.reject("unknown_run", f"records for run {header.run_id.hex()} that never said "
                         "hello", len(values))
             return
-        self._pending.setdefault(header.run_id, []).append((now, header, values))
-        self._pending_count += 1
+        # a copy: a view would keep the whole read's decoded records alive
+        self._pending.setdefault(header.run_id, []).append((now, header, values.copy()))
+        self._pending_records += len(values)
 
     def _replay_pending(self, run_id: bytes) -> None:
         held = self._pending.pop(run_id, [])
-        self._pending_count -= len(held)
+        self._pending_records -= sum(len(values) for _, _, values in held)
         for now, header, values in held:
             self.records(header, values, now)
 
@@ -536,7 +538,7 @@ class Registry:
             if expired:
                 self.reject("unknown_run", f"records for run {run_id.hex()} that never said "
                             "hello", expired)
-            self._pending_count -= len(held) - len(keep)
+            self._pending_records -= expired
             if keep:
                 self._pending[run_id] = keep
             else:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from markers import wire
-from sidecar.ingest.streams import Registry
+from sidecar.ingest.streams import PENDING_RECORDS, PENDING_S, Registry
 from tests.support.frames import Client
 
 
@@ -86,3 +86,22 @@ def test_records_before_the_hello_wait_then_count(tmp_path: Path) -> None:
     assert registry.records_received == 0
     registry.hello(wire.decode_header(hello_frame), wire.decode_control(hello_frame), 11.0)
     assert registry.records_received == 5
+
+
+def test_records_held_for_a_hello_are_bounded_in_records(tmp_path: Path) -> None:
+    """A flood of records for runs that never say hello: held up to PENDING_RECORDS in
+    all (a few large messages as many small ones), the rest rejected and counted."""
+    registry = Registry(lambda out_dir, cwd, owner: tmp_path / out_dir)
+    per_message = 40_000
+    sent = 0
+    for _ in range(8):
+        frame = Client().records(per_message)
+        registry.records(wire.decode_header(frame), wire.decode_records(frame), now=10.0)
+        sent += per_message
+    held = PENDING_RECORDS // per_message * per_message
+    assert registry.rejected["unknown_run"] == sent - held
+    registry.expire_pending(now=10.0 + PENDING_S)
+    assert registry.rejected["unknown_run"] == sent
+    frame = Client().records(PENDING_RECORDS)  # room again once they expired
+    registry.records(wire.decode_header(frame), wire.decode_records(frame), now=20.0)
+    assert registry.rejected["unknown_run"] == sent
