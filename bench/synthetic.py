@@ -32,11 +32,14 @@ def decoded(slots: list[int]) -> array:
     return wire.decode_records(frame)
 
 
-def training_records(iterations: int, per_message: int = 256) -> Iterator[array]:
-    """Decoded records of ``iterations`` iterations, about ``per_message`` per batch."""
+def training_records(iterations: int, per_message: int = 256,
+                     first: int = 0) -> Iterator[array]:
+    """Decoded records of ``iterations`` iterations numbered from ``first``, about
+    ``per_message`` per batch."""
     per = max(1, per_message // RECORDS_PER_ITERATION)
-    for first in range(0, iterations, per):
+    end = first + iterations
+    for begin in range(first, end, per):
         slots: list[int] = []
-        for i in range(first, min(first + per, iterations)):
+        for i in range(begin, min(begin + per, end)):
             slots += iteration_slots(i)
         yield decoded(slots)

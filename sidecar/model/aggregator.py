@@ -32,9 +32,11 @@ Semantics (SPEC §4, docs/iteration-model.md):
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from itertools import pairwise
+from operator import attrgetter
+from typing import Any
 
 import numpy as np
 
@@ -52,6 +54,7 @@ from markers.wire import (
     P_START,
 )
 from sidecar.model.blocks import Blocks, is_validation, moments, split_blocks
+from sidecar.model.rowcache import RowCache
 from sidecar.model.stats import Welford
 from sidecar.model.units import BYTES_PER_MIB, NS_PER_S
 
@@ -97,6 +100,18 @@ class Row:
 ROW_FIELDS = tuple(f.name for f in fields(Row))
 
 
+def row_columns(rows: list[Row]) -> dict[str, list[Any]]:
+    """``rows`` as the state holds them: one list of values per Row field (schema 4)."""
+    return {name: list(map(attrgetter(name), rows)) for name in ROW_FIELDS}
+
+
+def rows_from_columns(columns: dict[str, list[Any]]) -> list[Row]:
+    """Inverse of ``row_columns``; KeyError for a missing field, ValueError for columns of
+    different lengths."""
+    return [Row(*values) for values in zip(*(columns[name] for name in ROW_FIELDS),
+                                           strict=True)]
+
+
 @dataclass
 class PhaseSeries:
     """The stored rows of a phase, its streaming figures over all measurements, and its
@@ -106,6 +121,13 @@ class PhaseSeries:
     wall: Welford = field(default_factory=Welford)
     gpu: Welford = field(default_factory=Welford)
     flagged: list[Row] = field(default_factory=list)
+    # What the writers derived from ``rows`` and ``flagged`` (their text), per row once.
+    cache: RowCache = field(default_factory=RowCache, compare=False, repr=False)
+
+
+# How the state holds one list of stored rows of a rank, given (aggregator, phase, "rows" or
+# "flagged"); by default ``row_columns``, the writers pass their cached text.
+RowsState = Callable[["RankAggregator", int, str], Any]
 
 
 @dataclass
@@ -603,8 +625,17 @@ class RankAggregator:
 
     # -- state ----------------------------------------------------------------------
 
-    def to_state(self) -> dict:
-        """Everything needed to resume: JSON-serialisable, see ``sidecar.model.state``."""
+    def to_state(self, rows_state: RowsState | None = None) -> dict:
+        """Everything needed to resume: JSON-serialisable, see ``sidecar.model.state``.
+
+        ``rows_state`` gives each list of stored rows its value in the state (default: its
+        columns, ``row_columns``).
+        """
+        def rows_of(phase: int, which: str) -> Any:
+            if rows_state is None:
+                return row_columns(getattr(self.series[phase], which))
+            return rows_state(self, phase, which)
+
         return {
             "rank": self.rank,
             "run_start_unix": self.run_start_unix,
@@ -620,12 +651,10 @@ class RankAggregator:
             "aligned_custom": sorted(self.aligned_custom),
             "sessions": [asdict(s) for s in self.sessions],
             "series": {
-                str(phase): {"rows": [{name: getattr(r, name) for name in ROW_FIELDS}
-                                      for r in s.rows],  # asdict is 10x slower on 10^5 rows
+                str(phase): {"rows": rows_of(phase, "rows"),
                              "wall": s.wall.to_list(),
                              "gpu": s.gpu.to_list(),
-                             "flagged": [{name: getattr(r, name) for name in ROW_FIELDS}
-                                         for r in s.flagged]}
+                             "flagged": rows_of(phase, "flagged")}
                 for phase, s in self.series.items()
             },
         }
@@ -660,8 +689,8 @@ class RankAggregator:
         # A session appended by begin_session measures from its own start; the sessions
         # above no longer count (their effective time is training_before_s).
         self.series = {
-            int(phase): PhaseSeries([Row(**r) for r in s["rows"]], Welford.from_list(s["wall"]),
+            int(phase): PhaseSeries(rows_from_columns(s["rows"]), Welford.from_list(s["wall"]),
                                     Welford.from_list(s["gpu"]),
-                                    [Row(**r) for r in s.get("flagged", [])])
+                                    rows_from_columns(s["flagged"]))
             for phase, s in state["series"].items()
         }

@@ -6,7 +6,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from sidecar.model.aggregator import RankAggregator, Settings
+from sidecar.model.aggregator import RankAggregator, RowsState, Settings
 
 STATUS_ORDER = ("running", "completed", "incomplete", "failed")  # later ones win
 
@@ -68,8 +68,9 @@ class Split:
             self.status, self.cause = status, cause
         self.dirty = True
 
-    def to_state(self) -> dict[str, Any]:
-        """The split's state for ``sidecar.model.state`` (schema there)."""
+    def to_state(self, rows_state: RowsState | None = None) -> dict[str, Any]:
+        """The split's state for ``sidecar.model.state`` (schema there); ``rows_state`` as
+        in ``RankAggregator.to_state``."""
         return {
             "split": self.split,
             "settings": asdict(self.settings),
@@ -79,7 +80,7 @@ class Split:
             "received": self.received,
             "gaps": [list(g) for g in self.gaps],
             "rejected": self.rejected,
-            "ranks": {str(r): agg.to_state() for r, agg in self.ranks.items()},
+            "ranks": {str(r): agg.to_state(rows_state) for r, agg in self.ranks.items()},
         }
 
     def load_state(self, state: dict[str, Any], rank: int,

@@ -19,10 +19,12 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
+import numpy as np
+
 from markers import wire
 from sidecar.model.aggregator import PhaseSeries, RankAggregator
 from sidecar.model.stats import Welford
-from sidecar.sinks import layout
+from sidecar.sinks import layout, rowtext
 
 
 def _title_line(title: str) -> str:
@@ -42,7 +44,7 @@ RESOURCES = "Resources"
 _RANK_ROWS = tuple(r for r in layout.TRAIN_ROWS if r.phase not in (wire.TRAINING, wire.EPOCH))
 
 
-def cell(values: Sequence[float]) -> str:
+def cell(values: Sequence[float] | np.ndarray) -> str:
     """``mean ± std [n]`` in %.2e with the sample std (n − 1), ``mean [1]`` for one value,
     '' for none.
 
@@ -50,7 +52,7 @@ def cell(values: Sequence[float]) -> str:
     that falls on a rounding tie of %.2e (exact values such as 6.875e-04) then prints the
     reference's digits, not those of a differently rounded sum.
     """
-    if not values:
+    if len(values) == 0:
         return ""
     if len(values) == 1:
         return f"{values[0]:.2e} [1]"
@@ -79,23 +81,23 @@ def _header() -> str:
             f"{'GPU Max Memory (MB)':^25}").rstrip()
 
 
-def _stored(series: PhaseSeries | None, attribute: str) -> list[float]:
-    if series is None:
-        return []
-    values = [getattr(r, attribute) for r in series.rows]
-    return [v for v in values if v is not None]
+def _stored(agg: RankAggregator, phase: int, attribute: str) -> np.ndarray:
+    """The measured values of ``attribute`` (``wall_s``, ``gpu_s``, ``peak_mib``) of the
+    stored rows of ``phase``, in row order (from the writers' cache: rowtext.py)."""
+    values = getattr(rowtext.texts(agg, phase), attribute)
+    return values[~np.isnan(values)]
 
 
 def _phase_lines(agg: RankAggregator, rows: Sequence[layout.PhaseRow],
                  on_gpu: bool) -> list[str]:
     out = []
     for row in rows:
-        series = agg.series.get(row.phase)
         time = [agg.training_s()] if row.phase == wire.TRAINING and agg.sessions else _stored(
-            series, "wall_s")
+            agg, row.phase, "wall_s")
         gpu = mem = ""
         if on_gpu and row.gpu:
-            gpu, mem = cell(_stored(series, "gpu_s")), cell(_stored(series, "peak_mib"))
+            gpu, mem = (cell(_stored(agg, row.phase, "gpu_s")),
+                        cell(_stored(agg, row.phase, "peak_mib")))
         out.append(table_line(" " * row.indent + row.summary_label, cell(time), gpu, mem))
     return out
 
@@ -106,22 +108,21 @@ def _throughput_lines(agg: RankAggregator, loop_phase: int, gpu_phases: Sequence
     row holds batch size × the batches its step really held (a short last accumulation
     step counts its own, SPEC §3); GPU throughput: the mean samples per stored step over
     the mean GPU seconds of the ``gpu_phases`` added up."""
-    series = agg.series.get(loop_phase)
-    rows = series.rows if series is not None else []
-    if not rows:
+    rows = rowtext.texts(agg, loop_phase)
+    if not rows.lines:
         return ["Throughput: no measurement"]
-    known = [r for r in rows if r.batch_size is not None]
+    known = len(rows.known_wall_s)
     if not known:
         return ["Throughput: unknown (batch size not given and not readable from the batches)"]
-    samples = sum(r.batch_size * r.batches for r in known)  # type: ignore[operator]
-    out = [f"Throughput: {samples / sum(r.wall_s for r in known):.2f} images/s"]
-    if len(known) < len(rows):
-        out[0] += f" (over the {len(known)} of {len(rows)} iterations of known batch size)"
+    samples = rows.samples
+    out = [f"Throughput: {samples / sum(rows.known_wall_s):.2f} images/s"]
+    if known < len(rows.lines):
+        out[0] += f" (over the {known} of {len(rows.lines)} iterations of known batch size)"
     if on_gpu:
-        gpu_means = [_stored(agg.series.get(p), "gpu_s") for p in gpu_phases]
+        gpu_means = [_stored(agg, p, "gpu_s").tolist() for p in gpu_phases]
         gpu_s = sum(statistics.fmean(v) for v in gpu_means if v)
         if gpu_s > 0:
-            out.append(f"GPU throughput: {samples / len(known) / gpu_s:.2f} images/s")
+            out.append(f"GPU throughput: {samples / known / gpu_s:.2f} images/s")
     return out
 
 
@@ -157,10 +158,10 @@ def _custom_lines(agg: RankAggregator, on_gpu: bool) -> list[str]:
         return []
     out = ["Custom phases (stored rows):"]
     for phase in custom:
-        series = agg.series[phase]
-        gpu = cell(_stored(series, "gpu_s")) if on_gpu else ""
-        mem = cell(_stored(series, "peak_mib")) if on_gpu else ""
-        out.append(table_line(agg.custom_names[phase], cell(_stored(series, "wall_s")), gpu, mem))
+        gpu = cell(_stored(agg, phase, "gpu_s")) if on_gpu else ""
+        mem = cell(_stored(agg, phase, "peak_mib")) if on_gpu else ""
+        out.append(table_line(agg.custom_names[phase], cell(_stored(agg, phase, "wall_s")),
+                              gpu, mem))
     return out
 
 
@@ -175,7 +176,7 @@ def _rank_lines(ranks: Sequence[RankAggregator]) -> list[str]:
     for agg in ranks:
         means = []
         for row, width in zip(_RANK_ROWS, widths, strict=True):
-            values = _stored(agg.series.get(row.phase), "wall_s")
+            values = _stored(agg, row.phase, "wall_s").tolist()
             means.append(f"{statistics.fmean(values):>{width}.2e}" if values else " " * width)
         out.append(" | ".join([f"{agg.rank:>6}", f"{agg.stored_iterations[False]:>10}",
                                *means]))

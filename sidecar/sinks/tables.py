@@ -1,112 +1,90 @@
 """The tab-separated tables: ``computational.tsv`` (wide, the reference's columns) and
-``phases.tsv`` (long, one row per stored measurement). Built column by column as numpy
-arrays into pandas frames, written by ``sidecar.sinks.writer``.
+``phases.tsv`` (long, one row per stored measurement), written by ``sidecar.sinks.writer``.
 
-A cap near 10⁵ makes these tables 10⁵–10⁶ rows long and every checkpoint rewrites them,
-so ``to_tsv`` formats whole columns at once (``tolist`` and ``repr``/``str`` over each
-column, one join per row) instead of pandas' row-by-row ``to_csv``; the text is the
-same as ``to_csv(sep="\\t", na_rep="")`` would write. pandas is imported only here and
-only when a file is written, so an idle sidecar does not carry it.
+A cap near 10⁵ makes these tables 10⁵–10⁶ rows long and every checkpoint rewrites them.
+Their rows' text is formatted once per stored row and kept (``sidecar.sinks.rowtext``);
+a write joins the kept text: phases.tsv ordered by start time, computational.tsv row
+*i* from the *i*-th stored row of each phase. The text is what pandas'
+``to_csv(sep="\\t", na_rep="")`` writes for the same table (tests/unit/test_tables.py
+compares them).
+
+``to_tsv`` writes any other frame (resources.tsv, the report's tables) the same way,
+column by column (``tolist`` and ``repr``/``str`` over each column, one join per row)
+instead of pandas' row-by-row ``to_csv``. pandas is imported only when a file is
+written, so an idle sidecar does not carry it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from operator import attrgetter
+from collections.abc import Iterable
+from itertools import chain, repeat
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from markers import wire
-from sidecar.model.aggregator import RankAggregator, Row
-from sidecar.sinks import layout
+from sidecar.model.aggregator import RankAggregator
+from sidecar.sinks import layout, rowtext
+from sidecar.sinks.rowtext import quoted
 
 if TYPE_CHECKING:
     import pandas as pd
 
 # The 22 columns of computational.tsv after "measurement #", in order: label, phase and
 # the Row attribute that fills it. Training is filled from the sessions instead.
-_TIME, _GPU, _PEAK = "wall_s", "gpu_s", "peak_mib"
 COLUMNS: list[tuple[str, int, str]] = [
-    column
+    (f"{row.column}{suffix}", row.phase, field)
     for row in layout.PHASE_ROWS
-    for column in ([(f"{row.column} (s)", row.phase, _TIME)] + (
-        [(f"{row.column} GPU (s)", row.phase, _GPU),
-         (f"{row.column} GPU max memory (MB)", row.phase, _PEAK)] if row.gpu else []))
+    for suffix, field in zip((" (s)", " GPU (s)", " GPU max memory (MB)")[:1 + 2 * row.gpu],
+                             rowtext.SEGMENT_FIELDS[row.gpu], strict=True)
 ]
-
-PHASES_COLUMNS = ["phase", "epoch", "iteration", "batch", "rank", "session", "start (s)",
-                  "wall (s)", "GPU (s)", "GPU peak (MB)", "batch size", "batches", "flag"]
-# The Row attributes behind PHASES_COLUMNS (phase and rank come from elsewhere).
-_PHASES_ATTRIBUTES = {"epoch": "epoch", "iteration": "iteration", "batch": "batch",
-                      "session": "session", "start (s)": "start_s", "wall (s)": "wall_s",
-                      "GPU (s)": "gpu_s", "GPU peak (MB)": "peak_mib",
-                      "batch size": "batch_size", "batches": "batches", "flag": "flag"}
-_INTEGER = frozenset({"epoch", "iteration", "batch", "rank", "session", "batches"})
-_TEXT = frozenset({"flag"})
+PHASES_COLUMNS = [label for label, _ in rowtext.PHASES_CELLS]
 
 
-def _column(rows: Sequence[Row], attribute: str, dtype: str = "float64") -> np.ndarray:
-    """One attribute of every row as an array (None, not measured, becomes NaN)."""
-    return np.array(list(map(attrgetter(attribute), rows)), dtype=dtype)
+def _text(header: Iterable[str], lines: Iterable[str]) -> str:
+    """A table's text: its header cells, then its lines, each ended by a newline."""
+    return "\n".join(chain(["\t".join(map(quoted, header))], lines)) + "\n"
 
 
-def computational_frame(agg: RankAggregator) -> pd.DataFrame:
-    """The wide table of ``agg``: the 22 standard columns, then one per custom phase.
-
-    Columns of different lengths leave their tail empty (NaN, written as an empty cell).
-    """
-    import pandas as pd
-
-    columns: dict[str, pd.Series] = {}
-    for label, phase, attribute in COLUMNS:
-        if phase == wire.TRAINING:
-            values = np.array([agg.training_s()] if agg.sessions else [], dtype="float64")
+def computational_text(agg: RankAggregator) -> str:
+    """The wide table of ``agg``: the 22 standard columns, then one per custom phase, row
+    *i* holding the *i*-th stored row of each phase; the shorter columns leave their tail
+    empty."""
+    header = [layout.INDEX_LABEL, *(label for label, _, _ in COLUMNS)]
+    # One segment per phase: its cells of each row (see rowtext.SEGMENT_FIELDS), and the
+    # text of its empty cells.
+    segments: list[tuple[list[str], str]] = []
+    for row in layout.PHASE_ROWS:
+        empty = "\t" * (len(rowtext.SEGMENT_FIELDS[row.gpu]) - 1)
+        if row.phase == wire.TRAINING:
+            cells = [rowtext.table_float(agg.training_s())] if agg.sessions else []
         else:
-            series = agg.series.get(phase)
-            values = _column(series.rows if series else [], attribute)
-        columns[label] = pd.Series(values, dtype="float64")
+            cells = rowtext.texts(agg, row.phase).segments
+        segments.append((cells, empty))
     for phase in agg.measured_custom():
-        columns[f"{agg.custom_names[phase]} (s)"] = pd.Series(
-            _column(agg.series[phase].rows, _TIME), dtype="float64")
-    frame = pd.DataFrame(columns)
-    frame.index.name = layout.INDEX_LABEL
-    return frame
+        header.append(f"{agg.custom_names[phase]} (s)")
+        segments.append((rowtext.texts(agg, phase).segments, ""))
+    count = max(len(cells) for cells, _ in segments)
+    columns = [chain(cells, repeat(empty, count - len(cells))) for cells, empty in segments]
+    return _text(header, map("\t".join, zip(map(str, range(count)), *columns,
+                                                     strict=True)))
 
 
-def phases_frame(agg: RankAggregator) -> pd.DataFrame:
+def phases_text(agg: RankAggregator) -> str:
     """The long table of ``agg``: one row per stored measurement and per flagged row (cut
     short, or outside any iteration: ``flag`` says which), ordered by start time (a
-    stable sort: rows that start together keep the phases' order). ``batches`` is the
+    stable sort of each phase's stored rows then flagged rows, phases in the order of
+    ``agg.series``: rows that start together keep that order). ``batches`` is the
     batches of the row's iteration (0 outside iterations)."""
-    import pandas as pd
-
-    parts = [(phase, series.rows + series.flagged) for phase, series in agg.series.items()
-             if series.rows or series.flagged]
-    labels = np.array([wire.phase_label(phase, agg.custom_names) for phase, _ in parts],
-                      dtype=object)
-    owner = np.repeat(np.arange(len(parts)), [len(rows) for _, rows in parts])
-    rows = [row for _, phase_rows in parts for row in phase_rows]
-    columns: dict[str, np.ndarray] = {"phase": labels[owner] if len(parts) else
-                                      np.array([], dtype=object)}
-    for name in PHASES_COLUMNS[1:]:
-        if name == "rank":
-            columns[name] = np.full(len(rows), agg.rank, dtype="int64")
-        else:
-            columns[name] = _column(rows, _PHASES_ATTRIBUTES[name],
-                                    "int64" if name in _INTEGER else
-                                    "object" if name in _TEXT else "float64")
-    order = np.argsort(columns["start (s)"], kind="stable")
-    frame = pd.DataFrame({name: values[order] for name, values in columns.items()})
-    frame["batch size"] = frame["batch size"].astype("Int64")  # loop rows only: an integer
-    return frame
-
-
-def _quoted(text: str) -> str:
-    """A cell as the csv module's minimal quoting writes it with a tab separator."""
-    if any(c in text for c in '\t"\n\r'):
-        return '"' + text.replace('"', '""') + '"'
-    return text
+    parts = [rowtext.texts(agg, phase, which) for phase, series in agg.series.items()
+             for which in ("rows", "flagged") if getattr(series, which)]
+    lines = list(chain.from_iterable(part.lines for part in parts))
+    if len(parts) > 1:
+        starts = np.concatenate([part.start_s for part in parts])
+        if not (starts[1:] >= starts[:-1]).all():  # NaN too: argsort puts it last
+            lines = list(map(lines.__getitem__,
+                             np.argsort(starts, kind="stable").tolist()))
+    return _text(PHASES_COLUMNS, lines)
 
 
 def _cells(values: pd.Series | pd.Index) -> list[str]:
@@ -120,7 +98,7 @@ def _cells(values: pd.Series | pd.Index) -> list[str]:
         cells = list(map(str, values.tolist()))
     else:  # text or mixed: few distinct values, each formatted once (missing ones below)
         items = values.tolist()
-        distinct = {item: _quoted(str(item)) for item in set(items)}
+        distinct = {item: quoted(str(item)) for item in set(items)}
         cells = [distinct[item] for item in items]
     if missing.any():
         for i in np.flatnonzero(missing).tolist():
@@ -131,10 +109,10 @@ def _cells(values: pd.Series | pd.Index) -> list[str]:
 def to_tsv(frame: pd.DataFrame, index: bool) -> str:
     """Tab-separated text of ``frame``; missing values as empty cells (the text of
     ``frame.to_csv(sep="\\t", na_rep="", index=index, lineterminator="\\n")``)."""
-    header = [_quoted(str(name)) for name in frame.columns]
+    header = [quoted(str(name)) for name in frame.columns]
     columns = [_cells(frame[name]) for name in frame.columns]
     if index:
-        header.insert(0, _quoted(frame.index.name or ""))
+        header.insert(0, quoted(frame.index.name or ""))
         columns.insert(0, _cells(frame.index))
     lines = ["\t".join(header)]
     lines += map("\t".join, zip(*columns, strict=True)) if columns else [""] * len(frame)

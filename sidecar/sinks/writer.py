@@ -22,7 +22,7 @@ from typing import Any
 from sidecar.model import state
 from sidecar.model.split import Split
 from sidecar.resources.monitor import ResourceFigures
-from sidecar.sinks import layout, resources_text, summary, tables
+from sidecar.sinks import layout, resources_text, rowtext, summary, tables
 from sidecar.sinks.atomic import WriteBytes, rewrite_in_place, write_atomic
 from sidecar.sinks.locks import folder_lock
 
@@ -161,11 +161,10 @@ def render(split: Split, resources: ResourceFigures, counts: RecordCounts,
     files: dict[Path, str] = {}
     ranks = [split.ranks[r] for r in sorted(split.ranks)]
     for agg in ranks:
-        for path, frame, index in (
-                (split.logs_dir / layout.computational_file(agg.rank),
-                 tables.computational_frame(agg), True),
-                (split.logs_dir / layout.phases_file(agg.rank), tables.phases_frame(agg), False)):
-            files[path] = tables.to_tsv(frame, index=index)
+        for path, table in (
+                (split.logs_dir / layout.computational_file(agg.rank), tables.computational_text),
+                (split.logs_dir / layout.phases_file(agg.rank), tables.phases_text)):
+            files[path] = table(agg)
             on_progress(path.name)
     block = None
     if ranks:
@@ -180,7 +179,9 @@ def render(split: Split, resources: ResourceFigures, counts: RecordCounts,
         files[split.logs_dir / layout.RESOURCES_FILE] = tables.to_tsv(frame, index=False)
         on_progress(layout.RESOURCES_FILE)
     if with_state:
-        files[state.state_path(split.split_dir)] = state.dumps(split.to_state())
+        # the stored rows from the text kept since the last write (rowtext.py)
+        files[state.state_path(split.split_dir)] = state.dumps(
+            split.to_state(rowtext.state_rows))
         on_progress(state.FILE_NAME)
     return files, block
 

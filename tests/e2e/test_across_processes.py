@@ -212,12 +212,13 @@ def test_a_resume_that_died_keeps_the_lineage(serve, short_tmp: Path) -> None:
 
 # -- states of any size; checkpoint and state calls kept out of the iteration --------------
 
-def test_a_state_of_cap_10000_travels_and_checkpoint_returns_at_once(serve,
+def test_a_state_of_cap_25000_travels_and_checkpoint_returns_at_once(serve,
                                                                       short_tmp: Path) -> None:
     sidecar = serve()
     out = short_tmp / "root" / "big"
     kept = short_tmp / "kept.json"
-    common = ["--out-dir", str(out), "--cap", "10000", "--iters", "10000", "--sleep", "0",
+    # 25 000 iterations: a state over the socket cap (rows as columns: ~200 B an iteration)
+    common = ["--out-dir", str(out), "--cap", "25000", "--iters", "25000", "--sleep", "0",
               "--warmup", "0", "--epochs", "1", "--give-batch-size"]
     finished(job(short_tmp, *common, "--state-out", str(kept), "--state-in-loop", "5000",
                  "--progress", str(short_tmp / "p1.json"), endpoint=sidecar.endpoint), 300)
@@ -237,7 +238,7 @@ def test_a_state_of_cap_10000_travels_and_checkpoint_returns_at_once(serve,
     assert list(epochs.epoch) == [0, 1] and list(epochs.session) == [0, 1]
     counted = re.search(r"^\s+Iteration\s+\|[^\[]*\[(\d+)\]", summary_of(out).split(
         "All post-warmup measurements")[1], re.M)
-    assert int(counted[1]) == 20000  # the resumed session's records all arrived
+    assert int(counted[1]) == 50000  # the resumed session's records all arrived
 
 
 def test_finish_waits_while_the_sidecar_writes_and_gives_up_when_it_is_stuck(

@@ -125,6 +125,6 @@ def test_unwritable_output_is_reported_kept_and_written_later(serve, short_tmp: 
     assert "run/run.json" in files and "run/training/split-0/summary.log" in files
     assert json.loads((disk.root / "run" / "run.json").read_text())["status"] == "completed"
     state = json.loads((split_dir(disk.root / "run") / "sidecar-state.json").read_text())
-    epochs = [r["epoch"] for r in state["ranks"]["0"]["series"]["1"]["rows"]]
+    epochs = state["ranks"]["0"]["series"]["1"]["rows"]["epoch"]  # rows as columns
     assert epochs[:before] == list(range(before))  # epochs from before the heal were kept
     assert sidecar.status()["last_error"]  # the last error stays visible as history

@@ -58,7 +58,7 @@ def test_resume_after_sigkill_continues_every_count(serve, short_tmp: Path) -> N
     first.wait(10)
     wait_for(lambda: run_json(out).get("status") == "incomplete", 10, "the death noticed")
     saved = json.loads(state.state_path(split_dir(out)).read_text())["ranks"]["0"]
-    saved_epochs = len(saved["series"][str(markers.wire.EPOCH)]["rows"])
+    saved_epochs = len(saved["series"][str(markers.wire.EPOCH)]["rows"]["epoch"])
     saved_iterations = saved["stored_iterations"]["train"]
     saved_counted = saved["series"][str(markers.wire.TRAINING_LOOP)]["wall"][0]
     time.sleep(1.0)  # downtime

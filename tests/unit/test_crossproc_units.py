@@ -1,5 +1,5 @@
 """The pieces behind issue 14, in-process: the batch sizes the markers read, summary.log
-rewritten in place with others appending, the state's schema 3 and lineage, the split
+rewritten in place with others appending, the state's upgrade and lineage, the split
 claim between two holders, resource figures merged over sessions."""
 
 from __future__ import annotations
@@ -115,10 +115,11 @@ def _state_2() -> dict:
 
 def test_schema_2_rows_get_the_one_batch_size_and_the_lineage_is_the_first_run() -> None:
     upgraded = state.upgrade(_state_2())
-    assert upgraded["schema"] == 3 and "batch_sizes" not in upgraded
-    series = upgraded["ranks"]["0"]["series"]
-    assert series["2"]["rows"][0]["batch_size"] == 16  # Training loop
-    assert "batch_size" not in series["4"]["rows"][0]  # Forward: loop rows only
+    assert upgraded["schema"] == state.SCHEMA and "batch_sizes" not in upgraded
+    series = upgraded["ranks"]["0"]["series"]  # rows as columns since schema 4
+    assert series["2"]["rows"]["batch_size"] == [16]  # Training loop
+    assert series["4"]["rows"]["batch_size"] == [None]  # Forward: loop rows only
+    assert series["4"]["rows"]["wall_s"] == [0.1] and series["4"]["flagged"]["flag"] == []
     assert state.lineage(upgraded, 0) == "abc"
     assert state.lineage(upgraded, 1) == ""
 
