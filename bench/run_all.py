@@ -124,8 +124,10 @@ def headline_rows(figures: dict[str, dict[str, Any]]) -> list[str]:
         ("sidecar RSS: idle / peak over 10⁷ records",
          f"{_fmt(figures, 'ingest', 'rss_idle_mb', lambda v: f'{v:.0f} MB')} / "
          f"{_fmt(figures, 'ingest', 'rss_peak_mb', lambda v: f'{v:.0f} MB')}", "≤ 100 MB"),
-        ("checkpoint write, num_measurements = 10⁵",
-         _fmt(figures, "write_cap", "seconds_top", lambda v: f"{v:.2f} s"), "< 1 s"),
+        ("checkpoint write, num_measurements = 10⁵ (first write of a split, every row "
+         "formatted)",
+         f"{_fmt(figures, 'write_cap', 'seconds_top', lambda v: f'{v:.2f} s')} "
+         f"({_fmt(figures, 'write_cap', 'first_top', lambda v: f'{v:.2f} s')})", "< 1 s"),
     ]
     return ["| figure | measured | target |", "|---|---:|---|",
             *(f"| {name} | {value} | {target} |" for name, value, target in rows)]
