@@ -1,6 +1,6 @@
 """The markers' record buffer: wire slots in a preallocated array, sent in batches.
 
-A phase writes three integers into ``slots`` at ``n`` (see ``markers.wire``) and calls
+A phase packs one slot (three integers) into ``slots`` at ``n`` (see ``markers.wire``) and calls
 ``flush`` once ``n`` reaches ``flush_at`` or its end time passes ``deadline_ns``; nothing
 else happens per phase on a CPU. On a GPU a phase also reserves a GPU slot, filled once
 its CUDA events have completed (GPU time, peak, and the GPU start's lag behind the host
@@ -27,8 +27,11 @@ from markers import wire
 from markers.forks import ChildCounts
 from markers.transport import Sender
 
-FLUSH_RECORDS = wire.FLUSH_SLOTS  # per message: ~6 KiB, the ~20 µs cost of a send spread thin
-FLUSH_AGE_NS = 50_000_000  # and at least every 50 ms while phases keep ending
+FLUSH_RECORDS = wire.FLUSH_SLOTS  # per message: ~24 KiB, the ~20 µs cost of a send spread thin
+# With GPU timing each phase holds an event pair of the timer's pool (256) until a flush
+# polls it: flush sooner so the pool never runs dry between flushes.
+GPU_FLUSH_RECORDS = 256
+FLUSH_AGE_NS = 250_000_000  # and at least every 250 ms while phases keep ending
 HELLO_EVERY_NS = 2_000_000_000  # re-announce the run so a restarted sidecar picks it up
 GPU_DRAIN_S = 5.0  # the bounded wait for pending GPU times at finish
 _SLOTS = wire.SLOT_WIDTH
@@ -77,6 +80,13 @@ class RecordBuffer:
                 return False
             del self._undeclared[0]
         return True
+
+    def use_gpu(self, timer: Any) -> None:
+        """From now on phases carry GPU slots timed by ``timer`` (``markers.gpu.GpuTimer``);
+        what was recorded before is sent first, as it has none."""
+        self.flush()
+        self.gpu = timer
+        self.flush_at = GPU_FLUSH_RECORDS * _SLOTS
 
     def recorded_since_context(self) -> bool:
         """Whether any phase was recorded since the last ``set_context``."""

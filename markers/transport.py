@@ -127,6 +127,20 @@ class Sender:
         """Send one control message; False when it could not be queued."""
         return self._send(wire.encode_control(self._header(wire.KIND_CONTROL), body))
 
+    def wait_for_room(self, timeout_s: float) -> bool:
+        """Wait at most ``timeout_s`` seconds until one more message can be queued (a
+        sidecar that is behind frees the queue as it reads). False at once without a
+        connected sidecar, or when it took nothing in time."""
+        if os.getpid() != self._pid or not self.connected:
+            return False
+        return bool(self._socket.poll(max(0, int(timeout_s * 1000)) + 1, zmq.POLLOUT))
+
+    def _queue_waiting(self, body: dict[str, Any], timeout_s: float, limit: float) -> bool:
+        """Queue a request's message: a full queue is waited on while the sidecar takes
+        messages, ``timeout_s`` at most for each, never past ``limit`` (monotonic s)."""
+        self.wait_for_room(min(timeout_s, limit - time.monotonic()))
+        return self.send_control(body)
+
     def request(self, body: dict[str, Any], timeout_s: float,
                 connect_timeout_s: float = 0.0, payload: bytes = b"") -> dict[str, Any] | None:
         """Send a control message that asks for a reply and wait for it. ``payload`` (any
@@ -134,27 +148,29 @@ class Sender:
 
         Waits at most ``timeout_s`` seconds without news: a progress reply from the sidecar
         (it is working on this request, or still writing for an earlier one of this run)
-        restarts that wait, up to ``PROGRESS_LIMIT_S`` in all. Without a connected sidecar
+        restarts that wait, up to ``PROGRESS_LIMIT_S`` in all; so does room freed in a
+        full send queue (a sidecar still reading a backlog). Without a connected sidecar
         (after waiting ``connect_timeout_s`` for one) it returns None at once: the training
         loop is never held up by an absent sidecar. Replies to earlier requests that arrive
         late are skipped. Returns None when no reply came; ``last_failure`` then says why.
         """
         started = time.monotonic()
-        deadline = started + timeout_s
+        limit = started + PROGRESS_LIMIT_S
         if os.getpid() != self._pid:  # a forked child must not touch the parent's sockets
             return self._failed("a forked child cannot use its parent's connection")
         if not self.wait_connected(min(connect_timeout_s, timeout_s)):
             return self._failed("no sidecar is connected")
         for offset in range(0, len(payload), wire.PART_BYTES):
             chunk = base64.b64encode(payload[offset:offset + wire.PART_BYTES]).decode()
-            if not self.send_control({"type": wire.PART, "data": chunk}):
+            if not self._queue_waiting({"type": wire.PART, "data": chunk}, timeout_s, limit):
                 return self._failed(f"part {offset // wire.PART_BYTES + 1} of "
                                     f"{-(-len(payload) // wire.PART_BYTES)} could not be queued "
-                                    "(the sidecar is not taking messages)")
+                                    f"(the sidecar took no message within {timeout_s:g} s)")
         request_id = f"{self.seq}-{os.getpid()}"
-        if not self.send_control({**body, "reply_to": request_id}):
-            return self._failed("the request could not be queued (the sidecar is not taking "
-                                "messages)")
+        if not self._queue_waiting({**body, "reply_to": request_id}, timeout_s, limit):
+            return self._failed("the request could not be queued (the sidecar took no message "
+                                f"within {timeout_s:g} s)")
+        deadline = time.monotonic() + timeout_s  # queued: the wait for the reply starts
         poller = zmq.Poller()
         poller.register(self._socket, zmq.POLLIN)
         poller.register(self._monitor, zmq.POLLIN)
@@ -171,7 +187,7 @@ class Sender:
             if not isinstance(reply, dict):
                 continue
             if "progress" in reply:  # on this run's socket: news of this run's work
-                deadline = min(time.monotonic() + timeout_s, started + PROGRESS_LIMIT_S)
+                deadline = min(time.monotonic() + timeout_s, limit)
             elif reply.get("reply_to") == request_id:
                 return reply
         return self._failed(f"no answer and no progress within {timeout_s:g} s")

@@ -6,7 +6,7 @@ One ZeroMQ message is one frame: a fixed header, then a body whose kind the head
   ``(tag, a, b)``: a *context* slot (flags, epoch, iteration, batch) that the phase slots
   after it share, *phase* slots (id, start, end) and *GPU* slots (GPU time and peak of
   the phase slot just before). The markers write the slots into a preallocated
-  ``array('q')`` (three stores per phase) and send its bytes; ``decode_records`` expands
+  ``array('q')`` (one ``SLOT.pack_into`` per phase) and send its bytes; ``decode_records`` expands
   them into one ``RECORD_FIELDS`` record per phase for the sidecar. Every message begins
   with a context slot, so a lost message never shifts the context of the next.
 * ``KIND_CONTROL``: a UTF-8 JSON object with a ``"type"`` key (``hello``, ``phase``,
@@ -69,6 +69,7 @@ FLAG_BEGIN = 16  # an Epoch/Validation span began at start_ns (start == end); it
 # The packed slots on the wire: (tag, a, b). The low 16 bits of a tag say what a slot is.
 SLOT_WIDTH = 3
 SLOT_BYTES = 8 * SLOT_WIDTH
+SLOT = struct.Struct("<3q")  # one slot: the markers' hot path packs a phase with it
 TAG_CONTEXT = 0xFFFF  # tag | flags << 16 | epoch << 32; a = iteration; b = batch
 # a = gpu_ns, b = peak_bytes of the phase slot before; tag | flags << 16 | lag_us << 32
 TAG_GPU = 0xFFFE
@@ -165,10 +166,10 @@ CONTROL_TYPES = (HELLO, PHASE, GPU, BATCH_SIZE, PART, CHECKPOINT, STATE, LOAD_ST
 # Upper bound the sidecar enforces at the socket (ZMQ_MAXMSGSIZE).
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 # The markers send their buffer once it holds this many slots (sooner by age), so a
-# RECORDS message is at most FLUSH_MESSAGE_BYTES (~6 KiB); both ends size their queues,
+# RECORDS message is at most FLUSH_MESSAGE_BYTES (~24 KiB); both ends size their queues,
 # which ZeroMQ bounds in messages, from it. Only a GPU run whose CUDA events are still
 # pending holds more back (up to the event pool) and sends it as one larger message.
-FLUSH_SLOTS = 256
+FLUSH_SLOTS = 1024
 FLUSH_MESSAGE_BYTES = HEADER.size + SLOT_BYTES * (FLUSH_SLOTS + 4)
 MAX_CONTROL_BYTES = 1024 * 1024
 MAX_REPLY_TO = 64  # a request id; echoed back in the reply

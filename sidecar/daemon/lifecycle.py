@@ -14,14 +14,14 @@ from sidecar.daemon.snapshot import Snapshot
 
 class Lifecycle(Protocol):
     """Called by ``Server.run``: ``ready`` once the socket is bound and the samplers
-    started, ``tick`` at every turn of the loop (at most ``TICK_S`` apart while the loop is
-    healthy), ``stopping`` when the shutdown writing begins."""
+    started, ``tick`` with each snapshot the loop publishes (every ``TICK_S`` while the
+    loop is healthy, not at every turn), ``stopping`` when the shutdown writing begins."""
 
     def ready(self, snapshot: Snapshot) -> None:
         """The sidecar is bound and sampling."""
 
     def tick(self, snapshot: Snapshot) -> None:
-        """One turn of the loop; ``snapshot`` is the state it just published."""
+        """The loop published ``snapshot``, the state of this moment."""
 
     def stopping(self) -> None:
         """Shutdown has begun: the final files are being written."""

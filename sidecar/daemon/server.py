@@ -1,6 +1,6 @@
 """The sidecar's event loop: reads the socket, hands messages to the dispatcher and the
 streams, watches the training processes, writes files on checkpoint, finish, death and
-shutdown, and publishes a snapshot of itself each turn for the lifecycle hooks.
+shutdown, and publishes a snapshot of itself every ``TICK_S`` for the lifecycle hooks.
 
 One thread: ZeroMQ queues what arrives while the loop writes, and the loop wakes at least
 every ``TICK_S`` to check signals, processes and retries, so it reacts within 2 s.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -113,6 +114,7 @@ class Server:
         self._rate_window: deque[tuple[float, int]] = deque(
             [(time.monotonic(), 0)], maxlen=int(RATE_WINDOW_S / TICK_S) + 1)
         self._next_retry = 0.0
+        self._next_publish = 0.0  # monotonic s
         self.snapshot = self.publish()
 
     def _on_stream(self, stream: Stream) -> None:
@@ -487,10 +489,16 @@ class Server:
         try:
             while not self._should_stop():
                 wait_s = min(TICK_S, self.monitor.wait_s())
-                self.handle_all(self.receiver.read(int(wait_s * 1000)))
+                # Rounded up: a wait of 0.4 ms read as 0 would spin until the round is due.
+                self.handle_all(self.receiver.read(math.ceil(wait_s * 1000)))
                 self.monitor.tick()
                 self.tick(time.time())
-                self._publish_for_hooks()
+                # At most every TICK_S: under a stream of small messages the loop turns
+                # thousands of times a second, and a snapshot costs a walk of every split.
+                now = time.monotonic()
+                if now >= self._next_publish:
+                    self._next_publish = now + TICK_S
+                    self._publish_for_hooks()
             self._call_hooks("stopping")
             self._drain()
             self._finalize()

@@ -18,6 +18,7 @@ import torch  # also: the markers look for CUDA only in a script that uses torch
 
 import markers
 import markers.gpu
+from markers.buffer import FLUSH_AGE_NS
 from markers.cuda import format_uuid
 from tests.support.fake_cuda import FakeBackend, FakeCuda, FakeEvent, fake_torch
 from tests.support.helpers import Sidecar, read_tsv
@@ -118,7 +119,7 @@ def test_a_loop_on_a_gpu_that_runs_behind_never_waits_and_times_the_models_devic
 
 def test_phases_inside_a_cuda_graph_capture_do_not_break_it(
         sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A flush falls inside the capture (its 50 ms age passes there): no event may be
+    """A flush falls inside the capture (its age passes there): no event may be
     queried or recorded on the capturing stream; the captured phases are not measured."""
     cuda = FakeCuda(["Fake A"])
     cuda.alloc(MIB)
@@ -130,7 +131,7 @@ def test_phases_inside_a_cuda_graph_capture_do_not_break_it(
                     for _ in range(3):
                         with run.phase("forward"):
                             cuda.launch(0.001)
-                            time.sleep(0.03)
+                            time.sleep(FLUSH_AGE_NS / 2e9)
             else:
                 with run.phase("forward"):
                     (graph.replay if i > 1 else cuda.launch)(*(() if i > 1 else (0.002,)))

@@ -6,6 +6,9 @@ results hold the queue in order, the pool running dry is marked, finish drains.
 
 from __future__ import annotations
 
+import json
+import threading
+import time
 from array import array
 from collections.abc import Iterator
 from pathlib import Path
@@ -106,7 +109,7 @@ def test_gpu_results_hold_the_queue_in_order_and_never_wait(
     router, sender = socket_pair
     backend = FakeBackend()
     buffer = RecordBuffer(sender, HELLO, 0)
-    buffer.gpu = GpuTimer(backend, pool_size=2)
+    buffer.use_gpu(GpuTimer(backend, pool_size=2))
     for i in range(3):  # the third finds the pool dry
         slot = buffer.gpu.begin()
         backend.clock_ms += 1.5
@@ -134,7 +137,7 @@ def test_finish_drains_pending_gpu_results_within_its_bound(
     router, sender = socket_pair
     backend = FakeBackend()
     buffer = RecordBuffer(sender, HELLO, 0)
-    buffer.gpu = GpuTimer(backend, pool_size=8)
+    buffer.use_gpu(GpuTimer(backend, pool_size=8))
     slot = buffer.gpu.begin()
     backend.clock_ms += 2.0
     buffer.gpu.end(slot)
@@ -144,3 +147,63 @@ def test_finish_drains_pending_gpu_results_within_its_bound(
     buffer.flush()
     (record,) = [r for m in received(router) for r in rows(m)]
     assert record[P["gpu_ns"]] == 2_000_000
+
+
+def _fill_send_queue(sender: Sender) -> None:
+    """Send full records messages until one is dropped even after ZeroMQ's I/O threads
+    had time to move what they could: the queue is full (the ROUTER reads nothing)."""
+    assert sender.wait_connected(5.0)
+    full = array("q", [*wire.context_slot(0, 0, -1, 0)]
+                 + [wire.FORWARD, 1, 2] * (FLUSH_RECORDS - 1))
+    while True:
+        dropped = sender.dropped
+        sender.send_records(full, FLUSH_RECORDS - 1)
+        if sender.dropped > dropped:
+            time.sleep(0.2)
+            sender.send_records(full, FLUSH_RECORDS - 1)
+            if sender.dropped > dropped + FLUSH_RECORDS - 1:
+                return
+
+
+def test_a_request_behind_a_full_send_queue_waits_while_the_sidecar_reads(
+        socket_pair: tuple[zmq.Socket, Sender]) -> None:
+    """A fast loop left the queue full: finish's request must wait for room while the
+    sidecar works through the backlog, not fail at once; nothing queued is lost."""
+    router, sender = socket_pair
+    _fill_send_queue(sender)
+    counted: list[int] = []
+
+    def slow_sidecar() -> None:
+        time.sleep(0.5)  # behind: reads nothing yet
+        records = 0
+        while router.poll(2000):
+            identity, frame = router.recv_multipart()
+            header = wire.decode_header(frame)
+            if header.kind == wire.KIND_RECORDS:
+                records += len(wire.decode_records(frame)) // wire.RECORD_WIDTH
+                continue
+            body = wire.decode_control(frame)
+            if "reply_to" in body:
+                counted.append(records)
+                router.send_multipart([identity, json.dumps(
+                    {"reply_to": body["reply_to"], "ok": True}).encode()])
+                return
+
+    reader = threading.Thread(target=slow_sidecar)
+    reader.start()
+    reply = sender.request({"type": wire.STATUS}, timeout_s=5.0)
+    reader.join(10)
+    assert reply == {"reply_to": reply["reply_to"], "ok": True}, sender.last_failure
+    assert counted == [sender.records_sent]
+
+
+def test_a_request_behind_a_full_queue_of_a_stuck_sidecar_gives_up_in_its_time(
+        socket_pair: tuple[zmq.Socket, Sender]) -> None:
+    _router, sender = socket_pair
+    _fill_send_queue(sender)
+    started = time.monotonic()
+    assert sender.request({"type": wire.STATUS}, timeout_s=0.5) is None
+    assert 0.4 < time.monotonic() - started < 5.0
+    # ZeroMQ's bound is approximate (its I/O thread may still move a message into the
+    # socket's kernel buffer): the request either finds no room or gets no answer.
+    assert "could not be queued" in sender.last_failure or "no answer" in sender.last_failure

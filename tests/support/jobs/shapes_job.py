@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import markers
+from markers.buffer import FLUSH_AGE_NS
 
 MS = 0.001
 perf_counter = time.perf_counter
@@ -240,7 +241,7 @@ def cut(run: Any, clock: Clock, how: str) -> None:
                     if how == "sigint":
                         os.kill(os.getpid(), signal.SIGINT)
                         time.sleep(1)  # KeyboardInterrupt arrives here
-                    time.sleep(0.1)  # past the flush age: the records went out
+                    time.sleep(FLUSH_AGE_NS / 1e9 + 0.05)  # past the flush age: records went out
                     with run.phase("backward"):  # flushes what is buffered
                         pass
                     os.kill(os.getpid(), signal.SIGKILL)
