@@ -3,7 +3,7 @@
     python bench/curve_cost.py [--messages N] [--no-write]
 
 A real ``sidecar serve`` process, with and without ``SIDECAR_SECRET``, receives N
-messages of 256 records (the markers' flush size) from a ``markers.transport.Sender`` in
+messages of 1023 records (a full flush of the markers) from a ``markers.transport.Sender`` in
 this process, paced like a fast loop (a 0.5 ms sleep between messages). Measured: this
 process's CPU time (every thread: the ZeroMQ I/O thread encrypts) per message and per
 record, median of interleaved repeats; the sleep's own CPU is in both and cancels in the
@@ -31,7 +31,7 @@ from markers import wire  # noqa: E402
 from markers.transport import Sender  # noqa: E402
 from tests.support.frames import records  # noqa: E402
 
-RECORDS = 256
+RECORDS = wire.FLUSH_SLOTS - 1  # a full flush: its context slot and the records after it
 
 
 def cpu_s() -> float:
@@ -84,7 +84,7 @@ def main() -> None:
     text = (
         "## CURVE cost\n\n"
         + machine_line("python bench/curve_cost.py") + "\n\n"
-        "CPU time of the training process (all threads) per message of 256 records, sent "
+        f"CPU time of the training process (all threads) per message of {RECORDS} records, sent "
         "to a real sidecar, with and without the job's secret (CurveZMQ); medians of "
         f"{args.repeats} interleaved runs of {args.messages} messages.\n\n"
         "| transport | CPU per message (µs) | extra per record (ns) |\n|---|---|---|\n"

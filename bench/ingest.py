@@ -5,7 +5,7 @@ memory over 10⁷ records at full rate; the markers' own queue with no sidecar.
 
 A real ``sidecar serve`` process; each producer is a process of its own with a DEALER
 socket that says hello like the markers, then sends well-formed RECORDS messages as the
-markers' buffer makes them (``bench/synthetic.py``: 5-phase iterations, ~256 slots a
+markers' buffer makes them (``bench/synthetic.py``: 5-phase iterations, ~1024 slots a
 message) with *blocking* sends, so the sidecar's pace sets the rate and nothing is dropped.
 The clock runs from the moment every producer is told to go until the sidecar's status
 counts every record; the status also says how many were lost (sent, not received) and
@@ -41,7 +41,8 @@ from bench.synthetic import RECORDS_PER_ITERATION  # noqa: E402
 from markers import wire  # noqa: E402
 from tests.support.helpers import status  # noqa: E402
 
-ITERATIONS_PER_MESSAGE = 42  # 42 × (context + 5 phases) = 252 slots, as a full flush
+# 170 × (context + 5 phases) = 1020 slots, as a full flush of the markers
+ITERATIONS_PER_MESSAGE = wire.FLUSH_SLOTS // (RECORDS_PER_ITERATION + 1)
 RATE_TARGET_ONE = 2_000_000
 RATE_TARGET_FOUR = 1_000_000
 RSS_TARGET_MB = 100.0

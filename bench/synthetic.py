@@ -32,7 +32,7 @@ def decoded(slots: list[int]) -> array:
     return wire.decode_records(frame)
 
 
-def training_records(iterations: int, per_message: int = 256,
+def training_records(iterations: int, per_message: int = wire.FLUSH_SLOTS,
                      first: int = 0) -> Iterator[array]:
     """Decoded records of ``iterations`` iterations numbered from ``first``, about
     ``per_message`` per batch."""

@@ -70,7 +70,7 @@ class CapTimes:
 def add_iterations(split: Split, first: int, count: int) -> None:
     """Iterations ``first`` .. ``first + count - 1`` into rank 0 (records as received)."""
     agg = split.rank(0)
-    for values in training_records(count, per_message=256, first=first):
+    for values in training_records(count, first=first):
         agg.add_records(values)
 
 
