@@ -751,6 +751,8 @@ class Run:
         iterator = iter(loader)
         iteration: _Iteration | None = None  # the iteration this loop has open
         buffer = self._buffer
+        loading = wire.VALIDATION_DATA_LOADING if validation else wire.TRAINING_DATA_LOADING
+        read_sizes = self._read_sizes
         fetched: tuple[int, int] | None = None  # the buffer when a yielded batch was fetched
         try:
             while True:
@@ -762,12 +764,17 @@ class Run:
                     batch = next(iterator)
                 except StopIteration:
                     break
-                self.data_loaded(start_ns)
-                self.batch_seen(validation, batch)
+                # data_loaded, batch_seen and batch_done written out: this runs at every
+                # step, where each call is a cache-cold frame between two training steps.
+                buffer.record(loading, start_ns, perf_counter_ns())
+                if read_sizes[validation] != -1:
+                    self.batch_seen(validation, batch)
                 fetched = (buffer.n, buffer.flushes)
                 yield batch
                 fetched = None
-                self.batch_done()
+                self._net_batches += 1
+                if self._open is not None:  # the body may have ended it itself
+                    self._open.batches += 1
                 if iteration.batches == per_iteration:
                     # The next turn begins the next iteration at once: no context between.
                     self._open = None
