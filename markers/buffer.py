@@ -44,7 +44,7 @@ class RecordBuffer:
 
     # Slots keep every attribute access of the hot path a specialized slot load, whatever
     # else the interpreter's caches hold (see docs/architecture.md, "The hot path").
-    __slots__ = ("_context", "_contexts", "_next_hello_ns", "_pending", "_sent_since_context",
+    __slots__ = ("_contexts", "_next_hello_ns", "_pending", "_sent_since_context",
                  "_undeclared", "children", "deadline_ns", "flush_at", "flushes", "gpu",
                  "hello", "in_child", "n", "sender", "slots")
 
@@ -56,7 +56,6 @@ class RecordBuffer:
         self.slots = array("q", bytes(8 * (self.flush_at + 4 * _SLOTS)))
         self.n = 0
         self.deadline_ns = now_ns + FLUSH_AGE_NS
-        self._context = wire.context_slot(0, 0, -1, 0)
         self._contexts: list[int] = []  # offsets of the context slots in ``slots``
         self._pending: list[tuple[int, int]] = []  # (offset of a GPU slot, timer slot)
         self._next_hello_ns = now_ns + HELLO_EVERY_NS
@@ -65,7 +64,7 @@ class RecordBuffer:
         self.children = ChildCounts()
         self.flushes = 0  # with ``n``: tells whether anything was recorded since a moment
         self.in_child = False  # this copy lives in a forked child: count, never send
-        self._write_context()
+        self.set_context(0, 0, -1, 0)
 
     def declare(self, phase_id: int, name: str) -> None:
         """Declare custom phase ``name`` as ``phase_id`` to the sidecar (now if it can be
@@ -94,10 +93,7 @@ class RecordBuffer:
 
     def set_context(self, flags: int, epoch: int, iteration: int, batch: int) -> None:
         """The context of the phases that follow (iteration boundaries, epoch ends)."""
-        self._context = wire.context_slot(flags, epoch, iteration, batch)
-        self._write_context()
-
-    def _write_context(self) -> None:
+        context = wire.context_slot(flags, epoch, iteration, batch)
         n = self.n
         contexts = self._contexts
         if contexts and contexts[-1] == n - _SLOTS:
@@ -106,7 +102,7 @@ class RecordBuffer:
         self._sent_since_context = False
         contexts.append(n)
         slots = self.slots
-        slots[n], slots[n + 1], slots[n + 2] = self._context
+        slots[n], slots[n + 1], slots[n + 2] = context
         self.n = n + _SLOTS
         if len(slots) - self.n < 4 * _SLOTS:
             self._make_room()
@@ -184,7 +180,7 @@ class RecordBuffer:
         self.in_child = True
         self.n = 0
         self._contexts = []
-        self._write_context()
+        self.set_context(0, 0, -1, 0)  # a child counts phases: no context is ever sent
         self.deadline_ns = 0
 
     def _fill_gpu(self, offset: int, result: tuple[int, int, int]) -> None:

@@ -498,10 +498,16 @@ class Run:
         elif not validation and self._suspended is not None:
             self._resume(start_ns)  # the suspended one was never ended: cut it short
             self._drop_open(start_ns)
+        self._start_iteration(validation, start_ns)
+
+    def _start_iteration(self, validation: bool, start_ns: int) -> None:
+        """Open a new iteration at ``start_ns`` with nothing open, suspended or left (the
+        loop driver's usual case, taken directly: every frame costs at every step)."""
         context = (wire.FLAG_IN_ITERATION | (wire.FLAG_VALIDATION if validation else 0),
                    self._epoch, self._iterations[validation], self._net_batches)
         self._open = _Iteration(validation, start_ns, context)
-        self._set_context(*context)
+        self._context = context
+        self._buffer.set_context(*context)
 
     def data_loaded(self, start_ns: int, end_ns: int | None = None) -> None:
         """The open iteration's batch was fetched from ``start_ns`` to ``end_ns`` (default
@@ -758,7 +764,11 @@ class Run:
             while True:
                 start_ns = perf_counter_ns()
                 if iteration is None:
-                    self.begin_iteration(validation, start_ns)
+                    if self._open is None and not self._left \
+                            and (validation or self._suspended is None):
+                        self._start_iteration(validation, start_ns)
+                    else:
+                        self.begin_iteration(validation, start_ns)
                     iteration = self._open
                 try:
                     batch = next(iterator)
@@ -767,8 +777,8 @@ class Run:
                 # data_loaded, batch_seen and batch_done written out: this runs at every
                 # step, where each call is a cache-cold frame between two training steps.
                 buffer.record(loading, start_ns, perf_counter_ns())
-                if read_sizes[validation] != -1:
-                    self.batch_seen(validation, batch)
+                if read_sizes[validation] != -1 and not iteration.batches:
+                    self._note_batch_size(validation, batch)  # an iteration's first batch
                 fetched = (buffer.n, buffer.flushes)
                 yield batch
                 fetched = None

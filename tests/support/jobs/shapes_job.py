@@ -241,9 +241,10 @@ def cut(run: Any, clock: Clock, how: str) -> None:
                     if how == "sigint":
                         os.kill(os.getpid(), signal.SIGINT)
                         time.sleep(1)  # KeyboardInterrupt arrives here
-                    time.sleep(FLUSH_AGE_NS / 1e9 + 0.05)  # past the flush age: records went out
-                    with run.phase("backward"):  # flushes what is buffered
+                    time.sleep(FLUSH_AGE_NS / 1e9 + 0.05)  # past the flush age, so that
+                    with run.phase("backward"):  # this phase's end flushes what is buffered
                         pass
+                    time.sleep(0.2)  # and ZeroMQ's I/O thread has sent it before the kill
                     os.kill(os.getpid(), signal.SIGKILL)
                 clock.phase("backward", "Backward", 10 * MS)
                 clock.end_body()
