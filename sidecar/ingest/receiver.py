@@ -30,8 +30,11 @@ from sidecar.ingest.peers import Peer, peer_of
 from sidecar.ingest.records import decode_bodies
 from sidecar.ingest.streams import Registry
 
-# Frames read per poll before the server gets to run its timers.
+# Messages read per poll before the server gets to run its timers, and the bytes they may
+# hold: one read is decoded as a whole, so its bytes bound the sidecar's working memory
+# (1 MiB of slots: ~45 000 records, ~4 MB decoded) whatever size the messages have.
 BATCH = 256
+READ_BYTES = 1024 * 1024
 HEARTBEAT_S = 10.0  # default: a silent client is dropped within this many seconds
 # Bytes that may wait in the receive queue of one connection (ZeroMQ bounds it in
 # messages: sized from the largest message a markers' flush makes). Past it the markers'
@@ -99,20 +102,23 @@ class Receiver:
         socket.setsockopt(zmq.HEARTBEAT_TTL, min(6_553_500, int(heartbeat_s * 1000)))
 
     def read(self, timeout_ms: int) -> list[Incoming]:
-        """Wait up to ``timeout_ms`` for frames; return up to ``BATCH`` decoded messages,
-        in the order they came (the records of all of them decoded together)."""
+        """Wait up to ``timeout_ms`` for frames; return up to ``BATCH`` decoded messages
+        (fewer once they hold ``READ_BYTES``), in the order they came (the records of all
+        of them decoded together)."""
         self.connections.poll()
         if not self.socket.poll(timeout_ms, zmq.POLLIN):
             return []
         self.connections.poll()
         arrived: list[tuple[list[bytes], Peer | None, int]] = []
-        for _ in range(BATCH):
+        read_bytes = 0
+        while len(arrived) < BATCH and read_bytes < READ_BYTES:
             try:
                 frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
-            arrived.append(([frame.bytes for frame in frames],
-                            peer_of(frames[-1]) if self._ipc else None,
+            parts = [frame.bytes for frame in frames]
+            read_bytes += len(parts[-1])
+            arrived.append((parts, peer_of(frames[-1]) if self._ipc else None,
                             frames[-1].get(zmq.SRCFD)))
         out = []
         for message, (_, _, fd) in zip(self.decode_many([(parts, peer) for parts, peer, _

@@ -1,14 +1,20 @@
-"""The loop's hand-over to the lifecycle hooks survives a snapshot that cannot be taken."""
+"""The server's loop: its hand-over to the lifecycle hooks survives a snapshot that cannot be
+taken; one read of its socket is bounded in bytes."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
+import zmq
 
+from markers import wire
 from sidecar.daemon.server import Config, Server
 from sidecar.daemon.snapshot import Snapshot
+from sidecar.ingest.receiver import READ_BYTES
 from sidecar.resources.samplers.nvml import NvmlUnavailable
+from tests.support.frames import Client
 
 
 class Recorder:
@@ -43,5 +49,35 @@ def test_a_failing_snapshot_skips_the_hooks_and_the_loop_goes_on(
         server._publish_for_hooks()  # logged, not raised
         assert len(hook.ticks) == 1  # no tick (and so no watchdog ping) this turn
     finally:
+        server.receiver.close()
+        server.monitor.close()
+
+
+def test_one_read_is_bounded_in_bytes_and_nothing_waiting_is_lost(tmp_path: Path) -> None:
+    """Full flushes of 1023 records: one read stops near READ_BYTES (the bytes decoded at
+    once bound the sidecar's memory); the reads after it take the rest, in order."""
+    endpoint = f"ipc://{tmp_path}/s.sock"
+    server = Server(Config(endpoint, root=tmp_path),
+                    open_gpus=lambda visible: NvmlUnavailable("no GPU in this test"))
+    dealer = zmq.Context.instance().socket(zmq.DEALER)
+    try:
+        dealer.connect(endpoint)
+        client = Client()
+        frame = client.records(wire.FLUSH_SLOTS - 1)
+        count = 3 * READ_BYTES // len(frame)
+        for _ in range(count):
+            dealer.send(frame)
+            frame = client.records(wire.FLUSH_SLOTS - 1)
+        time.sleep(0.5)  # every one of them waits in the sidecar's receive queue
+        reads: list[list[int]] = []
+        deadline = time.monotonic() + 10
+        while sum(map(len, reads)) < count and time.monotonic() < deadline:
+            if messages := server.receiver.read(100):
+                reads.append([m.header.seq for m in messages])
+        assert [seq for read in reads for seq in read] == list(range(count))
+        largest = max(map(len, reads))
+        assert largest * (len(frame) - wire.SLOT_BYTES) <= READ_BYTES + len(frame)
+    finally:
+        dealer.close(linger=0)
         server.receiver.close()
         server.monitor.close()
