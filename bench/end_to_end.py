@@ -34,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -51,6 +52,7 @@ from bench.models import WORKLOADS, Workload  # noqa: E402
 from bench.results import machine_line, write_section  # noqa: E402
 
 perf_counter = time.perf_counter
+perf_counter_ns = time.perf_counter_ns
 Block = Callable[[int], list[float]]  # runs n steps, returns each step's seconds
 TRACEML_TIMEOUT_S = 240
 SLOWDOWN_TARGET = 0.01
@@ -217,6 +219,53 @@ def fine(w: Workload, run: markers.Run, unheard: markers.Run,
             for name, block in variants.items()}
 
 
+def split_step(w: Workload, loop: Iterable[object],
+               phase: Callable[[str], Any]) -> tuple[float, float]:
+    """Median ns per step of one block: the three torch calls themselves, and the rest of
+    the step (the loop's ``next`` and the markers around the calls)."""
+    work, rest = [], []
+    last = perf_counter_ns()
+    for _ in loop:
+        with phase("forward"):
+            a = perf_counter_ns()
+            loss = w.forward()
+            b = perf_counter_ns()
+        with phase("backward"):
+            c = perf_counter_ns()
+            w.backward(loss)
+            d = perf_counter_ns()
+        with phase("optimization"):
+            e = perf_counter_ns()
+            w.optimize()
+            f = perf_counter_ns()
+        end = perf_counter_ns()
+        work.append(b - a + d - c + f - e)
+        rest.append(end - last - work[-1])
+        last = end
+    return statistics.median(work), statistics.median(rest)
+
+
+def in_situ(w: Workload, run: markers.Run) -> dict[str, tuple[float, float]]:
+    """Where a marked step's extra time goes, measured inside the MLP loop: medians over
+    interleaved pairs of (work ns, rest ns) per step, unmarked and ours. The unmarked
+    step enters a free lock per phase, looked up in a dict as ours is: a context manager
+    written in C, nearly free, so the code is the same for both."""
+    locks = {name: threading.Lock() for name in ("forward", "backward", "optimization")}
+
+    def unmarked() -> tuple[float, float]:
+        return split_step(w, range(FINE_STEPS), locks.__getitem__)
+
+    def marked() -> tuple[float, float]:
+        return split_step(w, run.train_batches(range(FINE_STEPS)), run.phase)
+
+    blocks: dict[str, list[tuple[float, float]]] = {"unmarked": [], "ours": []}
+    for pair in range(FINE_PAIRS // 2):
+        for name in ("unmarked", "ours") if pair % 2 else ("ours", "unmarked"):
+            blocks[name].append(unmarked() if name == "unmarked" else marked())
+    return {name: (statistics.median(b[0] for b in pairs), statistics.median(b[1] for b in pairs))
+            for name, pairs in blocks.items()}
+
+
 def median_interval(ratios: list[float]) -> tuple[float, float]:
     """A distribution-free ~95 % interval of the median of ``ratios`` (order statistics:
     ranks n/2 ± 0.98·√n)."""
@@ -260,6 +309,8 @@ def measure(steps: int, repeats: int) -> dict[str, object]:
                 "marked": pair_ratios(plain, marked, pair_steps, 7),
                 "noise": pair_ratios(plain, unmonitored(w), pair_steps, 7)}
             results["fine"][threads] = fine(w, run, unheard, attribution=threads == 1)
+            if threads == 1:
+                results["in_situ"] = in_situ(w, run)
         run.finish()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # it says the sidecar did not confirm
@@ -336,6 +387,21 @@ def section(results: dict[str, object], steps: int, repeats: int) -> tuple[str, 
                    if k.startswith("fine:") and k.endswith(":ours"))
     lines += ["", f"- target ≤ {SLOWDOWN_TARGET * 100:.0f} % on the fine comparison: "
               f"{'met' if fine_met else 'missed'}", ""]
+    (plain_work, plain_rest), (our_work, our_rest) = (results["in_situ"]["unmarked"],
+                                                      results["in_situ"]["ours"])
+    figures["in_situ:direct_us"] = (our_rest - plain_rest) / 1e3
+    figures["in_situ:indirect_us"] = (our_work - plain_work) / 1e3
+    lines += [f"### Inside the MLP step (one thread, {FINE_PAIRS // 2} interleaved pairs of "
+              f"{FINE_STEPS}-step blocks; µs per step, medians)", "",
+              "| | the three torch calls | the rest of the step (loop, markers) |",
+              "|---|---:|---:|",
+              f"| unmarked (`with` a free lock per phase) | {plain_work / 1e3:.1f} | "
+              f"{plain_rest / 1e3:.2f} |",
+              f"| ours (`train_batches` and three phases) | {our_work / 1e3:.1f} | "
+              f"{our_rest / 1e3:.2f} |", "",
+              f"- our code's own time in the step: **{figures['in_situ:direct_us']:.1f} µs**; "
+              f"the torch calls' change beside it: {figures['in_situ:indirect_us']:+.1f} µs "
+              "(the same code costs a few µs in a tight loop: bench Marker overhead)", ""]
     return "\n".join(lines), figures
 
 
