@@ -21,11 +21,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from markers import forks, wire
-from markers.buffer import RecordBuffer
+from markers.buffer import RecordBuffer, pack_slot
 from markers.transport import Sender
 
 perf_counter_ns = time.perf_counter_ns
-_pack_slot = wire.SLOT.pack_into  # (slots, byte offset, tag, a, b)
 
 FINISH_TIMEOUT_S = 10.0
 CHECKPOINT_TIMEOUT_S = 5.0
@@ -118,8 +117,7 @@ class Phase:
         end_ns = perf_counter_ns()
         buffer = self._buffer
         n = buffer.n
-        # One C call writes the slot: cheaper than three subscripted stores.
-        _pack_slot(buffer.slots, n << 3, self._id, self._start, end_ns)
+        pack_slot(buffer.slots, n << 3, self._id, self._start, end_ns)
         buffer.n = n = n + 3
         self._start = 0
         if n >= buffer.flush_at or end_ns >= buffer.deadline_ns:
@@ -498,16 +496,10 @@ class Run:
         elif not validation and self._suspended is not None:
             self._resume(start_ns)  # the suspended one was never ended: cut it short
             self._drop_open(start_ns)
-        self._start_iteration(validation, start_ns)
-
-    def _start_iteration(self, validation: bool, start_ns: int) -> None:
-        """Open a new iteration at ``start_ns`` with nothing open, suspended or left (the
-        loop driver's usual case, taken directly: every frame costs at every step)."""
         context = (wire.FLAG_IN_ITERATION | (wire.FLAG_VALIDATION if validation else 0),
                    self._epoch, self._iterations[validation], self._net_batches)
         self._open = _Iteration(validation, start_ns, context)
-        self._context = context
-        self._buffer.set_context(*context)
+        self._set_context(*context)
 
     def data_loaded(self, start_ns: int, end_ns: int | None = None) -> None:
         """The open iteration's batch was fetched from ``start_ns`` to ``end_ns`` (default
@@ -757,34 +749,23 @@ class Run:
         iterator = iter(loader)
         iteration: _Iteration | None = None  # the iteration this loop has open
         buffer = self._buffer
-        loading = wire.VALIDATION_DATA_LOADING if validation else wire.TRAINING_DATA_LOADING
-        read_sizes = self._read_sizes
         fetched: tuple[int, int] | None = None  # the buffer when a yielded batch was fetched
         try:
             while True:
                 start_ns = perf_counter_ns()
                 if iteration is None:
-                    if self._open is None and not self._left \
-                            and (validation or self._suspended is None):
-                        self._start_iteration(validation, start_ns)
-                    else:
-                        self.begin_iteration(validation, start_ns)
+                    self.begin_iteration(validation, start_ns)
                     iteration = self._open
                 try:
                     batch = next(iterator)
                 except StopIteration:
                     break
-                # data_loaded, batch_seen and batch_done written out: this runs at every
-                # step, where each call is a cache-cold frame between two training steps.
-                buffer.record(loading, start_ns, perf_counter_ns())
-                if read_sizes[validation] != -1 and not iteration.batches:
-                    self._note_batch_size(validation, batch)  # an iteration's first batch
+                self.data_loaded(start_ns)
+                self.batch_seen(validation, batch)
                 fetched = (buffer.n, buffer.flushes)
                 yield batch
                 fetched = None
-                self._net_batches += 1
-                if self._open is not None:  # the body may have ended it itself
-                    self._open.batches += 1
+                self.batch_done()
                 if iteration.batches == per_iteration:
                     # The next turn begins the next iteration at once: no context between.
                     self._open = None

@@ -5,10 +5,11 @@ One ZeroMQ message is one frame: a fixed header, then a body whose kind the head
 * ``KIND_RECORDS``: packed slots of three signed 64-bit little-endian integers
   ``(tag, a, b)``: a *context* slot (flags, epoch, iteration, batch) that the phase slots
   after it share, *phase* slots (id, start, end) and *GPU* slots (GPU time and peak of
-  the phase slot just before). The markers write the slots into a preallocated
-  ``array('q')`` (one ``SLOT.pack_into`` per phase) and send its bytes; ``decode_records`` expands
-  them into one ``RECORD_FIELDS`` record per phase for the sidecar. Every message begins
-  with a context slot, so a lost message never shifts the context of the next.
+  the phase slot just before). The markers pack the slots into a preallocated
+  ``array('q')`` (one ``SLOT.pack_into`` per phase) and send its bytes;
+  ``decode_records`` expands them into one ``RECORD_FIELDS`` record per phase for the
+  sidecar. Every message begins with a context slot, so a lost message never shifts the
+  context of the next.
 * ``KIND_CONTROL``: a UTF-8 JSON object with a ``"type"`` key (``hello``, ``phase``,
   ``checkpoint``, ``finish``, ``state``, ``status``, ...). Rare, so readability wins.
 
