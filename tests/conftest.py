@@ -19,3 +19,10 @@ def sidecar(serve: Callable[..., Sidecar],
     server = serve()
     monkeypatch.setenv("SIDECAR_ENDPOINT", server.endpoint)
     yield server
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test under tests/e2e as ``e2e``, so ``-m 'not e2e'`` runs the unit loop."""
+    for item in items:
+        if "/e2e/" in item.path.as_posix():
+            item.add_marker(pytest.mark.e2e)
