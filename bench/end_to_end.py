@@ -369,15 +369,15 @@ def section(results: dict[str, object], steps: int, repeats: int) -> tuple[str, 
               if k.startswith("slowdown:"))
     lines += ["", f"- target ≤ {SLOWDOWN_TARGET * 100:.0f} %: "
               f"{'met' if met else 'missed'} (a figure inside the noise floor's pair range "
-              "is not distinguishable from it on this shared machine)",
+              "is not distinguishable from it)",
               f"- records the markers could not send during this benchmark: "
               f"{results['dropped']}", "",
               f"### Fine comparison of the MLP step ({FINE_PAIRS} interleaved pairs of "
               f"{FINE_STEPS}-step blocks, each block's median step)", "",
-              "Seven pairs of long blocks cannot resolve 1 % here: a neighbour's burst "
-              "moves a block's mean by several percent. Many short pairs, each block "
-              "summed up by its median step, can; the interval is a distribution-free "
-              "~95 % interval of the median pair.", "",
+              "Seven pairs of long blocks cannot resolve 1 % on a shared 2-core VM: a "
+              "neighbour's burst moves a block's mean by several percent. Many short "
+              "pairs, each block summed up by its median step, can; the interval is a "
+              "distribution-free ~95 % interval of the median pair.", "",
               "| torch threads | variant | vs unmarked, median pair | ~95 % interval | "
               "pairs' interquartile range |", "|---:|---|---:|---:|---:|"]
     for threads, variants in results["fine"].items():

@@ -196,7 +196,7 @@ def section(rates: list[dict[str, float]], memory: dict[str, float],
              machine_line("python bench/ingest.py") + f" {load_line()} at the end. "
              "Producers are separate processes sending with blocking sends. The rates are "
              "measured with the sidecar at the job's priority (`--nice 0`): at its default "
-             "(+10) other engineers' work on this shared machine takes the CPU first; the "
+             "(+10) any other work on the machine takes the CPU first; the "
              "memory run uses the default.", "",
              "| producers | records | seconds | records/s | lost | rejected | dropped |",
              "|---:|---:|---:|---:|---:|---:|---:|"]

@@ -200,7 +200,7 @@ def _net(times: dict[str, list[float]]) -> dict[str, float]:
 
 def _ratio(times: dict[str, list[float]], name: str) -> float:
     """Median over repeats of ``name``'s net cost over the bare timer's in the same repeat
-    (a load burst on this shared machine hits both of a repeat alike)."""
+    (a load burst from other work on the machine hits both of a repeat alike)."""
     return statistics.median(
         (v - e) / (b - e) for v, b, e in zip(times[name], times[BARE], times[EMPTY],
                                               strict=True))

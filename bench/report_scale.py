@@ -1,5 +1,5 @@
-"""How long ``sidecar report`` takes over many run folders (SPEC §6: 10 000 in under a
-minute on one core).
+"""How long ``sidecar report`` takes over many run folders (docs/contract.md, Cluster
+report: 10 000 in under a minute on one core).
 
 Generates ``--folders`` run folders (default 10 000) under a temporary folder, nested two
 levels deep, each with run.json, summary.log, computational.tsv (the cap's 100 rows, 22
@@ -150,8 +150,8 @@ def main() -> None:
         "",
         "| folders | wall (s) | CPU (s) | report.html (MB) |", "|---|---|---|---|",
         f"| {args.folders} | {wall_s:.1f} | {cpu_s:.1f} | {html_mb:.1f} |", "",
-        f"Generating the folders took {generated_s:.0f} s (not counted). Budget (SPEC §6): "
-        "under 60 s.", ""])
+        f"Generating the folders took {generated_s:.0f} s (not counted). Budget "
+        "(docs/contract.md, Cluster report): under 60 s.", ""])
     print(text)
     if not args.no_write:
         write_section(text)

@@ -32,7 +32,7 @@ from bench.results import write_section  # noqa: E402
 
 BENCH_TIMEOUT_S = 600
 # (script, arguments) in the order they run; sized so that the whole fits in 15 minutes
-# on this 2-core machine when it is not overloaded.
+# on a 2-core machine that is not overloaded.
 BENCHMARKS: list[tuple[str, list[str]]] = [
     ("markers_overhead.py", []),
     ("end_to_end.py", []),
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         if wanted is not None and script not in wanted:
             continue
         if script == "gpu_overhead.py" and not gpu:
-            write_section(f"{GPU_SECTION}\n\nNot run: no GPU was lent to this machine "
+            write_section(f"{GPU_SECTION}\n\nNot run: no GPU "
                           f"(`python bench/run_all.py`, {time.strftime('%Y-%m-%d')}: torch "
                           "sees no CUDA device). On a GPU machine `python bench/run_all.py` "
                           "(or `python bench/gpu_overhead.py` alone, 1–2 minutes on an H200) "
@@ -173,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         f"`python bench/run_all.py` on {platform.node()} ({os.cpu_count()} CPUs, "
         f"{platform.processor() or platform.machine()}, Python {platform.python_version()}, "
         f"{platform.system()} {platform.release()}), {time.strftime('%Y-%m-%d %H:%M %Z')}; "
-        f"{total_s / 60:.1f} minutes in all. This machine is shared with other engineers' "
-        f"builds and tests: {load_before} before, {load_line()} after. Compare ratios "
+        f"{total_s / 60:.1f} minutes in all. Other work ran on the machine meanwhile: "
+        f"{load_before} before, {load_line()} after. Compare ratios "
         "measured side by side, not absolute times.", "",
         *headline_rows(figures), "",
         "| benchmark | status | seconds |", "|---|---|---:|", *statuses, ""])
