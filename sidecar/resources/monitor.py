@@ -22,6 +22,7 @@ from markers import wire
 from markers.wire import P_END, P_GPU, P_LAG, P_PHASE, P_START
 from sidecar.model.aggregator import RecordValues
 from sidecar.model.split import Split
+from sidecar.resources import fields
 from sidecar.resources.samplers import nvml
 from sidecar.resources.samplers.host import HostSample, HostSampler
 from sidecar.resources.samplers.nvml_devices import uuid_key
@@ -81,26 +82,37 @@ class SplitResources:
         self.attributable_from_ns = 0  # rounds before it (earlier sessions) open no window
         self.closed = False  # the split ended and its last round was taken
         # running figures for the live view (/metrics), kept past thinning
-        self.cpu_s = 0.0  # CPU time of the job's tree: cpu_pct integrated over the rounds
+        # per host field with an "integral" gauge: value × window summed over the rounds
+        # (psutil's cpu_percent is the mean since the previous reading: % × s)
+        self.integrals: dict[str, float] = {}
         self.latest_gpu: dict[str, nvml.GpuSample] = {}  # per UUID
-        self.first_energy_j: dict[str, float] = {}  # per UUID: the first counter reading
+        # per UUID, per GPU field with a "since_first" gauge: the first reading
+        self.first_gpu: dict[str, dict[str, float]] = {}
 
     def add_host(self, sample: HostSample) -> None:
-        """Keep a host sample and add its CPU time (psutil's cpu_percent is the mean over
-        the time since the previous reading, so percent × window is CPU seconds)."""
+        """Keep a host sample and add to the integrals of the host fields that have one."""
         if self.host_samples:
             window_s = (sample.t_ns - self.host_samples[-1].t_ns) / 1e9
-            self.cpu_s += sample.cpu_pct / 100.0 * window_s
+            for item in fields.HOST_FIELDS:
+                value = getattr(sample, item.attribute)
+                if item.gauge is not None and item.gauge.value == "integral" \
+                        and value is not None:
+                    self.integrals[item.attribute] = (
+                        self.integrals.get(item.attribute, 0.0) + value * window_s)
         self.host_samples.append(sample)
 
     def add_gpus(self, samples: list[nvml.GpuSample]) -> None:
-        """Keep GPU samples and note each GPU's latest and first energy reading."""
+        """Keep GPU samples and note each GPU's latest sample and first readings."""
         self.gpu_samples += samples
         self.gpu_ts += [s.t_ns for s in samples]
         for sample in samples:
             self.latest_gpu[sample.uuid] = sample
-            if sample.energy_j is not None:
-                self.first_energy_j.setdefault(sample.uuid, sample.energy_j)
+            first = self.first_gpu.setdefault(sample.uuid, {})
+            for item in fields.GPU_FIELDS:
+                value = getattr(sample, item.attribute)
+                if item.gauge is not None and item.gauge.value == "since_first" \
+                        and value is not None:
+                    first.setdefault(item.attribute, value)
 
     def thin(self) -> None:
         """Halve the rounds kept once there are MAX_ROUNDS (bounded memory on long runs)."""
