@@ -192,19 +192,24 @@ class ResourceMonitor:
     ``visible_devices`` is the job's CUDA_VISIBLE_DEVICES (a job's own sidecar) or None
     (every GPU); ``all_splits_share_gpus`` says whether a split without reported GPUs
     takes every sampled one (a job's own sidecar) or none (the node daemon).
+    ``clock_ns`` is the monotonic clock the schedule and the samples' stamps read (ns;
+    the markers' records are on ``time.monotonic_ns``): a test seam, never changed in use.
     """
 
     def __init__(self, interval_s: float, visible_devices: str | None,
                  all_splits_share_gpus: bool,
-                 open_gpus: Callable[[str | None], Any] = nvml.open_nvml) -> None:
+                 open_gpus: Callable[[str | None], Any] = nvml.open_nvml,
+                 clock_ns: Callable[[], int] = time.monotonic_ns) -> None:
         self.interval_s = interval_s
+        self._clock_ns = clock_ns
         self.all_splits_share_gpus = all_splits_share_gpus
         self.splits: dict[int, tuple[Split, SplitResources]] = {}
         self.gpus: nvml.NvmlSampler | None = None
         self.gpu_off_reason: str | None = "starting NVML"
-        self._schedule = Schedule(interval_s, time.monotonic_ns())
+        self._schedule = Schedule(interval_s, clock_ns())
         self._pending_uuids: set[str] = set()
-        self.last_round_monotonic: float | None = None  # when the last due round completed
+        # when the last due round completed (s, on ``clock_ns``: time.monotonic's clock)
+        self.last_round_monotonic: float | None = None
         # Set once an NVML call hung: rounds no longer count as complete, so the node
         # daemon's watchdog stops and systemd restarts it (a fresh NVML in a new process).
         self.hung_reason: str | None = None
@@ -230,7 +235,7 @@ class ResourceMonitor:
         if entry is None:
             resources = SplitResources(pid)
             # A first host round now: the baseline of CPU time and the starting memory.
-            resources.add_host(resources.host.sample(time.monotonic_ns()))
+            resources.add_host(resources.host.sample(self._clock_ns()))
             self.splits[id(split)] = (split, resources)
             return True
         entry[1].host.add_root(pid)
@@ -284,18 +289,18 @@ class ResourceMonitor:
 
     def wait_s(self) -> float:
         """Seconds until the next round is due."""
-        return self._schedule.wait_s(time.monotonic_ns())
+        return self._schedule.wait_s(self._clock_ns())
 
     def tick(self) -> None:
         """Take a sampling round if one is due (host for every live split, GPUs once)."""
-        now_ns = time.monotonic_ns()
+        now_ns = self._clock_ns()
         if not self._schedule.due(now_ns):
             return
         self._schedule.advance(now_ns)
         self._sample([(s, r) for s, r in self.splits.values() if s.status == "running"],
                      now_ns)
         if self.hung_reason is None:
-            self.last_round_monotonic = time.monotonic()
+            self.last_round_monotonic = self._clock_ns() / 1e9
 
     def _sample(self, live: list[tuple[Split, SplitResources]], now_ns: int) -> None:
         if not live:
@@ -342,7 +347,7 @@ class ResourceMonitor:
             return
         resources = entry[1]
         resources.closed = True
-        self._sample([entry], time.monotonic_ns())
+        self._sample([entry], self._clock_ns())
         # what ends after the last round (GPU work the markers timed beyond it) still
         # gets the overlap it has with the sampled windows
         resources.attribute(resources.latest_end_ns())
