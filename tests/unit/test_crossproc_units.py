@@ -140,7 +140,7 @@ def test_figures_over_sessions_leave_the_downtime_out() -> None:
     assert merged.figures["util_mean_pct"] == pytest.approx((10 * 10 + 40 * 20) / 30)
     host = [HostSample(int(t * 1e9), cpu, 100.0 * (1 + t / 100), None, 20.0, 1)
             for t, cpu in ((0, 50), (10, 50), (100, 200), (120, 200))]
-    figures = summarize_host_over_sessions(host, starts)
-    assert figures.n_samples == 4
-    assert figures.figures["cpu_mean_pct"] == pytest.approx((50 * 10 + 200 * 20) / 30)
-    assert figures.figures["rss_peak_mib"] == pytest.approx(220.0)
+    host_summary = summarize_host_over_sessions(host, starts)
+    assert host_summary.n_samples == 4
+    assert host_summary.figures["cpu_mean_pct"] == pytest.approx((50 * 10 + 200 * 20) / 30)
+    assert host_summary.figures["rss_peak_mib"] == pytest.approx(220.0)
