@@ -210,7 +210,8 @@ def _resource_columns(files: Sequence[SplitFiles]) -> pd.DataFrame:
         positions = {name: header.index(label) for name, label in _RESOURCE_NAMES.items()
                      if label in header}  # only optional ones can be missing (read.py)
         frame = _read([f.resources if f.resources_columns == header else b""
-                       for f in files], len(header), positions, dtypes)
+                       for f in files], len(header), positions,
+                      {k: v for k, v in dtypes.items() if k in positions})
         frames.append(frame.reindex(columns=["split", *_RESOURCE_NAMES]))  # missing: NaN
     if len(frames) == 1:
         return frames[0]
