@@ -207,7 +207,9 @@ def test_utilization_and_power_go_to_the_phase_the_gpu_was_running(tmp_path: Pat
     attribution = monitor.figures(split).attribution
     forward, loading = attribution["Forward"], attribution["Training data loading"]
     assert abs(forward.covered_s - 1.2) < 0.05  # both cycles' GPU time, none dropped
+    assert forward.util_mean_pct is not None and loading.util_mean_pct is not None
     assert forward.util_mean_pct > 70 and loading.util_mean_pct < 25
+    assert forward.power_mean_w is not None and loading.power_mean_w is not None
     assert forward.power_mean_w > 200 > loading.power_mean_w  # 300 W busy, 80 W idle
     assert attribution["Metrics computation"].covered_s < 0.05  # its own 10 ms of GPU
 
@@ -231,7 +233,8 @@ def test_samples_restored_from_an_earlier_session_open_no_attribution_window(
     monitor.note_records(split, 0, array("q", (wire.FORWARD, 0, 0, -1, 0, start, end, -1, -1)
                                          + (0,) * (wire.RECORD_WIDTH - 9)))
     split.set_status("completed", None)
-    figures = (monitor.final_round(split), monitor.figures(split))[1]
+    monitor.final_round(split)
+    figures = monitor.figures(split)
     assert len(figures.gpu_samples) > len(old_gpu)  # the earlier samples are kept
     # Forward ran only in this session: the busy rounds restored before it do not count.
     assert figures.attribution["Forward"].util_mean_pct == 0.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -23,7 +24,7 @@ S = 1_000_000_000
 START = 1_000 * S
 
 
-def _gpu(t_ns: int, cls: type[GpuSample] = GpuSample, **extra: float) -> GpuSample:
+def _gpu(t_ns: int, cls: type[GpuSample] = GpuSample, **extra: Any) -> GpuSample:
     return cls(t_ns, 0, "GPU-a", "Fake", 50.0, 10.0, 100.0, 1000.0, 200.0, "instant",
                1000.0 + t_ns / S, 60.0, 1500.0, None, 80.0, 40.0, **extra)
 
@@ -112,3 +113,16 @@ def test_a_field_declared_in_the_table_reaches_every_output(
     monkeypatch.setattr(resources_text, "GpuSample", _PcieSample)
     gpu, _ = resources_text.read_samples(older, START, 1)
     assert [s.pcie_rx_mib_s for s in gpu] == [None, None, None]  # type: ignore[attr-defined]
+
+
+def test_the_table_and_the_samples_name_the_same_fields() -> None:
+    """Every attribute of a sample that is not its stamp has a table entry, and every
+    entry names an attribute: a field cannot be sampled and silently left out."""
+    stamps = {"t_ns", "whole_gpu_uuid", "n_processes"}  # kept with the sample, no column
+    for cls, table in ((GpuSample, fields.GPU_FIELDS), (HostSample, fields.HOST_FIELDS)):
+        attributes = {f.name for f in dataclasses.fields(cls)} - stamps
+        assert attributes == {f.attribute for f in table}, cls.__name__
+    names = fields.columns()
+    assert len(set(names)) == len(names)  # one column per field
+    figures = [figure.name for f in fields.fields() for figure in f.figures]
+    assert len(set(figures)) == len(figures)
