@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -123,28 +122,6 @@ def _rank_view(agg: RankAggregator) -> RankView:
     return RankView(agg.rank, phases, agg.training_s(), agg.samples[False], agg.samples[True])
 
 
-def gauge_values(table: Sequence[fields.Field], latest: Any, first: Mapping[str, float],
-                 integrals: Mapping[str, float]) -> dict[str, float]:
-    """Per field of ``table`` with a gauge, its value by the gauge's rule (see
-    ``fields.GaugeValue``) times its scale: the ``latest`` sample's value, that value
-    minus the ``first`` reading (a counter that went back is unknown), or the integral;
-    fields unknown are left out."""
-    out = {}
-    for field in table:
-        gauge = field.gauge
-        if gauge is None:
-            continue
-        value = getattr(latest, field.attribute)
-        if gauge.value == "integral":
-            value = integrals.get(field.attribute)
-        elif gauge.value == "since_first" and value is not None:
-            start = first.get(field.attribute)
-            value = value - start if start is not None and value >= start else None
-        if value is not None:
-            out[gauge.name] = value * gauge.scale
-    return out
-
-
 def split_view(split: Split, resources: SplitResources | None) -> SplitView:
     """The view of ``split`` with its running resource figures (loop thread only)."""
     first = split.ranks.get(0) or next(iter(split.ranks.values()), None)
@@ -154,12 +131,12 @@ def split_view(split: Split, resources: SplitResources | None) -> SplitView:
     host_gauges: dict[str, float] = {}
     if resources is not None:
         gpus = tuple(GpuView(s.gpu_index, s.uuid, s.name,
-                             gauge_values(fields.GPU_FIELDS, s,
-                                          resources.first_gpu.get(uuid, {}), {}))
+                             fields.gauge_values(fields.GPU_FIELDS, s,
+                                                 resources.first_gpu.get(uuid, {}), {}))
                      for uuid, s in sorted(resources.latest_gpu.items()))
         if resources.host_samples:
-            host_gauges = gauge_values(fields.HOST_FIELDS, resources.host_samples[-1], {},
-                                       resources.integrals)
+            host_gauges = fields.gauge_values(fields.HOST_FIELDS, resources.host_samples[-1],
+                                              {}, resources.integrals)
     return SplitView(
         run_id=first.sessions[0].run_id if first and first.sessions else "",
         user=str(info.get("user") or ""), host=str(info.get("host") or ""),

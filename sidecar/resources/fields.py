@@ -10,7 +10,8 @@ none. Everything else derives from this table:
   order after ``time (s)`` and ``session``), the summary block's lines, and reading an
   earlier session's samples back;
 * ``sidecar.resources.samplers.summary`` and ``sidecar.resources.sessions``: the figures;
-* ``sidecar.resources.monitor`` and ``sidecar.daemon.snapshot``: the gauge values;
+* ``sidecar.resources.monitor`` (first readings, integrals), ``gauge_values`` and
+  ``sidecar.daemon.snapshot``: the values the gauges export;
 * ``sidecar.sinks.metrics``: the metric families;
 * ``sidecar.report``: which resources.tsv columns a folder must have.
 
@@ -23,8 +24,9 @@ test (``docs/samplers.md``, "Adding a field").
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from sidecar.model.units import BYTES_PER_MIB
 
@@ -192,3 +194,25 @@ def required_columns() -> tuple[str, ...]:
     """The columns a resources.tsv must have to be read (any others are ignored).
     ``session`` is not among them: files written before it hold one session."""
     return ("time (s)", *(f.column for f in fields() if f.required))
+
+
+def gauge_values(table: Sequence[Field], latest: Any, first: Mapping[str, float],
+                 integrals: Mapping[str, float]) -> dict[str, float]:
+    """Per field of ``table`` with a gauge, its value by the gauge's rule (see
+    ``GaugeValue``) times its scale: the ``latest`` sample's value, that value
+    minus the ``first`` reading (a counter that went back is unknown), or the integral;
+    fields unknown are left out."""
+    out = {}
+    for field in table:
+        gauge = field.gauge
+        if gauge is None:
+            continue
+        value = getattr(latest, field.attribute)
+        if gauge.value == "integral":
+            value = integrals.get(field.attribute)
+        elif gauge.value == "since_first" and value is not None:
+            start = first.get(field.attribute)
+            value = value - start if start is not None and value >= start else None
+        if value is not None:
+            out[gauge.name] = value * gauge.scale
+    return out

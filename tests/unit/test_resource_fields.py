@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar.daemon.snapshot import GpuView, Snapshot, SplitView, gauge_values
+from sidecar.daemon.snapshot import GpuView, Snapshot, SplitView
 from sidecar.resources import fields
 from sidecar.resources.samplers.host import HostSample
 from sidecar.resources.samplers.nvml import GpuSample
@@ -91,7 +91,7 @@ def test_a_field_declared_in_the_table_reaches_every_output(
     lines = resources_text.resources_block([summary], None, None, {}, [])
     assert "  PCIe RX (MB/s)            mean 30.0" in lines
 
-    gauges = gauge_values(fields.GPU_FIELDS, samples[-1], {}, {})
+    gauges = fields.gauge_values(fields.GPU_FIELDS, samples[-1], {}, {})
     view = SplitView(run_id="r", user="u", host="h", slurm_job_id="", split=0,
                      status="running", ranks=(), records={},
                      gpus=(GpuView(0, "GPU-a", "Fake", gauges),), host_gauges={})
