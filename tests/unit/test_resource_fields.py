@@ -4,6 +4,7 @@ versions (older: no ``session`` column; newer: a column appended) still read bac
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +12,12 @@ import pandas as pd
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar.daemon.snapshot import GpuView, Snapshot, SplitView
+from sidecar.daemon.snapshot import GpuView, Snapshot, SplitView, split_view
+from sidecar.model.aggregator import Settings
+from sidecar.model.split import Split
+from sidecar.model.units import BYTES_PER_MIB as MIB
 from sidecar.resources import fields
+from sidecar.resources.monitor import SplitResources
 from sidecar.resources.samplers.host import HostSample
 from sidecar.resources.samplers.nvml import GpuSample
 from sidecar.resources.samplers.summary import summarize_gpus
@@ -126,3 +131,22 @@ def test_the_table_and_the_samples_name_the_same_fields() -> None:
     assert len(set(names)) == len(names)  # one column per field
     figures = [figure.name for f in fields.fields() for figure in f.figures]
     assert len(set(figures)) == len(figures)
+
+
+def test_the_live_view_exports_each_gauge_by_its_rule(tmp_path: Path) -> None:
+    """Through the monitor's running figures and the snapshot: latest values scaled,
+    energy since the split's first reading, CPU seconds integrated over the windows."""
+    split = Split(tmp_path, 0, Settings(), {"start_unix": 0.0})
+    resources = SplitResources(os.getpid())
+    gpu, host = _samples()  # rounds at 0, 1 and 3 s; CPU 150 %; energy 1000 J + t
+    for g, h in zip(gpu, host, strict=True):
+        resources.add_host(h)
+        resources.add_gpus([g])
+    view = split_view(split, resources)
+    assert view.host_gauges == {"trainmon_job_cpu_seconds": pytest.approx(1.5 * 3),
+                                "trainmon_job_memory_rss_bytes": 500.0 * MIB}
+    [gauges] = [g.gauges for g in view.gpus]
+    assert gauges == {
+        "trainmon_gpu_utilization_ratio": 0.5, "trainmon_gpu_memory_used_bytes": 100.0 * MIB,
+        "trainmon_gpu_power_watts": 200.0, "trainmon_gpu_energy_joules": pytest.approx(3.0),
+        "trainmon_gpu_temperature_celsius": 60.0, "trainmon_gpu_job_memory_bytes": 80.0 * MIB}
