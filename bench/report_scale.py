@@ -34,8 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.results import machine_line, write_section  # noqa: E402
+from sidecar.resources.fields import columns  # noqa: E402
 from sidecar.sinks.layout import INDEX_LABEL  # noqa: E402
-from sidecar.sinks.resources_text import RESOURCES_COLUMNS  # noqa: E402
 from sidecar.sinks.summary import STARS, TITLE_LINE  # noqa: E402
 from sidecar.sinks.tables import COLUMNS, to_tsv  # noqa: E402
 
@@ -67,7 +67,7 @@ def _resources(rng: np.random.Generator, gpus: int, rounds: int) -> str:
         "host cpu (%)": rng.uniform(50, 400, n), "job memory rss (MB)": rng.uniform(1e3, 3e4, n),
         "job memory uss (MB)": rng.uniform(1e3, 3e4, n), "system memory used (%)": 40.0,
     })
-    return to_tsv(frame[list(RESOURCES_COLUMNS)], index=False)
+    return to_tsv(frame[list(columns())], index=False)
 
 
 def _summary(rng: np.random.Generator) -> str:

@@ -9,8 +9,8 @@ from typing import Any
 
 from sidecar.model.aggregator import RankAggregator
 from sidecar.model.split import Split
+from sidecar.resources import fields
 from sidecar.resources.monitor import SplitResources
-from sidecar.resources.samplers.nvml import GpuSample
 
 
 @dataclass(frozen=True)
@@ -87,18 +87,14 @@ class RankView:
 
 @dataclass(frozen=True)
 class GpuView:
-    """The latest sample of one GPU of a split (None where unsupported) and its energy
-    since the split's first sample of it."""
+    """One GPU of a split: ``gauges`` maps the metric name of each GPU field with a
+    gauge (``sidecar.resources.fields``) to its value in the metric's unit; a field
+    unknown now (unsupported, no reading yet) is absent."""
 
     index: int
     uuid: str
     model: str
-    util_pct: float | None
-    mem_used_mib: float | None
-    job_mem_mib: float | None
-    power_w: float | None
-    energy_j: float | None
-    temperature_c: float | None
+    gauges: dict[str, float]
 
 
 @dataclass(frozen=True)
@@ -115,8 +111,7 @@ class SplitView:
     ranks: tuple[RankView, ...]
     records: dict[str, int]  # received, dropped, lost, rejected
     gpus: tuple[GpuView, ...]
-    cpu_s: float | None  # CPU time of the job's process tree since it was first sampled
-    rss_mib: float | None  # latest RSS of the job's process tree
+    host_gauges: dict[str, float]  # metric name -> value, of each host field's gauge
 
 
 def _rank_view(agg: RankAggregator) -> RankView:
@@ -127,27 +122,21 @@ def _rank_view(agg: RankAggregator) -> RankView:
     return RankView(agg.rank, phases, agg.training_s(), agg.samples[False], agg.samples[True])
 
 
-def _gpu_view(sample: GpuSample, first_energy_j: float | None) -> GpuView:
-    energy = sample.energy_j
-    since_start = (energy - first_energy_j if energy is not None and first_energy_j is not None
-                   and energy >= first_energy_j else None)
-    return GpuView(sample.gpu_index, sample.uuid, sample.name, sample.util_pct,
-                   sample.mem_used_mib, sample.job_mem_mib, sample.power_w, since_start,
-                   sample.temperature_c)
-
-
 def split_view(split: Split, resources: SplitResources | None) -> SplitView:
     """The view of ``split`` with its running resource figures (loop thread only)."""
     first = split.ranks.get(0) or next(iter(split.ranks.values()), None)
     lost = sum(split.lost.values())
     info = split.info
     gpus: tuple[GpuView, ...] = ()
-    cpu_s = rss_mib = None
+    host_gauges: dict[str, float] = {}
     if resources is not None:
-        gpus = tuple(_gpu_view(s, resources.first_energy_j.get(uuid))
+        gpus = tuple(GpuView(s.gpu_index, s.uuid, s.name,
+                             fields.gauge_values(fields.GPU_FIELDS, s,
+                                                 resources.first_gpu.get(uuid, {}), {}))
                      for uuid, s in sorted(resources.latest_gpu.items()))
         if resources.host_samples:
-            cpu_s, rss_mib = resources.cpu_s, resources.host_samples[-1].rss_mib
+            host_gauges = fields.gauge_values(fields.HOST_FIELDS, resources.host_samples[-1],
+                                              {}, resources.integrals)
     return SplitView(
         run_id=first.sessions[0].run_id if first and first.sessions else "",
         user=str(info.get("user") or ""), host=str(info.get("host") or ""),
@@ -156,4 +145,4 @@ def split_view(split: Split, resources: SplitResources | None) -> SplitView:
         records={"received": sum(split.received.values()) - lost,
                  "dropped": sum(split.dropped.values()), "lost": lost,
                  "rejected": split.rejected},
-        gpus=gpus, cpu_s=cpu_s, rss_mib=rss_mib)
+        gpus=gpus, host_gauges=host_gauges)

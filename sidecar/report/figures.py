@@ -27,7 +27,7 @@ import pandas as pd
 
 from markers import wire
 from sidecar.report.read import SplitFiles
-from sidecar.sinks.resources_text import RESOURCES_COLUMNS
+from sidecar.resources import fields
 from sidecar.sinks.summary import TITLE_LINE
 from sidecar.sinks.tables import COLUMNS
 
@@ -199,12 +199,30 @@ _RESOURCE_NAMES = {
 }
 
 
+def _resource_columns(files: Sequence[SplitFiles]) -> pd.DataFrame:
+    """The columns the report reads (``_RESOURCE_NAMES``) of every resources.tsv, found by
+    name: files of another version (columns appended since, or optional ones missing)
+    are read with their own header, one ``_read`` per header seen."""
+    text = {"name": "category", "uuid": "category"}
+    dtypes = {k: text.get(k, "float64") for k in _RESOURCE_NAMES}
+    frames = []
+    for header in dict.fromkeys(f.resources_columns for f in files) or [fields.columns()]:
+        positions = {name: header.index(label) for name, label in _RESOURCE_NAMES.items()
+                     if label in header}  # only optional ones can be missing (read.py)
+        frame = _read([f.resources if f.resources_columns == header else b""
+                       for f in files], len(header), positions,
+                      {k: v for k, v in dtypes.items() if k in positions})
+        frames.append(frame.reindex(columns=["split", *_RESOURCE_NAMES]))  # missing: NaN
+    if len(frames) == 1:
+        return frames[0]
+    # rows of one split stay together and in file order: what the windows below assume
+    frame = pd.concat(frames, ignore_index=True).sort_values("split", kind="stable")
+    return frame.astype({k: kind for k, kind in dtypes.items() if kind == "category"})
+
+
 def _resources(files: Sequence[SplitFiles]) -> tuple[pd.DataFrame, pd.DataFrame,
                                                       pd.DataFrame]:
-    positions = {name: RESOURCES_COLUMNS.index(label) for name, label in _RESOURCE_NAMES.items()}
-    text = {"name": "category", "uuid": "category"}
-    frame = _read([f.resources for f in files], len(RESOURCES_COLUMNS), positions,
-                  {k: text.get(k, "float64") for k in positions})
+    frame = _resource_columns(files)
     count = len(files)
     split = frame["split"].to_numpy()
     t = frame["time"].to_numpy(float)

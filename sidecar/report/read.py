@@ -9,19 +9,18 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sidecar.resources import fields
 from sidecar.sinks import layout
-from sidecar.sinks.resources_text import RESOURCES_COLUMNS
 from sidecar.sinks.summary import TITLE_LINE
 from sidecar.sinks.tables import COLUMNS
 
 # What a computational.tsv header starts with; custom phase columns may follow.
 COMPUTATIONAL_HEADER = "\t".join([layout.INDEX_LABEL, *(label for label, _, _ in COLUMNS)]).encode()
-RESOURCES_HEADER = "\t".join(RESOURCES_COLUMNS).encode()
 REQUIRED_KEYS = ("status", "start", "splits")
 
 
@@ -38,6 +37,8 @@ class SplitFiles:
     computational: bytes  # body of computational.tsv (rank 0)
     computational_columns: int  # fields per line, custom phases included
     resources: bytes  # body of resources.tsv; b"" when the split has no samples
+    resources_columns: tuple[str, ...]  # its header: a file of an older or newer version
+    # may lack optional columns or hold columns appended since; readers go by name
     summary: str  # summary.log
 
 
@@ -63,25 +64,34 @@ def find_run_folders(paths: Iterable[Path]) -> Iterator[Path]:
                 subfolders.sort()
 
 
-def _body(path: Path, header: bytes, exact: bool) -> tuple[bytes, int]:
-    """The lines after the header of the TSV at ``path`` and its number of fields per line.
+def _has_prefix(header: bytes) -> Callable[[bytes], bool]:
+    return lambda first: first.startswith(header)
 
-    Raises Damaged when the header is not ours or a line has another number of fields
-    (a truncated or foreign file); FileNotFoundError passes through.
+
+def _has_columns(required: Iterable[str]) -> Callable[[bytes], bool]:
+    wanted = {name.encode() for name in required}
+    return lambda first: wanted <= set(first.split(b"\t"))
+
+
+def _body(path: Path, ours: Callable[[bytes], bool]) -> tuple[bytes, bytes]:
+    """The lines after the header of the TSV at ``path``, and its header line.
+
+    Raises Damaged when ``ours(header)`` is false or a line has another number of fields
+    than the header (a truncated or foreign file); FileNotFoundError passes through.
     """
     data = path.read_bytes()
     end = data.find(b"\n")
     first = data[:end] if end >= 0 else data
-    if not (first == header if exact else first.startswith(header)):
+    if not ours(first):
         raise Damaged(f"{path.name}: not the expected header")
     body = data[end + 1:]
     if body and not body.endswith(b"\n"):
         raise Damaged(f"{path.name}: last line cut short")
-    fields = first.count(b"\t") + 1
-    # every line holds fields − 1 tabs: counted in C, no line is split here
-    if body.count(b"\t") != body.count(b"\n") * (fields - 1):
+    width = first.count(b"\t") + 1
+    # every line holds width − 1 tabs: counted in C, no line is split here
+    if body.count(b"\t") != body.count(b"\n") * (width - 1):
         raise Damaged(f"{path.name}: a line has the wrong number of fields")
-    return body, fields
+    return body, first
 
 
 def _split_files(folder: Path, split: int, entry: Any) -> SplitFiles:
@@ -91,20 +101,22 @@ def _split_files(folder: Path, split: int, entry: Any) -> SplitFiles:
     split_dir = layout.split_dir(folder, split)
     logs = layout.logs_dir(folder, split)
     try:
-        computational, columns = _body(logs / layout.computational_file(0), COMPUTATIONAL_HEADER,
-                                       exact=False)
+        computational, header = _body(logs / layout.computational_file(0),
+                                      _has_prefix(COMPUTATIONAL_HEADER))
         summary = (split_dir / layout.SUMMARY_FILE).read_text(encoding="utf-8",
                                                               errors="replace")
     except FileNotFoundError as exc:
         raise Damaged(f"split {split}: {Path(exc.filename).name} missing") from None
     if TITLE_LINE not in summary:
         raise Damaged(f"split {split}: summary.log holds no computational summary")
-    try:
-        resources, _ = _body(logs / layout.RESOURCES_FILE, RESOURCES_HEADER, exact=True)
+    try:  # the table's required columns, in any order; others (appended later) are kept
+        resources, names = _body(logs / layout.RESOURCES_FILE,
+                                 _has_columns(fields.required_columns()))
     except FileNotFoundError:  # no sample was taken (a very short run)
-        resources = b""
+        resources, names = b"", b"\t".join(c.encode() for c in fields.columns())
     return SplitFiles(split, float(training_s) if isinstance(training_s, (int, float))
-                      else 0.0, computational, columns, resources, summary)
+                      else 0.0, computational, header.count(b"\t") + 1, resources,
+                      tuple(names.decode().split("\t")), summary)
 
 
 def read_run_folder(folder: Path) -> RunFolder:

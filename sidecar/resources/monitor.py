@@ -22,6 +22,7 @@ from markers import wire
 from markers.wire import P_END, P_GPU, P_LAG, P_PHASE, P_START
 from sidecar.model.aggregator import RecordValues
 from sidecar.model.split import Split
+from sidecar.resources import fields
 from sidecar.resources.samplers import nvml
 from sidecar.resources.samplers.host import HostSample, HostSampler
 from sidecar.resources.samplers.nvml_devices import uuid_key
@@ -81,26 +82,37 @@ class SplitResources:
         self.attributable_from_ns = 0  # rounds before it (earlier sessions) open no window
         self.closed = False  # the split ended and its last round was taken
         # running figures for the live view (/metrics), kept past thinning
-        self.cpu_s = 0.0  # CPU time of the job's tree: cpu_pct integrated over the rounds
+        # per host field with an "integral" gauge: value × window summed over the rounds
+        # (psutil's cpu_percent is the mean since the previous reading: % × s)
+        self.integrals: dict[str, float] = {}
         self.latest_gpu: dict[str, nvml.GpuSample] = {}  # per UUID
-        self.first_energy_j: dict[str, float] = {}  # per UUID: the first counter reading
+        # per UUID, per GPU field with a "since_first" gauge: the first reading
+        self.first_gpu: dict[str, dict[str, float]] = {}
 
     def add_host(self, sample: HostSample) -> None:
-        """Keep a host sample and add its CPU time (psutil's cpu_percent is the mean over
-        the time since the previous reading, so percent × window is CPU seconds)."""
+        """Keep a host sample and add to the integrals of the host fields that have one."""
         if self.host_samples:
             window_s = (sample.t_ns - self.host_samples[-1].t_ns) / 1e9
-            self.cpu_s += sample.cpu_pct / 100.0 * window_s
+            for item in fields.HOST_FIELDS:
+                value = getattr(sample, item.attribute)
+                if item.gauge is not None and item.gauge.value == "integral" \
+                        and value is not None:
+                    self.integrals[item.attribute] = (
+                        self.integrals.get(item.attribute, 0.0) + value * window_s)
         self.host_samples.append(sample)
 
     def add_gpus(self, samples: list[nvml.GpuSample]) -> None:
-        """Keep GPU samples and note each GPU's latest and first energy reading."""
+        """Keep GPU samples and note each GPU's latest sample and first readings."""
         self.gpu_samples += samples
         self.gpu_ts += [s.t_ns for s in samples]
         for sample in samples:
             self.latest_gpu[sample.uuid] = sample
-            if sample.energy_j is not None:
-                self.first_energy_j.setdefault(sample.uuid, sample.energy_j)
+            first = self.first_gpu.setdefault(sample.uuid, {})
+            for item in fields.GPU_FIELDS:
+                value = getattr(sample, item.attribute)
+                if item.gauge is not None and item.gauge.value == "since_first" \
+                        and value is not None:
+                    first.setdefault(item.attribute, value)
 
     def thin(self) -> None:
         """Halve the rounds kept once there are MAX_ROUNDS (bounded memory on long runs)."""
@@ -180,19 +192,24 @@ class ResourceMonitor:
     ``visible_devices`` is the job's CUDA_VISIBLE_DEVICES (a job's own sidecar) or None
     (every GPU); ``all_splits_share_gpus`` says whether a split without reported GPUs
     takes every sampled one (a job's own sidecar) or none (the node daemon).
+    ``clock_ns`` is the monotonic clock the schedule and the samples' stamps read (ns;
+    the markers' records are on ``time.monotonic_ns``): a test seam, never changed in use.
     """
 
     def __init__(self, interval_s: float, visible_devices: str | None,
                  all_splits_share_gpus: bool,
-                 open_gpus: Callable[[str | None], Any] = nvml.open_nvml) -> None:
+                 open_gpus: Callable[[str | None], Any] = nvml.open_nvml,
+                 clock_ns: Callable[[], int] = time.monotonic_ns) -> None:
         self.interval_s = interval_s
+        self._clock_ns = clock_ns
         self.all_splits_share_gpus = all_splits_share_gpus
         self.splits: dict[int, tuple[Split, SplitResources]] = {}
         self.gpus: nvml.NvmlSampler | None = None
         self.gpu_off_reason: str | None = "starting NVML"
-        self._schedule = Schedule(interval_s, time.monotonic_ns())
+        self._schedule = Schedule(interval_s, clock_ns())
         self._pending_uuids: set[str] = set()
-        self.last_round_monotonic: float | None = None  # when the last due round completed
+        # when the last due round completed (s, on ``clock_ns``: time.monotonic's clock)
+        self.last_round_monotonic: float | None = None
         # Set once an NVML call hung: rounds no longer count as complete, so the node
         # daemon's watchdog stops and systemd restarts it (a fresh NVML in a new process).
         self.hung_reason: str | None = None
@@ -218,7 +235,7 @@ class ResourceMonitor:
         if entry is None:
             resources = SplitResources(pid)
             # A first host round now: the baseline of CPU time and the starting memory.
-            resources.add_host(resources.host.sample(time.monotonic_ns()))
+            resources.add_host(resources.host.sample(self._clock_ns()))
             self.splits[id(split)] = (split, resources)
             return True
         entry[1].host.add_root(pid)
@@ -272,18 +289,18 @@ class ResourceMonitor:
 
     def wait_s(self) -> float:
         """Seconds until the next round is due."""
-        return self._schedule.wait_s(time.monotonic_ns())
+        return self._schedule.wait_s(self._clock_ns())
 
     def tick(self) -> None:
         """Take a sampling round if one is due (host for every live split, GPUs once)."""
-        now_ns = time.monotonic_ns()
+        now_ns = self._clock_ns()
         if not self._schedule.due(now_ns):
             return
         self._schedule.advance(now_ns)
         self._sample([(s, r) for s, r in self.splits.values() if s.status == "running"],
                      now_ns)
         if self.hung_reason is None:
-            self.last_round_monotonic = time.monotonic()
+            self.last_round_monotonic = self._clock_ns() / 1e9
 
     def _sample(self, live: list[tuple[Split, SplitResources]], now_ns: int) -> None:
         if not live:
@@ -330,7 +347,7 @@ class ResourceMonitor:
             return
         resources = entry[1]
         resources.closed = True
-        self._sample([entry], time.monotonic_ns())
+        self._sample([entry], self._clock_ns())
         # what ends after the last round (GPU work the markers timed beyond it) still
         # gets the overlap it has with the sampled windows
         resources.attribute(resources.latest_end_ns())

@@ -3,18 +3,20 @@ per resume). Each session's samples are summarized on their own, since its first
 opens a new clock (the time between two processes is nobody's) and an energy counter
 read in two processes spans the downtime between them; the summaries are then merged:
 counts and energy add up, means are weighted by each session's sampled duration, maxima
-and peaks take the largest.
+and peaks take the largest (each figure by its rule in ``sidecar.resources.fields``).
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Sequence
-from typing import TypeVar
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
+from sidecar.resources import fields
 from sidecar.resources.samplers.host import HostSample
 from sidecar.resources.samplers.nvml import GpuSample
 from sidecar.resources.samplers.summary import (
+    Figures,
     GpuSummary,
     HostSummary,
     summarize_gpus,
@@ -58,29 +60,37 @@ def _one_or_mixed(values: Sequence[str | None]) -> str | None:
     return (present.pop() if len(present) == 1 else "mixed") if present else None
 
 
+def _sum(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return sum(present) if present else None
+
+
+def _merge(table: Sequence[fields.Field], parts: Sequence[Figures],
+           weights: Sequence[float]) -> Figures:
+    """The figures of several sessions as one, each by its figure's rule (see
+    ``fields.Rule``): means weighted by ``weights`` (the sessions' sampled seconds)."""
+    merged: Figures = {}
+    for field in table:
+        for figure in field.figures:
+            values: Any = [part[figure.name] for part in parts]
+            if figure.rule == "mean":
+                merged[figure.name] = _weighted(values, weights)
+            elif figure.rule == "max":
+                merged[figure.name] = _largest(values)
+            elif figure.rule == "energy":
+                merged[figure.name] = _sum(values)
+            else:  # "source", "energy method": one word for all, else "mixed"
+                merged[figure.name] = _one_or_mixed(values)
+    return merged
+
+
 def _merge_gpu(parts: list[GpuSummary]) -> GpuSummary:
     weights = [p.duration_s for p in parts]
-
-    def mean(field: Callable[[GpuSummary], float | None]) -> float | None:
-        return _weighted([field(p) for p in parts], weights)
-
-    energies = [p.energy_j for p in parts if p.energy_j is not None]
     last = parts[-1]
     return GpuSummary(
         gpu_index=last.gpu_index, uuid=last.uuid, name=last.name,
         n_samples=sum(p.n_samples for p in parts), duration_s=sum(weights),
-        util_mean_pct=mean(lambda p: p.util_mean_pct),
-        util_max_pct=_largest([p.util_max_pct for p in parts]),
-        mem_util_mean_pct=mean(lambda p: p.mem_util_mean_pct),
-        mem_used_peak_mib=_largest([p.mem_used_peak_mib for p in parts]),
-        mem_total_mib=_largest([p.mem_total_mib for p in parts]),
-        power_mean_w=mean(lambda p: p.power_mean_w),
-        power_source=_one_or_mixed([p.power_source for p in parts]),
-        energy_j=sum(energies) if energies else None,
-        energy_method=_one_or_mixed([p.energy_method for p in parts]),
-        temperature_max_c=_largest([p.temperature_max_c for p in parts]),
-        job_mem_peak_mib=_largest([p.job_mem_peak_mib for p in parts]),
-        sm_activity_mean_pct=mean(lambda p: p.sm_activity_mean_pct),
+        figures=_merge(fields.GPU_FIELDS, [p.figures for p in parts], weights),
         whole_gpu_uuid=last.whole_gpu_uuid,
     )
 
@@ -102,10 +112,5 @@ def summarize_host_over_sessions(samples: Sequence[HostSample],
     groups = by_session(samples, starts_ns)
     parts = [summarize_host(group) for group in groups]
     weights = [(g[-1].t_ns - g[0].t_ns) / 1e9 for g in groups]
-    return HostSummary(
-        n_samples=sum(p.n_samples for p in parts),
-        cpu_mean_pct=_weighted([p.cpu_mean_pct for p in parts], weights),
-        rss_peak_mib=_largest([p.rss_peak_mib for p in parts]),
-        uss_peak_mib=_largest([p.uss_peak_mib for p in parts]),
-        system_mem_used_max_pct=_largest([p.system_mem_used_max_pct for p in parts]),
-    )
+    return HostSummary(n_samples=sum(p.n_samples for p in parts),
+                       figures=_merge(fields.HOST_FIELDS, [p.figures for p in parts], weights))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -25,7 +25,7 @@ from prometheus_client.registry import Collector
 from markers import wire
 from sidecar.daemon.snapshot import Snapshot, SplitView
 from sidecar.model.split import STATUS_ORDER
-from sidecar.model.units import BYTES_PER_MIB
+from sidecar.resources import fields
 
 log = logging.getLogger("sidecar")
 
@@ -45,21 +45,15 @@ def _run_labels(view: SplitView) -> list[str]:
     return [view.run_id, view.user, view.host, view.slurm_job_id]
 
 
-def _gpu_gauges() -> dict[str, GaugeMetricFamily]:
-    return {
-        "util": GaugeMetricFamily("trainmon_gpu_utilization_ratio",
-                                  "NVML GPU utilization (share of time a kernel ran), 0-1, "
-                                  "latest sample", labels=GPU_LABELS),
-        "used": GaugeMetricFamily("trainmon_gpu_memory_used_bytes", "device memory used",
-                                  labels=GPU_LABELS),
-        "job": GaugeMetricFamily("trainmon_gpu_job_memory_bytes",
-                                 "device memory of the job's own processes",
-                                 labels=GPU_LABELS),
-        "power": GaugeMetricFamily("trainmon_gpu_power_watts", "power draw",
-                                   labels=GPU_LABELS),
-        "temp": GaugeMetricFamily("trainmon_gpu_temperature_celsius", "temperature",
-                                  labels=GPU_LABELS),
-    }
+def _families(table: Sequence[fields.Field], labels: list[str]) -> dict[str, Any]:
+    """One metric family per field of ``table`` with a gauge, by metric name."""
+    families: dict[str, Any] = {}
+    for field in table:
+        gauge = field.gauge
+        if gauge is not None:
+            kind = GaugeMetricFamily if gauge.type == "gauge" else CounterMetricFamily
+            families[gauge.name] = kind(gauge.name, gauge.help, labels=labels)
+    return families
 
 
 class SnapshotCollector(Collector):
@@ -79,13 +73,8 @@ class SnapshotCollector(Collector):
         samples = CounterMetricFamily("trainmon_samples", "samples of the measured "
                                       "iterations (batch x accumulation per step)",
                                       labels=[*RUN_LABELS, "split", "rank", "loop"])
-        gauges = _gpu_gauges()
-        energy = CounterMetricFamily("trainmon_gpu_energy_joules", "GPU energy since the "
-                                     "run started", labels=GPU_LABELS)
-        cpu = CounterMetricFamily("trainmon_job_cpu_seconds", "CPU time of the job's "
-                                  "process tree", labels=RUN_LABELS)
-        rss = GaugeMetricFamily("trainmon_job_memory_rss_bytes", "RSS of the job's process "
-                                "tree", labels=RUN_LABELS)
+        gpu_families = _families(fields.GPU_FIELDS, GPU_LABELS)
+        host_families = _families(fields.HOST_FIELDS, RUN_LABELS)
         records = CounterMetricFamily("trainmon_records", "record accounting",
                                       labels=[*RUN_LABELS, "outcome"])
         runs = GaugeMetricFamily("trainmon_runs", "runs the sidecar knows, by status",
@@ -105,27 +94,16 @@ class SnapshotCollector(Collector):
                         samples.add_metric([*where, loop], count)
             for g in view.gpus:
                 labels = [view.host, str(g.index), g.uuid, g.model, view.run_id]
-                for key, value in (("util", None if g.util_pct is None else g.util_pct / 100),
-                                   ("used", _bytes(g.mem_used_mib)),
-                                   ("job", _bytes(g.job_mem_mib)), ("power", g.power_w),
-                                   ("temp", g.temperature_c)):
-                    if value is not None:
-                        gauges[key].add_metric(labels, value)
-                if g.energy_j is not None:
-                    energy.add_metric(labels, g.energy_j)
-            if view.cpu_s is not None:
-                cpu.add_metric(run, view.cpu_s)
-            if view.rss_mib is not None:
-                rss.add_metric(run, view.rss_mib * BYTES_PER_MIB)
+                for name, value in g.gauges.items():
+                    gpu_families[name].add_metric(labels, value)
+            for name, value in view.host_gauges.items():
+                host_families[name].add_metric(run, value)
             for outcome, count in view.records.items():
                 records.add_metric([*run, outcome], count)
         for status in STATUS_ORDER:
             runs.add_metric([status], sum(1 for v in splits if v.status == status))
-        yield from (wall, gpu, samples, *gauges.values(), energy, cpu, rss, records, runs)
-
-
-def _bytes(mib: float | None) -> float | None:
-    return None if mib is None else mib * BYTES_PER_MIB
+        yield from (wall, gpu, samples, *gpu_families.values(), *host_families.values(),
+                    records, runs)
 
 
 class MetricsExporter:

@@ -1,13 +1,16 @@
 """The resources block of summary.log and the rows of resources.tsv, laid out from the
-figures of ``sidecar.resources.samplers.summary`` (MB means MiB, as in every file).
+figures of ``sidecar.resources.samplers.summary`` by the field table
+(``sidecar.resources.fields``: columns, lines, units; MB means MiB, as in every file).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import string
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from sidecar.resources import fields
 from sidecar.resources.samplers.host import HostSample
 from sidecar.resources.samplers.nvml import GpuSample
 from sidecar.resources.samplers.summary import GpuSummary, HostSummary, PhaseAttribution
@@ -17,52 +20,48 @@ from sidecar.sinks.layout import WIDTH
 if TYPE_CHECKING:
     import pandas as pd
 
-RESOURCES_COLUMNS = (
-    "time (s)", "session", "gpu index", "gpu name", "gpu uuid", "utilization (%)",
-    "memory utilization (%)", "memory used (MB)", "memory total (MB)", "power (W)",
-    "power source", "energy (J)", "temperature (C)", "sm clock (MHz)", "sm activity (%)",
-    "job gpu memory (MB)", "job sm utilization (%)", "host cpu (%)", "job memory rss (MB)",
-    "job memory uss (MB)", "system memory used (%)",
-)
-# The GpuSample and HostSample attributes behind RESOURCES_COLUMNS[1:], in that order.
-_GPU_ATTRIBUTES = (
-    "gpu_index", "name", "uuid", "util_pct", "mem_util_pct", "mem_used_mib", "mem_total_mib",
-    "power_w", "power_source", "energy_j", "temperature_c", "sm_clock_mhz",
-    "sm_activity_pct", "job_mem_mib", "job_sm_util_pct",
-)
-_HOST_ATTRIBUTES = ("cpu_pct", "rss_mib", "uss_mib", "system_mem_used_pct")
-_TEXT_COLUMNS = ("session", "gpu index", "gpu name", "gpu uuid", "power source")
 
+
+class _FigureFormatter(string.Formatter):
+    """Formats a figure as the block prints it: ``n/a`` when unknown; the spec ``paren``
+    gives `` (value)``, or nothing when unknown."""
+
+    def format_field(self, value: Any, format_spec: str) -> str:
+        if format_spec == "paren":
+            return "" if value is None else f" ({value})"
+        return "n/a" if value is None else format(value, format_spec)
+
+
+_FORMATTER = _FigureFormatter()
 
 
 def _num(value: float | None, fmt: str = ".1f") -> str:
-    return "n/a" if value is None else format(value, fmt)
+    return _FORMATTER.format_field(value, fmt)
 
 
 def _row(label: str, text: str) -> str:
     return f"  {label:<26}{text}"
 
 
-def _gpu_lines(gpu: GpuSummary) -> list[str]:
-    lines = [
-        f"GPU {gpu.gpu_index}: '{gpu.name[:40]}' {gpu.uuid[:44]} "
-        f"({gpu.n_samples} samples over {gpu.duration_s:.1f} s)",
-        _row("Utilization (%)", f"mean {_num(gpu.util_mean_pct)}, max {_num(gpu.util_max_pct)}"),
-        _row("Memory utilization (%)", f"mean {_num(gpu.mem_util_mean_pct)}"),
-        _row("Memory used (MB)",
-             f"peak {_num(gpu.mem_used_peak_mib, '.0f')} of {_num(gpu.mem_total_mib, '.0f')}"),
-        _row("Job GPU memory (MB)", f"peak {_num(gpu.job_mem_peak_mib, '.0f')}"),
-        _row("Power (W)", f"mean {_num(gpu.power_mean_w)}"
-             + (f" ({gpu.power_source})" if gpu.power_source else "")),
-        _row("Energy (J)", _num(gpu.energy_j, ".3e")
-             + (f" ({gpu.energy_method})" if gpu.energy_method else "")),
-        *([_row("", f"power, energy, temperature: the whole GPU {gpu.whole_gpu_uuid[:44]},")[
-            :WIDTH], _row("", "shared by its MIG instances")] if gpu.whole_gpu_uuid else []),
-        _row("Temperature (C)", f"max {_num(gpu.temperature_max_c, '.0f')}"),
-    ]
-    if gpu.sm_activity_mean_pct is not None:
-        lines.append(_row("SM activity (%)", f"mean {_num(gpu.sm_activity_mean_pct)}"))
+def _field_lines(table: Sequence[fields.Field], figures: Mapping[str, Any]) -> list[str]:
+    """One line per field of ``table`` that has one, from its template over ``figures``."""
+    lines = []
+    for field in table:
+        line = field.line
+        if line is None or (line.hide_unknown and figures[field.figures[0].name] is None):
+            continue
+        lines.append(_row(line.label, _FORMATTER.vformat(line.template, (), figures)))
     return lines
+
+
+def _gpu_lines(gpu: GpuSummary) -> list[str]:
+    lines = [f"GPU {gpu.gpu_index}: '{gpu.name[:40]}' {gpu.uuid[:44]} "
+             f"({gpu.n_samples} samples over {gpu.duration_s:.1f} s)"]
+    if gpu.whole_gpu_uuid:
+        lines += [_row("", f"power, energy, temperature: the whole GPU "
+                           f"{gpu.whole_gpu_uuid[:44]},")[:WIDTH],
+                  _row("", "shared by its MIG instances")]
+    return lines + _field_lines(fields.GPU_FIELDS, gpu.figures)
 
 
 def _attribution_lines(attribution: dict[str, PhaseAttribution]) -> list[str]:
@@ -100,13 +99,8 @@ def resources_block(gpu: list[GpuSummary], host: HostSummary | None,
     for summary in gpu:
         lines.extend(_gpu_lines(summary))
     if host is not None:
-        lines += [
-            f"Host: job processes ({host.n_samples} samples)",
-            _row("CPU (%)", f"mean {_num(host.cpu_mean_pct)} (100 = one core)"),
-            _row("Job memory (MB)", f"RSS peak {_num(host.rss_peak_mib, '.0f')}, "
-                                    f"USS peak {_num(host.uss_peak_mib, '.0f')}"),
-            _row("System memory used (%)", f"max {_num(host.system_mem_used_max_pct)}"),
-        ]
+        lines.append(f"Host: job processes ({host.n_samples} samples)")
+        lines += _field_lines(fields.HOST_FIELDS, host.figures)
     if attribution:
         lines.extend(_attribution_lines(attribution))
     lines += ["", *records_lines]
@@ -116,7 +110,7 @@ def resources_block(gpu: list[GpuSummary], host: HostSummary | None,
 def resources_frame(gpu_samples: Sequence[GpuSample], host_samples: Sequence[HostSample],
                     run_start_ns: int, session_starts_ns: Sequence[int] = ()) -> pd.DataFrame:
     """The rows of resources.tsv: one per sample and GPU, ordered by time and GPU index,
-    with ``RESOURCES_COLUMNS``. Host figures join the GPU rows of the same round (same
+    with ``fields.columns()``. Host figures join the GPU rows of the same round (same
     ``t_ns``); a round without GPU samples (a CPU-only run) gives one row with empty GPU
     columns. Time is seconds since ``run_start_ns``; ``session`` the process it belongs to
     (by ``session_starts_ns``, 0 for the first); MB means MiB."""
@@ -127,56 +121,73 @@ def resources_frame(gpu_samples: Sequence[GpuSample], host_samples: Sequence[Hos
     ]
     rows += [(h.t_ns, -1, None, h) for h in host_samples if h.t_ns not in gpu_rounds]
     rows.sort(key=lambda row: (row[0], row[1]))
+    table = fields.fields()
     records = [
         [(t_ns - run_start_ns) / 1e9, session_of(t_ns, session_starts_ns)]
-        + [None if g is None else getattr(g, a) for a in _GPU_ATTRIBUTES]
-        + [None if h is None else getattr(h, a) for a in _HOST_ATTRIBUTES]
+        + [_value(field, g, h) for field in table]
         for t_ns, _, g, h in rows
     ]
     import pandas as pd  # only when writing (see sinks/tables.py)
 
-    frame = pd.DataFrame.from_records(records, columns=list(RESOURCES_COLUMNS))
+    frame = pd.DataFrame.from_records(records, columns=list(fields.columns()))
     shared = [g is not None and g.whole_gpu_uuid is not None and g.power_source is not None
               for _, _, g, _ in rows]
     if any(shared):  # a MIG instance: the whole GPU's power, shared with other tenants
         frame.loc[shared, "power source"] += " (whole GPU, shared)"
     frame["session"] = frame["session"].astype("Int64")
-    frame["gpu index"] = frame["gpu index"].astype("Int64")
-    for column in _TEXT_COLUMNS[2:]:
-        frame[column] = frame[column].astype(object)
-    numeric = [c for c in RESOURCES_COLUMNS if c not in _TEXT_COLUMNS]
-    frame[numeric] = frame[numeric].astype(float)
+    for field in table:
+        frame[field.column] = frame[field.column].astype(_DTYPES[field.dtype])
+    frame["time (s)"] = frame["time (s)"].astype(float)
     return frame
+
+
+def _value(field: fields.Field, gpu: GpuSample | None, host: HostSample | None) -> Any:
+    """``field``'s value in a row of the GPU sample ``gpu`` and the host sample ``host``."""
+    sample = gpu if field.kind == "gpu" else host
+    return None if sample is None else getattr(sample, field.attribute)
+
+
+# How each dtype of the table is held in a frame: integers may be missing (CPU-only rows).
+_DTYPES = {"float": "float64", "int": "Int64", "text": object}
 
 
 def read_samples(path: Path, run_start_ns: int, before_session: int,
                  ) -> tuple[list[GpuSample], list[HostSample]]:
     """The samples of sessions before ``before_session`` in a resources.tsv we wrote, back
     on the clock whose run start is ``run_start_ns`` (a resumed run's sidecar reads its
-    predecessors' samples). ([], []) when the file is missing or not ours.
+    predecessors' samples). Columns other than the table's are ignored, and a field whose
+    column the file lacks (one added to the table later) reads None. ([], []) when the
+    file is missing, not ours, or lacks a required column.
     """
     import pandas as pd  # only when writing (see sinks/tables.py)
 
+    text_columns = {f.column: str for f in fields.fields() if f.dtype == "text"}
     try:
-        frame = pd.read_csv(path, sep="\t", keep_default_na=True,
-                            dtype={"gpu name": str, "gpu uuid": str, "power source": str})
+        frame = pd.read_csv(path, sep="\t", keep_default_na=True, dtype=text_columns)
     except (OSError, ValueError, pd.errors.ParserError):
         return [], []
-    if list(frame.columns) != list(RESOURCES_COLUMNS):
+    if not set(fields.required_columns()) <= set(frame.columns):
         return [], []
+    if "session" not in frame.columns:  # written before sessions were told apart: one
+        frame["session"] = 0
     frame = frame[frame["session"] < before_session]
     frame = frame.astype(object).where(frame.notna(), None)
+    records = frame.to_dict("records")
     gpu: list[GpuSample] = []
     host: dict[int, HostSample] = {}
-    for row in frame.itertuples(index=False, name=None):
-        values = dict(zip(RESOURCES_COLUMNS, row, strict=True))
+    for values in records:
         t_ns = run_start_ns + round(float(values["time (s)"]) * 1e9)
         if values["gpu uuid"] is not None:
-            fields = dict(zip(_GPU_ATTRIBUTES, (values[c] for c in RESOURCES_COLUMNS[2:17]),
-                              strict=True))
-            fields["gpu_index"] = int(fields["gpu_index"])
-            gpu.append(GpuSample(t_ns=t_ns, **fields))
+            read = _attributes(fields.GPU_FIELDS, values)
+            read["gpu_index"] = int(read["gpu_index"])
+            gpu.append(GpuSample(t_ns=t_ns, **read))
         if values["host cpu (%)"] is not None and t_ns not in host:
-            host[t_ns] = HostSample(t_ns, *(values[c] for c in RESOURCES_COLUMNS[17:]),
-                                    n_processes=0)
+            host[t_ns] = HostSample(t_ns=t_ns, n_processes=0,
+                                    **_attributes(fields.HOST_FIELDS, values))
     return gpu, list(host.values())
+
+
+def _attributes(table: Sequence[fields.Field], values: Mapping[str, Any]) -> dict[str, Any]:
+    """The sample attributes of ``table`` from a row's ``values`` by column (None for a
+    column the file lacks)."""
+    return {f.attribute: values.get(f.column) for f in table}

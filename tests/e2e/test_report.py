@@ -299,3 +299,29 @@ def test_a_split_without_samples_is_reported_without_resource_figures(
     row = read_tsv(tmp_path / "out" / "jobs.tsv").iloc[0]
     assert math.isnan(row["CPU mean (%)"]) and math.isnan(row["memory peak (MB)"])
     assert row["flags"] == "input-bound" and row["train throughput (samples/s)"] > 0
+
+
+def test_folders_of_older_and_newer_versions_are_read_not_skipped(
+        cluster: Path, tmp_path: Path) -> None:
+    """resources.tsv of another version: an older one without the session column, a newer
+    one with a column appended. Both read, with the figures of the original."""
+    for name in ("now", "older", "newer"):
+        shutil.copytree(cluster / FAST[0], tmp_path / "runs" / name)
+    logs = Path("training") / "split-0" / "logs" / "resources.tsv"
+    older = read_tsv(tmp_path / "runs" / "older" / logs).drop(columns=["session"])
+    older.to_csv(tmp_path / "runs" / "older" / logs, sep="\t", index=False)
+    newer = read_tsv(tmp_path / "runs" / "newer" / logs)
+    newer["pcie rx (MB/s)"] = 12.5
+    newer.to_csv(tmp_path / "runs" / "newer" / logs, sep="\t", index=False)
+    result = subprocess.run([sys.executable, "-m", "sidecar", "report", "runs", "--out",
+                             "out"], cwd=tmp_path, env=env(), capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0 and "skipped" not in result.stderr, result.stderr
+    jobs = read_tsv(tmp_path / "out" / "jobs.tsv").set_index("folder")
+    assert sorted(jobs.index) == ["runs/newer", "runs/now", "runs/older"]
+    for column in ("power mean (W)", "GPU utilization mean (%)", "CPU mean (%)",
+                   "memory peak (MB)"):
+        now = jobs.loc["runs/now", column]
+        assert not math.isnan(now), column
+        assert _close(jobs.loc["runs/older", column], now), column
+        assert _close(jobs.loc["runs/newer", column], now), column

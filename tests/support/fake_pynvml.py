@@ -80,9 +80,10 @@ class FakeGpu:
         busy = sum(max(0, min(e, t1_ns) - max(s, t0_ns)) for s, e in self.busy or ())
         return busy / max(1, t1_ns - t0_ns)
 
-    def energy_now(self) -> int:
-        """The counter: grows by the power over time, in ENERGY_STEP_S steps."""
-        now = time.monotonic() // ENERGY_STEP_S * ENERGY_STEP_S
+    def energy_now(self, now_s: float) -> int:
+        """The counter at ``now_s`` (monotonic s): grows by the power over time, in
+        ENERGY_STEP_S steps."""
+        now = now_s // ENERGY_STEP_S * ENERGY_STEP_S
         if self.energy_at is not None:
             return int(self.energy_at(now))
         if self._energy_from is None or self.energy_constant:
@@ -116,8 +117,10 @@ class FakeNvml:
     c_nvmlGpmMetricsGet_t = GpmMetricsGet
 
     def __init__(self, gpus: list[FakeGpu], init_error: int | None = None,
-                 init_hang: bool = False) -> None:
+                 init_hang: bool = False,
+                 clock_ns: Callable[[], int] = time.monotonic_ns) -> None:
         self.gpus = gpus
+        self.clock_ns = clock_ns  # the busy timelines' and the energy counter's clock
         for gpu in gpus:
             for instance in gpu.mig:
                 instance.parent = gpu
@@ -219,7 +222,7 @@ class FakeNvml:
         self._whole_only("nvmlDeviceGetUtilizationRates", handle)
         util = handle.util
         if handle.busy is not None:
-            now = time.monotonic_ns()
+            now = self.clock_ns()
             low, high = handle.busy_util
             util = round(low + (high - low) * handle.busy_share(
                 now - int(UTIL_WINDOW_S * 1e9), now))
@@ -259,7 +262,7 @@ class FakeNvml:
 
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: FakeGpu) -> int:
         self._whole_only("nvmlDeviceGetTotalEnergyConsumption", handle)
-        return handle.energy_now()
+        return handle.energy_now(self.clock_ns() / 1e9)
 
     def nvmlDeviceGetTemperature(self, handle: FakeGpu, sensor: int) -> int:
         self._whole_only("nvmlDeviceGetTemperature", handle)

@@ -136,11 +136,11 @@ def test_figures_over_sessions_leave_the_downtime_out() -> None:
     starts = [0, int(100e9)]
     (merged,) = summarize_gpus_over_sessions(samples, starts)
     assert merged.n_samples == 4 and merged.duration_s == 30
-    assert merged.energy_j == 1000 + 2000
-    assert merged.util_mean_pct == pytest.approx((10 * 10 + 40 * 20) / 30)
+    assert merged.figures["energy_j"] == 1000 + 2000
+    assert merged.figures["util_mean_pct"] == pytest.approx((10 * 10 + 40 * 20) / 30)
     host = [HostSample(int(t * 1e9), cpu, 100.0 * (1 + t / 100), None, 20.0, 1)
             for t, cpu in ((0, 50), (10, 50), (100, 200), (120, 200))]
-    figures = summarize_host_over_sessions(host, starts)
-    assert figures.n_samples == 4
-    assert figures.cpu_mean_pct == pytest.approx((50 * 10 + 200 * 20) / 30)
-    assert figures.rss_peak_mib == pytest.approx(220.0)
+    host_summary = summarize_host_over_sessions(host, starts)
+    assert host_summary.n_samples == 4
+    assert host_summary.figures["cpu_mean_pct"] == pytest.approx((50 * 10 + 200 * 20) / 30)
+    assert host_summary.figures["rss_peak_mib"] == pytest.approx(220.0)

@@ -9,6 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from markers import wire
 from sidecar.daemon.snapshot import GpuView, PhaseStats, RankView, Snapshot, SplitView
+from sidecar.model.units import BYTES_PER_MIB as MIB
 from sidecar.sinks.metrics import MetricsExporter
 
 RUN = ["run", "user", "host", "slurm_job_id"]
@@ -37,8 +38,13 @@ def _split(run_id: str) -> SplitView:
         run_id=run_id, user="ada", host="node1", slurm_job_id="42", split=0,
         status="running", ranks=(RankView(0, phases, 12.5, 80, None),),
         records={"received": 100, "dropped": 1, "lost": 0, "rejected": 2},
-        gpus=(GpuView(0, "GPU-a", "NVIDIA H200", 55.0, 1024.0, 512.0, 300.0, 900.0, 60.0),),
-        cpu_s=3.5, rss_mib=100.0)
+        gpus=(GpuView(0, "GPU-a", "NVIDIA H200", {
+            "trainmon_gpu_utilization_ratio": 0.55,
+            "trainmon_gpu_memory_used_bytes": 1024.0 * MIB,
+            "trainmon_gpu_job_memory_bytes": 512.0 * MIB, "trainmon_gpu_power_watts": 300.0,
+            "trainmon_gpu_energy_joules": 900.0, "trainmon_gpu_temperature_celsius": 60.0}),),
+        host_gauges={"trainmon_job_cpu_seconds": 3.5,
+                     "trainmon_job_memory_rss_bytes": 100.0 * MIB})
 
 
 def _snapshot(*splits: SplitView) -> Snapshot:

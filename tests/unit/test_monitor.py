@@ -7,8 +7,10 @@ from __future__ import annotations
 import os
 import time
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -23,10 +25,37 @@ from tests.support.fake_pynvml import FakeGpu, FakeNvml
 INTERVAL_S = 0.05
 
 
+class FakeClock:
+    """The monitor's and the fake NVML's monotonic clock (ns), moved by the test only."""
+
+    def __init__(self) -> None:
+        self.now_ns = time.monotonic_ns()
+
+    def __call__(self) -> int:
+        return self.now_ns
+
+    def advance(self, seconds: float) -> None:
+        self.now_ns += round(seconds * 1e9)
+
+
+CLOCK = FakeClock()
+
+
 def make_split(tmp_path: Path) -> Split:
     split = Split(tmp_path, 0, Settings(), {"start_unix": time.time()})
-    split.rank(0).begin_session(time.time(), time.monotonic_ns())
+    split.rank(0).begin_session(time.time(), CLOCK())
     return split
+
+
+def fake_nvml(gpus: list[FakeGpu]) -> Callable[[str | None], Any]:
+    """The monitor's ``open_gpus``: the fake NVML on the test's clock."""
+    return lambda visible: open_nvml(visible, api=FakeNvml(gpus, clock_ns=CLOCK))
+
+
+def monitor_of(interval_s: float, share: bool,
+               open_gpus: Callable[[str | None], Any]) -> ResourceMonitor:
+    return ResourceMonitor(interval_s, None, all_splits_share_gpus=share, open_gpus=open_gpus,
+                           clock_ns=CLOCK)
 
 
 def wait_opened(monitor: ResourceMonitor) -> None:
@@ -36,12 +65,13 @@ def wait_opened(monitor: ResourceMonitor) -> None:
 
 
 def run_phase(monitor: ResourceMonitor, seconds: float) -> tuple[int, int]:
-    """Keep sampling for ``seconds``; the interval it covered (monotonic ns)."""
-    start = time.monotonic_ns()
-    while time.monotonic_ns() - start < seconds * 1e9:
+    """Keep sampling for ``seconds`` of the test's clock, without sleeping; the interval
+    it covered (ns)."""
+    start = CLOCK()
+    while CLOCK() - start < seconds * 1e9:
         monitor.tick()
-        time.sleep(INTERVAL_S / 5)
-    return start, time.monotonic_ns()
+        CLOCK.advance(INTERVAL_S / 5)
+    return start, CLOCK()
 
 
 @dataclass(frozen=True)
@@ -63,8 +93,7 @@ def _report(monitor: ResourceMonitor, split: Split, records_lines: list[str]) ->
 
 def test_gpu_use_is_attributed_to_the_phases_that_ran(tmp_path: Path) -> None:
     gpus = [FakeGpu(uuid="GPU-aaaa", name="Fake A"), FakeGpu(uuid="GPU-bbbb", name="Fake B")]
-    monitor = ResourceMonitor(INTERVAL_S, None, all_splits_share_gpus=True,
-                              open_gpus=lambda visible: open_nvml(visible, api=FakeNvml(gpus)))
+    monitor = monitor_of(INTERVAL_S, True, fake_nvml(gpus))
     wait_opened(monitor)
     assert monitor.gpus is not None
     split = make_split(tmp_path)
@@ -100,8 +129,7 @@ def test_gpu_use_is_attributed_to_the_phases_that_ran(tmp_path: Path) -> None:
 
 def test_a_split_takes_only_the_gpus_its_job_reported(tmp_path: Path) -> None:
     gpus = [FakeGpu(uuid="GPU-aaaa"), FakeGpu(uuid="GPU-bbbb")]
-    monitor = ResourceMonitor(INTERVAL_S, None, all_splits_share_gpus=False,
-                              open_gpus=lambda visible: open_nvml(visible, api=FakeNvml(gpus)))
+    monitor = monitor_of(INTERVAL_S, False, fake_nvml(gpus))
     wait_opened(monitor)
     used, cpu_only = make_split(tmp_path / "a"), make_split(tmp_path / "b")
     used.add_gpu("GPU-bbbb", "NVIDIA Fake")
@@ -118,9 +146,7 @@ def test_a_split_takes_only_the_gpus_its_job_reported(tmp_path: Path) -> None:
 
 def test_a_mig_instance_the_job_reported_is_sampled_for_its_split(tmp_path: Path) -> None:
     whole = FakeGpu(uuid="GPU-aaaa", mig=[FakeGpu(uuid="MIG-cccc", name="Fake MIG 1g.5gb")])
-    monitor = ResourceMonitor(INTERVAL_S, None, all_splits_share_gpus=False,
-                              open_gpus=lambda visible: open_nvml(visible,
-                                                                  api=FakeNvml([whole])))
+    monitor = monitor_of(INTERVAL_S, False, fake_nvml([whole]))
     wait_opened(monitor)
     split = make_split(tmp_path)
     split.add_gpu("GPU-cccc", "Fake MIG 1g.5gb")  # an older marker's spelling of a MIG UUID
@@ -135,9 +161,8 @@ def test_a_mig_instance_the_job_reported_is_sampled_for_its_split(tmp_path: Path
 
 def test_without_a_driver_gpu_sampling_is_off_and_host_sampling_goes_on(
         tmp_path: Path) -> None:
-    monitor = ResourceMonitor(
-        INTERVAL_S, None, all_splits_share_gpus=True,
-        open_gpus=lambda visible: NvmlUnavailable("no NVIDIA driver: test"))
+    monitor = monitor_of(INTERVAL_S, True,
+                         lambda visible: NvmlUnavailable("no NVIDIA driver: test"))
     wait_opened(monitor)
     split = make_split(tmp_path)
     monitor.watch(split, os.getpid())
@@ -155,14 +180,13 @@ def test_utilization_and_power_go_to_the_phase_the_gpu_was_running(tmp_path: Pat
     Forward gets the busy GPU and the data loading the idle one; on host time Forward
     would read idle (its host interval is a 10 ms launch), and late records were lost."""
     cycle_s, cycles = 1.5, 2
-    origin = time.monotonic_ns() + 200_000_000
+    origin = CLOCK() + 200_000_000
     ns = 1_000_000_000
     busy = [(origin + int((c * cycle_s + 0.2) * ns), origin + int((c * cycle_s + 0.8) * ns))
             for c in range(cycles)]
     gpus = [FakeGpu(uuid="GPU-aaaa", name="Fake A", busy=busy)]
     # 0.2 s rounds: two 100 ms steps of the energy counter per window, as in real use
-    monitor = ResourceMonitor(0.2, None, all_splits_share_gpus=True,
-                              open_gpus=lambda visible: open_nvml(visible, api=FakeNvml(gpus)))
+    monitor = monitor_of(0.2, True, fake_nvml(gpus))
     wait_opened(monitor)
     split = make_split(tmp_path)
     monitor.watch(split, os.getpid())
@@ -176,14 +200,16 @@ def test_utilization_and_power_go_to_the_phase_the_gpu_was_running(tmp_path: Pat
         records.extend((wire.TRAINING_DATA_LOADING, 0, 0, -1, 0, at + 800 * ms,
                         at + 1500 * ms, -1, -1, 0, 0))
     run_phase(monitor, 0.2 + cycle_s * cycles + 0.3)
-    time.sleep(2.2)  # the records come more than 2 s after their phases
+    CLOCK.advance(2.2)  # the records come more than 2 s after their phases
     monitor.note_records(split, 0, records)
     split.set_status("completed", None)
     monitor.final_round(split)
     attribution = monitor.figures(split).attribution
     forward, loading = attribution["Forward"], attribution["Training data loading"]
     assert abs(forward.covered_s - 1.2) < 0.05  # both cycles' GPU time, none dropped
+    assert forward.util_mean_pct is not None and loading.util_mean_pct is not None
     assert forward.util_mean_pct > 70 and loading.util_mean_pct < 25
+    assert forward.power_mean_w is not None and loading.power_mean_w is not None
     assert forward.power_mean_w > 200 > loading.power_mean_w  # 300 W busy, 80 W idle
     assert attribution["Metrics computation"].covered_s < 0.05  # its own 10 ms of GPU
 
@@ -191,8 +217,7 @@ def test_utilization_and_power_go_to_the_phase_the_gpu_was_running(tmp_path: Pat
 def test_samples_restored_from_an_earlier_session_open_no_attribution_window(
         tmp_path: Path) -> None:
     gpus = [FakeGpu(uuid="GPU-aaaa", name="Fake A")]
-    monitor = ResourceMonitor(INTERVAL_S, None, all_splits_share_gpus=True,
-                              open_gpus=lambda visible: open_nvml(visible, api=FakeNvml(gpus)))
+    monitor = monitor_of(INTERVAL_S, True, fake_nvml(gpus))
     wait_opened(monitor)
     earlier = make_split(tmp_path / "earlier")
     monitor.watch(earlier, os.getpid())
@@ -208,7 +233,8 @@ def test_samples_restored_from_an_earlier_session_open_no_attribution_window(
     monitor.note_records(split, 0, array("q", (wire.FORWARD, 0, 0, -1, 0, start, end, -1, -1)
                                          + (0,) * (wire.RECORD_WIDTH - 9)))
     split.set_status("completed", None)
-    figures = (monitor.final_round(split), monitor.figures(split))[1]
+    monitor.final_round(split)
+    figures = monitor.figures(split)
     assert len(figures.gpu_samples) > len(old_gpu)  # the earlier samples are kept
     # Forward ran only in this session: the busy rounds restored before it do not count.
     assert figures.attribution["Forward"].util_mean_pct == 0.0

@@ -8,6 +8,7 @@ import random
 import numpy as np
 import pytest
 
+from sidecar.resources.fields import GPU_FIELDS, columns
 from sidecar.resources.samplers.host import HostSample
 from sidecar.resources.samplers.nvml import GpuSample
 from sidecar.resources.samplers.summary import (
@@ -17,7 +18,7 @@ from sidecar.resources.samplers.summary import (
     summarize_host,
 )
 from sidecar.sinks.layout import WIDTH
-from sidecar.sinks.resources_text import RESOURCES_COLUMNS, resources_block, resources_frame
+from sidecar.sinks.resources_text import resources_block, resources_frame
 
 S = 1_000_000_000
 START = 1_000 * S  # run start on the monotonic clock
@@ -54,21 +55,22 @@ def gpu1() -> list[GpuSample]:
 def test_time_weighted_gpu_summary() -> None:
     [summary] = summarize_gpus(gpu0())
     # Each sample weighs the window since the one before: 1 s, 2 s, 1 s; the first opens.
-    assert summary.util_mean_pct == pytest.approx((40 * 1 + 70 * 2 + 100 * 1) / 4)  # 70
-    assert summary.util_max_pct == 100.0
-    assert summary.mem_util_mean_pct == pytest.approx(35.0)
-    assert summary.power_mean_w == pytest.approx((200 + 300 * 2 + 400) / 4)  # 300
-    assert (summary.energy_j, summary.energy_method) == (1200.0, "counter")
-    assert summary.mem_used_peak_mib == 900.0 and summary.mem_total_mib == 1000.0
-    assert summary.temperature_max_c == 70.0 and summary.job_mem_peak_mib == 80.0
-    assert summary.sm_activity_mean_pct is None
-    assert (summary.n_samples, summary.duration_s, summary.power_source) == (4, 4.0, "instant")
+    assert summary.figures["util_mean_pct"] == pytest.approx((40 * 1 + 70 * 2 + 100 * 1) / 4)  # 70
+    assert summary.figures["util_max_pct"] == 100.0
+    assert summary.figures["mem_util_mean_pct"] == pytest.approx(35.0)
+    assert summary.figures["power_mean_w"] == pytest.approx((200 + 300 * 2 + 400) / 4)  # 300
+    assert (summary.figures["energy_j"], summary.figures["energy_method"]) == (1200.0, "counter")
+    figures = summary.figures
+    assert figures["mem_used_peak_mib"] == 900.0 and figures["mem_total_mib"] == 1000.0
+    assert figures["temperature_max_c"] == 70.0 and figures["job_mem_peak_mib"] == 80.0
+    assert figures["sm_activity_mean_pct"] is None
+    assert (summary.n_samples, summary.duration_s, figures["power_source"]) == (4, 4.0, "instant")
 
 
 def test_energy_integrated_from_power_without_a_counter() -> None:
     [summary] = summarize_gpus(gpu0(energy=False))
-    assert summary.energy_j == pytest.approx(200 * 1 + 300 * 2 + 400 * 1)
-    assert summary.energy_method == "integrated power"
+    assert summary.figures["energy_j"] == pytest.approx(200 * 1 + 300 * 2 + 400 * 1)
+    assert summary.figures["energy_method"] == "integrated power"
 
 
 def test_gpus_kept_apart_and_ordered_single_sample_plain() -> None:
@@ -76,10 +78,11 @@ def test_gpus_kept_apart_and_ordered_single_sample_plain() -> None:
                                             power_source="average", sm_activity_pct=12.0)]
     summaries = summarize_gpus(samples)
     assert [s.gpu_index for s in summaries] == [0, 1, 2]
-    assert summaries[1].util_mean_pct == 0.0 and summaries[1].power_mean_w == 50.0
-    lone = summaries[2]
-    assert (lone.util_mean_pct, lone.sm_activity_mean_pct, lone.energy_j) == (30.0, 12.0, None)
-    assert lone.power_source == "average"
+    second, lone = summaries[1].figures, summaries[2].figures
+    assert second["util_mean_pct"] == 0.0 and second["power_mean_w"] == 50.0
+    assert (lone["util_mean_pct"], lone["sm_activity_mean_pct"], lone["energy_j"]) == (
+        30.0, 12.0, None)
+    assert lone["power_source"] == "average"
 
 
 def test_host_summary() -> None:
@@ -87,9 +90,9 @@ def test_host_summary() -> None:
                for t, cpu, rss, mem in zip(TIMES[:3], (0.0, 100.0, 50.0), (10.0, 30.0, 20.0),
                                            (40.0, 45.0, 42.0), strict=True)]
     summary = summarize_host(samples[::-1])  # order does not matter
-    assert summary.cpu_mean_pct == pytest.approx((100 * 1 + 50 * 2) / 3)
-    assert (summary.rss_peak_mib, summary.uss_peak_mib) == (30.0, None)
-    assert (summary.system_mem_used_max_pct, summary.n_samples) == (45.0, 3)
+    assert summary.figures["cpu_mean_pct"] == pytest.approx((100 * 1 + 50 * 2) / 3)
+    assert (summary.figures["rss_peak_mib"], summary.figures["uss_peak_mib"]) == (30.0, None)
+    assert (summary.figures["system_mem_used_max_pct"], summary.n_samples) == (45.0, 3)
 
 
 def attribution(samples: list[GpuSample], intervals: list[tuple[str, int, int]],
@@ -132,7 +135,7 @@ def test_resources_frame_gpu_rows_joined_with_host() -> None:
     host = [HostSample(t, 150.0, 500.0, 400.0 if i == 0 else None, 30.0, 4)
             for i, t in enumerate(TIMES)]
     frame = resources_frame(gpu1() + gpu0(), host, START)
-    assert tuple(frame.columns) == RESOURCES_COLUMNS
+    assert tuple(frame.columns) == columns()
     assert len(frame) == 8
     assert list(frame["time (s)"]) == [0.0, 0.0, 1.0, 1.0, 3.0, 3.0, 4.0, 4.0]
     assert list(frame["gpu index"]) == [0, 1] * 4
@@ -148,13 +151,13 @@ def test_resources_frame_gpu_rows_joined_with_host() -> None:
 def test_resources_frame_cpu_only_and_empty() -> None:
     host = [HostSample(START + S // 2, 80.0, 200.0, None, 25.0, 2)]
     frame = resources_frame([], host, START)
-    assert tuple(frame.columns) == RESOURCES_COLUMNS and len(frame) == 1
+    assert tuple(frame.columns) == columns() and len(frame) == 1
     row = frame.iloc[0]
     assert row["time (s)"] == 0.5 and row["host cpu (%)"] == 80.0
-    gpu_columns = list(RESOURCES_COLUMNS[2:17])
+    gpu_columns = [f.column for f in GPU_FIELDS]
     assert frame[gpu_columns].isna().all(axis=None)
     empty = resources_frame([], [], START)
-    assert tuple(empty.columns) == RESOURCES_COLUMNS and empty.empty
+    assert tuple(empty.columns) == columns() and empty.empty
 
 
 def test_resources_frame_host_rounds_after_gpu_sampling_stopped() -> None:
@@ -210,7 +213,7 @@ def test_a_mig_instance_says_its_power_and_energy_are_the_whole_gpus() -> None:
     samples = [gpu_sample(t, power_source="energy", energy_j=1000.0 + i,
                           whole_gpu_uuid="GPU-whole") for i, t in enumerate(TIMES)]
     [summary] = summarize_gpus(samples)
-    assert summary.whole_gpu_uuid == "GPU-whole" and summary.power_source == "energy"
+    assert summary.whole_gpu_uuid == "GPU-whole" and summary.figures["power_source"] == "energy"
     text = "\n".join(resources_block([summary], None, None, {}, []))
     assert "the whole GPU GPU-whole" in text and "shared by its MIG instances" in text
     assert all(len(line) <= WIDTH for line in text.splitlines())
@@ -222,7 +225,7 @@ def test_the_power_source_is_that_of_the_weighed_samples() -> None:
     """The first sample (a point reading before any energy window) weighs nothing."""
     samples = [gpu_sample(t, power_source="instant" if i == 0 else "energy")
                for i, t in enumerate(TIMES)]
-    assert summarize_gpus(samples)[0].power_source == "energy"
+    assert summarize_gpus(samples)[0].figures["power_source"] == "energy"
 
 
 def overlap_by_hand(samples: list[GpuSample], intervals: list[tuple[str, int, int]],

@@ -83,9 +83,10 @@ def open_nvml(visible_devices: str | None, timeout_s: float = 5.0, api: Any = No
     """
     if api is None:
         try:
-            import pynvml as api
+            import pynvml
         except ImportError as exc:
             return NvmlUnavailable(f"nvidia-ml-py not installed: {exc}")
+        api = pynvml
     worker = Worker("nvml-sampler")
     try:
         devices = worker.call(lambda: list_devices(api), timeout_s)

@@ -34,46 +34,38 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from sidecar.resources import fields
 from sidecar.resources.samplers.host import HostSample
 from sidecar.resources.samplers.nvml import GpuSample
+
+Figures = dict[str, float | str | None]
 
 
 @dataclass(frozen=True)
 class GpuSummary:
-    """One GPU over the run. None where no sample had the field."""
+    """One GPU over the run: ``figures`` holds one value per ``Figure`` of the GPU fields
+    (``sidecar.resources.fields``), None where no sample had the field."""
 
     gpu_index: int
     uuid: str
     name: str
     n_samples: int
     duration_s: float
-    util_mean_pct: float | None
-    util_max_pct: float | None
-    mem_util_mean_pct: float | None
-    mem_used_peak_mib: float | None
-    mem_total_mib: float | None
-    power_mean_w: float | None
-    power_source: str | None  # "instant", "average" or "mixed"
-    energy_j: float | None
-    energy_method: str | None  # "counter" or "integrated power"
-    temperature_max_c: float | None
-    job_mem_peak_mib: float | None
-    sm_activity_mean_pct: float | None
+    figures: Figures
     whole_gpu_uuid: str | None = None  # a MIG instance: power, energy, temperature shared
 
 
 @dataclass(frozen=True)
 class HostSummary:
-    """The job's process tree and the host over the run."""
+    """The job's process tree and the host over the run: one value per ``Figure`` of the
+    host fields."""
 
     n_samples: int
-    cpu_mean_pct: float | None  # 100 = one core
-    rss_peak_mib: float | None
-    uss_peak_mib: float | None
-    system_mem_used_max_pct: float | None
+    figures: Figures
 
 
 @dataclass(frozen=True)
@@ -108,7 +100,7 @@ def _max(values: Iterable[float | None]) -> float | None:
     return max(present) if present else None
 
 
-def _energy(ts: Sequence[int], samples: Sequence[GpuSample]) -> tuple[float | None, str | None]:
+def _energy(ts: Sequence[int], samples: Sequence[Any]) -> tuple[float | None, str | None]:
     counter = [s.energy_j for s in samples if s.energy_j is not None]
     if len(counter) >= 2 and counter[-1] >= counter[0]:  # a reset (driver reload) falls back
         return counter[-1] - counter[0], "counter"
@@ -121,51 +113,55 @@ def _energy(ts: Sequence[int], samples: Sequence[GpuSample]) -> tuple[float | No
     return (joules, "integrated power") if seconds else (None, None)
 
 
+def _source(values: Sequence[str | None]) -> str | None:
+    """The one value the weighed samples share (the first only opens the clock), else
+    "mixed"; None when none has one."""
+    present = {v for v in (values[1:] or values) if v is not None}
+    return (present.pop() if len(present) == 1 else "mixed") if present else None
+
+
+def _fold(rule: fields.Rule, ts: Sequence[int], seq: Sequence[Any],
+          attribute: str) -> float | str | None:
+    """One figure of ``seq`` (samples in time order) by ``rule`` (see ``fields.Rule``)."""
+    values = [getattr(s, attribute) for s in seq]
+    if rule == "mean":
+        return _weighted_mean(ts, values)
+    if rule == "max":
+        return _max(values)
+    if rule == "source":
+        return _source(values)
+    energy, method = _energy(ts, seq)
+    return energy if rule == "energy" else method
+
+
+def _figures(table: Sequence[fields.Field], seq: Sequence[Any]) -> Figures:
+    ts = [s.t_ns for s in seq]
+    return {figure.name: _fold(figure.rule, ts, seq, field.attribute)
+            for field in table for figure in field.figures}
+
+
 def summarize_gpus(samples: Sequence[GpuSample]) -> list[GpuSummary]:
-    """Per GPU (by UUID, ordered by ``gpu_index``): time-weighted means, maxima, peaks and
-    energy of its samples. Units as in GpuSample (%, MiB, W, J, °C)."""
+    """Per GPU (by UUID, ordered by ``gpu_index``): the figures of the GPU fields
+    (time-weighted means, maxima, peaks, energy). Units as in GpuSample (%, MiB, W, J, °C)."""
     by_gpu: dict[str, list[GpuSample]] = {}
     for sample in samples:
         by_gpu.setdefault(sample.uuid, []).append(sample)
     summaries = []
     for seq in by_gpu.values():
         seq.sort(key=lambda s: s.t_ns)
-        ts = [s.t_ns for s in seq]
-        # the sources of the values the mean weighs (the first sample only opens the clock)
-        sources = {s.power_source for s in (seq[1:] or seq) if s.power_source is not None}
-        energy, method = _energy(ts, seq)
         summaries.append(GpuSummary(
             gpu_index=seq[-1].gpu_index, uuid=seq[-1].uuid, name=seq[-1].name,
-            n_samples=len(seq), duration_s=(ts[-1] - ts[0]) / 1e9,
-            util_mean_pct=_weighted_mean(ts, [s.util_pct for s in seq]),
-            util_max_pct=_max(s.util_pct for s in seq),
-            mem_util_mean_pct=_weighted_mean(ts, [s.mem_util_pct for s in seq]),
-            mem_used_peak_mib=_max(s.mem_used_mib for s in seq),
-            mem_total_mib=_max(s.mem_total_mib for s in seq),
-            power_mean_w=_weighted_mean(ts, [s.power_w for s in seq]),
-            power_source=(sources.pop() if len(sources) == 1 else "mixed") if sources else None,
-            energy_j=energy, energy_method=method,
-            temperature_max_c=_max(s.temperature_c for s in seq),
-            job_mem_peak_mib=_max(s.job_mem_mib for s in seq),
-            sm_activity_mean_pct=_weighted_mean(ts, [s.sm_activity_pct for s in seq]),
-            whole_gpu_uuid=seq[-1].whole_gpu_uuid,
-        ))
+            n_samples=len(seq), duration_s=(seq[-1].t_ns - seq[0].t_ns) / 1e9,
+            figures=_figures(fields.GPU_FIELDS, seq), whole_gpu_uuid=seq[-1].whole_gpu_uuid))
     summaries.sort(key=lambda g: g.gpu_index)
     return summaries
 
 
 def summarize_host(samples: Sequence[HostSample]) -> HostSummary:
-    """Time-weighted mean CPU % of the job (100 = one core), peak RSS and USS of the job in
-    MiB, and the maximum of the host's used-memory %."""
+    """The figures of the host fields: time-weighted mean CPU % of the job (100 = one
+    core), peak RSS and USS of the job in MiB, the maximum of the host's used-memory %."""
     seq = sorted(samples, key=lambda s: s.t_ns)
-    ts = [s.t_ns for s in seq]
-    return HostSummary(
-        n_samples=len(seq),
-        cpu_mean_pct=_weighted_mean(ts, [s.cpu_pct for s in seq]),
-        rss_peak_mib=_max(s.rss_mib for s in seq),
-        uss_peak_mib=_max(s.uss_mib for s in seq),
-        system_mem_used_max_pct=_max(s.system_mem_used_pct for s in seq),
-    )
+    return HostSummary(n_samples=len(seq), figures=_figures(fields.HOST_FIELDS, seq))
 
 
 def attribute_phases(gpu_samples: Sequence[GpuSample], phases: np.ndarray,
