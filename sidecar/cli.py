@@ -160,8 +160,8 @@ def _parser() -> argparse.ArgumentParser:
 def _report(args: argparse.Namespace) -> int:
     # pandas and numpy: imported only for this command
     from sidecar.report import build
-    from sidecar.report.progress import Progress
     from sidecar.report.from_prometheus import PrometheusError, from_prometheus
+    from sidecar.report.progress import Progress
 
     if args.prometheus:
         if args.paths or not args.since:

@@ -32,11 +32,9 @@ Semantics (SPEC §4, docs/iteration-model.md):
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
 from itertools import pairwise
-from operator import attrgetter
-from typing import Any
 
 import numpy as np
 
@@ -54,7 +52,6 @@ from markers.wire import (
     P_START,
 )
 from sidecar.model.blocks import Blocks, is_validation, moments, split_blocks
-from sidecar.model.rowcache import RowCache
 from sidecar.model.stats import Welford
 from sidecar.model.units import BYTES_PER_MIB, NS_PER_S
 
@@ -100,18 +97,6 @@ class Row:
 ROW_FIELDS = tuple(f.name for f in fields(Row))
 
 
-def row_columns(rows: list[Row]) -> dict[str, list[Any]]:
-    """``rows`` as the state holds them: one list of values per Row field (schema 4)."""
-    return {name: list(map(attrgetter(name), rows)) for name in ROW_FIELDS}
-
-
-def rows_from_columns(columns: dict[str, list[Any]]) -> list[Row]:
-    """Inverse of ``row_columns``; KeyError for a missing field, ValueError for columns of
-    different lengths."""
-    return [Row(*values) for values in zip(*(columns[name] for name in ROW_FIELDS),
-                                           strict=True)]
-
-
 @dataclass
 class PhaseSeries:
     """The stored rows of a phase, its streaming figures over all measurements, and its
@@ -121,13 +106,6 @@ class PhaseSeries:
     wall: Welford = field(default_factory=Welford)
     gpu: Welford = field(default_factory=Welford)
     flagged: list[Row] = field(default_factory=list)
-    # What the writers derived from ``rows`` and ``flagged`` (their text), per row once.
-    cache: RowCache = field(default_factory=RowCache, compare=False, repr=False)
-
-
-# How the state holds one list of stored rows of a rank, given (aggregator, phase, "rows" or
-# "flagged"); by default ``row_columns``, the writers pass their cached text.
-RowsState = Callable[["RankAggregator", int, str], Any]
 
 
 @dataclass
@@ -220,6 +198,12 @@ class RankAggregator:
             self.custom_names[key] = name
             self._names[name] = key
         return key
+
+    def restore_custom_names(self, names: dict[int, str]) -> None:
+        """Take the custom phases' keys and names of a saved state (``custom_key`` then
+        finds them by name)."""
+        self.custom_names = dict(names)
+        self._names = {name: key for key, name in names.items()}
 
     def measured_custom(self) -> list[int]:
         """The custom phases with at least one measurement (flagged rows alone make no
@@ -622,75 +606,3 @@ class RankAggregator:
         if store:
             series.rows.append(self._row(record, wall_ns, gpu_ns, peak_bytes, start_ns,
                                          batch_size, batches, flag))
-
-    # -- state ----------------------------------------------------------------------
-
-    def to_state(self, rows_state: RowsState | None = None) -> dict:
-        """Everything needed to resume: JSON-serialisable, see ``sidecar.model.state``.
-
-        ``rows_state`` gives each list of stored rows its value in the state (default: its
-        columns, ``row_columns``).
-        """
-        def rows_of(phase: int, which: str) -> Any:
-            if rows_state is None:
-                return row_columns(getattr(self.series[phase], which))
-            return rows_state(self, phase, which)
-
-        return {
-            "rank": self.rank,
-            "run_start_unix": self.run_start_unix,
-            "training_s": self.training_s(),
-            "saved_unix": self.sessions[-1].last_unix if self.sessions else self.run_start_unix,
-            "downtime_s": self.downtime_s,
-            "redone_s": self.redone_s,
-            "gpu_not_measured": self.gpu_not_measured,
-            "stored_iterations": {"train": self.stored_iterations[False],
-                                  "validation": self.stored_iterations[True]},
-            "samples": {"train": self.samples[False], "validation": self.samples[True]},
-            "custom_names": {str(k): v for k, v in self.custom_names.items()},
-            "aligned_custom": sorted(self.aligned_custom),
-            "sessions": [asdict(s) for s in self.sessions],
-            "series": {
-                str(phase): {"rows": rows_of(phase, "rows"),
-                             "wall": s.wall.to_list(),
-                             "gpu": s.gpu.to_list(),
-                             "flagged": rows_of(phase, "flagged")}
-                for phase, s in self.series.items()
-            },
-        }
-
-    def load_state(self, state: dict, continue_run: str = "") -> None:
-        """Restore ``to_state`` output (of the current schema); KeyError/ValueError if broken.
-
-        ``continue_run``: the run id (hex) of a process that is still running and whose
-        session the state's last one is (a new sidecar took over): that session stays open
-        and its whole time is measured again from its start.
-        """
-        self.run_start_unix = float(state["run_start_unix"])
-        self.training_before_s = float(state["training_s"])
-        self.downtime_s = float(state["downtime_s"])
-        self.redone_s = float(state["redone_s"])
-        self.gpu_not_measured = int(state.get("gpu_not_measured", 0))  # added within schema 2
-        self.stored_iterations = {False: int(state["stored_iterations"]["train"]),
-                                  True: int(state["stored_iterations"]["validation"])}
-        samples = state.get("samples") or {}  # added within schema 3
-        self.samples = {False: samples.get("train"), True: samples.get("validation")}
-        self.custom_names = {int(k): str(v) for k, v in state["custom_names"].items()}
-        self._names = {name: key for key, name in self.custom_names.items()}
-        # Added within schema 3 (absent from older documents: nothing was aligned then).
-        self.aligned_custom = {int(k) for k in state.get("aligned_custom", [])}
-        self.sessions = [Session(**s) for s in state["sessions"]]
-        for s in self.sessions:  # the state's sessions are over: their time is in training_s
-            s.end_ns = s.end_ns if s.end_ns is not None else s.last_ns
-        last = self.sessions[-1] if self.sessions else None
-        if continue_run and last is not None and last.run_id == continue_run:
-            self.training_before_s -= (last.end_ns - last.start_ns) / NS_PER_S
-            last.end_ns = None
-        # A session appended by begin_session measures from its own start; the sessions
-        # above no longer count (their effective time is training_before_s).
-        self.series = {
-            int(phase): PhaseSeries(rows_from_columns(s["rows"]), Welford.from_list(s["wall"]),
-                                    Welford.from_list(s["gpu"]),
-                                    rows_from_columns(s["flagged"]))
-            for phase, s in state["series"].items()
-        }

@@ -8,8 +8,8 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 from markers import wire
-from sidecar.daemon.snapshot import GpuView, PhaseStats, RankView, Snapshot, SplitView
 from sidecar.daemon.metrics import MetricsExporter
+from sidecar.daemon.snapshot import GpuView, PhaseStats, RankView, Snapshot, SplitView
 
 RUN = ["run", "user", "host", "slurm_job_id"]
 SPEC = {  # name: (type, labels) as SPEC §7 lists them

@@ -1,4 +1,4 @@
-"""The writers' kept text of the stored rows (sinks/rowtext.py, model/rowcache.py),
+"""The writers' kept text of the stored rows (sinks/rowtext.py, sinks/rowcache.py),
 in-process: over several writes with rows added between them, a custom phase's column
 reset by ``_align`` and flagged rows, every file is what a fresh build writes (the tables
 as pandas writes them, the state as ``json`` writes ``to_state()``, the summary as an
@@ -13,11 +13,11 @@ from pathlib import Path
 
 from markers import wire
 from sidecar.model import state
-from sidecar.model.aggregator import PhaseSeries, RankAggregator, Settings, row_columns
-from sidecar.model.rowcache import RowCache
+from sidecar.model.aggregator import PhaseSeries, RankAggregator, Settings
 from sidecar.model.split import Split
 from sidecar.resources.monitor import ResourceFigures
 from sidecar.sinks import rowtext, summary, tables, writer
+from sidecar.sinks.rowcache import RowCache
 from tests.unit.test_aggregator import TRAIN, VAL, record
 from tests.unit.test_tables import expected_computational, expected_phases
 
@@ -60,7 +60,7 @@ def _check(split: Split) -> None:
     assert text == state.dumps(split.to_state())  # the columns as json writes them
     saved = json.loads(text)["ranks"]["0"]["series"]
     for phase, series in agg.series.items():
-        assert saved[str(phase)]["rows"] == json.loads(json.dumps(row_columns(series.rows)))
+        assert saved[str(phase)]["rows"] == json.loads(json.dumps(state.row_columns(series.rows)))
     loaded = Split(split.out_dir, 0, split.settings, split.info)
     copied = loaded.load_state(state.upgrade(json.loads(text)), 0)
     assert {p: (s.rows, s.flagged) for p, s in copied.series.items()} == {
