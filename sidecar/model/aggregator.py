@@ -62,6 +62,9 @@ MIN_ARRAY_RECORDS = 64
 ARRAY_FLAGS_MASK = wire.FLAG_IN_ITERATION | wire.FLAG_INCOMPLETE | wire.FLAG_BEGIN
 RecordValues = np.ndarray | array | Sequence[int]
 LOOP_PHASES = {False: wire.TRAINING_LOOP, True: wire.VALIDATION_LOOP}
+# What ``RankAggregator._decide`` says of a closed iteration: None (warmup), else (rows
+# stored, batches, batch size or None).
+Verdict = tuple[bool, int, int | None] | None
 OUTSIDE = "outside"  # flag of a row measured outside any iteration
 INCOMPLETE = "incomplete"  # flag of a row cut short: kept, never a measurement
 
@@ -365,27 +368,17 @@ class RankAggregator:
         return True
 
     def _close_blocks(self, records: np.ndarray, blocks: Blocks) -> None:
-        """Decide the closed iterations of ``blocks`` as ``_close_iteration`` does."""
+        """Decide the closed iterations of ``blocks`` one by one with ``_decide`` (as the
+        record path does), their phases' sums on arrays."""
         closed = np.flatnonzero(blocks.closed)
         if not len(closed):
             return
-        loops = records[blocks.last[closed]]
-        validation = blocks.validation[closed]
-        measured = loops[:, P_BATCH] >= self.settings.warmup_iterations
-        store = np.zeros(len(loops), dtype=bool)
-        for kind in (False, True):
-            room = self.settings.num_measurements - self.stored_iterations[kind]
-            chosen = np.flatnonzero(measured & (validation == kind))[:max(room, 0)]
-            store[chosen] = True
-            self.stored_iterations[kind] += len(chosen)
-        batches = np.where(loops[:, P_BATCHES] != 0, loops[:, P_BATCHES],
-                           np.where(validation, 1, self.settings.accumulation_steps))
-        sizes = self._batch_sizes(validation, loops[:, P_ITERATION])
-        for kind in (False, True):
-            known = measured & (validation == kind) & (sizes >= 0)
-            if known.any():
-                self.samples[kind] = ((self.samples[kind] or 0)
-                                      + int((sizes[known] * batches[known]).sum()))
+        loops = records[blocks.last[closed]].tolist()
+        verdicts = list(map(self._decide, blocks.validation[closed].tolist(), loops))
+        # Per iteration: -1 left out by warmup, 0 measured, 1 measured and stored.
+        outcome = np.fromiter((-1 if v is None else v[0] for v in verdicts), dtype=np.int8,
+                              count=len(verdicts))
+        measured, stored = outcome >= 0, outcome > 0
         of_block = np.full(len(blocks.first), -1)
         of_block[closed] = np.arange(len(closed))
         loop_of = of_block[blocks.block]  # per group: its loop's index in ``loops``, or -1
@@ -393,9 +386,9 @@ class RankAggregator:
         taken[taken] = measured[loop_of[taken]]
         self._merge_moments(blocks.phase[taken], blocks.wall_ns[taken], blocks.gpu_ns[taken])
         kept = np.flatnonzero(taken)
-        kept = kept[store[loop_of[kept]]]
+        kept = kept[stored[loop_of[kept]]]
         if len(kept):
-            self._store_rows(blocks, kept, loops, loop_of, sizes, batches, validation)
+            self._store_rows(blocks, kept, loops, loop_of, verdicts)
 
     def _merge_moments(self, phases: np.ndarray, wall_ns: np.ndarray,
                        gpu_ns: np.ndarray) -> None:
@@ -411,27 +404,19 @@ class RankAggregator:
                     phases[measured], gpu_ns[measured] / NS_PER_S)), strict=True):
                 self._series(phase).gpu.merge(count, mean, m2)
 
-    def _store_rows(self, blocks: Blocks, kept: np.ndarray, loops: np.ndarray,
-                    loop_of: np.ndarray, sizes: np.ndarray, batches: np.ndarray,
-                    validation: np.ndarray) -> None:
+    def _store_rows(self, blocks: Blocks, kept: np.ndarray, loops: list[list[int]],
+                    loop_of: np.ndarray, verdicts: list[Verdict]) -> None:
         """Store the rows of the groups ``kept`` (in block order, as ``_measure`` would)."""
-        session = self.sessions[-1]
-        offset_s = session.start_unix - self.run_start_unix
-        loop_rows = loops.tolist()
-        size_list, batch_list, val_list = sizes.tolist(), batches.tolist(), validation.tolist()
         for phase, index, start_ns, wall_ns, gpu_ns, peak_bytes in zip(
                 *(column[kept].tolist() for column in (
                     blocks.phase, loop_of, blocks.start_ns, blocks.wall_ns, blocks.gpu_ns,
                     blocks.peak_bytes)), strict=True):
-            loop = loop_rows[index]
-            size = size_list[index]
-            is_loop = phase == LOOP_PHASES[val_list[index]]
-            self._series(phase).rows.append(Row(
-                wall_ns / NS_PER_S, gpu_ns / NS_PER_S if gpu_ns >= 0 else None,
-                peak_bytes / BYTES_PER_MIB if peak_bytes >= 0 else None,
-                loop[P_EPOCH], loop[P_ITERATION], loop[P_BATCH], session.number,
-                offset_s + (start_ns - session.start_ns) / NS_PER_S,
-                size if is_loop and size >= 0 else None, batch_list[index]))
+            loop, verdict = loops[index], verdicts[index]
+            assert verdict is not None  # kept: its iteration was measured
+            _, batches, size = verdict
+            self._series(phase).rows.append(self._row(
+                loop, wall_ns, gpu_ns, peak_bytes, start_ns,
+                size if phase == loop[P_PHASE] else None, batches, ""))
 
     def _keep_open(self, records: np.ndarray, blocks: Blocks,
                    context: list[int] | None) -> None:
@@ -452,29 +437,6 @@ class RankAggregator:
             context = opener
         self._open[(bool(opener[P_FLAGS] & wire.FLAG_VALIDATION), opener[P_ITERATION])] = (
             context, partials)
-
-    def _batch_sizes(self, validation: np.ndarray, iterations: np.ndarray) -> np.ndarray:
-        """``batch_size`` of each (kind, iteration) on arrays; -1 where unknown."""
-        sizes = np.full(len(iterations), -1, dtype=np.int64)
-        for kind in (False, True):
-            mine = validation == kind
-            given = self.settings.val_batch_size if kind else self.settings.train_batch_size
-            read = self._read_sizes[kind]
-            if not mine.any() or (given is None and not read):
-                continue
-            if given is not None:
-                sizes[mine] = given
-                continue
-            firsts = np.array([first for first, _ in read], dtype=np.int64)
-            values = np.array([-1 if size is None else size for _, size in read],
-                              dtype=np.int64)
-            if np.any(firsts[1:] < firsts[:-1]):  # not in order: as batch_size walks it
-                sizes[mine] = [-1 if (size := self.batch_size(kind, i)) is None else size
-                               for i in iterations[mine].tolist()]
-                continue
-            index = np.searchsorted(firsts, iterations[mine], side="right") - 1
-            sizes[mine] = np.where(index >= 0, values[np.maximum(index, 0)], -1)
-        return sizes
 
     def _add_span(self, phase: int, record: list[int], flags: int) -> None:
         """An Epoch or Validation record: its begin mark, its end, or its end cut short."""
@@ -531,25 +493,35 @@ class RankAggregator:
         if loop_record[P_FLAGS] & wire.FLAG_INCOMPLETE:
             self._flag_iteration(loop_record, phases, loop_record[P_BATCHES])
             return
-        # A loop record without a count (primitives driven without ``batch_done``): a
-        # whole step.
-        batches = loop_record[P_BATCHES] or (1 if validation
-                                             else self.settings.accumulation_steps)
-        if loop_record[P_BATCH] < self.settings.warmup_iterations:
+        verdict = self._decide(validation, loop_record)
+        if verdict is None:
             return
-        store = self.stored_iterations[validation] < self.settings.num_measurements
-        if store:
-            self.stored_iterations[validation] += 1
-        loop_phase = LOOP_PHASES[validation]
-        size = self.batch_size(validation, iteration)
-        if size is not None:
-            self.samples[validation] = (self.samples[validation] or 0) + size * batches
+        store, batches, size = verdict
         for phase, partial in phases.items():
             if phase >= wire.FIRST_CUSTOM_ID and phase not in self.aligned_custom:
                 self._align(phase)
             self._measure(phase, loop_record, partial.wall_ns, partial.gpu_ns,
                           partial.peak_bytes, store, start_ns=partial.start_ns,
-                          batches=batches, batch_size=size if phase == loop_phase else None)
+                          batches=batches,
+                          batch_size=size if phase == loop_record[P_PHASE] else None)
+
+    def _decide(self, validation: bool, loop_record: list[int]) -> Verdict:
+        """The rule of a whole iteration closed by ``loop_record``, both paths call it once
+        per iteration in order: None when warmup leaves it out, else whether its rows are
+        stored (while fewer than ``num_measurements`` of its kind are), its batches (none
+        counted: a whole step) and its batch size. Counts it as stored and adds its
+        samples."""
+        if loop_record[P_BATCH] < self.settings.warmup_iterations:
+            return None
+        batches = loop_record[P_BATCHES] or (1 if validation
+                                             else self.settings.accumulation_steps)
+        size = self.batch_size(validation, loop_record[P_ITERATION])
+        if size is not None:
+            self.samples[validation] = (self.samples[validation] or 0) + size * batches
+        store = self.stored_iterations[validation] < self.settings.num_measurements
+        if store:
+            self.stored_iterations[validation] += 1
+        return store, batches, size
 
     def _cut_iteration(self, key: tuple[bool, int]) -> None:
         """An open iteration whose loop record never came: its phases are flagged rows."""
