@@ -118,7 +118,8 @@ def load_rank(agg: RankAggregator, saved: dict[str, Any], continue_run: str = ""
         s.end_ns = s.end_ns if s.end_ns is not None else s.last_ns
     last = agg.sessions[-1] if agg.sessions else None
     if continue_run and last is not None and last.run_id == continue_run:
-        agg.training_before_s -= (last.end_ns - last.start_ns) / NS_PER_S
+        ended_ns = last.end_ns if last.end_ns is not None else last.last_ns
+        agg.training_before_s -= (ended_ns - last.start_ns) / NS_PER_S
         last.end_ns = None
     # A session appended by begin_session measures from its own start; the sessions
     # above no longer count (their effective time is training_before_s).

@@ -42,6 +42,7 @@ SEGMENT_FIELDS = {False: ("wall_s",), True: ("wall_s", "gpu_s", "peak_mib")}
 _GPU_PHASES = frozenset(row.phase for row in layout.PHASE_ROWS if row.gpu)
 _FLOATS = frozenset({"wall_s", "gpu_s", "peak_mib", "start_s"})
 _TEXTS = frozenset({"flag"})
+_ARRAYS = ("start_s", "wall_s", "gpu_s", "peak_mib")  # RowText's float64 arrays
 _NONFINITE = frozenset({"nan", "inf", "-inf"})  # float reprs that JSON writes otherwise
 NONE_TYPE = type(None)
 # The text kept per aggregator; it goes with the aggregator (a split's fresh rank, a
@@ -139,11 +140,11 @@ def _derive(rows: list[Row], label_cell: str, rank_cell: str, gpu: bool) -> RowT
     sizes = values["batch_size"]
     return RowText(
         lines, segments, {name: ",".join(cells) for name, cells in as_json.items()},
-        *(np.array(values[name], dtype="float64")
-          for name in ("start_s", "wall_s", "gpu_s", "peak_mib")),
-        [w for w, size in zip(values["wall_s"], sizes, strict=True) if size is not None],
-        sum(size * n for size, n in zip(sizes, values["batches"], strict=True)
-            if size is not None))
+        **{name: np.array(values[name], dtype="float64") for name in _ARRAYS},
+        known_wall_s=[w for w, size in zip(values["wall_s"], sizes, strict=True)
+                      if size is not None],
+        samples=sum(size * n for size, n in zip(sizes, values["batches"], strict=True)
+                    if size is not None))
 
 
 def _merged(items: list[RowText]) -> RowText:
@@ -157,10 +158,9 @@ def _merged(items: list[RowText]) -> RowText:
             list(chain.from_iterable(t.lines for t in items)),
             list(chain.from_iterable(t.segments for t in items)),
             {name: ",".join(t.json[name] for t in items) for name in ROW_FIELDS},
-            *(np.concatenate([getattr(t, name) for t in items])
-              for name in ("start_s", "wall_s", "gpu_s", "peak_mib")),
-            list(chain.from_iterable(t.known_wall_s for t in items)),
-            sum(t.samples for t in items))]
+            **{name: np.concatenate([getattr(t, name) for t in items]) for name in _ARRAYS},
+            known_wall_s=list(chain.from_iterable(t.known_wall_s for t in items)),
+            samples=sum(t.samples for t in items))]
     return items[0]
 
 
