@@ -27,6 +27,11 @@ Semantics (SPEC §4, docs/iteration-model.md):
   given at the start of its session, else the one the markers read from the batches from
   that iteration on. Throughput sums what each row held (batch size × its batches), so a
   size that changes (across a resume, or a short last batch) counts right.
+
+A closed iteration is decided by one rule, ``RankAggregator._decide``, which the record
+path and the array path (``model/blocks.py``) both call once per iteration, in order.
+Over 500 lines: one state machine whose two paths share its private state (open
+iterations, counters), kept in one class; its state file is ``model/state.py``.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ when no sidecar saved the run's records); 3 gives each stored loop row its
 keeps its ``batches`` and ``flag``, each series its ``flagged`` rows, each rank its
 ``aligned_custom`` phases and each session its ``worker_phases`` (absent: none); 4 holds
 a series' ``rows`` and ``flagged`` as columns (one list per Row field,
-````row_columns``) instead of one object per row: a third of the size at 10⁵
+``row_columns``) instead of one object per row: a third of the size at 10⁵
 stored rows (the field names are no longer repeated per row), which a checkpoint writes
 and flushes to disk each time. Older documents are upgraded on reading.
 

@@ -7,9 +7,14 @@ aggregator with no kept text writes it), and the state reads back."""
 from __future__ import annotations
 
 import copy
+import gc
 import json
+import weakref
 from array import array
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from markers import wire
 from sidecar.model import state
@@ -121,6 +126,36 @@ def test_files_written_with_kept_text_equal_a_fresh_writers(tmp_path: Path) -> N
         if path.is_file() and path.name != "sidecar.lock":
             twin = fresh.split_dir / path.relative_to(split.split_dir)
             assert path.read_bytes() == twin.read_bytes(), path.name
+
+
+def test_the_text_is_kept_per_aggregator_and_goes_with_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    derived: list[int] = []  # rows formatted per derivation
+
+    def counting(rows: list, **cells: Any) -> rowtext.RowText:
+        derived.append(len(rows))
+        return real(rows, **cells)
+
+    real = rowtext._derive
+    monkeypatch.setattr(rowtext, "_derive", counting)
+    gc.collect()
+    before = len(rowtext._KEPT)  # aggregators of other tests still alive
+    agg = RankAggregator(0, Settings(), 1000.0)
+    agg.begin_session(1000.0, 0)
+    agg.add_records(array("q", _iteration(0, 0.0) + _iteration(1, 10.0)))
+    assert len(rowtext.texts(agg, wire.FORWARD).lines) == 2
+    agg.add_records(array("q", _iteration(2, 20.0)))
+    assert len(rowtext.texts(agg, wire.FORWARD).lines) == 3
+    assert len(rowtext.texts(agg, wire.FORWARD).lines) == 3
+    assert derived == [2, 1]  # only the rows added since: the rest was kept
+    assert len(rowtext.texts(_fresh(agg), wire.FORWARD).lines) == 3
+    assert derived == [2, 1, 3]  # another aggregator keeps its own
+    gc.collect()
+    assert len(rowtext._KEPT) == before + 1  # the fresh one's went with it
+    gone = weakref.ref(agg)
+    del agg
+    gc.collect()
+    assert gone() is None and len(rowtext._KEPT) == before
 
 
 def test_a_replaced_or_shortened_list_is_derived_again() -> None:
