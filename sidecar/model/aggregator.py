@@ -513,11 +513,12 @@ class RankAggregator:
     def _decide(self, validation: bool, loop_record: list[int]) -> Verdict:
         """The rule of a whole iteration closed by ``loop_record``, both paths call it once
         per iteration in order: None when warmup leaves it out, else whether its rows are
-        stored (while fewer than ``num_measurements`` of its kind are), its batches (none
-        counted: a whole step) and its batch size. Counts it as stored and adds its
-        samples."""
+        stored (while fewer than ``num_measurements`` of its kind are), its batches and its
+        batch size (``batch_size``). Counts it as stored and adds its samples."""
         if loop_record[P_BATCH] < self.settings.warmup_iterations:
             return None
+        # A loop record without a count (primitives driven without ``batch_done``): a
+        # whole step.
         batches = loop_record[P_BATCHES] or (1 if validation
                                              else self.settings.accumulation_steps)
         size = self.batch_size(validation, loop_record[P_ITERATION])
