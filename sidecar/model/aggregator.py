@@ -67,11 +67,11 @@ MIN_ARRAY_RECORDS = 64
 ARRAY_FLAGS_MASK = wire.FLAG_IN_ITERATION | wire.FLAG_INCOMPLETE | wire.FLAG_BEGIN
 RecordValues = np.ndarray | array | Sequence[int]
 LOOP_PHASES = {False: wire.TRAINING_LOOP, True: wire.VALIDATION_LOOP}
+OUTSIDE = "outside"  # flag of a row measured outside any iteration
+INCOMPLETE = "incomplete"  # flag of a row cut short: kept, never a measurement
 # What ``RankAggregator._decide`` says of a closed iteration: None (warmup), else (rows
 # stored, batches, batch size or None).
 Verdict = tuple[bool, int, int | None] | None
-OUTSIDE = "outside"  # flag of a row measured outside any iteration
-INCOMPLETE = "incomplete"  # flag of a row cut short: kept, never a measurement
 
 
 @dataclass(frozen=True)
