@@ -160,8 +160,8 @@ def _parser() -> argparse.ArgumentParser:
 def _report(args: argparse.Namespace) -> int:
     # pandas and numpy: imported only for this command
     from sidecar.report import build
+    from sidecar.report.from_prometheus import PrometheusError, from_prometheus
     from sidecar.report.progress import Progress
-    from sidecar.report.prometheus import PrometheusError, from_prometheus
 
     if args.prometheus:
         if args.paths or not args.since:
@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None, **seams: Any) -> int:
         logging.basicConfig(format="sidecar[%(process)d] %(levelname)s: %(message)s",
                             level=logging.WARNING if args.quiet else logging.INFO)
         if args.metrics_port is not None:
-            from sidecar.sinks.metrics import MetricsExporter  # prometheus_client: only here
+            from sidecar.daemon.metrics import MetricsExporter  # prometheus_client: only here
 
             exporter = MetricsExporter(args.metrics_port, args.metrics_addr)
             seams["hooks"] = [*seams.get("hooks", ()), exporter]

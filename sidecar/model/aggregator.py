@@ -27,16 +27,19 @@ Semantics (SPEC §4, docs/iteration-model.md):
   given at the start of its session, else the one the markers read from the batches from
   that iteration on. Throughput sums what each row held (batch size × its batches), so a
   size that changes (across a resume, or a short last batch) counts right.
+
+A closed iteration is decided by one rule, ``RankAggregator._decide``, which the record
+path and the array path (``model/blocks.py``) both call once per iteration, in order.
+Over 500 lines: one state machine whose two paths share its private state (open
+iterations, counters), kept in one class; its state file is ``model/state.py``.
 """
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
 from itertools import pairwise
-from operator import attrgetter
-from typing import Any
 
 import numpy as np
 
@@ -54,7 +57,6 @@ from markers.wire import (
     P_START,
 )
 from sidecar.model.blocks import Blocks, is_validation, moments, split_blocks
-from sidecar.model.rowcache import RowCache
 from sidecar.model.stats import Welford
 from sidecar.model.units import BYTES_PER_MIB, NS_PER_S
 
@@ -67,6 +69,9 @@ RecordValues = np.ndarray | array | Sequence[int]
 LOOP_PHASES = {False: wire.TRAINING_LOOP, True: wire.VALIDATION_LOOP}
 OUTSIDE = "outside"  # flag of a row measured outside any iteration
 INCOMPLETE = "incomplete"  # flag of a row cut short: kept, never a measurement
+# What ``RankAggregator._decide`` says of a closed iteration: None (warmup), else (rows
+# stored, batches, batch size or None).
+Verdict = tuple[bool, int, int | None] | None
 
 
 @dataclass(frozen=True)
@@ -100,18 +105,6 @@ class Row:
 ROW_FIELDS = tuple(f.name for f in fields(Row))
 
 
-def row_columns(rows: list[Row]) -> dict[str, list[Any]]:
-    """``rows`` as the state holds them: one list of values per Row field (schema 4)."""
-    return {name: list(map(attrgetter(name), rows)) for name in ROW_FIELDS}
-
-
-def rows_from_columns(columns: dict[str, list[Any]]) -> list[Row]:
-    """Inverse of ``row_columns``; KeyError for a missing field, ValueError for columns of
-    different lengths."""
-    return [Row(*values) for values in zip(*(columns[name] for name in ROW_FIELDS),
-                                           strict=True)]
-
-
 @dataclass
 class PhaseSeries:
     """The stored rows of a phase, its streaming figures over all measurements, and its
@@ -121,13 +114,6 @@ class PhaseSeries:
     wall: Welford = field(default_factory=Welford)
     gpu: Welford = field(default_factory=Welford)
     flagged: list[Row] = field(default_factory=list)
-    # What the writers derived from ``rows`` and ``flagged`` (their text), per row once.
-    cache: RowCache = field(default_factory=RowCache, compare=False, repr=False)
-
-
-# How the state holds one list of stored rows of a rank, given (aggregator, phase, "rows" or
-# "flagged"); by default ``row_columns``, the writers pass their cached text.
-RowsState = Callable[["RankAggregator", int, str], Any]
 
 
 @dataclass
@@ -220,6 +206,12 @@ class RankAggregator:
             self.custom_names[key] = name
             self._names[name] = key
         return key
+
+    def restore_custom_names(self, names: dict[int, str]) -> None:
+        """Take the custom phases' keys and names of a saved state (``custom_key`` then
+        finds them by name)."""
+        self.custom_names = dict(names)
+        self._names = {name: key for key, name in names.items()}
 
     def measured_custom(self) -> list[int]:
         """The custom phases with at least one measurement (flagged rows alone make no
@@ -381,27 +373,17 @@ class RankAggregator:
         return True
 
     def _close_blocks(self, records: np.ndarray, blocks: Blocks) -> None:
-        """Decide the closed iterations of ``blocks`` as ``_close_iteration`` does."""
+        """Decide the closed iterations of ``blocks`` one by one with ``_decide`` (as the
+        record path does), their phases' sums on arrays."""
         closed = np.flatnonzero(blocks.closed)
         if not len(closed):
             return
-        loops = records[blocks.last[closed]]
-        validation = blocks.validation[closed]
-        measured = loops[:, P_BATCH] >= self.settings.warmup_iterations
-        store = np.zeros(len(loops), dtype=bool)
-        for kind in (False, True):
-            room = self.settings.num_measurements - self.stored_iterations[kind]
-            chosen = np.flatnonzero(measured & (validation == kind))[:max(room, 0)]
-            store[chosen] = True
-            self.stored_iterations[kind] += len(chosen)
-        batches = np.where(loops[:, P_BATCHES] != 0, loops[:, P_BATCHES],
-                           np.where(validation, 1, self.settings.accumulation_steps))
-        sizes = self._batch_sizes(validation, loops[:, P_ITERATION])
-        for kind in (False, True):
-            known = measured & (validation == kind) & (sizes >= 0)
-            if known.any():
-                self.samples[kind] = ((self.samples[kind] or 0)
-                                      + int((sizes[known] * batches[known]).sum()))
+        loops = records[blocks.last[closed]].tolist()
+        verdicts = list(map(self._decide, blocks.validation[closed].tolist(), loops))
+        # Per iteration: -1 left out by warmup, 0 measured, 1 measured and stored.
+        outcome = np.fromiter((-1 if v is None else v[0] for v in verdicts), dtype=np.int8,
+                              count=len(verdicts))
+        measured, stored = outcome >= 0, outcome > 0
         of_block = np.full(len(blocks.first), -1)
         of_block[closed] = np.arange(len(closed))
         loop_of = of_block[blocks.block]  # per group: its loop's index in ``loops``, or -1
@@ -409,9 +391,9 @@ class RankAggregator:
         taken[taken] = measured[loop_of[taken]]
         self._merge_moments(blocks.phase[taken], blocks.wall_ns[taken], blocks.gpu_ns[taken])
         kept = np.flatnonzero(taken)
-        kept = kept[store[loop_of[kept]]]
+        kept = kept[stored[loop_of[kept]]]
         if len(kept):
-            self._store_rows(blocks, kept, loops, loop_of, sizes, batches, validation)
+            self._store_rows(blocks, kept, loops, loop_of, verdicts)
 
     def _merge_moments(self, phases: np.ndarray, wall_ns: np.ndarray,
                        gpu_ns: np.ndarray) -> None:
@@ -427,27 +409,19 @@ class RankAggregator:
                     phases[measured], gpu_ns[measured] / NS_PER_S)), strict=True):
                 self._series(phase).gpu.merge(count, mean, m2)
 
-    def _store_rows(self, blocks: Blocks, kept: np.ndarray, loops: np.ndarray,
-                    loop_of: np.ndarray, sizes: np.ndarray, batches: np.ndarray,
-                    validation: np.ndarray) -> None:
+    def _store_rows(self, blocks: Blocks, kept: np.ndarray, loops: list[list[int]],
+                    loop_of: np.ndarray, verdicts: list[Verdict]) -> None:
         """Store the rows of the groups ``kept`` (in block order, as ``_measure`` would)."""
-        session = self.sessions[-1]
-        offset_s = session.start_unix - self.run_start_unix
-        loop_rows = loops.tolist()
-        size_list, batch_list, val_list = sizes.tolist(), batches.tolist(), validation.tolist()
         for phase, index, start_ns, wall_ns, gpu_ns, peak_bytes in zip(
                 *(column[kept].tolist() for column in (
                     blocks.phase, loop_of, blocks.start_ns, blocks.wall_ns, blocks.gpu_ns,
                     blocks.peak_bytes)), strict=True):
-            loop = loop_rows[index]
-            size = size_list[index]
-            is_loop = phase == LOOP_PHASES[val_list[index]]
-            self._series(phase).rows.append(Row(
-                wall_ns / NS_PER_S, gpu_ns / NS_PER_S if gpu_ns >= 0 else None,
-                peak_bytes / BYTES_PER_MIB if peak_bytes >= 0 else None,
-                loop[P_EPOCH], loop[P_ITERATION], loop[P_BATCH], session.number,
-                offset_s + (start_ns - session.start_ns) / NS_PER_S,
-                size if is_loop and size >= 0 else None, batch_list[index]))
+            loop, verdict = loops[index], verdicts[index]
+            assert verdict is not None  # kept: its iteration was measured
+            _, batches, size = verdict
+            self._series(phase).rows.append(self._row(
+                loop, wall_ns, gpu_ns, peak_bytes, start_ns,
+                size if phase == loop[P_PHASE] else None, batches, ""))
 
     def _keep_open(self, records: np.ndarray, blocks: Blocks,
                    context: list[int] | None) -> None:
@@ -468,29 +442,6 @@ class RankAggregator:
             context = opener
         self._open[(bool(opener[P_FLAGS] & wire.FLAG_VALIDATION), opener[P_ITERATION])] = (
             context, partials)
-
-    def _batch_sizes(self, validation: np.ndarray, iterations: np.ndarray) -> np.ndarray:
-        """``batch_size`` of each (kind, iteration) on arrays; -1 where unknown."""
-        sizes = np.full(len(iterations), -1, dtype=np.int64)
-        for kind in (False, True):
-            mine = validation == kind
-            given = self.settings.val_batch_size if kind else self.settings.train_batch_size
-            read = self._read_sizes[kind]
-            if not mine.any() or (given is None and not read):
-                continue
-            if given is not None:
-                sizes[mine] = given
-                continue
-            firsts = np.array([first for first, _ in read], dtype=np.int64)
-            values = np.array([-1 if size is None else size for _, size in read],
-                              dtype=np.int64)
-            if np.any(firsts[1:] < firsts[:-1]):  # not in order: as batch_size walks it
-                sizes[mine] = [-1 if (size := self.batch_size(kind, i)) is None else size
-                               for i in iterations[mine].tolist()]
-                continue
-            index = np.searchsorted(firsts, iterations[mine], side="right") - 1
-            sizes[mine] = np.where(index >= 0, values[np.maximum(index, 0)], -1)
-        return sizes
 
     def _add_span(self, phase: int, record: list[int], flags: int) -> None:
         """An Epoch or Validation record: its begin mark, its end, or its end cut short."""
@@ -547,25 +498,36 @@ class RankAggregator:
         if loop_record[P_FLAGS] & wire.FLAG_INCOMPLETE:
             self._flag_iteration(loop_record, phases, loop_record[P_BATCHES])
             return
-        # A loop record without a count (primitives driven without ``batch_done``): a
-        # whole step.
-        batches = loop_record[P_BATCHES] or (1 if validation
-                                             else self.settings.accumulation_steps)
-        if loop_record[P_BATCH] < self.settings.warmup_iterations:
+        verdict = self._decide(validation, loop_record)
+        if verdict is None:
             return
-        store = self.stored_iterations[validation] < self.settings.num_measurements
-        if store:
-            self.stored_iterations[validation] += 1
-        loop_phase = LOOP_PHASES[validation]
-        size = self.batch_size(validation, iteration)
-        if size is not None:
-            self.samples[validation] = (self.samples[validation] or 0) + size * batches
+        store, batches, size = verdict
         for phase, partial in phases.items():
             if phase >= wire.FIRST_CUSTOM_ID and phase not in self.aligned_custom:
                 self._align(phase)
             self._measure(phase, loop_record, partial.wall_ns, partial.gpu_ns,
                           partial.peak_bytes, store, start_ns=partial.start_ns,
-                          batches=batches, batch_size=size if phase == loop_phase else None)
+                          batches=batches,
+                          batch_size=size if phase == loop_record[P_PHASE] else None)
+
+    def _decide(self, validation: bool, loop_record: list[int]) -> Verdict:
+        """The rule of a whole iteration closed by ``loop_record``, both paths call it once
+        per iteration in order: None when warmup leaves it out, else whether its rows are
+        stored (while fewer than ``num_measurements`` of its kind are), its batches and its
+        batch size (``batch_size``). Counts it as stored and adds its samples."""
+        if loop_record[P_BATCH] < self.settings.warmup_iterations:
+            return None
+        # A loop record without a count (primitives driven without ``batch_done``): a
+        # whole step.
+        batches = loop_record[P_BATCHES] or (1 if validation
+                                             else self.settings.accumulation_steps)
+        size = self.batch_size(validation, loop_record[P_ITERATION])
+        if size is not None:
+            self.samples[validation] = (self.samples[validation] or 0) + size * batches
+        store = self.stored_iterations[validation] < self.settings.num_measurements
+        if store:
+            self.stored_iterations[validation] += 1
+        return store, batches, size
 
     def _cut_iteration(self, key: tuple[bool, int]) -> None:
         """An open iteration whose loop record never came: its phases are flagged rows."""
@@ -622,75 +584,3 @@ class RankAggregator:
         if store:
             series.rows.append(self._row(record, wall_ns, gpu_ns, peak_bytes, start_ns,
                                          batch_size, batches, flag))
-
-    # -- state ----------------------------------------------------------------------
-
-    def to_state(self, rows_state: RowsState | None = None) -> dict:
-        """Everything needed to resume: JSON-serialisable, see ``sidecar.model.state``.
-
-        ``rows_state`` gives each list of stored rows its value in the state (default: its
-        columns, ``row_columns``).
-        """
-        def rows_of(phase: int, which: str) -> Any:
-            if rows_state is None:
-                return row_columns(getattr(self.series[phase], which))
-            return rows_state(self, phase, which)
-
-        return {
-            "rank": self.rank,
-            "run_start_unix": self.run_start_unix,
-            "training_s": self.training_s(),
-            "saved_unix": self.sessions[-1].last_unix if self.sessions else self.run_start_unix,
-            "downtime_s": self.downtime_s,
-            "redone_s": self.redone_s,
-            "gpu_not_measured": self.gpu_not_measured,
-            "stored_iterations": {"train": self.stored_iterations[False],
-                                  "validation": self.stored_iterations[True]},
-            "samples": {"train": self.samples[False], "validation": self.samples[True]},
-            "custom_names": {str(k): v for k, v in self.custom_names.items()},
-            "aligned_custom": sorted(self.aligned_custom),
-            "sessions": [asdict(s) for s in self.sessions],
-            "series": {
-                str(phase): {"rows": rows_of(phase, "rows"),
-                             "wall": s.wall.to_list(),
-                             "gpu": s.gpu.to_list(),
-                             "flagged": rows_of(phase, "flagged")}
-                for phase, s in self.series.items()
-            },
-        }
-
-    def load_state(self, state: dict, continue_run: str = "") -> None:
-        """Restore ``to_state`` output (of the current schema); KeyError/ValueError if broken.
-
-        ``continue_run``: the run id (hex) of a process that is still running and whose
-        session the state's last one is (a new sidecar took over): that session stays open
-        and its whole time is measured again from its start.
-        """
-        self.run_start_unix = float(state["run_start_unix"])
-        self.training_before_s = float(state["training_s"])
-        self.downtime_s = float(state["downtime_s"])
-        self.redone_s = float(state["redone_s"])
-        self.gpu_not_measured = int(state.get("gpu_not_measured", 0))  # added within schema 2
-        self.stored_iterations = {False: int(state["stored_iterations"]["train"]),
-                                  True: int(state["stored_iterations"]["validation"])}
-        samples = state.get("samples") or {}  # added within schema 3
-        self.samples = {False: samples.get("train"), True: samples.get("validation")}
-        self.custom_names = {int(k): str(v) for k, v in state["custom_names"].items()}
-        self._names = {name: key for key, name in self.custom_names.items()}
-        # Added within schema 3 (absent from older documents: nothing was aligned then).
-        self.aligned_custom = {int(k) for k in state.get("aligned_custom", [])}
-        self.sessions = [Session(**s) for s in state["sessions"]]
-        for s in self.sessions:  # the state's sessions are over: their time is in training_s
-            s.end_ns = s.end_ns if s.end_ns is not None else s.last_ns
-        last = self.sessions[-1] if self.sessions else None
-        if continue_run and last is not None and last.run_id == continue_run:
-            self.training_before_s -= (last.end_ns - last.start_ns) / NS_PER_S
-            last.end_ns = None
-        # A session appended by begin_session measures from its own start; the sessions
-        # above no longer count (their effective time is training_before_s).
-        self.series = {
-            int(phase): PhaseSeries(rows_from_columns(s["rows"]), Welford.from_list(s["wall"]),
-                                    Welford.from_list(s["gpu"]),
-                                    rows_from_columns(s["flagged"]))
-            for phase, s in state["series"].items()
-        }

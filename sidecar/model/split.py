@@ -6,7 +6,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from sidecar.model.aggregator import RankAggregator, RowsState, Settings
+from sidecar.model import state
+from sidecar.model.aggregator import RankAggregator, Settings
 
 STATUS_ORDER = ("running", "completed", "incomplete", "failed")  # later ones win
 
@@ -68,9 +69,9 @@ class Split:
             self.status, self.cause = status, cause
         self.dirty = True
 
-    def to_state(self, rows_state: RowsState | None = None) -> dict[str, Any]:
+    def to_state(self, rows_state: state.RowsState | None = None) -> dict[str, Any]:
         """The split's state for ``sidecar.model.state`` (schema there); ``rows_state`` as
-        in ``RankAggregator.to_state``."""
+        in ``state.rank_state``."""
         return {
             "split": self.split,
             "settings": asdict(self.settings),
@@ -80,26 +81,26 @@ class Split:
             "received": self.received,
             "gaps": [list(g) for g in self.gaps],
             "rejected": self.rejected,
-            "ranks": {str(r): agg.to_state(rows_state) for r, agg in self.ranks.items()},
+            "ranks": {str(r): state.rank_state(agg, rows_state) for r, agg in self.ranks.items()},
         }
 
-    def load_state(self, state: dict[str, Any], rank: int,
+    def load_state(self, saved: dict[str, Any], rank: int,
                    continue_run: str = "") -> RankAggregator:
         """Restore ``rank`` (and the split-wide lists) from a checkpoint's state (current
         schema, see ``sidecar.model.state.upgrade``); ``continue_run`` as in
-        ``RankAggregator.load_state``.
+        ``state.load_rank``.
 
         Raises KeyError/ValueError/TypeError for a state that does not fit the schema.
         """
-        for uuid, name in state["gpus"]:
+        for uuid, name in saved["gpus"]:
             self.add_gpu(str(uuid), str(name))
-        self.dropped.update({str(k): int(v) for k, v in state["dropped"].items()})
-        self.lost.update({str(k): int(v) for k, v in state["lost"].items()})
-        self.received.update({str(k): int(v) for k, v in state["received"].items()})
-        self.gaps = [(float(a), float(b)) for a, b in state["gaps"]]
-        self.rejected = max(self.rejected, int(state["rejected"]))
+        self.dropped.update({str(k): int(v) for k, v in saved["dropped"].items()})
+        self.lost.update({str(k): int(v) for k, v in saved["lost"].items()})
+        self.received.update({str(k): int(v) for k, v in saved["received"].items()})
+        self.gaps = [(float(a), float(b)) for a, b in saved["gaps"]]
+        self.rejected = max(self.rejected, int(saved["rejected"]))
         agg = self.fresh_rank(rank)
-        saved = state["ranks"].get(str(rank))
-        if saved is not None:
-            agg.load_state(saved, continue_run)
+        saved_rank = saved["ranks"].get(str(rank))
+        if saved_rank is not None:
+            state.load_rank(agg, saved_rank, continue_run)
         return agg

@@ -9,7 +9,7 @@ when no sidecar saved the run's records); 3 gives each stored loop row its
 keeps its ``batches`` and ``flag``, each series its ``flagged`` rows, each rank its
 ``aligned_custom`` phases and each session its ``worker_phases`` (absent: none); 4 holds
 a series' ``rows`` and ``flagged`` as columns (one list per Row field,
-``aggregator.row_columns``) instead of one object per row: a third of the size at 10⁵
+``row_columns``) instead of one object per row: a third of the size at 10⁵
 stored rows (the field names are no longer repeated per row), which a checkpoint writes
 and flushes to disk each time. Older documents are upgraded on reading.
 
@@ -22,18 +22,112 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Callable
+from dataclasses import asdict
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
 from markers.wire import TRAINING_LOOP, VALIDATION_LOOP
-from sidecar.model.aggregator import ROW_FIELDS
+from sidecar.model.aggregator import ROW_FIELDS, PhaseSeries, RankAggregator, Row, Session
+from sidecar.model.stats import Welford
+from sidecar.model.units import NS_PER_S
 
 SCHEMA = 4
 FILE_NAME = "sidecar-state.json"
 
 
+# How the state holds one list of stored rows of a rank, given (aggregator, phase, "rows" or
+# "flagged"); by default ``row_columns``, the writers pass their kept text.
+RowsState = Callable[[RankAggregator, int, str], Any]
+
+
 class StateError(Exception):
     """A state that cannot be used; the message says why and what to do."""
+
+
+def row_columns(rows: list[Row]) -> dict[str, list[Any]]:
+    """``rows`` as the state holds them: one list of values per Row field (schema 4)."""
+    return {name: list(map(attrgetter(name), rows)) for name in ROW_FIELDS}
+
+
+def rows_from_columns(columns: dict[str, list[Any]]) -> list[Row]:
+    """Inverse of ``row_columns``; KeyError for a missing field, ValueError for columns of
+    different lengths."""
+    return [Row(*values) for values in zip(*(columns[name] for name in ROW_FIELDS),
+                                           strict=True)]
+
+
+def rank_state(agg: RankAggregator, rows_state: RowsState | None = None) -> dict[str, Any]:
+    """Everything needed to resume ``agg``: JSON-serialisable (a ``RawJSON`` aside).
+
+    ``rows_state`` gives each list of stored rows its value in the state (default: its
+    columns, ``row_columns``).
+    """
+    def rows_of(phase: int, which: str) -> Any:
+        if rows_state is None:
+            return row_columns(getattr(agg.series[phase], which))
+        return rows_state(agg, phase, which)
+
+    return {
+        "rank": agg.rank,
+        "run_start_unix": agg.run_start_unix,
+        "training_s": agg.training_s(),
+        "saved_unix": agg.sessions[-1].last_unix if agg.sessions else agg.run_start_unix,
+        "downtime_s": agg.downtime_s,
+        "redone_s": agg.redone_s,
+        "gpu_not_measured": agg.gpu_not_measured,
+        "stored_iterations": {"train": agg.stored_iterations[False],
+                              "validation": agg.stored_iterations[True]},
+        "samples": {"train": agg.samples[False], "validation": agg.samples[True]},
+        "custom_names": {str(k): v for k, v in agg.custom_names.items()},
+        "aligned_custom": sorted(agg.aligned_custom),
+        "sessions": [asdict(s) for s in agg.sessions],
+        "series": {
+            str(phase): {"rows": rows_of(phase, "rows"),
+                         "wall": s.wall.to_list(),
+                         "gpu": s.gpu.to_list(),
+                         "flagged": rows_of(phase, "flagged")}
+            for phase, s in agg.series.items()
+        },
+    }
+
+
+def load_rank(agg: RankAggregator, saved: dict[str, Any], continue_run: str = "") -> None:
+    """Restore ``agg`` from ``rank_state`` output (of the current schema); KeyError or
+    ValueError if broken.
+
+    ``continue_run``: the run id (hex) of a process that is still running and whose
+    session the state's last one is (a new sidecar took over): that session stays open
+    and its whole time is measured again from its start.
+    """
+    agg.run_start_unix = float(saved["run_start_unix"])
+    agg.training_before_s = float(saved["training_s"])
+    agg.downtime_s = float(saved["downtime_s"])
+    agg.redone_s = float(saved["redone_s"])
+    agg.gpu_not_measured = int(saved.get("gpu_not_measured", 0))  # added within schema 2
+    agg.stored_iterations = {False: int(saved["stored_iterations"]["train"]),
+                             True: int(saved["stored_iterations"]["validation"])}
+    samples = saved.get("samples") or {}  # added within schema 3
+    agg.samples = {False: samples.get("train"), True: samples.get("validation")}
+    agg.restore_custom_names({int(k): str(v) for k, v in saved["custom_names"].items()})
+    # Added within schema 3 (absent from older documents: nothing was aligned then).
+    agg.aligned_custom = {int(k) for k in saved.get("aligned_custom", [])}
+    agg.sessions = [Session(**s) for s in saved["sessions"]]
+    for s in agg.sessions:  # the state's sessions are over: their time is in training_s
+        s.end_ns = s.end_ns if s.end_ns is not None else s.last_ns
+    last = agg.sessions[-1] if agg.sessions else None
+    if continue_run and last is not None and last.run_id == continue_run:
+        ended_ns = last.end_ns if last.end_ns is not None else last.last_ns
+        agg.training_before_s -= (ended_ns - last.start_ns) / NS_PER_S
+        last.end_ns = None
+    # A session appended by begin_session measures from its own start; the sessions
+    # above no longer count (their effective time is training_before_s).
+    agg.series = {
+        int(phase): PhaseSeries(rows_from_columns(s["rows"]), Welford.from_list(s["wall"]),
+                                Welford.from_list(s["gpu"]), rows_from_columns(s["flagged"]))
+        for phase, s in saved["series"].items()
+    }
 
 
 def state_path(split_dir: Path) -> Path:

@@ -12,7 +12,7 @@ none. Everything else derives from this table:
 * ``sidecar.resources.samplers.summary`` and ``sidecar.resources.sessions``: the figures;
 * ``sidecar.resources.monitor`` (first readings, integrals), ``gauge_values`` and
   ``sidecar.daemon.snapshot``: the values the gauges export;
-* ``sidecar.sinks.metrics``: the metric families;
+* ``sidecar.daemon.metrics``: the metric families;
 * ``sidecar.report``: which resources.tsv columns a folder must have.
 
 The tables are read at call time (``fields.GPU_FIELDS``), never copied into constants,

@@ -68,7 +68,7 @@ def rewrite_in_place(path: Path, transform: Callable[[str], str],
         appended = os.pread(fd, max(0, os.fstat(fd).st_size - len(old)), len(old))
         try:
             handle.seek(0)
-            write_bytes(handle, path, new + appended)  # type: ignore[arg-type]
+            write_bytes(handle, path, new + appended)
             handle.truncate()
             os.fsync(fd)
         except OSError:

@@ -1,8 +1,10 @@
-"""The run-folder layout, defined once: file names, the phase table behind
-``computational.tsv`` and the summary block, and the text width of summary.log.
+"""The run-folder layout: file names, the phase table behind ``computational.tsv`` and
+the summary block, and the text width of summary.log.
 
-Every writer and reader of a run folder (the writers here, ``sidecar report`` later) takes
-names and columns from this module.
+Every writer and reader of a run folder (the writers here, ``sidecar report``) takes the
+file names from this module; the columns are defined beside the text they head
+(``tables.COLUMNS`` from the phase table, ``rowtext.PHASES_CELLS``,
+``resources_text.RESOURCES_COLUMNS``).
 
     <out_dir>/run.json
     <out_dir>/.run.json.lock                                 (sidecar.sinks.locks)

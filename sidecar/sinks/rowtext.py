@@ -1,5 +1,5 @@
-"""The stored rows as the writers need them, derived once per row and kept in each
-series' ``RowCache`` (``sidecar.model.rowcache``): each row's line of phases.tsv, its
+"""The stored rows as the writers need them, derived once per row and kept in a
+``RowCache`` per aggregator (``sidecar.sinks.rowcache``): each row's line of phases.tsv, its
 cells of computational.tsv, its values in the state's columns (JSON text), and the
 numbers behind the summary's cells.
 
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from functools import partial
 from itertools import chain, repeat
 from operator import attrgetter
+from weakref import WeakKeyDictionary
 
 import numpy as np
 
@@ -26,6 +27,7 @@ from markers import wire
 from sidecar.model.aggregator import ROW_FIELDS, RankAggregator, Row
 from sidecar.model.state import RawJSON
 from sidecar.sinks import layout
+from sidecar.sinks.rowcache import RowCache
 
 # The columns of phases.tsv: label and the Row field behind it (phase and rank: None,
 # they come from the series and the aggregator).
@@ -40,8 +42,12 @@ SEGMENT_FIELDS = {False: ("wall_s",), True: ("wall_s", "gpu_s", "peak_mib")}
 _GPU_PHASES = frozenset(row.phase for row in layout.PHASE_ROWS if row.gpu)
 _FLOATS = frozenset({"wall_s", "gpu_s", "peak_mib", "start_s"})
 _TEXTS = frozenset({"flag"})
+_ARRAYS = ("start_s", "wall_s", "gpu_s", "peak_mib")  # RowText's float64 arrays
 _NONFINITE = frozenset({"nan", "inf", "-inf"})  # float reprs that JSON writes otherwise
 NONE_TYPE = type(None)
+# The text kept per aggregator; it goes with the aggregator (a split's fresh rank, a
+# loaded state's new series lists are derived again: the cache checks each list's identity).
+_KEPT: WeakKeyDictionary[RankAggregator, RowCache] = WeakKeyDictionary()
 
 
 def quoted(text: str) -> str:
@@ -134,11 +140,11 @@ def _derive(rows: list[Row], label_cell: str, rank_cell: str, gpu: bool) -> RowT
     sizes = values["batch_size"]
     return RowText(
         lines, segments, {name: ",".join(cells) for name, cells in as_json.items()},
-        *(np.array(values[name], dtype="float64")
-          for name in ("start_s", "wall_s", "gpu_s", "peak_mib")),
-        [w for w, size in zip(values["wall_s"], sizes, strict=True) if size is not None],
-        sum(size * n for size, n in zip(sizes, values["batches"], strict=True)
-            if size is not None))
+        **{name: np.array(values[name], dtype="float64") for name in _ARRAYS},
+        known_wall_s=[w for w, size in zip(values["wall_s"], sizes, strict=True)
+                      if size is not None],
+        samples=sum(size * n for size, n in zip(sizes, values["batches"], strict=True)
+                    if size is not None))
 
 
 def _merged(items: list[RowText]) -> RowText:
@@ -152,10 +158,9 @@ def _merged(items: list[RowText]) -> RowText:
             list(chain.from_iterable(t.lines for t in items)),
             list(chain.from_iterable(t.segments for t in items)),
             {name: ",".join(t.json[name] for t in items) for name in ROW_FIELDS},
-            *(np.concatenate([getattr(t, name) for t in items])
-              for name in ("start_s", "wall_s", "gpu_s", "peak_mib")),
-            list(chain.from_iterable(t.known_wall_s for t in items)),
-            sum(t.samples for t in items))]
+            **{name: np.concatenate([getattr(t, name) for t in items]) for name in _ARRAYS},
+            known_wall_s=list(chain.from_iterable(t.known_wall_s for t in items)),
+            samples=sum(t.samples for t in items))]
     return items[0]
 
 
@@ -169,13 +174,15 @@ def texts(agg: RankAggregator, phase: int, which: str = "rows") -> RowText:
     label = wire.phase_label(phase, agg.custom_names)
     gpu = phase in _GPU_PHASES
     derive = partial(_derive, label_cell=quoted(label), rank_cell=str(agg.rank), gpu=gpu)
-    return _merged(series.cache.derived((which, label, agg.rank, gpu),
-                                        getattr(series, which), derive))
+    cache = _KEPT.get(agg)
+    if cache is None:
+        cache = _KEPT[agg] = RowCache()
+    return _merged(cache.derived((phase, which, label, gpu), getattr(series, which), derive))
 
 
 def state_rows(agg: RankAggregator, phase: int, which: str) -> RawJSON:
-    """The state's value of a list of stored rows (``RankAggregator.to_state``'s
-    ``rows_state``): the JSON of ``aggregator.row_columns``, from the cached text."""
+    """The state's value of a list of stored rows (``state.rank_state``'s ``rows_state``):
+    the JSON of ``state.row_columns``, from the kept text."""
     columns = texts(agg, phase, which).json
     return RawJSON("{" + ",".join(f'"{name}":[{columns[name]}]' for name in ROW_FIELDS)
                    + "}")

@@ -118,7 +118,8 @@ def run_json(split: Split, existing: str) -> str:
     except ValueError:
         previous = {}
     previous = previous if isinstance(previous, dict) else {}
-    splits = previous.get("splits") if isinstance(previous.get("splits"), dict) else {}
+    found = previous.get("splits")
+    splits: dict[str, Any] = found if isinstance(found, dict) else {}
     splits[str(split.split)] = _split_entry(split)
     entries = [e for _, e in sorted((int(k), e) for k, e in splits.items()
                                     if k.isdigit() and isinstance(e, dict))]
@@ -131,8 +132,9 @@ def run_json(split: Split, existing: str) -> str:
     gpus: dict[str, dict[str, Any]] = {}
     for entry in entries:
         for gpu in entry.get("gpus") or []:
-            if isinstance(gpu, dict) and gpu.get("uuid") not in gpus:
-                gpus[gpu.get("uuid")] = gpu
+            uuid = gpu.get("uuid") if isinstance(gpu, dict) else None
+            if isinstance(uuid, str) and uuid not in gpus:
+                gpus[uuid] = gpu
     info = split.info
     document = {
         "run_id": entries[0].get("run_id"),

@@ -8,6 +8,7 @@ from array import array
 import pytest
 
 from markers import wire
+from sidecar.model import state
 from sidecar.model.aggregator import RankAggregator, Settings
 
 MS = 1_000_000  # ns
@@ -170,7 +171,7 @@ def test_loop_records_carry_the_batches_their_step_held() -> None:
     assert [r.batch_size for r in agg.series[wire.TRAINING_LOOP].rows] == [4, 4, 4]
     assert agg.samples == {False: 4 * 7, True: None}  # what each step held, past the cap too
     copy = RankAggregator(0, Settings(accumulation_steps=3), 0.0)
-    copy.load_state(agg.to_state())
+    state.load_rank(copy, state.rank_state(agg))
     assert copy.samples == {False: 28, True: None}
     assert [r.batches for r in copy.series[wire.TRAINING_LOOP].rows] == [3, 1, 3]
 
@@ -183,7 +184,7 @@ def test_custom_phases_are_keyed_by_name_and_survive_the_state() -> None:
     agg.add_records(array("q", record(a, 0, 1) + record(wire.TRAINING_LOOP, 0, 2)
                           + record(wire.FORWARD, 3, 4, flags=0)))
     copy = RankAggregator(0, Settings(), 0.0)
-    copy.load_state(agg.to_state())
+    state.load_rank(copy, state.rank_state(agg))
     assert copy.custom_key("b") == b and copy.custom_key("c") == b + 1
     assert copy.aligned_custom == {a}
     assert [r.flag for r in copy.series[wire.FORWARD].flagged] == ["outside"]
@@ -222,7 +223,7 @@ def test_training_time_adds_sessions_and_state_round_trips() -> None:
     agg.end_session(int(500 * MS))
     assert agg.training_s() == pytest.approx(0.5)
     copy = RankAggregator(0, Settings(), 0.0)
-    copy.load_state(agg.to_state())
+    state.load_rank(copy, state.rank_state(agg))
     copy.begin_session(2000.0, 0)
     copy.add_records(array("q", iteration(0, 0.0, 0)))
     copy.end_session(int(250 * MS))

@@ -14,6 +14,7 @@ import pytest
 
 from markers import wire
 from sidecar.model.aggregator import MIN_ARRAY_RECORDS, RankAggregator, Settings
+from sidecar.model.state import rank_state
 
 TRAIN = wire.FLAG_IN_ITERATION
 VAL = wire.FLAG_IN_ITERATION | wire.FLAG_VALIDATION
@@ -135,7 +136,7 @@ def test_array_path_matches_record_path(seed: int) -> None:
     assert chunked_open == expected_open
     for agg in (one_by_one, chunked):
         agg.end_session(None)
-    close(chunked.to_state(), one_by_one.to_state())
+    close(rank_state(chunked), rank_state(one_by_one))
 
 
 def vars_of(partial: Any) -> tuple[int, int, int, int]:

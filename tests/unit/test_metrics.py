@@ -8,9 +8,9 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 from markers import wire
+from sidecar.daemon.metrics import MetricsExporter
 from sidecar.daemon.snapshot import GpuView, PhaseStats, RankView, Snapshot, SplitView
 from sidecar.model.units import BYTES_PER_MIB as MIB
-from sidecar.sinks.metrics import MetricsExporter
 
 RUN = ["run", "user", "host", "slurm_job_id"]
 SPEC = {  # name: (type, labels) as SPEC §7 lists them

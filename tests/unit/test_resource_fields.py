@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from sidecar.daemon.metrics import MetricsExporter
 from sidecar.daemon.snapshot import GpuView, Snapshot, SplitView, split_view
 from sidecar.model.aggregator import Settings
 from sidecar.model.split import Split
@@ -22,7 +23,6 @@ from sidecar.resources.samplers.host import HostSample
 from sidecar.resources.samplers.nvml import GpuSample
 from sidecar.resources.samplers.summary import summarize_gpus
 from sidecar.sinks import resources_text
-from sidecar.sinks.metrics import MetricsExporter
 from sidecar.sinks.tables import to_tsv
 
 S = 1_000_000_000

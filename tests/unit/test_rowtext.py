@@ -1,4 +1,4 @@
-"""The writers' kept text of the stored rows (sinks/rowtext.py, model/rowcache.py),
+"""The writers' kept text of the stored rows (sinks/rowtext.py, sinks/rowcache.py),
 in-process: over several writes with rows added between them, a custom phase's column
 reset by ``_align`` and flagged rows, every file is what a fresh build writes (the tables
 as pandas writes them, the state as ``json`` writes ``to_state()``, the summary as an
@@ -7,17 +7,22 @@ aggregator with no kept text writes it), and the state reads back."""
 from __future__ import annotations
 
 import copy
+import gc
 import json
+import weakref
 from array import array
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from markers import wire
 from sidecar.model import state
-from sidecar.model.aggregator import PhaseSeries, RankAggregator, Settings, row_columns
-from sidecar.model.rowcache import RowCache
+from sidecar.model.aggregator import PhaseSeries, RankAggregator, Settings
 from sidecar.model.split import Split
 from sidecar.resources.monitor import ResourceFigures
 from sidecar.sinks import rowtext, summary, tables, writer
+from sidecar.sinks.rowcache import RowCache
 from tests.unit.test_aggregator import TRAIN, VAL, record
 from tests.unit.test_tables import expected_computational, expected_phases
 
@@ -60,7 +65,7 @@ def _check(split: Split) -> None:
     assert text == state.dumps(split.to_state())  # the columns as json writes them
     saved = json.loads(text)["ranks"]["0"]["series"]
     for phase, series in agg.series.items():
-        assert saved[str(phase)]["rows"] == json.loads(json.dumps(row_columns(series.rows)))
+        assert saved[str(phase)]["rows"] == json.loads(json.dumps(state.row_columns(series.rows)))
     loaded = Split(split.out_dir, 0, split.settings, split.info)
     copied = loaded.load_state(state.upgrade(json.loads(text)), 0)
     assert {p: (s.rows, s.flagged) for p, s in copied.series.items()} == {
@@ -121,6 +126,36 @@ def test_files_written_with_kept_text_equal_a_fresh_writers(tmp_path: Path) -> N
         if path.is_file() and path.name != "sidecar.lock":
             twin = fresh.split_dir / path.relative_to(split.split_dir)
             assert path.read_bytes() == twin.read_bytes(), path.name
+
+
+def test_the_text_is_kept_per_aggregator_and_goes_with_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    derived: list[int] = []  # rows formatted per derivation
+
+    def counting(rows: list, **cells: Any) -> rowtext.RowText:
+        derived.append(len(rows))
+        return real(rows, **cells)
+
+    real = rowtext._derive
+    monkeypatch.setattr(rowtext, "_derive", counting)
+    gc.collect()
+    before = len(rowtext._KEPT)  # aggregators of other tests still alive
+    agg = RankAggregator(0, Settings(), 1000.0)
+    agg.begin_session(1000.0, 0)
+    agg.add_records(array("q", _iteration(0, 0.0) + _iteration(1, 10.0)))
+    assert len(rowtext.texts(agg, wire.FORWARD).lines) == 2
+    agg.add_records(array("q", _iteration(2, 20.0)))
+    assert len(rowtext.texts(agg, wire.FORWARD).lines) == 3
+    assert len(rowtext.texts(agg, wire.FORWARD).lines) == 3
+    assert derived == [2, 1]  # only the rows added since: the rest was kept
+    assert len(rowtext.texts(_fresh(agg), wire.FORWARD).lines) == 3
+    assert derived == [2, 1, 3]  # another aggregator keeps its own
+    gc.collect()
+    assert len(rowtext._KEPT) == before + 1  # the fresh one's went with it
+    gone = weakref.ref(agg)
+    del agg
+    gc.collect()
+    assert gone() is None and len(rowtext._KEPT) == before
 
 
 def test_a_replaced_or_shortened_list_is_derived_again() -> None:

@@ -6,19 +6,19 @@ The aggregator only appends to a series' ``rows`` and ``flagged``, except ``_ali
 which replaces ``rows`` by a new list. So what was derived from the rows already seen is
 kept and only rows added since are derived; a list that is not the one seen before, is
 shorter, or whose last seen row is no longer the same object is derived again whole.
-This module knows nothing of the text itself (``sidecar.sinks.rowtext`` does).
+This module knows nothing of the text itself (``sidecar.sinks.rowtext`` does), and the
+model knows nothing of this cache (``rowtext`` keeps one per aggregator).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from sidecar.model.aggregator import Row
+from sidecar.model.aggregator import Row
 
-Derive = Callable[[list["Row"]], Any]  # rows added since the last call -> one item
+Derive = Callable[[list[Row]], Any]  # rows added since the last call -> one item
 
 
 @dataclass
