@@ -24,11 +24,11 @@ from typing import Any
 
 from markers import secret as shared_secret
 from markers import wire
+from sidecar.daemon import slurm_jobs
 from sidecar.daemon.dispatch import Dispatcher
 from sidecar.daemon.lifecycle import Lifecycle
 from sidecar.daemon.liveness import describe_exit, pid_alive
 from sidecar.daemon.policy import OutDirPolicy
-from sidecar.daemon.slurm_jobs import JobIdCheck
 from sidecar.daemon.snapshot import RunView, Snapshot, split_view
 from sidecar.daemon.users import ForeignFolder, acting_as, user_folder
 from sidecar.ingest.peers import Peer, user_name
@@ -106,7 +106,7 @@ class Server:
             all_splits_share_gpus=own_job, open_gpus=open_gpus)
         self.dispatcher = Dispatcher(self.registry, self.monitor, self.write, self.status_for,
                                      self.finish_job)
-        self.job_ids = JobIdCheck()  # a shared daemon's check of the hellos' Slurm job ids
+        self.job_ids = slurm_jobs.JobIdCheck()  # checks the Slurm job ids of hellos (shared)
         self._signal: int | None = None
         self._gone: dict[bytes, float] = {}  # run id -> when its process was first seen gone
         # Runs whose hello was answered with a refusal: their connection ends, not dropped.
@@ -391,16 +391,24 @@ class Server:
     def finish_job(self, job_id: str, caller: Peer | None) -> dict[str, Any]:
         """End the running runs of Slurm job ``job_id`` that ``caller`` may end (on a
         shared daemon its own, root all) as incomplete and write them; the reply says how
-        many (the Slurm epilog: ``sidecar finish --job``)."""
+        many (the Slurm epilog: ``sidecar finish --job``). Runs of the job whose process
+        was found gone before (Slurm kills a job's processes before its epilog) take the
+        job's end as their cause and are written again."""
         now = time.time()
         every_user = not self.config.shared or caller is None or caller.uid == 0
+        cause = f"Slurm job {job_id} ended"
         ended = 0
-        for stream in self.registry.live_streams():
+        for stream in list(self.registry.streams.values()):
             if stream.split.info.get("job_id") != job_id:
                 continue
             if not every_user and (stream.owner is None or stream.owner.uid != caller.uid):
                 continue
-            self._end_stream(stream, f"Slurm job {job_id} ended", now)
+            if not stream.finished:
+                self._end_stream(stream, cause, now)
+            elif slurm_jobs.ended_by_job(stream.split, gone_cause(stream.pid), cause):
+                self.write(stream.split)
+            else:
+                continue
             ended += 1
         return {"ok": True, "finished": ended}
 

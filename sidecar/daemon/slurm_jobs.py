@@ -33,6 +33,7 @@ from typing import Any
 
 from sidecar.daemon.users import acting_as
 from sidecar.ingest.peers import Peer
+from sidecar.model.split import Split
 
 log = logging.getLogger("sidecar")
 
@@ -139,3 +140,15 @@ class JobIdCheck:
         self.dropped += 1
         return None
 
+
+
+def ended_by_job(split: Split, gone_cause: str, job_cause: str) -> bool:
+    """When Slurm ends a job (scancel, time limit) it kills the job's processes first and
+    runs the epilog after: the daemon may have written a run ``incomplete`` with
+    ``gone_cause`` (its process ended without finish()) already. That run ended with the
+    job: its cause becomes ``job_cause``. True when ``split`` was changed (write it)."""
+    if split.status != "incomplete" or split.cause != gone_cause:
+        return False
+    split.cause = job_cause
+    split.dirty = True
+    return True
