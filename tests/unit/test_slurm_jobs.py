@@ -1,6 +1,7 @@
 """A hello's Slurm job id is believed only when the kernel shows the process belongs to
 that job: checked on real processes started with real environments, and on the cgroup
-paths Slurm's cgroup plugins make."""
+paths Slurm's cgroup plugins make; a run Slurm killed before its epilog came ends with
+the job."""
 
 from __future__ import annotations
 
@@ -15,11 +16,14 @@ import pytest
 
 from sidecar.daemon.slurm_jobs import (
     JobIdCheck,
+    ended_by_job,
     job_of_cgroup,
     job_of_process,
     slurm_confines_in_cgroups,
 )
 from sidecar.ingest.peers import Peer
+from sidecar.model.aggregator import Settings
+from sidecar.model.split import Split
 
 # Prints its pid, then (when given) starts a child with the environment named on the
 # command line, which prints its own; waits for stdin to close.
@@ -112,3 +116,21 @@ def test_the_check_keeps_true_ids_and_drops_forged_ones_once_logged(
     assert check.dropped == 3
     dropped = [r.getMessage() for r in caplog.records if "Slurm job id" in r.getMessage()]
     assert len(dropped) == 1 and "'666'" in dropped[0] and "no Slurm job" in dropped[0]
+
+
+def test_a_run_found_dead_before_the_epilog_takes_the_jobs_end_as_its_cause(
+        tmp_path: Path) -> None:
+    gone = "process 7 ended without finish() (killed, ...)"
+    killed = Split(tmp_path, 0, Settings(), {"job_id": "5"})
+    killed.set_status("incomplete", gone)
+    killed.dirty = False
+    assert ended_by_job(killed, gone, "Slurm job 5 ended")
+    assert (killed.status, killed.cause, killed.dirty) == ("incomplete", "Slurm job 5 ended",
+                                                           True)
+    failed = Split(tmp_path, 1, Settings(), {"job_id": "5"})
+    failed.set_status("failed", "RuntimeError: boom")  # its own end: kept as it is
+    completed = Split(tmp_path, 2, Settings(), {"job_id": "5"})
+    completed.set_status("completed", None)
+    for split in (failed, completed):
+        assert not ended_by_job(split, gone, "Slurm job 5 ended")
+    assert (failed.cause, completed.status) == ("RuntimeError: boom", "completed")
