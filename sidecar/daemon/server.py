@@ -392,8 +392,8 @@ class Server:
         """End the running runs of Slurm job ``job_id`` that ``caller`` may end (on a
         shared daemon its own, root all) as incomplete and write them; the reply says how
         many (the Slurm epilog: ``sidecar finish --job``). Runs of the job whose process
-        was found gone before (Slurm kills a job's processes before its epilog) take the
-        job's end as their cause and are written again."""
+        was found gone just before (Slurm kills a job's processes before its epilog) take
+        the job's end as their cause and are written again."""
         now = time.time()
         every_user = not self.config.shared or caller is None or caller.uid == 0
         cause = f"Slurm job {job_id} ended"
@@ -405,7 +405,7 @@ class Server:
                 continue
             if not stream.finished:
                 self._end_stream(stream, cause, now)
-            elif slurm_jobs.ended_by_job(stream.split, gone_cause(stream.pid), cause):
+            elif slurm_jobs.ended_by_job(stream.split, gone_cause(stream.pid), cause, now):
                 self.write(stream.split)
             else:
                 continue

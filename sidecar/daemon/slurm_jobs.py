@@ -45,6 +45,9 @@ SLURM_CGROUP_PATTERNS = ("system.slice/slurmstepd.scope", "*/slurm")
 JOB_COMPONENT = re.compile(r"^job_(\d+)$")
 ENV_NAME = b"SLURM_JOB_ID="
 MAX_ANCESTORS = 64  # a process tree deeper than this is not walked further
+# Slurm kills a job's processes (SIGTERM, SIGKILL after KillWait, 30 s by default) before
+# its epilog: a run whose process died this long before the epilog died with the job.
+JOB_END_S = 120.0
 
 
 def job_of_cgroup(text: str) -> str | None:
@@ -142,12 +145,15 @@ class JobIdCheck:
 
 
 
-def ended_by_job(split: Split, gone_cause: str, job_cause: str) -> bool:
+def ended_by_job(split: Split, gone_cause: str, job_cause: str, now: float) -> bool:
     """When Slurm ends a job (scancel, time limit) it kills the job's processes first and
     runs the epilog after: the daemon may have written a run ``incomplete`` with
-    ``gone_cause`` (its process ended without finish()) already. That run ended with the
-    job: its cause becomes ``job_cause``. True when ``split`` was changed (write it)."""
-    if split.status != "incomplete" or split.cause != gone_cause:
+    ``gone_cause`` (its process ended without finish()) already. Such a run that ended
+    within ``JOB_END_S`` before the epilog (``now``, Unix s) ended with the job: its cause
+    becomes ``job_cause``; one that died earlier keeps its own. True when ``split`` was
+    changed (write it)."""
+    if split.status != "incomplete" or split.cause != gone_cause \
+            or split.end_unix is None or now - split.end_unix > JOB_END_S:
         return False
     split.cause = job_cause
     split.dirty = True

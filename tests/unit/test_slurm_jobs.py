@@ -121,16 +121,23 @@ def test_the_check_keeps_true_ids_and_drops_forged_ones_once_logged(
 def test_a_run_found_dead_before_the_epilog_takes_the_jobs_end_as_its_cause(
         tmp_path: Path) -> None:
     gone = "process 7 ended without finish() (killed, ...)"
-    killed = Split(tmp_path, 0, Settings(), {"job_id": "5"})
-    killed.set_status("incomplete", gone)
-    killed.dirty = False
-    assert ended_by_job(killed, gone, "Slurm job 5 ended")
+    epilog_unix = 1000.0
+
+    def ended(index: int, status: str, cause: str | None, seconds_before: float) -> Split:
+        split = Split(tmp_path, index, Settings(), {"job_id": "5"})
+        split.set_status(status, cause)
+        split.end_unix, split.dirty = epilog_unix - seconds_before, False
+        return split
+
+    killed = ended(0, "incomplete", gone, 2.0)
+    assert ended_by_job(killed, gone, "Slurm job 5 ended", epilog_unix)
     assert (killed.status, killed.cause, killed.dirty) == ("incomplete", "Slurm job 5 ended",
                                                            True)
-    failed = Split(tmp_path, 1, Settings(), {"job_id": "5"})
-    failed.set_status("failed", "RuntimeError: boom")  # its own end: kept as it is
-    completed = Split(tmp_path, 2, Settings(), {"job_id": "5"})
-    completed.set_status("completed", None)
-    for split in (failed, completed):
-        assert not ended_by_job(split, gone, "Slurm job 5 ended")
-    assert (failed.cause, completed.status) == ("RuntimeError: boom", "completed")
+    kept = [ended(1, "failed", "RuntimeError: boom", 2.0),  # its own end
+            ended(2, "completed", None, 2.0),
+            ended(3, "incomplete", gone, 3600.0)]  # died an hour before the job ended
+    for split in kept:
+        assert not ended_by_job(split, gone, "Slurm job 5 ended", epilog_unix)
+    assert [(s.status, s.cause, s.dirty) for s in kept] == [
+        ("failed", "RuntimeError: boom", False), ("completed", None, False),
+        ("incomplete", gone, False)]
