@@ -21,6 +21,9 @@ connection (its pid from the peer credentials):
 The files are read acting as the process's user: reading another process's environment
 needs the ptrace read check, which root without ``CAP_SYS_PTRACE`` (the systemd unit)
 passes only for processes of the user it acts as.
+
+The epilog's rule for runs whose processes Slurm killed before it ran is here too
+(``ended_by_job``).
 """
 
 from __future__ import annotations
@@ -142,7 +145,6 @@ class JobIdCheck:
                         peer.name, peer.pid, why)
         self.dropped += 1
         return None
-
 
 
 def ended_by_job(split: Split, gone_cause: str, job_cause: str, now: float) -> bool:

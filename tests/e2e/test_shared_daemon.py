@@ -218,7 +218,7 @@ def test_two_users_are_kept_apart(users: tuple[str, str], short_tmp: Path) -> No
         assert _owners(folder) == {uid[user]}  # every folder and file is the user's
         meta = run_json(folder / out_dir)
         assert meta["user"] == user  # the kernel's word, not getpass's "root"
-    assert "Slurm job 41 ended" in run_json(root / alice / "maps-a")["cause"]
+    assert run_json(root / alice / "maps-a")["cause"] == "Slurm job 41 ended"
     assert run_json(root / bob / "maps-b")["status"] == "completed"
     forged_run = run_json(root / bob / "maps-f")
     assert (forged_run["status"], forged_run["job_id"]) == ("completed", None)
