@@ -245,6 +245,9 @@ def _status(endpoint: str, job: str | None, as_json: bool) -> int:
           f"{reply['rate_window_s']:.1f} s), dropped "
           f"{reply['dropped']}, lost {reply['lost']}, rejected {reply['rejected']} "
           f"{reply['rejected_by_kind'] or ''}".rstrip())
+    if reply.get("job_ids_dropped"):
+        print(f"Slurm job ids dropped (their process belongs to no such job): "
+              f"{reply['job_ids_dropped']}")
     for gpu in samplers.get("gpus", []):
         print(_gpu_line(gpu))
     if reply.get("last_error"):

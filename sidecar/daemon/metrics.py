@@ -102,8 +102,11 @@ class SnapshotCollector(Collector):
                 records.add_metric([*run, outcome], count)
         for status in STATUS_ORDER:
             runs.add_metric([status], sum(1 for v in splits if v.status == status))
+        job_ids = CounterMetricFamily("trainmon_job_ids_dropped", "Slurm job ids of hellos "
+                                      "not believed: the process belongs to no such job")
+        job_ids.add_metric([], snapshot.job_ids_dropped if snapshot is not None else 0)
         yield from (wall, gpu, samples, *gpu_families.values(), *host_families.values(),
-                    records, runs)
+                    records, runs, job_ids)
 
 
 class MetricsExporter:

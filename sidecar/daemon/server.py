@@ -24,6 +24,7 @@ from typing import Any
 
 from markers import secret as shared_secret
 from markers import wire
+from sidecar.daemon import slurm_jobs
 from sidecar.daemon.dispatch import Dispatcher
 from sidecar.daemon.lifecycle import Lifecycle
 from sidecar.daemon.liveness import describe_exit, pid_alive
@@ -105,6 +106,7 @@ class Server:
             all_splits_share_gpus=own_job, open_gpus=open_gpus)
         self.dispatcher = Dispatcher(self.registry, self.monitor, self.write, self.status_for,
                                      self.finish_job)
+        self.job_ids = slurm_jobs.JobIdCheck()  # checks the Slurm job ids of hellos (shared)
         self._signal: int | None = None
         self._gone: dict[bytes, float] = {}  # run id -> when its process was first seen gone
         # Runs whose hello was answered with a refusal: their connection ends, not dropped.
@@ -244,12 +246,15 @@ class Server:
                     "use your own or the node's shared one")
         return None
 
-    def _take_hello(self, body: dict[str, Any], peer: Peer | None) -> None:
+    def _take_hello(self, run_id: bytes, body: dict[str, Any], peer: Peer | None) -> None:
         """On a shared daemon: the kernel's user, pid and host replace what a hello
-        claims, and the user's folder is made (as root, before acting as the user)."""
+        claims, its Slurm job id is kept only when the process belongs to that job, and the
+        user's folder is made (as root, before acting as the user)."""
         if not self.config.shared or peer is None or body.get("type") != wire.HELLO:
             return
         body.update(user=peer.name, pid=peer.pid, host=HOSTNAME)
+        if run_id not in self.registry.streams:  # a known run's repeated hellos change nothing
+            body["job_id"] = self.job_ids.believed(body.get("job_id"), peer)
         assert self.config.root is not None
         try:
             user_folder(self.config.root.resolve(), peer)
@@ -270,7 +275,7 @@ class Server:
         if "reply_to" in body:
             self._waiting = (message.identity, body["reply_to"])
         try:
-            self._take_hello(body, message.peer)
+            self._take_hello(message.header.run_id, body, message.peer)
             with self._acting(message.peer):
                 reply = self.dispatcher.dispatch(message.header, body, now, message.peer)
         except wire.WireError as exc:
@@ -363,6 +368,7 @@ class Server:
             records=registry.records_received, dropped=counts["dropped"],
             lost=counts["lost"], rejected=counts["rejected"],
             rejected_by_kind=counts["rejected_by_kind"], last_error=registry.last_error,
+            job_ids_dropped=self.job_ids.dropped,
             records_per_s=(registry.records_received - before) / (now - then)
             if now > then else 0.0,
             rate_window_s=now - then,
@@ -385,16 +391,24 @@ class Server:
     def finish_job(self, job_id: str, caller: Peer | None) -> dict[str, Any]:
         """End the running runs of Slurm job ``job_id`` that ``caller`` may end (on a
         shared daemon its own, root all) as incomplete and write them; the reply says how
-        many (the Slurm epilog: ``sidecar finish --job``)."""
+        many (the Slurm epilog: ``sidecar finish --job``). Runs of the job whose process
+        was found gone just before (Slurm kills a job's processes before its epilog) take
+        the job's end as their cause and are written again."""
         now = time.time()
         every_user = not self.config.shared or caller is None or caller.uid == 0
+        cause = f"Slurm job {job_id} ended"
         ended = 0
-        for stream in self.registry.live_streams():
+        for stream in list(self.registry.streams.values()):
             if stream.split.info.get("job_id") != job_id:
                 continue
             if not every_user and (stream.owner is None or stream.owner.uid != caller.uid):
                 continue
-            self._end_stream(stream, f"Slurm job {job_id} ended (sidecar finish --job)", now)
+            if not stream.finished:
+                self._end_stream(stream, cause, now)
+            elif slurm_jobs.ended_by_job(stream.split, gone_cause(stream.pid), cause, now):
+                self.write(stream.split)
+            else:
+                continue
             ended += 1
         return {"ok": True, "finished": ended}
 

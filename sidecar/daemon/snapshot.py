@@ -52,6 +52,7 @@ class Snapshot:
     samplers: dict[str, Any]  # host, gpu (on / off with the reason), interval_s
     runs: tuple[RunView, ...]
     splits: tuple[SplitView, ...] = ()  # what /metrics exports
+    job_ids_dropped: int = 0  # hellos' Slurm job ids not believed (shared daemon)
 
     def as_status(self) -> dict[str, Any]:
         """The status view (``sidecar status --json``): JSON-compatible."""

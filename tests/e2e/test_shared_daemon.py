@@ -2,11 +2,14 @@
 test creates (``useradd``; removed at the end): each one's runs land under its own
 ``ROOT/<user>/``, owned by it and closed to the other; a job naming the other user's folder
 is refused and told so; the user is the kernel's, not the one the hello claims; each sees
-only its own runs; the Slurm epilog's ``sidecar finish --job`` ends a job's runs; a daemon
-that is not shared refuses other users even when its socket is left open. Needs root.
+only its own runs; the Slurm epilog's ``sidecar finish --job`` ends a job's runs; a Slurm
+job id is kept only for a process started with it in its environment (a forged one is
+dropped, counted, and its epilog ends nothing); a daemon that is not shared refuses other
+users even when its socket is left open. Needs root.
 
-The jobs are forked from this test process and switch to the user (the interpreter may
-lie in a folder the test users cannot enter, e.g. /root/.pyenv).
+Most jobs are forked from this test process and switch to the user (the interpreter may
+lie in a folder the test users cannot enter, e.g. /root/.pyenv); the one whose job id is
+believed is started with its own environment, by Debian's Python.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import pytest
 
 import markers
 from markers.transport import Sender
+from tests.support import local_users
 from tests.support.helpers import env, run_json, sidecar_command, status, wait_for
 from tests.support.jobs.loop_job import Batch
 
@@ -130,6 +134,21 @@ def _owners(folder: Path) -> set[int]:
     return {path.lstat().st_uid for path in [folder, *folder.rglob("*")]}
 
 
+def _job_of_alice(user: str, short_tmp: Path, endpoint: str, stop_file: Path,
+                  ) -> subprocess.Popen[bytes]:
+    """A training loop of ``user`` started, as Slurm would, with ``SLURM_JOB_ID=41`` in
+    its environment (Debian's Python and a readable copy of the markers)."""
+    site = local_users.readable_markers(short_tmp / "py")
+    return subprocess.Popen(
+        ["runuser", "-u", user, "--", local_users.SYSTEM_PYTHON, "-m", "jobs.loop_job",
+         "--out-dir", "maps-a", "--stop-file", str(stop_file), "--sleep", "0.01"],
+        cwd=short_tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(site),
+             "SIDECAR_ENDPOINT": endpoint, "SLURM_JOB_ID": "41"})
+
+
+@pytest.mark.skipif(bool(local_users.user_python_unavailable()),
+                    reason=str(local_users.user_python_unavailable()))
 def test_two_users_are_kept_apart(users: tuple[str, str], short_tmp: Path) -> None:
     alice, bob = users
     uid = {name: pwd.getpwnam(name).pw_uid for name in users}
@@ -139,22 +158,35 @@ def test_two_users_are_kept_apart(users: tuple[str, str], short_tmp: Path) -> No
     endpoint = f"ipc://{short_tmp}/s.sock"
     daemon = _daemon(short_tmp, "--shared")
     stop_file = short_tmp / "stop"
-    long_job = None
+    long_job = forged = None
     try:
         wait_for(lambda: status(endpoint, 0.5), 30, "the shared daemon to answer")
         assert (short_tmp / "s.sock").stat().st_mode & 0o777 == 0o666
-        # alice trains (job 41) while bob runs a short job (42) and then tries her folder
-        long_job = os.fork()
-        if long_job == 0:
-            try:
-                as_user(alice, train, endpoint, "maps-a", "41", str(stop_file))
-            finally:
-                os._exit(0)
+        # alice trains (job 41) while bob runs a short job and then tries her folder
+        long_job = _job_of_alice(alice, short_tmp, endpoint, stop_file)
         theirs = root / alice
         wait_for(lambda: any(r["job_id"] == "41" for r in status(endpoint, 2)["runs"]),
                  30, "alice's run")
+        # bob's jobs claim Slurm jobs they do not belong to (no SLURM_JOB_ID in their
+        # environment): the ids are dropped, and the epilog of 666 leaves the run alone
+        forged = os.fork()
+        if forged == 0:
+            try:
+                as_user(bob, train, endpoint, "maps-f", "666", str(stop_file))
+            finally:
+                os._exit(0)
+        wait_for(lambda: any(r["out_dir"].endswith("maps-f")
+                             for r in status(endpoint, 2)["runs"]), 30, "bob's forged run")
         mine = as_user(bob, train, endpoint, "maps-b", "42")
         assert mine["monitored"] and mine["out_dir"] == str(root / bob / "maps-b")
+        view = status(endpoint, 5)
+        assert view["job_ids_dropped"] == 2
+        assert {r["out_dir"].rsplit("/", 1)[1]: r["job_id"] for r in view["runs"]} == {
+            "maps-a": "41", "maps-f": None, "maps-b": None}
+        epilog_666 = subprocess.run(sidecar_command("finish", "--job", "666", "--endpoint",
+                                                    endpoint), env=env(), capture_output=True,
+                                    text=True, timeout=30)
+        assert "job 666: 0 runs ended" in epilog_666.stdout, epilog_666.stderr
         for out_dir in (str(theirs / "stolen"), f"../{alice}/stolen"):
             refused = as_user(bob, train, endpoint, out_dir, "42")
             assert not refused["monitored"]
@@ -175,17 +207,21 @@ def test_two_users_are_kept_apart(users: tuple[str, str], short_tmp: Path) -> No
     finally:
         stop_file.touch()
         if long_job is not None:
-            os.waitpid(long_job, 0)
+            long_job.wait(60)
+        if forged is not None:
+            os.waitpid(forged, 0)
         daemon.terminate()
         daemon.wait(20)
-    for user, out_dir in ((alice, "maps-a"), (bob, "maps-b")):
+    for user, out_dir in ((alice, "maps-a"), (bob, "maps-b"), (bob, "maps-f")):
         folder = root / user
         assert folder.stat().st_mode & 0o777 == 0o700
         assert _owners(folder) == {uid[user]}  # every folder and file is the user's
         meta = run_json(folder / out_dir)
         assert meta["user"] == user  # the kernel's word, not getpass's "root"
-    assert "Slurm job 41 ended" in run_json(root / alice / "maps-a")["cause"]
+    assert run_json(root / alice / "maps-a")["cause"] == "Slurm job 41 ended"
     assert run_json(root / bob / "maps-b")["status"] == "completed"
+    forged_run = run_json(root / bob / "maps-f")
+    assert (forged_run["status"], forged_run["job_id"]) == ("completed", None)
     assert sorted(p.name for p in root.iterdir()) == sorted(users)
 
 

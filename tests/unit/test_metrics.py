@@ -27,6 +27,7 @@ SPEC = {  # name: (type, labels) as SPEC §7 lists them
     "trainmon_job_memory_rss_bytes": ("gauge", RUN),
     "trainmon_records": ("counter", [*RUN, "outcome"]),
     "trainmon_runs": ("gauge", ["status"]),
+    "trainmon_job_ids_dropped": ("counter", []),
 }
 
 
@@ -47,12 +48,13 @@ def _split(run_id: str) -> SplitView:
                      "trainmon_job_memory_rss_bytes": 100.0 * MIB})
 
 
-def _snapshot(*splits: SplitView) -> Snapshot:
+def _snapshot(*splits: SplitView, job_ids_dropped: int = 0) -> Snapshot:
     return Snapshot(pid=1, endpoint="ipc://x", root=None, taken_unix=0.0, loop_monotonic=0.0,
                     sampler_round_monotonic=None, samplers_started=True, records=0,
                     dropped=0, lost=0, rejected=0, rejected_by_kind={}, last_error=None,
                     records_per_s=0.0,
-                    rate_window_s=0.0, samplers={}, runs=(), splits=splits)
+                    rate_window_s=0.0, samplers={}, runs=(), splits=splits,
+                    job_ids_dropped=job_ids_dropped)
 
 
 def _scrape(port: int) -> dict[str, object]:
@@ -63,7 +65,7 @@ def _scrape(port: int) -> dict[str, object]:
 
 def test_names_types_labels_and_forgotten_runs() -> None:
     exporter = MetricsExporter(0, "127.0.0.1")
-    exporter.ready(_snapshot(_split("a" * 32), _split("b" * 32)))
+    exporter.ready(_snapshot(_split("a" * 32), _split("b" * 32), job_ids_dropped=3))
     try:
         assert exporter.bound_port
         families = _scrape(exporter.bound_port)
@@ -84,10 +86,12 @@ def test_names_types_labels_and_forgotten_runs() -> None:
         assert families["trainmon_gpu_memory_used_bytes"].samples[0].value == 1024 ** 3
         runs = {s.labels["status"]: s.value for s in families["trainmon_runs"].samples}
         assert runs == {"running": 2, "completed": 0, "incomplete": 0, "failed": 0}
+        assert [s.value for s in families["trainmon_job_ids_dropped"].samples
+                if s.name.endswith("_total")] == [3]
 
         exporter.tick(_snapshot(_split("b" * 32)))  # the daemon forgot run a
         families = _scrape(exporter.bound_port)
         seen = {s.labels.get("run") for f in families.values() for s in f.samples}
-        assert seen == {"b" * 32, None}  # None: trainmon_runs has no run label
+        assert seen == {"b" * 32, None}  # None: the node-wide families have no run label
     finally:
         exporter.stopping()
