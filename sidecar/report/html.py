@@ -110,7 +110,7 @@ def _gpu_hours(summary: pd.DataFrame, by: str) -> dict[str, Any]:
     values = [_json_value(v) for v in rows["GPU-hours"].head(BAR_ROWS)]
     if len(rows) > BAR_ROWS:
         rest = rows.iloc[BAR_ROWS:]
-        labels.append(f"{len(rest)} more ({by})")
+        labels.append(f"{len(rest)} more {by}s")
         values.append(_json_value(rest["GPU-hours"].sum()))
     return {"labels": labels, "values": values}
 

@@ -10,6 +10,14 @@
                   "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
   const SHOWN_ROWS = 200;  // rows drawn at first; a button draws the rest
   const FOLD_CHARS = 24;  // a text cell longer than this is folded, whole on hover or click
+  const NAME_CHARS = 28;  // a job's name (a path) longer than this loses its middle
+  const PATHS = new Set(["job", "folder", "name"]);
+
+  // A path's start and end, which tell jobs apart, with "…" for its middle.
+  function shorten(text) {
+    if (text.length <= NAME_CHARS) return text;
+    return text.slice(0, 8) + "…" + text.slice(text.length - NAME_CHARS + 9);
+  }
 
   function cell(value) {
     if (value === null || value === undefined) return "";
@@ -46,12 +54,14 @@
         const tr = body.insertRow();
         row.forEach((v, i) => {
           const td = tr.insertCell();
-          td.textContent = cell(v);
+          const text = cell(v);
+          td.textContent = PATHS.has(t.columns[i]) ? shorten(text) : text;
+          if (td.textContent !== text) td.dataset.short = td.textContent;
           if (t.text[i]) td.classList.add("text");
           if (i === 0) td.classList.add("first");
-          if (t.text[i] && td.textContent.length > FOLD_CHARS) {
+          if (t.text[i] && text.length > FOLD_CHARS) {
             td.classList.add("fold");
-            td.title = td.textContent;
+            td.title = text;
           }
         });
       }
@@ -60,7 +70,9 @@
     }
     body.addEventListener("click", (event) => {
       const td = event.target.closest("td.fold");
-      if (td) td.classList.toggle("open");
+      if (!td) return;
+      const open = td.classList.toggle("open");
+      if (td.dataset.short) td.textContent = open ? td.title : td.dataset.short;
     });
     more.addEventListener("click", () => { shown = t.rows.length; fill(); });
     t.columns.forEach((name, i) => {
@@ -103,7 +115,7 @@
     if (!(top > 0)) { note(box, empty); box.dataset.marks = "0"; return; }
     labels.forEach((label, i) => {
       const row = element("div", "hbar-row");
-      const name = element("span", "hbar-label", label);
+      const name = element("span", "hbar-label", shorten(label));
       name.title = label;
       const track = element("span", "hbar-track");
       series.forEach((s, k) => {
@@ -115,7 +127,9 @@
         seg.title = `${label}: ${s.label} ${cell(v)} ${unit}`;
         track.appendChild(seg);
       });
-      row.append(name, track, element("span", "hbar-value", cell(totals[i])));
+      const total = element("span", "hbar-value", cell(totals[i]));
+      total.title = `${cell(totals[i])} ${unit}`;
+      row.append(name, track, total);
       box.appendChild(row);
     });
     if (series.length > 1) {
