@@ -241,7 +241,8 @@
     for (const el of document.querySelectorAll("body *")) {
       if (el.closest("script, style") || el.children.length) continue;
       if (el.scrollWidth > el.clientWidth + 1 && getComputedStyle(el).overflowX === "hidden"
-          && el.title !== el.textContent) cut.push(el.textContent.slice(0, 40));
+          && !(el.title.length >= el.textContent.length && el.title.endsWith(
+            el.textContent.slice(-3)))) cut.push(el.textContent.slice(0, 40));
     }
     const out = document.getElementById("layout-check");
     out.dataset.texts = String(boxes.length);
