@@ -20,29 +20,9 @@ import psutil
 import pytest
 
 from tests.support.helpers import Sidecar, env, read_tsv, run_json, wait_for
-from tests.support.prometheus import free_port, http, prometheus_server, promql
+from tests.support.prometheus import free_port, http, marked_loop, prometheus_server, promql
 
-LOOP = textwrap.dedent("""
-    import sys, time
-    from pathlib import Path
-    import markers
-
-    stop = Path(sys.argv[2])
-
-    def loader():
-        while not stop.exists():
-            time.sleep(0.003)  # input
-            yield [0] * 8
-
-    with markers.start_run(out_dir=sys.argv[1], warmup_iterations=2,
-                           num_measurements=100000, train_batch_size=8) as run:
-        with run.epoch():
-            for batch in run.train_batches(loader()):
-                with run.phase("forward"):
-                    time.sleep(0.004)
-                with run.phase("backward"):
-                    time.sleep(0.001)
-""")
+LOOP = marked_loop(input_s=0.003)
 
 
 @pytest.fixture
@@ -160,8 +140,9 @@ def test_a_run_that_ended_is_reported_with_its_status_and_end_while_still_export
                              env=env(SIDECAR_ENDPOINT=sidecar.endpoint), capture_output=True,
                              text=True, timeout=120)
         assert job.returncode == 0, job.stderr
-        meta = wait_for(lambda: (m := run_json(sidecar.root / "maps")).get("end_unix") and m,
-                        60, "run.json with the run's end")
+        wait_for(lambda: run_json(sidecar.root / "maps").get("end_unix"), 60,
+                 "run.json with the run's end")
+        meta = run_json(sidecar.root / "maps")
         # the daemon goes on exporting the ended run; a scrape after its end has it
         wait_for(lambda: promql(url, 'trainmon_run_status{status="completed"} == 1'), 60,
                  "a scrape of the completed run", 0.5)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,33 +22,13 @@ import pytest
 import yaml
 
 from tests.support.helpers import env, read_tsv, wait_for
-from tests.support.prometheus import free_port, prometheus_server, promql
+from tests.support.prometheus import free_port, marked_loop, prometheus_server, promql
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 IDLE_UUID = "GPU-6a6a6a6a"  # tests.support.fake_pynvml.busy_and_idle_gpu: 3 %
 # input 6 ms, forward 4 ms, backward 1 ms: data loading ~55 % of the iteration
-LOOP = textwrap.dedent("""
-    import sys, time
-    from pathlib import Path
-    import markers
-
-    stop = Path(sys.argv[2])
-
-    def loader():
-        while not stop.exists():
-            time.sleep(0.006)  # input
-            yield [0] * 8
-
-    with markers.start_run(out_dir=sys.argv[1], warmup_iterations=2,
-                           num_measurements=100000, train_batch_size=8) as run:
-        with run.epoch():
-            for batch in run.train_batches(loader()):
-                with run.phase("forward"):
-                    time.sleep(0.004)
-                with run.phase("backward"):
-                    time.sleep(0.001)
-""")
+LOOP = marked_loop(input_s=0.006)
 Result = list[dict[str, Any]]
 
 
@@ -159,9 +138,11 @@ def test_every_promql_expression_of_the_docs_returns_what_they_say(tmp_path: Pat
             env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             # the docs' scrape interval: every expression has data after two scrapes
-            results = wait_for(lambda: (r := {e: promql(url, e) for _, e in shown})
-                               and all(r.values()) and r, 180, "every expression to answer",
-                               1.0)
+            def answers() -> dict[str, Result]:  # {} until every one has a result
+                found = {e: promql(url, e) for _, e in shown}
+                return found if all(found.values()) else {}
+
+            results = wait_for(answers, 180, "every expression to answer", 1.0)
         finally:
             stop.touch()
             _, stderr = job.communicate(timeout=60)

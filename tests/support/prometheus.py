@@ -7,6 +7,7 @@ import json
 import shutil
 import socket
 import subprocess
+import textwrap
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -15,6 +16,33 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.helpers import wait_for
+
+
+def marked_loop(input_s: float) -> str:
+    """A marked training loop (``python loop.py OUT_DIR STOP_FILE``) that runs until
+    STOP_FILE exists: each iteration waits ``input_s`` for its batch of 8, then 4 ms of
+    forward and 1 ms of backward; every measurement is stored."""
+    return textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        import markers
+
+        stop = Path(sys.argv[2])
+
+        def loader():
+            while not stop.exists():
+                time.sleep({input_s})  # input
+                yield [0] * 8
+
+        with markers.start_run(out_dir=sys.argv[1], warmup_iterations=2,
+                               num_measurements=100000, train_batch_size=8) as run:
+            with run.epoch():
+                for batch in run.train_batches(loader()):
+                    with run.phase("forward"):
+                        time.sleep(0.004)
+                    with run.phase("backward"):
+                        time.sleep(0.001)
+    """)
 
 
 def free_port() -> int:
