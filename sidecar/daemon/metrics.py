@@ -63,7 +63,7 @@ class SnapshotCollector(Collector):
         self._source = source
 
     def collect(self) -> Iterator[Metric]:
-        """Every family of SPEC §7 from one snapshot (taken once per scrape)."""
+        """Every family of docs/metrics.md from one snapshot (taken once per scrape)."""
         snapshot: Snapshot | None = self._source()
         splits = snapshot.splits if snapshot is not None else ()
         wall = SummaryMetricFamily("trainmon_phase_duration_seconds", "wall time of every "
@@ -79,8 +79,21 @@ class SnapshotCollector(Collector):
                                       labels=[*RUN_LABELS, "outcome"])
         runs = GaugeMetricFamily("trainmon_runs", "runs the sidecar knows, by status",
                                  labels=["status"])
+        # a state set: every status of a run, 1 for the one it has now, so a run that ends
+        # keeps the same series and its last scrape says how it ended
+        state = GaugeMetricFamily("trainmon_run_status", "1 for the run's status, 0 for "
+                                   "the others", labels=[*RUN_LABELS, "status"])
+        start = GaugeMetricFamily("trainmon_run_start_timestamp_seconds", "when the run "
+                                  "started, Unix time", labels=RUN_LABELS)
+        end = GaugeMetricFamily("trainmon_run_end_timestamp_seconds", "when the run ended, "
+                                "Unix time (absent while it runs)", labels=RUN_LABELS)
         for view in splits:
             run = _run_labels(view)
+            for name in STATUS_ORDER:
+                state.add_metric([*run, name], float(name == view.status))
+            for family, unix in ((start, view.start_unix), (end, view.end_unix)):
+                if unix is not None:
+                    family.add_metric(run, unix)
             for rank in view.ranks:
                 where = [*run, str(view.split), str(rank.rank)]
                 wall.add_metric([*where, PHASE_NAMES[wire.TRAINING]], 1, rank.training_s)
@@ -106,7 +119,7 @@ class SnapshotCollector(Collector):
                                       "not believed: the process belongs to no such job")
         job_ids.add_metric([], snapshot.job_ids_dropped if snapshot is not None else 0)
         yield from (wall, gpu, samples, *gpu_families.values(), *host_families.values(),
-                    records, runs, job_ids)
+                    records, runs, state, start, end, job_ids)
 
 
 class MetricsExporter:

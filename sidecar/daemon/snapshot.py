@@ -109,6 +109,8 @@ class SplitView:
     slurm_job_id: str
     split: int
     status: str
+    start_unix: float | None  # the earliest start of its ranks (as run.json's)
+    end_unix: float | None  # when its last rank ended; None while running
     ranks: tuple[RankView, ...]
     records: dict[str, int]  # received, dropped, lost, rejected
     gpus: tuple[GpuView, ...]
@@ -142,6 +144,9 @@ def split_view(split: Split, resources: SplitResources | None) -> SplitView:
         run_id=first.sessions[0].run_id if first and first.sessions else "",
         user=str(info.get("user") or ""), host=str(info.get("host") or ""),
         slurm_job_id=str(info.get("job_id") or ""), split=split.split, status=split.status,
+        start_unix=min((a.run_start_unix for a in split.ranks.values() if a.sessions),
+                       default=None),
+        end_unix=split.end_unix,
         ranks=tuple(_rank_view(split.ranks[r]) for r in sorted(split.ranks)),
         records={"received": sum(split.received.values()) - lost,
                  "dropped": sum(split.dropped.values()), "lost": lost,

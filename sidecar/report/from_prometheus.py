@@ -1,5 +1,6 @@
 """``sidecar report --prometheus URL --since DURATION``: the report built from the series a
-Prometheus server holds (SPEC §6, §7), through its HTTP API (``/api/v1/query``).
+Prometheus server holds (docs/report.md, docs/metrics.md), through its HTTP API
+(``/api/v1/query``).
 
 One row per ``run`` label (a split: each split's run id is its first process's), rank 0's
 figures. The series carry the streaming figures over every post-warmup measurement, so:
@@ -8,14 +9,17 @@ figures. The series carry the streaming figures over every post-warmup measureme
   (``trainmon_samples_total / trainmon_phase_duration_seconds_sum{phase="train_loop"}``),
   the summary.log figure whenever the run stored all its measurements (below the cap);
 * data loading share = mean Training data loading / mean Training loop, the same way;
-* wall = the Training time the last scrape saw; start = that scrape's time − wall, end =
-  the last scrape's time; CPU mean = CPU seconds / wall;
+* start, end and status: the run's own (``trainmon_run_start_timestamp_seconds``,
+  ``trainmon_run_end_timestamp_seconds``, ``trainmon_run_status``) as the window's last
+  scrape saw them; wall = end − start once ended, else the Training time so far;
+  CPU mean = CPU seconds / wall;
 * GPU figures: utilization and power are means over the scrapes in the window, memory
   peak the largest scrape, energy the counter's last value; GPU memory % is left empty
   (the total memory is not exported).
 
-Prometheus does not hold how a run ended: its status is ``running`` while its series are
-still scraped, else ``ended``; ``cause``, ``folder`` and ``command`` are empty.
+A run whose series stopped while it was ``running`` (its sidecar stopped exporting without
+an end, e.g. killed) is ``ended`` at its last scrape; ``cause``, ``folder`` and
+``command`` are not exported and stay empty.
 """
 
 from __future__ import annotations
@@ -80,22 +84,38 @@ def _phase(url: str, since: str, phase: str, part: str) -> pd.Series:
 
 
 def _runs(url: str, since: str) -> pd.DataFrame:
-    """One row per run: labels, Training time, first/last scrape time, still scraped."""
+    """One row per run: labels, Training time, start, end (NaN while it runs) and status.
+
+    The status and times are the run's own (``trainmon_run_status``, ``..._timestamp_
+    seconds``) as the last scrape in the window saw them. A run whose series stopped while
+    it said ``running`` (its sidecar stopped exporting, say it was killed) is ``ended`` at
+    its last scrape."""
     raw = query(url, f'{_PHASE}_sum{{phase="training",rank="0"}}[{since}]')
     present = {r["metric"].get("run") for r in query(url, f'{_PHASE}_sum{{phase="training"}}')}
+    stated = {r["metric"].get("run"): r["metric"].get("status", "") for r in query(
+        url, f"last_over_time(trainmon_run_status[{since}]) == 1")}
+    starts, ends = (_values(url, f"last_over_time(trainmon_run_{which}_timestamp_seconds"
+                                 f"[{since}])") for which in ("start", "end"))
     rows = []
     for series in raw:
         labels, values = series["metric"], series["values"]
+        run = labels.get("run", "")
         last_unix, training_s = float(values[-1][0]), float(values[-1][1])
+        status = stated.get(run, "running")
+        end_unix = float(ends.get(run, math.nan))
+        if status == "running" and run not in present:
+            status, end_unix = "ended", last_unix
         rows.append({**{k: labels.get(k, "") for k in RUN}, "training_s": training_s,
-                     "end_unix": last_unix, "start_unix": last_unix - training_s,
-                     "running": labels.get("run") in present})
-    frame = pd.DataFrame(rows, columns=[*RUN, "training_s", "end_unix", "start_unix",
-                                        "running"])
+                     "start_unix": float(starts.get(run, last_unix - training_s)),
+                     "end_unix": end_unix, "status": status})
+    frame = pd.DataFrame(rows, columns=[*RUN, "training_s", "start_unix", "end_unix",
+                                        "status"])
     return frame.sort_values("start_unix", kind="stable").reset_index(drop=True)
 
 
 def _iso(unix: float) -> str:
+    if math.isnan(unix):
+        return ""
     return pd.Timestamp(unix, unit="s", tz="UTC").isoformat(timespec="seconds")
 
 
@@ -164,15 +184,16 @@ def from_prometheus(url: str, since: str) -> Report:
                 ("rss", "max_over_time", "trainmon_job_memory_rss_bytes"),
                 ("dropped", "last_over_time", 'trainmon_records_total{outcome="dropped"}'))}
     gpus = _gpus(url, since)
-    wall = runs["training_s"].to_numpy()
+    # as run.json's: end − start once the run ended; the Training time so far before
+    wall = np.where(runs["end_unix"].notna(), runs["end_unix"] - runs["start_unix"],
+                    runs["training_s"])
     with np.errstate(invalid="ignore", divide="ignore"):
         table = pd.DataFrame({
             "run_id": run, "folder": "", "host": runs["host"], "user": runs["user"],
             "slurm_job_id": runs["slurm_job_id"], "command": "",
             "start": [_iso(t) for t in runs["start_unix"]],
-            "end": ["" if r else _iso(t) for t, r in zip(runs["end_unix"], runs["running"],
-                                                        strict=True)],
-            "status": np.where(runs["running"], "running", "ended"), "cause": "",
+            "end": [_iso(t) for t in runs["end_unix"]],
+            "status": runs["status"], "cause": "",
             "wall (s)": wall,
             "train throughput (samples/s)": samples["train"] / sums["loop"],
             "val throughput (samples/s)": samples["val"] / val_loop,

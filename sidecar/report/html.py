@@ -1,13 +1,18 @@
-"""``report.html``: one self-contained page (SPEC §6). uPlot (vendored, MIT, ~51 KB: the
-smallest of the plotting libraries that draw from data in the page) and our script are
-inlined; the tables and the plots' data are embedded as JSON and drawn in the browser.
-Nothing is fetched from the network.
+"""``report.html``: one self-contained page (docs/report.md, "The page"). uPlot (vendored,
+MIT, ~51 KB: the smallest of the plotting libraries that draw from data in the page) and
+our script are inlined; the tables and the plots' data are embedded as JSON and drawn in
+the browser. Nothing is fetched from the network.
 
-To keep the page light for thousands of jobs, the utilization plots cover the
-``UTILIZATION_JOBS`` jobs with the most GPU-hours (at most
-``sidecar.report.figures.PLOT_POINTS`` points per GPU, evenly thinned), and the phase
-breakdown the ``PHASE_JOBS`` jobs with the most GPU-hours (then the longest); the tables
-hold every job.
+The page reads the same from 1 to 10 000 jobs: bar charts are horizontal, one row per
+category with its label beside it (cut short with the full name on hover), so labels
+never meet whatever their number or length; a chart or plot with nothing to show says so
+("no GPU data"); the jobs table puts the most wasteful jobs first and status, wall time
+and flags beside the job's name, with long text folded. To keep the page light, the
+utilization plots cover the ``UTILIZATION_JOBS`` jobs with the most GPU-hours (at most
+``sidecar.report.figures.PLOT_POINTS`` points per GPU, evenly thinned), the phase
+breakdown the ``PHASE_JOBS`` jobs with the most GPU-hours (then the longest), and the
+GPU-hours charts the ``BAR_ROWS`` largest users or models and one row for the rest; the
+tables hold every job.
 """
 
 from __future__ import annotations
@@ -22,11 +27,15 @@ import numpy as np
 import pandas as pd
 
 from sidecar.report.figures import PHASE_COLUMNS
-from sidecar.report.jobs import names
+from sidecar.report.jobs import TEXT_COLUMNS, idle_gpu_hours, most_wasteful_first, names
 
 UTILIZATION_JOBS = 20
 PHASE_JOBS = 40
+BAR_ROWS = 30
 PHASE_PARTS = ("loading", "forward", "backward", "optimization")
+# the jobs table's first columns: what a reader needs without scrolling sideways
+JOB_FIRST = ["job", "status", "wall (s)", "flags", "idle GPU-hours", "GPUs", "GPU-hours",
+             "GPU utilization mean (%)"]
 
 
 def _asset(name: str) -> str:
@@ -42,9 +51,19 @@ def _json_value(value: Any) -> Any:
 
 
 def _table(frame: pd.DataFrame) -> dict[str, Any]:
+    """Columns, rows and which columns hold text (folded on the page when long)."""
     return {"columns": [str(c) for c in frame.columns],
+            "text": [str(c) in TEXT_COLUMNS or c == "job" or c == "name" for c in frame.columns],
             "rows": [[_json_value(v) for v in row]
                      for row in frame.itertuples(index=False, name=None)]}
+
+
+def _jobs_view(jobs: pd.DataFrame) -> pd.DataFrame:
+    """The jobs table as the page shows it: most wasteful first, the job's name, status,
+    wall time, flags and idle GPU-hours ahead of the other columns."""
+    view = most_wasteful_first(jobs.assign(job=names(jobs),
+                                           **{"idle GPU-hours": idle_gpu_hours(jobs)}))
+    return view[JOB_FIRST + [c for c in jobs.columns if c not in JOB_FIRST]]
 
 
 def _utilization(jobs: pd.DataFrame, samples: pd.DataFrame) -> list[dict[str, Any]]:
@@ -84,9 +103,16 @@ def _phases(jobs: pd.DataFrame, phase_means: pd.DataFrame) -> dict[str, Any]:
 
 
 def _gpu_hours(summary: pd.DataFrame, by: str) -> dict[str, Any]:
+    """GPU-hours of the ``BAR_ROWS`` largest names of ``by``, then one row for the rest."""
     rows = summary[summary["by"] == by].sort_values("GPU-hours", ascending=False)
-    return {"labels": [str(n) for n in rows["name"]],
-            "values": [_json_value(v) for v in rows["GPU-hours"]]}
+    rows = rows[rows["GPU-hours"] > 0]
+    labels = [str(n) for n in rows["name"].head(BAR_ROWS)]
+    values = [_json_value(v) for v in rows["GPU-hours"].head(BAR_ROWS)]
+    if len(rows) > BAR_ROWS:
+        rest = rows.iloc[BAR_ROWS:]
+        labels.append(f"{len(rest)} more {by}s")
+        values.append(_json_value(rest["GPU-hours"].sum()))
+    return {"labels": labels, "values": values}
 
 
 def render(jobs: pd.DataFrame, gpus: pd.DataFrame, summary: pd.DataFrame,
@@ -96,7 +122,7 @@ def render(jobs: pd.DataFrame, gpus: pd.DataFrame, summary: pd.DataFrame,
     utilization (%)) names the job by that index.
     """
     data = {
-        "jobs": _table(jobs), "gpus": _table(gpus), "summary": _table(summary),
+        "jobs": _table(_jobs_view(jobs)), "gpus": _table(gpus), "summary": _table(summary),
         "damaged": _table(damaged), "utilization": _utilization(jobs, samples),
         "phases": _phases(jobs, phase_means),
         "gpu_hours": {by: _gpu_hours(summary, by) for by in ("user", "GPU model")},
@@ -112,14 +138,19 @@ def render(jobs: pd.DataFrame, gpus: pd.DataFrame, summary: pd.DataFrame,
 </head><body>
 <h1>{html.escape(title)}</h1>
 <p>Built by <code>sidecar report</code> from the run folders' own files. Click a column
-header to sort.</p>
-<h2>GPU-hours</h2><div id="by-user"></div><div id="by-model"></div>
-<h2>Phase breakdown per job</h2><div id="phases"></div>
-<h2>GPU utilization over time (jobs with the most GPU-hours)</h2><div id="utilization"></div>
-<h2>Jobs</h2><div class="scroll" id="jobs"></div>
-<h2>GPUs</h2><div class="scroll" id="gpus"></div>
-<h2>Totals per host, user and GPU model</h2><div class="scroll" id="summary"></div>
-<h2>Damaged folders (skipped)</h2><div class="scroll" id="damaged"></div>
+header to sort, a folded cell to read it whole.</p>
+<section><h2>GPU-hours</h2><div class="pair"><div id="by-user"></div><div id="by-model"></div>
+</div></section>
+<section><h2>Jobs, most wasteful first (idle GPU-hours, then flags)</h2>
+<div class="scroll" id="jobs"></div></section>
+<section><h2>Phase breakdown per job</h2><div id="phases"></div></section>
+<section><h2>GPU utilization over time (jobs with the most GPU-hours)</h2>
+<div id="utilization"></div></section>
+<section><h2>GPUs</h2><div class="scroll" id="gpus"></div></section>
+<section><h2>Totals per host, user and GPU model</h2><div class="scroll" id="summary"></div>
+</section>
+<section><h2>Damaged folders (skipped)</h2><div class="scroll" id="damaged"></div></section>
+<div id="layout-check" hidden></div>
 <script type="application/json" id="report-data">{embedded}</script>
 <script>{_asset("report.js")}</script>
 </body></html>

@@ -99,6 +99,23 @@ def flags(frame: pd.DataFrame) -> pd.Series:
     return cells.str.lstrip(",")
 
 
+def idle_gpu_hours(frame: pd.DataFrame) -> pd.Series:
+    """Per job: GPU-hours × (1 − GPU utilization mean / 100), the GPU time held and left
+    idle, in hours; 0 without GPUs, NaN where the GPUs' utilization is unknown."""
+    busy = frame["GPU utilization mean (%)"].clip(0.0, 100.0) / 100.0
+    return (frame["GPU-hours"] * (1.0 - busy)).where(frame["GPUs"] > 0, 0.0)
+
+
+def most_wasteful_first(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` (a jobs frame) with the most idle GPU-hours first, then the most flags,
+    then the most GPU-hours; jobs whose GPUs' utilization is unknown after the others."""
+    flag_count = frame["flags"].fillna("").str.count(",") + (frame["flags"].fillna("") != "")
+    keyed = frame.assign(_idle=idle_gpu_hours(frame), _flags=flag_count)
+    return keyed.sort_values(["_idle", "_flags", "GPU-hours"], ascending=False,
+                             kind="stable", na_position="last").drop(columns=["_idle",
+                                                                              "_flags"])
+
+
 def _meta_frame(runs: Sequence[RunFolder]) -> pd.DataFrame:
     rows = []
     for run in runs:

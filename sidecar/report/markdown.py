@@ -1,6 +1,6 @@
 """``report.md``: the report's tables as Markdown, each run named by its folder (its run
-id when built from Prometheus), the worst offenders first (most flags, then most
-GPU-hours)."""
+id when built from Prometheus), the most wasteful first (most idle GPU-hours, then most
+flags, then most GPU-hours)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import math
 
 import pandas as pd
 
-from sidecar.report.jobs import names
+from sidecar.report.jobs import idle_gpu_hours, most_wasteful_first, names
 
-JOB_VIEW = ["folder", "user", "host", "status", "wall (s)", "GPUs", "GPU model", "GPU-hours",
-            "GPU utilization mean (%)", "GPU memory peak (%)", "data loading share (%)",
-            "train throughput (samples/s)", "energy (kWh)", "flags"]
+JOB_VIEW = ["folder", "user", "host", "status", "wall (s)", "flags", "idle GPU-hours", "GPUs",
+            "GPU model", "GPU-hours", "GPU utilization mean (%)", "GPU memory peak (%)",
+            "data loading share (%)", "train throughput (samples/s)", "energy (kWh)"]
 GPU_VIEW = ["folder", "gpu", "uuid", "GPU model", "GPU utilization mean (%)",
             "GPU memory peak (MB)", "GPU memory peak (%)", "energy (kWh)", "power mean (W)",
             "flags"]
@@ -33,22 +33,16 @@ def table(frame: pd.DataFrame) -> list[str]:
     return lines
 
 
-def worst_first(jobs: pd.DataFrame) -> pd.DataFrame:
-    """``jobs`` ordered by their number of flags, then GPU-hours, both descending."""
-    flag_count = jobs["flags"].str.count(",") + (jobs["flags"] != "")
-    return jobs.assign(_n=flag_count).sort_values(
-        ["_n", "GPU-hours"], ascending=False, kind="stable").drop(columns="_n")
-
-
 def render(jobs: pd.DataFrame, gpus: pd.DataFrame, summary: pd.DataFrame,
            damaged: pd.DataFrame) -> str:
     """The text of report.md."""
-    jobs = jobs.assign(folder=names(jobs))
+    jobs = jobs.assign(folder=names(jobs), **{"idle GPU-hours": idle_gpu_hours(jobs)})
     gpus = gpus.assign(folder=names(gpus))
     lines = [f"# GPU report: {len(jobs)} jobs", "",
              "Built by `sidecar report` from the run folders' own files; every figure is in "
              "jobs.tsv, gpus.tsv and summary.tsv beside this file.", "",
-             "## Jobs, worst offenders first", "", *table(worst_first(jobs)[JOB_VIEW]), "",
+             "## Jobs, most wasteful first", "",
+             *table(most_wasteful_first(jobs)[JOB_VIEW]), "",
              "## GPUs", "", *table(gpus[GPU_VIEW]), "",
              "## Totals per host, user and GPU model", "", *table(summary), ""]
     if len(damaged):

@@ -1,102 +1,41 @@
 """``/metrics`` scraped by a real Prometheus server (Debian's ``prometheus``, on loopback,
 temporary storage, a 1 s scrape interval) while a real marked loop runs under
 ``sidecar run --metrics-port``; then ``sidecar report --prometheus`` against that server,
-compared with the report built from the run folder.
+compared with the report built from the run folder. A run that ended under a daemon
+that goes on exporting it is reported with its status and end.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
 import socket
 import subprocess
 import sys
 import textwrap
 import time
-import urllib.parse
-import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import pandas as pd
 import psutil
 import pytest
 
-from tests.support.helpers import env, read_tsv, wait_for
+from tests.support.helpers import Sidecar, env, read_tsv, run_json, wait_for
+from tests.support.prometheus import free_port, http, marked_loop, prometheus_server, promql
 
-LOOP = textwrap.dedent("""
-    import sys, time
-    from pathlib import Path
-    import markers
-
-    stop = Path(sys.argv[2])
-
-    def loader():
-        while not stop.exists():
-            time.sleep(0.003)  # input
-            yield [0] * 8
-
-    with markers.start_run(out_dir=sys.argv[1], warmup_iterations=2,
-                           num_measurements=100000, train_batch_size=8) as run:
-        with run.epoch():
-            for batch in run.train_batches(loader()):
-                with run.phase("forward"):
-                    time.sleep(0.004)
-                with run.phase("backward"):
-                    time.sleep(0.001)
-""")
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on now (the kernel's pick)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def http(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return response.read().decode()
-
-
-def promql(server: str, query: str) -> list[dict]:
-    reply = json.loads(http(f"{server}/api/v1/query?"
-                            + urllib.parse.urlencode({"query": query})))
-    assert reply["status"] == "success", reply
-    return reply["data"]["result"]
+LOOP = marked_loop(input_s=0.003)
 
 
 @pytest.fixture
 def prometheus(tmp_path: Path) -> Iterator[tuple[str, int]]:
     """A Prometheus server scraping 127.0.0.1:<port> every second: (its URL, port)."""
-    assert shutil.which("prometheus"), "prometheus is needed (Debian package; .ci/run)"
-    target, web = free_port(), free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(textwrap.dedent(f"""
+    target = free_port()
+    with prometheus_server(tmp_path, textwrap.dedent(f"""
         global: {{scrape_interval: 1s, evaluation_interval: 1s}}
         scrape_configs:
           - job_name: trainmon
             static_configs: [{{targets: ["127.0.0.1:{target}"]}}]
-    """))
-    log = (tmp_path / "prometheus.log").open("wb")
-    server = subprocess.Popen(
-        ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{web}"], stdout=log, stderr=log,
-        stdin=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{web}"
-
-    def ready() -> bool:
-        try:
-            return "Ready" in http(f"{url}/-/ready")
-        except OSError:
-            return False
-
-    try:
-        wait_for(ready, 60, "prometheus to be ready", interval_s=0.2)
+    """)) as url:
         yield url, target
-    finally:
-        server.terminate()
-        server.wait(30)
-        log.close()
 
 
 def test_prometheus_scrapes_the_phase_times_and_reports_like_the_files(
@@ -171,3 +110,51 @@ def test_a_taken_metrics_port_is_said_once_and_the_run_goes_on(tmp_path: Path) -
     assert len(lines) == 1 and f"cannot serve on 127.0.0.1:{port}" in lines[0], lines
     assert (tmp_path / "runs" / "job" / "run.json").exists()
     assert time.monotonic() - began < 60
+
+
+FINITE = textwrap.dedent("""
+    import sys, time
+    import markers
+
+    with markers.start_run(out_dir=sys.argv[1], warmup_iterations=2,
+                           train_batch_size=8) as run:
+        with run.epoch():
+            for batch in run.train_batches([[0] * 8] * 40):
+                with run.phase("forward"):
+                    time.sleep(0.01)
+""")
+
+
+def test_a_run_that_ended_is_reported_with_its_status_and_end_while_still_exported(
+        serve: Callable[..., Sidecar], short_tmp: Path) -> None:
+    target = free_port()
+    sidecar = serve(args=["--metrics-port", str(target)])
+    with prometheus_server(short_tmp, textwrap.dedent(f"""
+        global: {{scrape_interval: 1s, evaluation_interval: 1s}}
+        scrape_configs:
+          - job_name: trainmon
+            static_configs: [{{targets: ["127.0.0.1:{target}"]}}]
+    """)) as url:
+        (short_tmp / "finite.py").write_text(FINITE)
+        job = subprocess.run([sys.executable, "finite.py", "maps"], cwd=short_tmp,
+                             env=env(SIDECAR_ENDPOINT=sidecar.endpoint), capture_output=True,
+                             text=True, timeout=120)
+        assert job.returncode == 0, job.stderr
+        wait_for(lambda: run_json(sidecar.root / "maps").get("end_unix"), 60,
+                 "run.json with the run's end")
+        meta = run_json(sidecar.root / "maps")
+        # the daemon goes on exporting the ended run; a scrape after its end has it
+        wait_for(lambda: promql(url, 'trainmon_run_status{status="completed"} == 1'), 60,
+                 "a scrape of the completed run", 0.5)
+        assert promql(url, 'trainmon_phase_duration_seconds_sum{phase="training"}')
+        report = subprocess.run([sys.executable, "-m", "sidecar", "report", "--prometheus",
+                                 url, "--since", "5m", "--out", "out"], cwd=short_tmp,
+                                env=env(), capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0, report.stderr
+    rows = read_tsv(short_tmp / "out" / "jobs.tsv")
+    assert len(rows) == 1
+    row = rows.iloc[0]
+    assert (row["run_id"], row["status"]) == (meta["run_id"], "completed")
+    assert abs(pd.Timestamp(row["end"]).timestamp() - meta["end_unix"]) <= 1.0
+    assert abs(pd.Timestamp(row["start"]).timestamp() - meta["start_unix"]) <= 1.0
+    assert abs(row["wall (s)"] - (meta["end_unix"] - meta["start_unix"])) <= 1e-3

@@ -262,10 +262,13 @@ def test_report_html_draws_offline_in_chromium(
     dom = subprocess.run([CHROMIUM, *offline, "--dump-dom", (out / "report.html").as_uri()],
                          capture_output=True, text=True, timeout=120).stdout
     assert 'data-drawn="yes"' in dom  # our script ran to its end
-    # the plots: GPU-hours per user and per model, the phase breakdown, utilization (1 job)
-    plots = re.findall(r'<div class="uplot[^"]*"[^>]*>', dom)
-    assert len(plots) == 4 and dom.count("<canvas") == 4
+    # GPU-hours per user and per model and the phase breakdown as bars, utilization (the
+    # one job with GPUs) as a uPlot line plot
+    assert dom.count('<div class="figure"') == 4
+    assert len(re.findall(r'<div class="uplot[^"]*"[^>]*>', dom)) == 1
+    assert dom.count('class="hbar-seg"') >= 1 + 1 + 4
     assert "Phase breakdown per job" in dom and "GPU 1" in dom
+    assert 'data-overlaps="0" data-empty="0" data-cut="0"' in dom
     assert dom.count("<tr>") >= 1 + 3 + 1 + 2  # jobs, gpus, ... rows drawn from the data
     assert not re.search(r"""\s(src|href)="https?:""", dom)
     shot = tmp_path / "report.png"

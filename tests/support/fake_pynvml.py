@@ -356,3 +356,9 @@ def gpu_without_energy() -> FakeNvml:
     return FakeNvml([FakeGpu(uuid="GPU-3d3d3d3d", name="NVIDIA Fake 0"),
                      FakeGpu(uuid="GPU-4e4e4e4e", name="NVIDIA Fake 1",
                              unsupported={"nvmlDeviceGetTotalEnergyConsumption"})])
+
+
+def busy_and_idle_gpu() -> FakeNvml:
+    """A GPU at 95 % utilization and one at 3 % (a job that holds a GPU it never uses)."""
+    return FakeNvml([FakeGpu(uuid="GPU-5f5f5f5f", name="NVIDIA Fake 0", util=95),
+                     FakeGpu(uuid="GPU-6a6a6a6a", name="NVIDIA Fake 1", util=3)])

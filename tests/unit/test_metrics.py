@@ -28,16 +28,21 @@ SPEC = {  # name: (type, labels) as SPEC §7 lists them
     "trainmon_records": ("counter", [*RUN, "outcome"]),
     "trainmon_runs": ("gauge", ["status"]),
     "trainmon_job_ids_dropped": ("counter", []),
+    "trainmon_run_status": ("gauge", [*RUN, "status"]),
+    "trainmon_run_start_timestamp_seconds": ("gauge", RUN),
+    "trainmon_run_end_timestamp_seconds": ("gauge", RUN),
 }
 
 
-def _split(run_id: str) -> SplitView:
+def _split(run_id: str, status: str = "running", end_unix: float | None = None
+           ) -> SplitView:
     phases = (PhaseStats(wire.FORWARD, "", 10, 0.5, 10, 0.25),
               PhaseStats(wire.TRAINING_LOOP, "", 10, 1.0, 0, 0.0),
               PhaseStats(wire.FIRST_CUSTOM_ID, "augment", 3, 0.3, 0, 0.0))
     return SplitView(
         run_id=run_id, user="ada", host="node1", slurm_job_id="42", split=0,
-        status="running", ranks=(RankView(0, phases, 12.5, 80, None),),
+        status=status, start_unix=1.8e9, end_unix=end_unix,
+        ranks=(RankView(0, phases, 12.5, 80, None),),
         records={"received": 100, "dropped": 1, "lost": 0, "rejected": 2},
         gpus=(GpuView(0, "GPU-a", "NVIDIA H200", {
             "trainmon_gpu_utilization_ratio": 0.55,
@@ -65,7 +70,8 @@ def _scrape(port: int) -> dict[str, object]:
 
 def test_names_types_labels_and_forgotten_runs() -> None:
     exporter = MetricsExporter(0, "127.0.0.1")
-    exporter.ready(_snapshot(_split("a" * 32), _split("b" * 32), job_ids_dropped=3))
+    exporter.ready(_snapshot(_split("a" * 32), _split("b" * 32, "completed", 1.8e9 + 60),
+                             job_ids_dropped=3))
     try:
         assert exporter.bound_port
         families = _scrape(exporter.bound_port)
@@ -85,7 +91,18 @@ def test_names_types_labels_and_forgotten_runs() -> None:
         assert util.value == 0.55
         assert families["trainmon_gpu_memory_used_bytes"].samples[0].value == 1024 ** 3
         runs = {s.labels["status"]: s.value for s in families["trainmon_runs"].samples}
-        assert runs == {"running": 2, "completed": 0, "incomplete": 0, "failed": 0}
+        assert runs == {"running": 1, "completed": 1, "incomplete": 0, "failed": 0}
+        # how each run stands and when it started and ended
+        states = {(s.labels["run"], s.labels["status"]): s.value
+                  for s in families["trainmon_run_status"].samples}
+        assert states == {("a" * 32, "running"): 1, ("a" * 32, "completed"): 0,
+                          ("a" * 32, "incomplete"): 0, ("a" * 32, "failed"): 0,
+                          ("b" * 32, "running"): 0, ("b" * 32, "completed"): 1,
+                          ("b" * 32, "incomplete"): 0, ("b" * 32, "failed"): 0}
+        assert [s.value for s in families["trainmon_run_start_timestamp_seconds"].samples
+                ] == [1.8e9, 1.8e9]
+        ends = families["trainmon_run_end_timestamp_seconds"].samples
+        assert [(s.labels["run"], s.value) for s in ends] == [("b" * 32, 1.8e9 + 60)]
         assert [s.value for s in families["trainmon_job_ids_dropped"].samples
                 if s.name.endswith("_total")] == [3]
 

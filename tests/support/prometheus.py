@@ -1,0 +1,95 @@
+"""A real Prometheus server for the tests (Debian's ``prometheus``, on loopback, its
+storage in a temporary folder) and small helpers to ask it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import textwrap
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from tests.support.helpers import wait_for
+
+
+def marked_loop(input_s: float) -> str:
+    """A marked training loop (``python loop.py OUT_DIR STOP_FILE``) that runs until
+    STOP_FILE exists: each iteration waits ``input_s`` for its batch of 8, then 4 ms of
+    forward and 1 ms of backward; every measurement is stored."""
+    return textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        import markers
+
+        stop = Path(sys.argv[2])
+
+        def loader():
+            while not stop.exists():
+                time.sleep({input_s})  # input
+                yield [0] * 8
+
+        with markers.start_run(out_dir=sys.argv[1], warmup_iterations=2,
+                               num_measurements=100000, train_batch_size=8) as run:
+            with run.epoch():
+                for batch in run.train_batches(loader()):
+                    with run.phase("forward"):
+                        time.sleep(0.004)
+                    with run.phase("backward"):
+                        time.sleep(0.001)
+    """)
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (the kernel's pick)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def http(url: str) -> str:
+    """The body of a GET of ``url`` (5 s timeout)."""
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return response.read().decode()
+
+
+def promql(server: str, query: str) -> list[dict[str, Any]]:
+    """The ``result`` list of an instant query; fails the test when the server refuses."""
+    reply = json.loads(http(f"{server}/api/v1/query?"
+                            + urllib.parse.urlencode({"query": query})))
+    assert reply["status"] == "success", reply
+    return reply["data"]["result"]
+
+
+@contextmanager
+def prometheus_server(folder: Path, config: str) -> Iterator[str]:
+    """A Prometheus server run with the configuration text ``config``, its storage and log
+    under ``folder``; yields its URL once ready, stops it on exit."""
+    assert shutil.which("prometheus"), "prometheus is needed (Debian package; .ci/run)"
+    web = free_port()
+    (folder / "prometheus.yml").write_text(config)
+    log = (folder / "prometheus.log").open("wb")
+    server = subprocess.Popen(
+        ["prometheus", f"--config.file={folder / 'prometheus.yml'}",
+         f"--storage.tsdb.path={folder / 'tsdb'}", f"--web.listen-address=127.0.0.1:{web}"],
+        stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{web}"
+
+    def ready() -> bool:
+        try:
+            return "Ready" in http(f"{url}/-/ready")
+        except OSError:
+            return False
+
+    try:
+        wait_for(ready, 60, "prometheus to be ready", interval_s=0.2)
+        yield url
+    finally:
+        server.terminate()
+        server.wait(30)
+        log.close()
