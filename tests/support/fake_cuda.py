@@ -10,11 +10,17 @@
   nodes and an event query invalidates the capture; synchronizing calls that are counted
   in ``syncs`` (as in torch, ``synchronize()`` and ``Event.synchronize()`` do not go
   through ``set_sync_debug_mode``, so a test must count them); MIG instance names.
+  ``queue_delay_s``: from the moment it is set, the GPU starts each piece of work that
+  long after the host queued it at the earliest (a loop that stays ahead of its GPU).
+  An event recorded once has a destructor that, as torch's ``cudaEventDestroy`` does,
+  touches the device: run in a forked child (which must not touch CUDA) it writes a
+  line to stderr and is counted in ``FakeCuda.destroyed_in_child`` of the child.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import struct
 import time
 import uuid as _uuid
@@ -113,6 +119,7 @@ class FakeBackend:
 @dataclass
 class Stream:
     device: int
+    cuda: Any = field(default=None, repr=False, compare=False)  # its FakeCuda (queue delay)
     busy_until_ns: int = 0  # host time at which the GPU will have run all queued work
     capturing: bool = False
     captured_ns: int = 0  # work captured into the graph being built
@@ -122,7 +129,9 @@ class Stream:
         if self.capturing:
             self.captured_ns += duration_ns
             return 0
-        self.busy_until_ns = max(time.perf_counter_ns(), self.busy_until_ns) + duration_ns
+        delay_ns = int(self.cuda.queue_delay_s * 1e9) if self.cuda is not None else 0
+        self.busy_until_ns = max(time.perf_counter_ns() + delay_ns,
+                                 self.busy_until_ns) + duration_ns
         return self.busy_until_ns
 
 
@@ -148,6 +157,15 @@ class FakeCudaEvent:
         self.at_ns: int | None = None  # host time at which the GPU reaches it
         self.device: int | None = None
         self.in_graph = False  # recorded during a capture: a graph node, no timestamp
+        self._pid = os.getpid()  # the process whose CUDA context holds the event
+
+    def __del__(self) -> None:
+        # torch's CUDAEvent destructor sets the device and calls cudaEventDestroy: in a
+        # forked child CUDA is unusable and that call fails ("initialization error").
+        if self.device is not None and os.getpid() != self._pid:
+            self._cuda.destroyed_in_child += 1
+            os.write(2, b"CUDA warning: initialization error (an event destroyed in a "
+                        b"forked child)\n")
 
     def record(self, stream: Stream | None = None) -> None:
         cuda = self._cuda
@@ -196,7 +214,7 @@ class FakeCuda:
         self.devices = [Device(i, name, _uuid.UUID(int=0xC0DA0000 + i).bytes, allocator)
                         for i, name in enumerate(names)]
         for device in self.devices:
-            device.current = Stream(device.index)
+            device.current = Stream(device.index, self)
             device.streams.append(device.current)
         self._current = current
         self.initialized = True
@@ -205,6 +223,8 @@ class FakeCuda:
         self.records: list[tuple[FakeCudaEvent, Stream]] = []
         self.queries = 0
         self.capture_invalidated = False
+        self.queue_delay_s = 0.0  # see the module docstring
+        self.destroyed_in_child = 0  # events whose destructor ran in a forked child
 
     # -- what TorchCudaBackend and choose_device call ------------------------------------
 
@@ -282,7 +302,7 @@ class FakeCuda:
             dev.stats["freed"] += nbytes
 
     def Stream(self, device: int | None = None) -> Stream:
-        stream = Stream(self._current if device is None else device)
+        stream = Stream(self._current if device is None else device, self)
         self.devices[stream.device].streams.append(stream)
         return stream
 
