@@ -172,7 +172,14 @@ class RecordBuffer:
 
     def enter_child(self) -> None:
         """In a forked child: forget the parent's unsent records and GPU timing; from now on
-        every phase is counted and reported to the parent at once."""
+        every phase is counted and reported to the parent at once.
+
+        The parent's GPU timer is kept alive for the child's whole life, past interpreter
+        shutdown: freeing it would run its CUDA events' destructors (a device switch and
+        ``cudaEventDestroy``), which fail in a forked child ("CUDA warning:
+        initialization error", or a DataLoader worker killed)."""
+        if self.gpu is not None:
+            _keep_forever(self.gpu)
         self.gpu = None
         self._pending = []
         self._undeclared = []
@@ -231,3 +238,12 @@ class RecordBuffer:
         results hold the queue back; the event pool bounds that)."""
         if len(self.slots) - self.n < 4 * _SLOTS:
             self.slots.extend(array("q", bytes(8 * self.flush_at)))
+
+
+def _keep_forever(obj: Any) -> None:
+    """Hold one more reference to ``obj`` that nothing ever releases: not the collector,
+    not the clearing of modules at interpreter shutdown (a plain module-level list would
+    be cleared there, and the objects freed)."""
+    import ctypes  # only in a forked child that inherited a GPU timer
+
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))

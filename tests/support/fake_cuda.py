@@ -27,7 +27,7 @@ import uuid as _uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch  # only for torch.device, which needs no CUDA
 
@@ -148,6 +148,12 @@ class Device:
     current: Stream | None = None
 
 
+class Recorded(NamedTuple):
+    """One ``Event.record`` call as FakeCuda logs it."""
+
+    in_graph: bool  # recorded during a graph capture: a node, not a timing event
+
+
 class FakeCudaEvent:
     """torch.cuda.Event: timestamped when the GPU reaches it on its stream."""
 
@@ -174,7 +180,7 @@ class FakeCudaEvent:
             raise RuntimeError("Event device does not match recording stream's device")
         self.device = stream.device
         cuda.devices[stream.device].context = True
-        cuda.records.append((self, stream))
+        cuda.records.append((Recorded(stream.capturing), stream))
         if stream.capturing:
             self.in_graph, self.at_ns = True, None
             return
@@ -220,7 +226,9 @@ class FakeCuda:
         self.initialized = True
         self.sync_mode = 0
         self.syncs: list[str] = []  # every synchronizing call, by name
-        self.records: list[tuple[FakeCudaEvent, Stream]] = []
+        # every record: what it was, and on which stream (the event itself is not held, so
+        # its destructor runs when the code under test lets it go)
+        self.records: list[tuple[Recorded, Stream]] = []
         self.queries = 0
         self.capture_invalidated = False
         self.queue_delay_s = 0.0  # see the module docstring
