@@ -248,3 +248,16 @@ def test_add_uuids_reported_later(nvml: FakeNvml) -> None:
     assert sampler.add_uuids([UUIDS[2]]) == []
     assert [(s.gpu_index, s.uuid) for s in sampler.sample(set(), 1)] == [
         (0, UUIDS[0]), (1, UUIDS[2])]
+
+
+@pytest.mark.parametrize(("code", "advice"), [
+    (pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH, "reboot, or reload the nvidia kernel modules"),
+    (pynvml.NVML_ERROR_NO_PERMISSION, "/dev/nvidia*"),
+    (pynvml.NVML_ERROR_FUNCTION_NOT_FOUND, "update the driver"),
+    (pynvml.NVML_ERROR_GPU_IS_LOST, "Xid"),
+])
+def test_an_init_failure_says_what_it_means_and_what_to_do(code: int, advice: str) -> None:
+    result = open_nvml(None, api=FakeNvml([], init_error=code))
+    assert isinstance(result, NvmlUnavailable)
+    assert result.reason.startswith("NVML initialisation failed: NVMLError_")
+    assert advice in result.reason and "\n" not in result.reason
