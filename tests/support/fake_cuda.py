@@ -269,7 +269,24 @@ class FakeCuda:
         dev = self.devices[self._current if device is None else device]
         if dev.allocator != "native" and not dev.context:
             return {}  # cudaMallocAsync answers only for devices it has initialised
-        return {"allocated_bytes": {"all": dict(dev.stats)}}
+        return allocator_stats(dev.stats)
+
+    def memory_stats(self, device: int | None = None) -> dict[str, Any]:
+        """torch.cuda.memory_stats: the nested dict flattened, keys sorted, as torch does."""
+        flat: dict[str, Any] = {}
+
+        def walk(prefix: str, value: Any) -> None:
+            if isinstance(value, dict):
+                for key, inner in value.items():
+                    walk(f"{prefix}.{key}" if prefix else key, inner)
+            else:
+                flat[prefix] = value
+
+        walk("", self.memory_stats_as_nested_dict(device))
+        return dict(sorted(flat.items()))
+
+    def max_memory_allocated(self, device: int | None = None) -> int:
+        return self.memory_stats(device).get("allocated_bytes.all.peak", 0)
 
     def reset_peak_memory_stats(self, device: int | None = None) -> None:
         stats = self.devices[self._current if device is None else device].stats
@@ -345,6 +362,28 @@ class FakeCuda:
 
     def _sync(self, what: str) -> None:
         self.syncs.append(what)  # counted, never raised: torch's sync-debug mode skips these
+
+
+_STAT_ARRAYS = ("allocation", "segment", "active", "inactive_split", "allocated_bytes",
+                "reserved_bytes", "active_bytes", "inactive_split_bytes", "requested_bytes")
+_POOLS = ("all", "small_pool", "large_pool")
+_COUNTERS = ("current", "peak", "allocated", "freed")
+
+
+def allocator_stats(allocated_all: dict[str, int]) -> dict[str, Any]:
+    """The dict ``torch._C._cuda_memoryStats`` builds on every call, in its shape: nine stat
+    arrays of three pools of four counters, two more stats and six scalars (39 dicts).
+    ``allocated_all`` gives ``allocated_bytes.all``; the rest is 0. Built anew each call,
+    as torch does, so the host cost of a read on the fake has the right order."""
+    stats: dict[str, Any] = {name: {pool: dict.fromkeys(_COUNTERS, 0) for pool in _POOLS}
+                             for name in _STAT_ARRAYS}
+    stats["allocated_bytes"]["all"] = dict(allocated_all)
+    for name in ("oversize_allocations", "oversize_segments"):
+        stats[name] = dict.fromkeys(_COUNTERS, 0)
+    for name in ("num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc",
+                 "num_device_free", "max_split_size"):
+        stats[name] = 0
+    return stats
 
 
 def fake_torch(cuda: FakeCuda) -> Any:
