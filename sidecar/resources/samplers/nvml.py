@@ -200,7 +200,8 @@ class NvmlSampler:
         mig = device.parent is not None
         gpu = Gpu(index=len(self._gpus), uuid=uuid, name=name, handle=device.handle,
                   whole_handle=device.parent if mig else device.handle,
-                  whole_uuid=device.parent_uuid, proc_seen_us=now_us())
+                  whole_uuid=device.parent_uuid, proc_seen_us=now_us(),
+                  util_seen_us=now_us())
         if mig:
             gpu.guard.off["sm activity"] = "GPM of a MIG instance is not read"
         else:
