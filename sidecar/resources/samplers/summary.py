@@ -233,13 +233,14 @@ def _overlaps(starts_ns: np.ndarray, ends_ns: np.ndarray, lo: np.ndarray,
     return interval[met], window[met], overlap[met]
 
 
-def _driver_windows(gpu_samples: Sequence[GpuSample]) -> list[tuple[np.ndarray, ...]]:
+def _driver_windows(
+        gpu_samples: Sequence[GpuSample]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Per GPU: the (start, end, %) arrays of its driver utilization samples, sorted."""
     by_gpu: dict[str, list[tuple[int, int, float]]] = {}
     for sample in gpu_samples:
         if sample.util_windows:
             by_gpu.setdefault(sample.uuid, []).extend(sample.util_windows)
-    out = []
+    out: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     for windows in by_gpu.values():
         table = np.array(sorted(set(windows)), dtype=np.float64).reshape(-1, 3)
         out.append((table[:, 0].astype(np.int64), table[:, 1].astype(np.int64), table[:, 2]))
