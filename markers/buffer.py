@@ -49,12 +49,13 @@ class RecordBuffer:
     # else the interpreter's caches hold (see docs/architecture.md, "The hot path").
     __slots__ = ("_contexts", "_next_hello_ns", "_pending", "_sent_since_context",
                  "_undeclared", "children", "deadline_ns", "flush_at", "flushes", "gpu",
-                 "hello", "in_child", "n", "sender", "slots")
+                 "gpu_unfinished", "hello", "in_child", "n", "sender", "slots")
 
     def __init__(self, sender: Sender, hello: dict[str, Any], now_ns: int) -> None:
         self.sender = sender
         self.hello = hello
         self.gpu: Any = None  # markers.gpu.GpuTimer once the script uses CUDA
+        self.gpu_unfinished = 0  # phases whose GPU time had not come when drain_gpu gave up
         self.flush_at = FLUSH_RECORDS * _SLOTS
         self.slots = array("q", bytes(8 * (self.flush_at + 4 * _SLOTS)))
         self.n = 0
@@ -160,7 +161,8 @@ class RecordBuffer:
 
     def drain_gpu(self) -> None:
         """At finish only: wait (bounded, ``GPU_DRAIN_S``) for the GPU values still
-        pending; the ones that never come are marked not measured."""
+        pending; the ones that never come are marked not measured and counted in
+        ``gpu_unfinished`` (the GPU was still that far behind when the loop ended)."""
         if not self._pending:
             return
         slots = self.slots
@@ -168,6 +170,7 @@ class RecordBuffer:
                                  host_starts=[slots[o - 2] for o, _ in self._pending])
         for (offset, _), result in zip(self._pending, results, strict=True):
             self._fill_gpu(offset, result if result is not None else _NOT_MEASURED)
+        self.gpu_unfinished += sum(result is None for result in results)
         self._pending = []
 
     def enter_child(self) -> None:
