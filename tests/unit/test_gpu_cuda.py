@@ -181,6 +181,7 @@ def test_the_gpu_start_lag_holds_in_a_loop_that_stays_ahead_of_its_gpu() -> None
         pending.append((slot, host_start_ns, timer._starts[slot]))
         while pending and (res := timer.poll(pending[0][0], pending[0][1])) is not None:
             _, start_ns, event = pending.pop(0)
+            assert event.at_ns is not None
             true_lag_ns = event.at_ns - start_ns  # when the fake GPU really began it
             errors_ms.append((res[2] - true_lag_ns) / 1e6)
         time.sleep(0.001)  # the host's own work per step: time passes between polls

@@ -289,8 +289,9 @@ def test_utilization_per_phase_comes_from_the_drivers_samples_not_the_rounds() -
     ends = np.array([e for _, e in busy] + [e + window_ns for _, e in busy], dtype=np.int64)
     phases = np.array([0] * cycles + [1] * cycles)
     parts = attribute_phases(samples, phases, starts, ends)
-    assert parts[0].util_mean_pct > 90, parts  # busy: Forward, say
-    assert parts[1].util_mean_pct < 10, parts  # idle: data loading
+    busy_pct, idle_pct = parts[0].util_mean_pct, parts[1].util_mean_pct
+    assert busy_pct is not None and busy_pct > 90, parts  # busy: Forward, say
+    assert idle_pct is not None and idle_pct < 10, parts  # idle: data loading
 
 
 def test_without_driver_samples_the_rounds_reading_stands_for_the_round() -> None:
