@@ -7,7 +7,11 @@
 # Uses the machine's own CUDA build of torch (python3, or $PYTHON); it never installs
 # torch. Python packages the project needs and the machine lacks (often pyzmq) come
 # from wheels in DIR (default .whl, when present), installed with --no-index --no-deps
-# into a scratch folder; torch wheels there are refused. Fails loudly (exit 3) when
+# into a scratch folder; torch wheels there are refused. For a machine that cannot reach
+# a package index, fetch them beforehand where pip works, for its Python, e.g.
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#       --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl pyzmq
+# (name every missing package; the script lists them). Fails loudly (exit 3) when
 # torch.cuda.is_available() is False. A GPU test that skips on a GPU machine did not
 # check anything: skips are counted, listed and make the pass fail.
 #
