@@ -302,3 +302,17 @@ def test_without_driver_samples_the_rounds_reading_stands_for_the_round() -> Non
     assert "utilization samples" in sampler.status()["gpus"][0]["unsupported"]
     parts = attribute_phases(samples, np.array([0]), np.array([1_200]), np.array([1_800]))
     assert parts[0].util_mean_pct == 70.0
+
+
+def test_a_driver_period_as_long_as_the_round_is_learnt_from_one_sample_a_round(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A product whose driver samples once a second, read by 1 s rounds: one new sample
+    per round. Its period comes from the spacing to the sample seen before."""
+    monkeypatch.setattr("tests.support.fake_pynvml.UTIL_WINDOW_S", 0.25)
+    sampler = opened(FakeNvml([FakeGpu(uuid=UUIDS[0])]))
+    windows = []
+    for _ in range(4):
+        time.sleep(0.26)  # one driver sample per round
+        windows += sampler.sample(set(), time.monotonic_ns())[0].util_windows or ()
+    lengths = [end - start for start, end, _ in windows[1:]]  # the first: since added
+    assert lengths and all(abs(length - 250_000_000) < 2_000_000 for length in lengths), lengths

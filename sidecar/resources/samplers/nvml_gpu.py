@@ -93,6 +93,7 @@ class Gpu:
     proc_seen_us: int  # lastSeenTimeStamp for nvmlDeviceGetProcessUtilization (µs, CPU clock)
     util_seen_us: int = 0  # lastSeenTimeStamp for nvmlDeviceGetSamples (µs, CPU clock)
     util_period_us: int = 0  # the driver's utilization sample period, from its spacing
+    util_sampled: bool = False  # util_seen_us is a driver sample's (not the time added)
     guard: CallGuard = field(default_factory=CallGuard)
     lost: str | None = None
     power_source: str | None = None
@@ -219,10 +220,13 @@ class GpuReader:
         # The timestamps are on the CPU's wall clock (µs): move them onto the monotonic one.
         offset_ns = time.monotonic_ns() - time.time_ns()
         gaps = [b[0] - a[0] for a, b in itertools.pairwise(points)]
+        if gpu.util_sampled:  # the last seen is a driver sample too: one more spacing
+            gaps.append(points[0][0] - gpu.util_seen_us)
         if gaps:
             gpu.util_period_us = int(statistics.median(gaps))
-        elif not gpu.util_period_us:
-            gpu.util_period_us = points[0][0] - gpu.util_seen_us  # one sample since the last
+        elif not gpu.util_period_us:  # one sample since the GPU was added: at most that
+            gpu.util_period_us = points[0][0] - gpu.util_seen_us
+        gpu.util_sampled = True
         period_us = gpu.util_period_us
         windows = []
         previous_us = gpu.util_seen_us
