@@ -233,6 +233,8 @@ class FakeCuda:
         self.capture_invalidated = False
         self.queue_delay_s = 0.0  # see the module docstring
         self.destroyed_in_child = 0  # events whose destructor ran in a forked child
+        self.public_stats_calls = 0  # memory_stats_as_nested_dict calls
+        self.c_stats_calls = 0  # allocator dicts built (the C function, however reached)
 
     # -- what TorchCudaBackend and choose_device call ------------------------------------
 
@@ -266,7 +268,17 @@ class FakeCuda:
         return self.current_stream().capturing
 
     def memory_stats_as_nested_dict(self, device: int | None = None) -> dict[str, Any]:
-        dev = self.devices[self._current if device is None else device]
+        """The public wrapper: torch checks initialisation and the device index, then
+        calls the C function (``_cuda_memoryStats``, ``fake_torch(cuda)._C``)."""
+        self.public_stats_calls += 1
+        if not self.is_initialized():
+            return {}
+        return self._memory_stats(self._current if device is None else int(device))
+
+    def _memory_stats(self, device: int) -> dict[str, Any]:
+        """torch._C._cuda_memoryStats: the allocator's whole nested dict, built anew."""
+        self.c_stats_calls += 1
+        dev = self.devices[device]
         if dev.allocator != "native" and not dev.context:
             return {}  # cudaMallocAsync answers only for devices it has initialised
         return allocator_stats(dev.stats)
@@ -387,12 +399,14 @@ def allocator_stats(allocated_all: dict[str, int]) -> dict[str, Any]:
 
 
 def fake_torch(cuda: FakeCuda) -> Any:
-    """A module to put in ``sys.modules["torch"]``: ``cuda`` and a version, nothing else."""
+    """A module to put in ``sys.modules["torch"]``: ``cuda``, a version and the one C
+    function the markers call, nothing else."""
     import types
 
     module = types.ModuleType("torch")
     module.cuda = cuda  # type: ignore[attr-defined]
     module.__version__ = "fake"  # type: ignore[attr-defined]
+    module._C = SimpleNamespace(_cuda_memoryStats=cuda._memory_stats)  # type: ignore[attr-defined]
     return module
 
 

@@ -187,3 +187,16 @@ def test_the_gpu_start_lag_holds_in_a_loop_that_stays_ahead_of_its_gpu() -> None
         time.sleep(0.001)  # the host's own work per step: time passes between polls
     late = errors_ms[-100:]
     assert max(abs(e) for e in late) < 3, (min(late), max(late))
+
+
+def test_a_phase_builds_the_allocator_dict_twice_through_the_c_function_alone() -> None:
+    """"bound" peaks read the allocator at begin and end: one C call each, without the
+    public wrapper's checks (no torch call returns fewer counters; see gpu-timing.md)."""
+    cuda = FakeCuda(["A"])
+    timer = GpuTimer(TorchCudaBackend(fake_torch(cuda), 0), pool_size=4)
+    cuda.public_stats_calls = cuda.c_stats_calls = 0
+    slot = timer.begin()
+    cuda.alloc(MiB)
+    timer.end(slot)
+    assert (cuda.c_stats_calls, cuda.public_stats_calls) == (2, 0)
+    assert wait(timer, slot)[1] == MiB
