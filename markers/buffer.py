@@ -49,12 +49,13 @@ class RecordBuffer:
     # else the interpreter's caches hold (see docs/architecture.md, "The hot path").
     __slots__ = ("_contexts", "_next_hello_ns", "_pending", "_sent_since_context",
                  "_undeclared", "children", "deadline_ns", "flush_at", "flushes", "gpu",
-                 "hello", "in_child", "n", "sender", "slots")
+                 "gpu_unfinished", "hello", "in_child", "n", "sender", "slots")
 
     def __init__(self, sender: Sender, hello: dict[str, Any], now_ns: int) -> None:
         self.sender = sender
         self.hello = hello
         self.gpu: Any = None  # markers.gpu.GpuTimer once the script uses CUDA
+        self.gpu_unfinished = 0  # phases whose GPU time had not come when drain_gpu gave up
         self.flush_at = FLUSH_RECORDS * _SLOTS
         self.slots = array("q", bytes(8 * (self.flush_at + 4 * _SLOTS)))
         self.n = 0
@@ -160,7 +161,8 @@ class RecordBuffer:
 
     def drain_gpu(self) -> None:
         """At finish only: wait (bounded, ``GPU_DRAIN_S``) for the GPU values still
-        pending; the ones that never come are marked not measured."""
+        pending; the ones that never come are marked not measured and counted in
+        ``gpu_unfinished`` (the GPU was still that far behind when the loop ended)."""
         if not self._pending:
             return
         slots = self.slots
@@ -168,11 +170,19 @@ class RecordBuffer:
                                  host_starts=[slots[o - 2] for o, _ in self._pending])
         for (offset, _), result in zip(self._pending, results, strict=True):
             self._fill_gpu(offset, result if result is not None else _NOT_MEASURED)
+        self.gpu_unfinished += sum(result is None for result in results)
         self._pending = []
 
     def enter_child(self) -> None:
         """In a forked child: forget the parent's unsent records and GPU timing; from now on
-        every phase is counted and reported to the parent at once."""
+        every phase is counted and reported to the parent at once.
+
+        The parent's GPU timer is kept alive for the child's whole life, past interpreter
+        shutdown: freeing it would run its CUDA events' destructors (a device switch and
+        ``cudaEventDestroy``), which fail in a forked child ("CUDA warning:
+        initialization error", or a DataLoader worker killed)."""
+        if self.gpu is not None:
+            _keep_forever(self.gpu)
         self.gpu = None
         self._pending = []
         self._undeclared = []
@@ -231,3 +241,12 @@ class RecordBuffer:
         results hold the queue back; the event pool bounds that)."""
         if len(self.slots) - self.n < 4 * _SLOTS:
             self.slots.extend(array("q", bytes(8 * self.flush_at)))
+
+
+def _keep_forever(obj: Any) -> None:
+    """Hold one more reference to ``obj`` that nothing ever releases: not the collector,
+    not the clearing of modules at interpreter shutdown (a plain module-level list would
+    be cleared there, and the objects freed)."""
+    import ctypes  # only in a forked child that inherited a GPU timer
+
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))

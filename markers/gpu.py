@@ -14,8 +14,10 @@ opens is the reference, ``anchor.elapsed_time(start)`` places every start event 
 GPU's timeline, and the host time of the anchor on that timeline is estimated from the
 fact that the GPU never runs an event before the host recorded it: it is the largest
 ``host start - GPU offset`` seen so far (exact as soon as the GPU was idle once when a
-phase began), allowed to fall by at most ``DRIFT_PER_NS`` of the time since the last
-estimate, so a GPU clock running slightly fast is followed too. The lag (GPU start minus
+phase began), allowed to fall by at most ``DRIFT_PER_NS`` of the time since the bound
+that last set it, so a GPU clock running slightly fast is followed too, and a loop that
+stays ahead of its GPU for hours keeps its lag (the estimate falls 0.1 ms per second at
+most until the GPU idles once more at a phase start). The lag (GPU start minus
 host start, >= 0) lets the sidecar attribute GPU utilization and power to the phases
 the GPU was really running (``docs/samplers.md``).
 
@@ -181,7 +183,8 @@ class GpuTimer:
         # The anchor: its host time on the GPU's timeline, estimated (module docstring).
         self._anchor = backend.new_event()
         self._anchor_ns = 0  # 0: no anchor (it could not be recorded)
-        self._anchor_seen_ns = 0  # host start of the phase that last moved the estimate
+        self._anchor_bound_ns = 0  # the bound that last set the estimate
+        self._anchor_seen_ns = 0  # host start of the phase whose bound that was
         self._place_anchor()
 
     @property
@@ -201,7 +204,7 @@ class GpuTimer:
         except Exception:
             return
         # The GPU cannot run the anchor before it was recorded: a first lower bound.
-        self._anchor_ns = self._anchor_seen_ns = time.perf_counter_ns()
+        self._anchor_ns = self._anchor_bound_ns = self._anchor_seen_ns = time.perf_counter_ns()
 
     def begin(self) -> int:
         """Record a start event on the current stream; a slot id, or -1 when the pool is
@@ -300,10 +303,15 @@ class GpuTimer:
         # The GPU ran ``start`` no earlier than the host recorded it: the anchor's host
         # time is at least host_start - offset. Keep the largest such bound, let it fall
         # no faster than clock drift could make it.
-        floor = self._anchor_ns - int(max(0, host_start_ns - self._anchor_seen_ns) * DRIFT_PER_NS)
+        # The allowance runs from the last bound that set the estimate (``_anchor_bound_ns``
+        # at ``_anchor_seen_ns``), not from the previous estimate: lowered by every poll,
+        # it would compound, and in a loop that never lets the GPU idle (every bound
+        # below) the lag would collapse to 0.
+        floor = self._anchor_bound_ns - int(
+            max(0, host_start_ns - self._anchor_seen_ns) * DRIFT_PER_NS)
         bound = host_start_ns - offset_ns
         if bound >= floor:
-            self._anchor_ns = bound
+            self._anchor_ns = self._anchor_bound_ns = bound
             self._anchor_seen_ns = host_start_ns
         else:
             self._anchor_ns = floor

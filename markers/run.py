@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from markers import forks, wire
-from markers.buffer import RecordBuffer, pack_slot
+from markers.buffer import GPU_DRAIN_S, RecordBuffer, pack_slot
 from markers.transport import Sender
 
 perf_counter_ns = time.perf_counter_ns
@@ -393,9 +393,14 @@ class Run:
             warnings.warn(f"markers: {worker_phases} phases inside DataLoader workers were not "
                           "measured (a worker process cannot send; time them in the main "
                           "process)", RuntimeWarning, stacklevel=2)
+        unfinished = self._buffer.gpu_unfinished
+        if unfinished:
+            warnings.warn(f"markers: {unfinished} phases have no GPU time: the GPU was still "
+                          f"running earlier work when the wait at finish ended "
+                          f"({GPU_DRAIN_S:g} s)", RuntimeWarning, stacklevel=2)
         reply = self._sender.request({"type": wire.FINISH, "status": status, "error": error,
-                                      "end_ns": end_ns, "worker_phases": worker_phases},
-                                     FINISH_TIMEOUT_S)
+                                      "end_ns": end_ns, "worker_phases": worker_phases,
+                                      "gpu_unfinished": unfinished}, FINISH_TIMEOUT_S)
         if reply is None:
             warnings.warn("markers: the sidecar did not confirm writing the files "
                           f"({self._sender.last_failure})", RuntimeWarning, stacklevel=2)

@@ -113,6 +113,7 @@ class Dispatcher:
 
     def _finish(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
         self.registry.note_worker_phases(stream, body.get("worker_phases"))
+        self.registry.note_gpu_unfinished(stream, body.get("gpu_unfinished"))
         self.registry.finish(stream, body["status"], body.get("error"), body.get("end_ns"),
                              now)
         return self._written(stream.split)

@@ -114,6 +114,7 @@ FIELDS: dict[str, Fields] = {
         "error": (False, True, text()),
         "end_ns": (False, True, integer()),
         "worker_phases": (False, True, integer()),
+        "gpu_unfinished": (False, True, integer()),
     },
     wire.STATUS: {},
     wire.FINISH_JOB: {"job_id": (True, False, text(NAME_MAX, 1))},

@@ -297,6 +297,14 @@ class Registry:
                 session.worker_phases = count
                 stream.split.dirty = True
 
+    @staticmethod
+    def note_gpu_unfinished(stream: Stream, count: Any) -> None:
+        """The phases of ``stream`` whose GPU time had not come when the markers' bounded
+        wait at finish ended (ignored unless a positive integer)."""
+        if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+            stream.split.rank(stream.rank).sessions[-1].gpu_unfinished = count
+            stream.split.dirty = True
+
     def _restore(self, stream: Stream, saved: dict[str, Any], now: float,
                  repeat: bool) -> RankAggregator:
         """Continue ``stream``'s rank from the state document ``saved``; returns its

@@ -127,6 +127,7 @@ class Session:
     end_ns: int | None = None
     run_id: str = ""  # the markers' run id (hex) of the process
     worker_phases: int = 0  # phases timed in its DataLoader workers: not measured
+    gpu_unfinished: int = 0  # phases whose GPU time the GPU had not reached at the finish wait
 
     def unix_at(self, ns: int) -> float:
         """Wall-clock time (Unix seconds) of the process's ``perf_counter_ns`` value ``ns``."""

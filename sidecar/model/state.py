@@ -11,7 +11,8 @@ keeps its ``batches`` and ``flag``, each series its ``flagged`` rows, each rank 
 a series' ``rows`` and ``flagged`` as columns (one list per Row field,
 ``row_columns``) instead of one object per row: a third of the size at 10⁵
 stored rows (the field names are no longer repeated per row), which a checkpoint writes
-and flushes to disk each time. Older documents are upgraded on reading.
+and flushes to disk each time; within 4, each session also keeps its ``gpu_unfinished``
+(absent: none). Older documents are upgraded on reading.
 
 The *lineage* of a state is the run id of its first session: a fresh run starts a
 lineage, a resume continues the lineage of the state it loaded.

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from markers import wire
+from markers.buffer import GPU_DRAIN_S
 from sidecar.model.aggregator import PhaseSeries, RankAggregator
 from sidecar.model.stats import Welford
 from sidecar.sinks import layout, rowtext
@@ -135,6 +136,17 @@ def _worker_lines(ranks: Sequence[RankAggregator]) -> list[str]:
             "cannot send; time them in the main process)"]
 
 
+def _gpu_unfinished_lines(ranks: Sequence[RankAggregator]) -> list[str]:
+    """The phases whose GPU time was lost at finish: the GPU was still running the work
+    queued before them when the markers' bounded wait (GPU_DRAIN_S) ended."""
+    count = sum(s.gpu_unfinished for agg in ranks for s in agg.sessions)
+    if not count:
+        return []
+    return [f"{count} phases at the end of the run have no GPU time: the GPU was still "
+            f"running work queued before them when the wait at finish ended "
+            f"({GPU_DRAIN_S:g} s); they count among the GPU times not measured"]
+
+
 def _streaming_line(label: str, series: PhaseSeries) -> str:
     return f"{label:<22} | {welford_cell(series.wall):<36} | {welford_cell(series.gpu)}".rstrip()
 
@@ -223,7 +235,7 @@ def computational_block(ranks: Sequence[RankAggregator], gpu_names: Sequence[str
     lines += ["", ADDITIONS_LINE]
     parts = [part for part in (time_lines(agg, gaps), _streaming_lines(agg),
                                _custom_lines(agg, on_gpu), _rank_lines(ranks),
-                               _worker_lines(ranks)) if part]
+                               _worker_lines(ranks), _gpu_unfinished_lines(ranks)) if part]
     for i, part in enumerate(parts):
         lines += [*([""] if i else []), *part]
     lines += [STARS, "", *resource_lines, STARS]

@@ -17,6 +17,7 @@ import pytest
 import torch  # also: the markers look for CUDA only in a script that uses torch
 
 import markers
+import markers.buffer
 import markers.gpu
 from markers.buffer import FLUSH_AGE_NS
 from markers.cuda import format_uuid
@@ -162,3 +163,23 @@ def test_the_model_named_by_instrument_or_start_run_decides_the_device(
     assert {stream.device for _, stream in cuda.records} == {1}
     document = json.loads((sidecar.root / "maps" / "run.json").read_text())
     assert [gpu["name"] for gpu in document["gpus"]] == ["Fake B"]
+
+
+def test_phases_still_queued_on_the_gpu_when_the_finish_wait_ends_are_said(
+        sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop ends with seconds of work queued: the last phases' GPU times do not come
+    within the bounded wait at finish (shortened here). They are counted, travel to the
+    sidecar and are said in summary.log, and the script gets one warning."""
+    cuda = FakeCuda(["Fake A"])
+    cuda.alloc(MIB)
+    monkeypatch.setitem(sys.modules, "torch", fake_torch(cuda))
+    monkeypatch.setattr(markers.buffer, "GPU_DRAIN_S", 0.2)
+    with pytest.warns(RuntimeWarning, match=r"3 phases have no GPU time"), \
+            markers.start_run(out_dir="maps", warmup_iterations=0, train_batch_size=8) as run:
+        for _batch in run.train_batches([[0] * 8] * 3):
+            with run.phase("forward"):
+                cuda.launch(1.0)  # 3 s queued: none of these ends within 0.2 s
+    summary = (sidecar.split_dir() / "summary.log").read_text()
+    assert re.search(r"^3 phases at the end of the run have no GPU time: the GPU was still "
+                     r"running work queued before them when the wait at finish ended "
+                     r"\(5 s\)", summary, re.M), summary

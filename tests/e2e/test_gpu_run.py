@@ -10,6 +10,7 @@ through on the host in a fraction of that: a marker that waited would show.
 from __future__ import annotations
 
 import json
+import statistics
 import time
 
 import pytest
@@ -65,13 +66,7 @@ def test_marked_loop_on_a_gpu_never_synchronizes_and_fills_the_gpu_columns(
 
 def test_a_loop_queuing_seconds_of_gpu_work_is_not_held_back_by_the_markers(
         sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch) -> None:
-    torch.cuda.init()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(50_000_000)
-    end.record()
-    end.synchronize()  # calibration, before the loop
-    cycles = int(50_000_000 / start.elapsed_time(end) * 300)  # 0.3 s of GPU work
+    cycles = int(sleep_cycles_per_ms() * 300)  # 0.3 s of GPU work
     model = torch.nn.Linear(64, 64).cuda()
 
     def forbidden(*_args: object, **_kwargs: object) -> None:
@@ -96,5 +91,21 @@ def test_a_loop_queuing_seconds_of_gpu_work_is_not_held_back_by_the_markers(
     assert host_s < 0.5, f"1.5 s of GPU work held the host {host_s:.2f} s"
     run.finish()
     frame = read_tsv(sidecar.split_dir() / "logs" / "computational.tsv")
-    assert frame["Forward GPU (s)"].sub(0.3).abs().max() < 0.05
-    assert frame["Backward GPU (s)"].sub(0.01).abs().max() < 0.005
+    # Relative: the clock may move between calibration and loop (boost, thermals).
+    assert frame["Forward GPU (s)"].div(0.3).sub(1).abs().max() < 0.15
+    assert frame["Backward GPU (s)"].div(0.01).sub(1).abs().max() < 0.25
+
+
+def sleep_cycles_per_ms(samples: int = 5) -> float:
+    """``torch.cuda._sleep`` cycles per GPU millisecond: the median of ``samples`` warm
+    measurements (the first, cold one, pays the clocks ramping up and is left out)."""
+    torch.cuda.init()
+    rates = []
+    for _ in range(samples + 1):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(20_000_000)
+        end.record()
+        end.synchronize()  # calibration, before the loop
+        rates.append(20_000_000 / start.elapsed_time(end))
+    return statistics.median(rates[1:])

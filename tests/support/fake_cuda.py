@@ -10,18 +10,24 @@
   nodes and an event query invalidates the capture; synchronizing calls that are counted
   in ``syncs`` (as in torch, ``synchronize()`` and ``Event.synchronize()`` do not go
   through ``set_sync_debug_mode``, so a test must count them); MIG instance names.
+  ``queue_delay_s``: from the moment it is set, the GPU starts each piece of work that
+  long after the host queued it at the earliest (a loop that stays ahead of its GPU).
+  An event recorded once has a destructor that, as torch's ``cudaEventDestroy`` does,
+  touches the device: run in a forked child (which must not touch CUDA) it writes a
+  line to stderr and is counted in ``FakeCuda.destroyed_in_child`` of the child.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import struct
 import time
 import uuid as _uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch  # only for torch.device, which needs no CUDA
 
@@ -113,6 +119,7 @@ class FakeBackend:
 @dataclass
 class Stream:
     device: int
+    cuda: Any = field(default=None, repr=False, compare=False)  # its FakeCuda (queue delay)
     busy_until_ns: int = 0  # host time at which the GPU will have run all queued work
     capturing: bool = False
     captured_ns: int = 0  # work captured into the graph being built
@@ -122,7 +129,9 @@ class Stream:
         if self.capturing:
             self.captured_ns += duration_ns
             return 0
-        self.busy_until_ns = max(time.perf_counter_ns(), self.busy_until_ns) + duration_ns
+        delay_ns = int(self.cuda.queue_delay_s * 1e9) if self.cuda is not None else 0
+        self.busy_until_ns = max(time.perf_counter_ns() + delay_ns,
+                                 self.busy_until_ns) + duration_ns
         return self.busy_until_ns
 
 
@@ -139,6 +148,12 @@ class Device:
     current: Stream | None = None
 
 
+class Recorded(NamedTuple):
+    """One ``Event.record`` call as FakeCuda logs it."""
+
+    in_graph: bool  # recorded during a graph capture: a node, not a timing event
+
+
 class FakeCudaEvent:
     """torch.cuda.Event: timestamped when the GPU reaches it on its stream."""
 
@@ -148,6 +163,15 @@ class FakeCudaEvent:
         self.at_ns: int | None = None  # host time at which the GPU reaches it
         self.device: int | None = None
         self.in_graph = False  # recorded during a capture: a graph node, no timestamp
+        self._pid = os.getpid()  # the process whose CUDA context holds the event
+
+    def __del__(self) -> None:
+        # torch's CUDAEvent destructor sets the device and calls cudaEventDestroy: in a
+        # forked child CUDA is unusable and that call fails ("initialization error").
+        if self.device is not None and os.getpid() != self._pid:
+            self._cuda.destroyed_in_child += 1
+            os.write(2, b"CUDA warning: initialization error (an event destroyed in a "
+                        b"forked child)\n")
 
     def record(self, stream: Stream | None = None) -> None:
         cuda = self._cuda
@@ -156,7 +180,7 @@ class FakeCudaEvent:
             raise RuntimeError("Event device does not match recording stream's device")
         self.device = stream.device
         cuda.devices[stream.device].context = True
-        cuda.records.append((self, stream))
+        cuda.records.append((Recorded(stream.capturing), stream))
         if stream.capturing:
             self.in_graph, self.at_ns = True, None
             return
@@ -196,15 +220,21 @@ class FakeCuda:
         self.devices = [Device(i, name, _uuid.UUID(int=0xC0DA0000 + i).bytes, allocator)
                         for i, name in enumerate(names)]
         for device in self.devices:
-            device.current = Stream(device.index)
+            device.current = Stream(device.index, self)
             device.streams.append(device.current)
         self._current = current
         self.initialized = True
         self.sync_mode = 0
         self.syncs: list[str] = []  # every synchronizing call, by name
-        self.records: list[tuple[FakeCudaEvent, Stream]] = []
+        # every record: what it was, and on which stream (the event itself is not held, so
+        # its destructor runs when the code under test lets it go)
+        self.records: list[tuple[Recorded, Stream]] = []
         self.queries = 0
         self.capture_invalidated = False
+        self.queue_delay_s = 0.0  # see the module docstring
+        self.destroyed_in_child = 0  # events whose destructor ran in a forked child
+        self.public_stats_calls = 0  # memory_stats_as_nested_dict calls
+        self.c_stats_calls = 0  # allocator dicts built (the C function, however reached)
 
     # -- what TorchCudaBackend and choose_device call ------------------------------------
 
@@ -238,10 +268,37 @@ class FakeCuda:
         return self.current_stream().capturing
 
     def memory_stats_as_nested_dict(self, device: int | None = None) -> dict[str, Any]:
-        dev = self.devices[self._current if device is None else device]
+        """The public wrapper: torch checks initialisation and the device index, then
+        calls the C function (``_cuda_memoryStats``, ``fake_torch(cuda)._C``)."""
+        self.public_stats_calls += 1
+        if not self.is_initialized():
+            return {}
+        return self._memory_stats(self._current if device is None else int(device))
+
+    def _memory_stats(self, device: int) -> dict[str, Any]:
+        """torch._C._cuda_memoryStats: the allocator's whole nested dict, built anew."""
+        self.c_stats_calls += 1
+        dev = self.devices[device]
         if dev.allocator != "native" and not dev.context:
             return {}  # cudaMallocAsync answers only for devices it has initialised
-        return {"allocated_bytes": {"all": dict(dev.stats)}}
+        return allocator_stats(dev.stats)
+
+    def memory_stats(self, device: int | None = None) -> dict[str, Any]:
+        """torch.cuda.memory_stats: the nested dict flattened, keys sorted, as torch does."""
+        flat: dict[str, Any] = {}
+
+        def walk(prefix: str, value: Any) -> None:
+            if isinstance(value, dict):
+                for key, inner in value.items():
+                    walk(f"{prefix}.{key}" if prefix else key, inner)
+            else:
+                flat[prefix] = value
+
+        walk("", self.memory_stats_as_nested_dict(device))
+        return dict(sorted(flat.items()))
+
+    def max_memory_allocated(self, device: int | None = None) -> int:
+        return self.memory_stats(device).get("allocated_bytes.all.peak", 0)
 
     def reset_peak_memory_stats(self, device: int | None = None) -> None:
         stats = self.devices[self._current if device is None else device].stats
@@ -282,7 +339,7 @@ class FakeCuda:
             dev.stats["freed"] += nbytes
 
     def Stream(self, device: int | None = None) -> Stream:
-        stream = Stream(self._current if device is None else device)
+        stream = Stream(self._current if device is None else device, self)
         self.devices[stream.device].streams.append(stream)
         return stream
 
@@ -319,13 +376,37 @@ class FakeCuda:
         self.syncs.append(what)  # counted, never raised: torch's sync-debug mode skips these
 
 
+_STAT_ARRAYS = ("allocation", "segment", "active", "inactive_split", "allocated_bytes",
+                "reserved_bytes", "active_bytes", "inactive_split_bytes", "requested_bytes")
+_POOLS = ("all", "small_pool", "large_pool")
+_COUNTERS = ("current", "peak", "allocated", "freed")
+
+
+def allocator_stats(allocated_all: dict[str, int]) -> dict[str, Any]:
+    """The dict ``torch._C._cuda_memoryStats`` builds on every call, in its shape: nine stat
+    arrays of three pools of four counters, two more stats and six scalars (39 dicts).
+    ``allocated_all`` gives ``allocated_bytes.all``; the rest is 0. Built anew each call,
+    as torch does, so the host cost of a read on the fake has the right order."""
+    stats: dict[str, Any] = {name: {pool: dict.fromkeys(_COUNTERS, 0) for pool in _POOLS}
+                             for name in _STAT_ARRAYS}
+    stats["allocated_bytes"]["all"] = dict(allocated_all)
+    for name in ("oversize_allocations", "oversize_segments"):
+        stats[name] = dict.fromkeys(_COUNTERS, 0)
+    for name in ("num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc",
+                 "num_device_free", "max_split_size"):
+        stats[name] = 0
+    return stats
+
+
 def fake_torch(cuda: FakeCuda) -> Any:
-    """A module to put in ``sys.modules["torch"]``: ``cuda`` and a version, nothing else."""
+    """A module to put in ``sys.modules["torch"]``: ``cuda``, a version and the one C
+    function the markers call, nothing else."""
     import types
 
     module = types.ModuleType("torch")
     module.cuda = cuda  # type: ignore[attr-defined]
     module.__version__ = "fake"  # type: ignore[attr-defined]
+    module._C = SimpleNamespace(_cuda_memoryStats=cuda._memory_stats)  # type: ignore[attr-defined]
     return module
 
 

@@ -11,7 +11,9 @@ that is lost; memory with a reserved part that v1 counts as used and v2 does not
 energy counter that grows with real time in 100 ms steps (or stays constant); MIG
 instances (``MIG-…`` UUIDs, whose power and utilization calls are not supported);
 utilization and power that follow a busy timeline on the monotonic clock (the GPU's time,
-not the host's); process samples with any pids (another namespace's too).
+not the host's), utilization as the driver samples it (``nvmlDeviceGetSamples``: one
+sample per UTIL_WINDOW_S, shorter than a sampling round; ``nvmlDeviceGetUtilizationRates``
+gives only the last); process samples with any pids (another namespace's too).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import pynvml
 MIB = 1024 * 1024
 ENERGY_STEP_S = 0.1  # NVML's energy counter moves about every 100 ms
 UTIL_WINDOW_S = 1 / 6  # the driver's utilization window on a fast product
+DRIVER_SAMPLES = 100  # utilization samples the driver keeps (nvmlDeviceGetSamples)
 
 
 @dataclass
@@ -227,6 +230,35 @@ class FakeNvml:
             util = round(low + (high - low) * handle.busy_share(
                 now - int(UTIL_WINDOW_S * 1e9), now))
         return SimpleNamespace(gpu=util, memory=handle.mem_util)
+
+    def nvmlDeviceGetSamples(self, handle: FakeGpu, sampling_type: int,
+                             last_seen_us: int) -> tuple[int, list[Any]]:
+        """The driver's utilization samples: one every UTIL_WINDOW_S on the monotonic
+        clock, each the utilization of the window before it, the last DRIVER_SAMPLES of
+        them kept; timestamps in µs of the CPU's wall clock. NOT_FOUND when none is newer
+        than ``last_seen_us``, as NVML answers."""
+        self._whole_only("nvmlDeviceGetSamples", handle)
+        if sampling_type != pynvml.NVML_GPU_UTILIZATION_SAMPLES:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        now_ns = time.monotonic_ns()
+        wall_offset_ns = time.time_ns() - now_ns
+        window_ns = int(UTIL_WINDOW_S * 1e9)
+        last = now_ns // window_ns
+        samples = []
+        for k in range(last - DRIVER_SAMPLES + 1, last + 1):
+            at_ns = k * window_ns
+            stamp_us = (at_ns + wall_offset_ns) // 1000
+            if stamp_us <= last_seen_us:
+                continue
+            util = handle.util
+            if handle.busy is not None:
+                low, high = handle.busy_util
+                util = round(low + (high - low) * handle.busy_share(at_ns - window_ns, at_ns))
+            samples.append(SimpleNamespace(timeStamp=stamp_us,
+                                           sampleValue=SimpleNamespace(uiVal=util)))
+        if not samples:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, samples
 
     def nvmlDeviceGetMemoryInfo(self, handle: FakeGpu, version: int | None = None) -> Any:
         self._enter("nvmlDeviceGetMemoryInfo", handle)

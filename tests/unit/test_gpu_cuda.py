@@ -17,7 +17,7 @@ from markers.cuda import (
     format_uuid,
 )
 from markers.gpu import GpuTimer, open_gpu_timer
-from tests.support.fake_cuda import FakeCuda, cuda_device, fake_torch
+from tests.support.fake_cuda import FakeCuda, FakeCudaEvent, cuda_device, fake_torch
 
 MiB = 1024 * 1024
 
@@ -161,3 +161,42 @@ def test_open_gpu_timer_uses_the_device_argument(monkeypatch) -> None:
     timer = open_gpu_timer(pool_size=2, device="cuda:1")
     assert timer is not None and timer._backend.device == 1
     assert not timer._backend.exact_peaks  # cudaMallocAsync
+
+
+def test_the_gpu_start_lag_holds_in_a_loop_that_stays_ahead_of_its_gpu() -> None:
+    """The GPU is idle when timing starts, then stays 50 ms behind the host for good (a loop
+    that never syncs): every start bound is below the estimate, which may fall only by
+    the clock-drift allowance of the time since the last exact bound, never compounding
+    with every poll."""
+    cuda = FakeCuda(["A"])
+    timer = GpuTimer(TorchCudaBackend(fake_torch(cuda), 0), pool_size=64)
+    cuda.queue_delay_s = 0.05
+    pending: list[tuple[int, int, FakeCudaEvent]] = []
+    errors_ms: list[float] = []
+    while len(errors_ms) < 1000:
+        host_start_ns = time.perf_counter_ns()
+        slot = timer.begin()
+        cuda.launch(0.0002)
+        timer.end(slot)
+        pending.append((slot, host_start_ns, timer._starts[slot]))
+        while pending and (res := timer.poll(pending[0][0], pending[0][1])) is not None:
+            _, start_ns, event = pending.pop(0)
+            assert event.at_ns is not None
+            true_lag_ns = event.at_ns - start_ns  # when the fake GPU really began it
+            errors_ms.append((res[2] - true_lag_ns) / 1e6)
+        time.sleep(0.001)  # the host's own work per step: time passes between polls
+    late = errors_ms[-100:]
+    assert max(abs(e) for e in late) < 3, (min(late), max(late))
+
+
+def test_a_phase_builds_the_allocator_dict_twice_through_the_c_function_alone() -> None:
+    """"bound" peaks read the allocator at begin and end: one C call each, without the
+    public wrapper's checks (no torch call returns fewer counters; see gpu-timing.md)."""
+    cuda = FakeCuda(["A"])
+    timer = GpuTimer(TorchCudaBackend(fake_torch(cuda), 0), pool_size=4)
+    cuda.public_stats_calls = cuda.c_stats_calls = 0
+    slot = timer.begin()
+    cuda.alloc(MiB)
+    timer.end(slot)
+    assert (cuda.c_stats_calls, cuda.public_stats_calls) == (2, 0)
+    assert wait(timer, slot)[1] == MiB

@@ -318,3 +318,51 @@ def test_reset_mode_is_exact_and_costs_the_users_peak():
     _, peak, _ = wait(timer, slot)
     assert abs(peak - (base + 16 * MiB)) <= ROUNDING
     assert torch.cuda.max_memory_allocated() < user_peak  # the documented trade-off
+
+
+def test_forked_dataloader_workers_leave_the_parents_cuda_events_alone():
+    """In a fresh process: a marked loop on the GPU, then epochs of a DataLoader with forked
+    workers. A worker freeing the parent's events would print CUDA initialization
+    errors (or be killed) at every epoch's worker start."""
+    code = textwrap.dedent("""
+        import os, tempfile, torch
+        from markers.run import Run
+        from markers.transport import Sender
+        endpoint = f"ipc://{tempfile.mkdtemp()}/nobody.sock"  # records queue, unread
+        run = Run(Sender(endpoint, os.urandom(16), 0),
+                  {"type": "hello", "accumulation_steps": 1}, monitored=True)
+        x = torch.randn(64, 64, device="cuda")
+        loader = torch.utils.data.DataLoader(list(range(64)), batch_size=8, num_workers=2,
+                                             multiprocessing_context="fork")
+        for _ in range(3):
+            for _batch in run.train_batches(loader):
+                with run.phase("forward"):
+                    y = x @ x
+        assert run._buffer.gpu is not None, "GPU timing never started"
+        print("ok")
+    """)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr
+    assert "initialization error" not in proc.stderr, proc.stderr
+
+
+def test_the_gpu_start_lag_holds_while_the_loop_stays_ahead(cycles_per_ms, timer):
+    """The GPU idles once (the anchor is exact), then the loop keeps ~50 ms of work queued
+    for 600 phases: the lag must stay ~50 ms, not fall poll by poll."""
+    settle()
+    pending, lags = [], []
+    torch.cuda._sleep(int(cycles_per_ms * 50))  # 50 ms queued ahead of every phase
+    while len(lags) < 600:
+        start_ns = time.perf_counter_ns()
+        slot = timer.begin()
+        torch.cuda._sleep(int(cycles_per_ms * 1))
+        timer.end(slot)
+        pending.append((slot, start_ns))
+        while pending and (res := timer.poll(*pending[0])) is not None:
+            pending.pop(0)
+            lags.append(res[2])
+        time.sleep(0.001)  # the host's step, ~1 ms: the queue stays ~50 ms deep
+    late = statistics.median(lags[-100:])
+    assert 30e6 < late < 70e6, late

@@ -50,3 +50,28 @@ def test_real_nvml_samples_are_sane(sampler: NvmlSampler) -> None:
     for before, after in zip(first, second, strict=True):
         if before.energy_j is not None and after.energy_j is not None:
             assert after.energy_j >= before.energy_j
+
+
+def test_the_drivers_own_utilization_samples_cover_the_round(sampler: NvmlSampler) -> None:
+    """nvmlDeviceGetSamples on a real whole GPU: every driver sample since the last round,
+    each over its own period (1/6 s to 1 s by product), on the monotonic clock."""
+    try:
+        sampler.sample(set(), time.monotonic_ns())
+        time.sleep(2.5)
+        now_ns = time.monotonic_ns()
+        second = sampler.sample(set(), now_ns)
+    finally:
+        status = sampler.status()
+        sampler.close()
+    for sample, gpu in zip(second, status["gpus"], strict=True):
+        if sample.whole_gpu_uuid is not None:
+            continue  # a MIG instance: the driver keeps no utilization samples for it
+        assert "utilization samples" not in gpu["unsupported"], gpu
+        windows = sample.util_windows
+        assert windows, "no driver sample in 2.5 s"
+        periods_s = [(end - start) / 1e9 for start, end, _ in windows[1:]]
+        assert all(0.01 < p <= 1.1 for p in periods_s), periods_s
+        assert all(0 <= pct <= 100 for _, _, pct in windows)
+        assert now_ns - 3_000_000_000 < windows[-1][1] <= now_ns + 50_000_000  # same clock
+        covered_s = sum(end - start for start, end, _ in windows) / 1e9
+        assert covered_s > 1.0, covered_s  # most of the 2.5 s, not one period

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Iterator
 
+import numpy as np
 import pynvml
 import pytest
 
 from sidecar.resources.samplers.nvml import GpuSample, NvmlSampler, NvmlUnavailable, open_nvml
 from sidecar.resources.samplers.nvml_devices import NvmlDevice, resolve_visible_devices
+from sidecar.resources.samplers.summary import attribute_phases
 from tests.support.fake_pynvml import MIB, FakeGpu, FakeNvml
 
 UUIDS = [f"GPU-{i}{i}{i}{i}aaaa-0000-0000-0000-00000000000{i}" for i in range(4)]
@@ -41,7 +44,8 @@ def test_every_field_with_units(nvml: FakeNvml) -> None:
     gpu.mem_reserved = 500 * MIB  # held by the driver: not "used" (memory v2)
     sampler = opened(nvml, "1")
     [sample] = sampler.sample({ME}, 123)
-    assert sample == GpuSample(
+    assert sample.util_windows is not None  # the driver's samples: tested on their own
+    assert dataclasses.replace(sample, util_windows=None) == GpuSample(
         t_ns=123, gpu_index=0, uuid=UUIDS[1], name="Fake 1", util_pct=50.0, mem_util_pct=20.0,
         mem_used_mib=1000.0, mem_total_mib=8000.0, power_w=250.0, power_source="instant",
         energy_j=5000.0, temperature_c=60.0, sm_clock_mhz=1400.0, sm_activity_pct=None,
@@ -248,3 +252,67 @@ def test_add_uuids_reported_later(nvml: FakeNvml) -> None:
     assert sampler.add_uuids([UUIDS[2]]) == []
     assert [(s.gpu_index, s.uuid) for s in sampler.sample(set(), 1)] == [
         (0, UUIDS[0]), (1, UUIDS[2])]
+
+
+@pytest.mark.parametrize(("code", "advice"), [
+    (pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH, "reboot, or reload the nvidia kernel modules"),
+    (pynvml.NVML_ERROR_NO_PERMISSION, "/dev/nvidia*"),
+    (pynvml.NVML_ERROR_FUNCTION_NOT_FOUND, "update the driver"),
+    (pynvml.NVML_ERROR_GPU_IS_LOST, "Xid"),
+])
+def test_an_init_failure_says_what_it_means_and_what_to_do(code: int, advice: str) -> None:
+    result = open_nvml(None, api=FakeNvml([], init_error=code))
+    assert isinstance(result, NvmlUnavailable)
+    assert result.reason.startswith("NVML initialisation failed: NVMLError_")
+    assert advice in result.reason and "\n" not in result.reason
+
+
+def test_utilization_per_phase_comes_from_the_drivers_samples_not_the_rounds() -> None:
+    """The driver samples every 1/6 s; the rounds come every 0.5 s, in step with a loop that
+    is busy for the first 1/3 s of each 0.5 s and idle for the rest. The round's reading
+    (the driver's last period only) always sees the idle part: attributed per round,
+    both phases would read ~0 %. Each driver sample over its own period gives the truth."""
+    window_ns = round(1e9 / 6)
+    origin = (time.monotonic_ns() // window_ns + 2) * window_ns  # on the driver's grid
+    cycle_ns, cycles = 3 * window_ns, 4
+    busy = [(origin + c * cycle_ns, origin + c * cycle_ns + 2 * window_ns)
+            for c in range(cycles)]
+    fake = FakeNvml([FakeGpu(uuid=UUIDS[0], busy=busy)])
+    sampler = opened(fake)
+    samples = []
+    for c in range(cycles + 1):  # one round at the end of each cycle
+        while time.monotonic_ns() < origin + c * cycle_ns:
+            time.sleep(0.005)
+        samples += sampler.sample(set(), time.monotonic_ns())
+    assert all(s.util_windows is not None for s in samples)
+    starts = np.array([b for b, _ in busy] + [e for _, e in busy], dtype=np.int64)
+    ends = np.array([e for _, e in busy] + [e + window_ns for _, e in busy], dtype=np.int64)
+    phases = np.array([0] * cycles + [1] * cycles)
+    parts = attribute_phases(samples, phases, starts, ends)
+    busy_pct, idle_pct = parts[0].util_mean_pct, parts[1].util_mean_pct
+    assert busy_pct is not None and busy_pct > 90, parts  # busy: Forward, say
+    assert idle_pct is not None and idle_pct < 10, parts  # idle: data loading
+
+
+def test_without_driver_samples_the_rounds_reading_stands_for_the_round() -> None:
+    fake = FakeNvml([FakeGpu(uuid=UUIDS[0], util=70, unsupported={"nvmlDeviceGetSamples"})])
+    sampler = opened(fake)
+    samples = [sampler.sample(set(), t)[0] for t in (1_000, 2_000)]
+    assert [s.util_windows for s in samples] == [None, None]
+    assert "utilization samples" in sampler.status()["gpus"][0]["unsupported"]
+    parts = attribute_phases(samples, np.array([0]), np.array([1_200]), np.array([1_800]))
+    assert parts[0].util_mean_pct == 70.0
+
+
+def test_a_driver_period_as_long_as_the_round_is_learnt_from_one_sample_a_round(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A product whose driver samples once a second, read by 1 s rounds: one new sample
+    per round. Its period comes from the spacing to the sample seen before."""
+    monkeypatch.setattr("tests.support.fake_pynvml.UTIL_WINDOW_S", 0.25)
+    sampler = opened(FakeNvml([FakeGpu(uuid=UUIDS[0])]))
+    windows = []
+    for _ in range(4):
+        time.sleep(0.26)  # one driver sample per round
+        windows += sampler.sample(set(), time.monotonic_ns())[0].util_windows or ()
+    lengths = [end - start for start, end, _ in windows[1:]]  # the first: since added
+    assert lengths and all(abs(length - 250_000_000) < 2_000_000 for length in lengths), lengths

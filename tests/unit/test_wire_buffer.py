@@ -6,7 +6,11 @@ results hold the queue in order, the pool running dry is marked, finish drains.
 
 from __future__ import annotations
 
+import gc
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from array import array
@@ -18,10 +22,12 @@ import zmq
 
 from markers import wire
 from markers.buffer import FLUSH_RECORDS, RecordBuffer
+from markers.cuda import TorchCudaBackend
 from markers.gpu import GpuTimer
 from markers.transport import Sender
-from tests.support.fake_cuda import FakeBackend
+from tests.support.fake_cuda import FakeBackend, FakeCuda, fake_torch
 
+ROOT = Path(__file__).resolve().parents[2]
 P = {name: i for i, name in enumerate(wire.RECORD_FIELDS)}
 HELLO = {"type": "hello", "accumulation_steps": 1}
 
@@ -207,3 +213,62 @@ def test_a_request_behind_a_full_queue_of_a_stuck_sidecar_gives_up_in_its_time(
     # ZeroMQ's bound is approximate (its I/O thread may still move a message into the
     # socket's kernel buffer): the request either finds no room or gets no answer.
     assert "could not be queued" in sender.last_failure or "no answer" in sender.last_failure
+
+
+def test_a_forked_child_never_destroys_the_parents_cuda_events(
+        socket_pair: tuple[zmq.Socket, Sender]) -> None:
+    """A DataLoader worker (forked) enters the child state and collects its garbage: the
+    parent's events must stay alive there, for their destructors touch the device."""
+    _, sender = socket_pair
+    cuda = FakeCuda(["A"])
+    buffer = RecordBuffer(sender, HELLO, 0)
+    buffer.use_gpu(GpuTimer(TorchCudaBackend(fake_torch(cuda), 0), pool_size=8))
+    for _ in range(3):  # events recorded in the parent: each holds a CUDA event now
+        start_ns = time.perf_counter_ns()
+        slot = buffer.gpu.begin()
+        buffer.gpu.end(slot)
+        buffer.record_gpu(wire.FORWARD, start_ns, time.perf_counter_ns(), slot)
+    read_fd, write_fd = os.pipe()
+    buffer.children.before_fork()  # what the Run's at-fork hooks do, then a worker's life
+    pid = os.fork()
+    if pid == 0:
+        try:
+            buffer.enter_child()
+            buffer.record(wire.FORWARD, 1, 2)
+            gc.collect()
+            os.write(write_fd, str(cuda.destroyed_in_child).encode())
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    os.waitpid(pid, 0)
+    assert os.read(read_fd, 64) == b"0"
+    os.close(read_fd)
+    assert buffer.gpu is not None and buffer.children.collect() == 1
+
+
+def test_the_parents_cuda_events_outlive_a_forked_child_that_exits_normally(
+        tmp_path: Path) -> None:
+    """A child that leaves through interpreter shutdown (modules cleared) frees nothing."""
+    script = tmp_path / "child.py"
+    script.write_text(
+        "import os, sys\n"
+        "from markers.buffer import RecordBuffer\n"
+        "from markers.cuda import TorchCudaBackend\n"
+        "from markers.gpu import GpuTimer\n"
+        "from tests.support.fake_cuda import FakeCuda, fake_torch\n"
+        "class Quiet:\n"
+        "    dropped = 0\n"
+        "    def send_control(self, body): return True\n"
+        "    def send_records(self, values, count): return True\n"
+        "cuda = FakeCuda(['A'])\n"
+        "buffer = RecordBuffer(Quiet(), {}, 0)\n"
+        "buffer.use_gpu(GpuTimer(TorchCudaBackend(fake_torch(cuda), 0), pool_size=4))\n"
+        "buffer.gpu.end(buffer.gpu.begin())\n"
+        "if os.fork() == 0:\n"
+        "    buffer.enter_child()\n"
+        "    sys.exit(0)\n"
+        "os.wait()\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert "initialization error" not in done.stderr

@@ -111,10 +111,42 @@ def open_nvml(visible_devices: str | None, timeout_s: float = 5.0, api: Any = No
     return sampler
 
 
+# What an NVML initialisation error means and what to do, by NVML error code: the error's
+# own text ("RM has detected an NVML/RM version mismatch.") names the symptom only.
+_INIT_ADVICE = {
+    "NVML_ERROR_LIB_RM_VERSION_MISMATCH": (
+        "the NVIDIA kernel module and the driver's user-space library are of different "
+        "versions (a driver update without a reboot?): reboot, or reload the nvidia "
+        "kernel modules"),
+    "NVML_ERROR_NO_PERMISSION": (
+        "no access to the GPU device files /dev/nvidia*: check their permissions, or the "
+        "container's device access (--gpus)"),
+    "NVML_ERROR_FUNCTION_NOT_FOUND": (
+        "the driver is older than nvidia-ml-py expects: update the driver, or install an "
+        "older nvidia-ml-py"),
+    "NVML_ERROR_IRQ_ISSUE": (
+        "the driver cannot use the GPU's interrupts: see dmesg (IOMMU and IRQ settings)"),
+    "NVML_ERROR_GPU_IS_LOST": (
+        "a GPU has fallen off the bus: see dmesg for Xid errors; reset the GPU or reboot"),
+    "NVML_ERROR_TIMEOUT": (
+        "the driver did not answer in time: enable persistence mode (nvidia-smi -pm 1)"),
+    "NVML_ERROR_UNKNOWN": "see dmesg for driver errors (Xid), and nvidia-smi",
+}
+
+
 def _init_failure(api: Any, exc: Exception) -> str:
+    """The one-line reason for an NVML initialisation that raised ``exc``: what failed,
+    what it means, what to do."""
     if isinstance(exc, (api.NVMLError_LibraryNotFound, api.NVMLError_DriverNotLoaded)):
         return f"no NVIDIA driver: {exc}"
-    return f"NVML initialisation failed: {exc!r}"
+    if isinstance(exc, api.NVMLLibraryMismatchError):
+        return (f"NVML initialisation failed: {exc}: nvidia-ml-py is newer than the driver's "
+                "NVML library: update the driver, or install an older nvidia-ml-py")
+    code = getattr(exc, "value", None)
+    for name, advice in _INIT_ADVICE.items():
+        if code is not None and code == getattr(api, name, None):
+            return f"NVML initialisation failed: {type(exc).__name__} ({exc}): {advice}"
+    return f"NVML initialisation failed: {exc!r}: {exc}"
 
 
 class NvmlSampler:
@@ -169,7 +201,8 @@ class NvmlSampler:
         mig = device.parent is not None
         gpu = Gpu(index=len(self._gpus), uuid=uuid, name=name, handle=device.handle,
                   whole_handle=device.parent if mig else device.handle,
-                  whole_uuid=device.parent_uuid, proc_seen_us=now_us())
+                  whole_uuid=device.parent_uuid, proc_seen_us=now_us(),
+                  util_seen_us=now_us())
         if mig:
             gpu.guard.off["sm activity"] = "GPM of a MIG instance is not read"
         else:

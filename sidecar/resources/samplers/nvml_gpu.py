@@ -10,6 +10,10 @@ round. Which readings:
 * power: the mean over the window since the last round, ΔE/Δt of the energy counter
   (``source "energy"``), where the GPU has one and it moved; else the instant power
   field, else NVML's averaged power (point readings, said so in ``power_source``).
+* utilization: ``nvmlDeviceGetUtilizationRates`` covers only the driver's last sample
+  period (1/6 s to 1 s by product), not the round; ``nvmlDeviceGetSamples`` gives each
+  driver sample since the last round with its timestamp, kept as ``util_windows`` for
+  the per-phase attribution (``summary.attribute_phases``).
 * MIG instances: memory, process lists and utilization of the instance; power, energy,
   temperature and SM clock are the whole GPU's, shared with every other instance on it
   (``whole_gpu_uuid`` names that GPU).
@@ -20,6 +24,8 @@ round. Which readings:
 
 from __future__ import annotations
 
+import itertools
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -59,6 +65,11 @@ class GpuSample:
     # A MIG instance: the whole GPU whose power, energy, temperature and clock these are,
     # shared with its other instances. None for a whole GPU.
     whole_gpu_uuid: str | None = None
+    # The driver's own utilization samples since the previous round, each over its own
+    # sample period: (start_ns, end_ns, %) on the monotonic clock. None where the driver
+    # gives none (nvmlDeviceGetSamples unsupported or failing): then ``util_pct``, the
+    # driver's last period only, stands for the whole round.
+    util_windows: tuple[tuple[int, int, float], ...] | None = None
 
 
 class GpuLost(Exception):
@@ -80,6 +91,9 @@ class Gpu:
     whole_handle: Any  # the handle of the whole GPU (itself, or a MIG instance's parent)
     whole_uuid: str | None  # set for a MIG instance
     proc_seen_us: int  # lastSeenTimeStamp for nvmlDeviceGetProcessUtilization (µs, CPU clock)
+    util_seen_us: int = 0  # lastSeenTimeStamp for nvmlDeviceGetSamples (µs, CPU clock)
+    util_period_us: int = 0  # the driver's utilization sample period, from its spacing
+    util_sampled: bool = False  # util_seen_us is a driver sample's (not the time added)
     guard: CallGuard = field(default_factory=CallGuard)
     lost: str | None = None
     power_source: str | None = None
@@ -154,6 +168,7 @@ class GpuReader:
 
         gpu.notes.clear()
         util = read("utilization", api.nvmlDeviceGetUtilizationRates)
+        windows = read("utilization samples", self._util_windows, gpu)
         mem = read("memory v2", self._memory_v2)
         if mem is None:
             mem = read("memory", api.nvmlDeviceGetMemoryInfo)
@@ -177,7 +192,50 @@ class GpuReader:
             job_mem_mib=self._job_memory(gpu, read, aliases) if aliases else None,
             job_sm_util_pct=self._job_sm_util(gpu, read, aliases) if aliases else None,
             whole_gpu_uuid=gpu.whole_uuid,
+            util_windows=windows,
         )
+
+    def _util_windows(self, handle: Any, gpu: Gpu) -> tuple[tuple[int, int, float], ...]:
+        """The driver's utilization samples newer than the last seen, as (start_ns, end_ns,
+        %) windows on the monotonic clock; () when there is none new (``NOT_FOUND``).
+
+        Each sample covers the driver's sample period before its timestamp (1/6 s to 1 s by
+        product), taken from the spacing of the samples (their median gap, kept from round
+        to round), and never reaches back past the sample before it."""
+        api = self._api
+        try:
+            value_type, samples = api.nvmlDeviceGetSamples(
+                handle, api.NVML_GPU_UTILIZATION_SAMPLES, gpu.util_seen_us)
+        except api.NVMLError as exc:
+            if exc.value == api.NVML_ERROR_NOT_FOUND:
+                return ()
+            raise
+        if not 0 <= value_type < len(_VALUE_MEMBERS):
+            raise BadValue(f"unknown NVML value type {value_type}")
+        member = _VALUE_MEMBERS[value_type]
+        points = sorted((int(s.timeStamp), float(getattr(s.sampleValue, member)))
+                        for s in samples if int(s.timeStamp) > gpu.util_seen_us)
+        if not points:
+            return ()
+        # The timestamps are on the CPU's wall clock (µs): move them onto the monotonic one.
+        offset_ns = time.monotonic_ns() - time.time_ns()
+        gaps = [b[0] - a[0] for a, b in itertools.pairwise(points)]
+        if gpu.util_sampled:  # the last seen is a driver sample too: one more spacing
+            gaps.append(points[0][0] - gpu.util_seen_us)
+        if gaps:
+            gpu.util_period_us = int(statistics.median(gaps))
+        elif not gpu.util_period_us:  # one sample since the GPU was added: at most that
+            gpu.util_period_us = points[0][0] - gpu.util_seen_us
+        gpu.util_sampled = True
+        period_us = gpu.util_period_us
+        windows = []
+        previous_us = gpu.util_seen_us
+        for stamp_us, value in points:
+            start_us = max(previous_us, stamp_us - period_us)
+            windows.append((start_us * 1000 + offset_ns, stamp_us * 1000 + offset_ns, value))
+            previous_us = stamp_us
+        gpu.util_seen_us = points[-1][0]
+        return tuple(windows)
 
     def _memory_v2(self, handle: Any) -> Any:
         api = self._api

@@ -20,9 +20,16 @@ GPUs (so power is per GPU, utilization is the mean GPU). Per phase it reports th
 phase seconds that fell inside some window (summed over intervals, hence over ranks
 too) and the number of rounds whose window overlapped.
 
-Limits: NVML utilization is itself the share of a 1/6–1 s driver window during which any
-kernel ran, and a sample stands for a whole sampling interval; a phase much shorter
-than the interval gets the value of whatever else ran in that window. The attribution
+Utilization comes from the driver's own samples where the GPU gives them
+(``GpuSample.util_windows``, from ``nvmlDeviceGetSamples``): each is the share of its own
+sample period (1/6 s to 1 s by product) during which any kernel ran, and is weighted by
+its overlap with the phase, so no time is attributed that no sample observed and a loop
+whose period beats with the rounds does not alias. Without them (the call unsupported,
+or samples restored from resources.tsv) the round's reading stands for the whole round,
+though the driver measured only its last period of it.
+
+Limits: a phase much shorter than the driver's sample period (or, without driver
+samples, the sampling interval) gets the value of whatever else ran in that window. The attribution
 is meaningful for phases that take a sizeable share of the time (it says where the busy
 and the idle time went), not for one short phase. Phase time before the first round or
 after the last one is not covered.
@@ -171,33 +178,32 @@ def attribute_phases(gpu_samples: Sequence[GpuSample], phases: np.ndarray,
     The intervals are parallel arrays: ``phases`` (any integer key of a phase),
     ``starts_ns`` and ``ends_ns`` on the samples' clock. Every phase seen gets an entry
     (in the order of its first interval), with ``covered_s`` 0 and None means when no
-    sample window overlaps it. On arrays: cost O(intervals × log rounds + overlaps), with
-    no Python work per interval. See the module docstring for the method.
+    sample window overlaps it. Utilization comes from the driver's own samples, each over
+    its own period (``GpuSample.util_windows``), where a GPU has them, else from the
+    rounds. On arrays: cost O(intervals × log windows + overlaps), with no Python work
+    per interval. See the module docstring for the method.
     """
     keys, first_at, which = np.unique(phases, return_index=True, return_inverse=True)
     rounds, of_sample = np.unique(np.array([s.t_ns for s in gpu_samples], dtype=np.int64),
                                   return_inverse=True)
-    util_sum, util_n = _per_round([s.util_pct for s in gpu_samples], of_sample, len(rounds))
+    by_rounds = [s.util_pct if s.util_windows is None else None for s in gpu_samples]
+    util_sum, util_n = _per_round(by_rounds, of_sample, len(rounds))
     power_sum, power_n = _per_round([s.power_w for s in gpu_samples], of_sample, len(rounds))
-    # The windows (rounds[i - 1], rounds[i]] each interval meets: i from ``low`` to ``high``.
-    low = np.maximum(1, np.searchsorted(rounds, starts_ns, side="right"))
-    high = np.minimum(len(rounds) - 1, np.searchsorted(rounds, ends_ns, side="left"))
-    counts = np.maximum(high - low + 1, 0)
-    interval = np.repeat(np.arange(len(phases)), counts)
-    window = low[interval] + np.arange(len(interval)) - np.repeat(np.cumsum(counts) - counts,
-                                                                  counts)
-    overlap = (np.minimum(ends_ns[interval], rounds[window])
-               - np.maximum(starts_ns[interval], rounds[window - 1]))
-    met = overlap > 0
-    phase, window, overlap = which[interval[met]], window[met], overlap[met]
+    # The windows (rounds[i], rounds[i + 1]] each interval meets.
+    interval, window, overlap = _overlaps(starts_ns, ends_ns, rounds[:-1], rounds[1:])
+    phase, window = which[interval], window + 1  # a window's figures are its closing round's
     n = len(keys)
     covered_ns = np.bincount(phase, overlap, minlength=n)
     windows = np.bincount(np.unique(phase * len(rounds) + window) // max(len(rounds), 1),
                           minlength=n)
-    util = (np.bincount(phase, overlap * util_sum[window], minlength=n),
-            np.bincount(phase, overlap * util_n[window], minlength=n))
+    util = [np.bincount(phase, overlap * util_sum[window], minlength=n),
+            np.bincount(phase, overlap * util_n[window], minlength=n)]
     power = (np.bincount(phase, overlap * power_sum[window], minlength=n),
              np.bincount(phase, overlap * power_n[window], minlength=n))
+    for lo, hi, value in _driver_windows(gpu_samples):
+        interval, window, overlap = _overlaps(starts_ns, ends_ns, lo, hi)
+        util[0] += np.bincount(which[interval], overlap * value[window], minlength=n)
+        util[1] += np.bincount(which[interval], overlap.astype(np.float64), minlength=n)
     result = {}
     for i in np.argsort(first_at).tolist():
         result[int(keys[i])] = PhaseAttribution(
@@ -205,6 +211,36 @@ def attribute_phases(gpu_samples: Sequence[GpuSample], phases: np.ndarray,
             util_mean_pct=float(util[0][i] / util[1][i]) if util[1][i] else None,
             power_mean_w=float(power[0][i] / power[1][i]) if power[1][i] else None)
     return result
+
+
+def _overlaps(starts_ns: np.ndarray, ends_ns: np.ndarray, lo: np.ndarray,
+              hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every (interval, window, overlap ns > 0) of intervals [start, end) and windows
+    (lo, hi], the windows sorted and not overlapping one another."""
+    low = np.searchsorted(hi, starts_ns, side="right")  # the first window ending after
+    high = np.searchsorted(lo, ends_ns, side="left") - 1  # the last one starting before
+    counts = np.maximum(high - low + 1, 0)
+    interval = np.repeat(np.arange(len(starts_ns)), counts)
+    window = low[interval] + np.arange(len(interval)) - np.repeat(np.cumsum(counts) - counts,
+                                                                  counts)
+    overlap = (np.minimum(ends_ns[interval], hi[window])
+               - np.maximum(starts_ns[interval], lo[window]))
+    met = overlap > 0
+    return interval[met], window[met], overlap[met]
+
+
+def _driver_windows(
+        gpu_samples: Sequence[GpuSample]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per GPU: the (start, end, %) arrays of its driver utilization samples, sorted."""
+    by_gpu: dict[str, list[tuple[int, int, float]]] = {}
+    for sample in gpu_samples:
+        if sample.util_windows:
+            by_gpu.setdefault(sample.uuid, []).extend(sample.util_windows)
+    out: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    for windows in by_gpu.values():
+        table = np.array(sorted(set(windows)), dtype=np.float64).reshape(-1, 3)
+        out.append((table[:, 0].astype(np.int64), table[:, 1].astype(np.int64), table[:, 2]))
+    return out
 
 
 def _per_round(values: list[float | None], of_sample: np.ndarray,
