@@ -124,6 +124,7 @@ class FakeNvml:
                  clock_ns: Callable[[], int] = time.monotonic_ns) -> None:
         self.gpus = gpus
         self.clock_ns = clock_ns  # the busy timelines' and the energy counter's clock
+        self._util_seen: dict[str, list[tuple[int, int]]] = {}  # uuid: (clock ns, util)
         for gpu in gpus:
             for instance in gpu.mig:
                 instance.parent = gpu
@@ -240,17 +241,23 @@ class FakeNvml:
         self._whole_only("nvmlDeviceGetSamples", handle)
         if sampling_type != pynvml.NVML_GPU_UTILIZATION_SAMPLES:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        now_ns = time.monotonic_ns()
-        wall_offset_ns = time.time_ns() - now_ns
+        now_ns = self.clock_ns()
+        wall_offset_ns = time.time_ns() - time.monotonic_ns()  # as the sampler converts back
         window_ns = int(UTIL_WINDOW_S * 1e9)
         last = now_ns // window_ns
+        # A test sets ``util`` between reads: each read notes it, and a window reads what
+        # was set at its middle, as a driver measures the window itself.
+        history = self._util_seen.setdefault(handle.uuid, [])
+        history.append((now_ns, handle.util))
         samples = []
         for k in range(last - DRIVER_SAMPLES + 1, last + 1):
             at_ns = k * window_ns
             stamp_us = (at_ns + wall_offset_ns) // 1000
             if stamp_us <= last_seen_us:
                 continue
-            util = handle.util
+            middle_ns = at_ns - window_ns // 2
+            util = next((value for seen_ns, value in history if seen_ns >= middle_ns),
+                        handle.util)
             if handle.busy is not None:
                 low, high = handle.busy_util
                 util = round(low + (high - low) * handle.busy_share(at_ns - window_ns, at_ns))
