@@ -30,7 +30,7 @@ from sidecar.model.split import Split
 log = logging.getLogger("sidecar")
 
 HOSTNAME = socket.gethostname()
-LAST_STANDARD_ID = max(wire.PHASE_LABELS)  # standard ids are 1 (Training is derived) to this
+LAST_STANDARD_ID = wire.LAST_STANDARD_ID  # standard ids are 1 (Training is derived) to this
 KNOWN_FLAGS = (wire.FLAG_IN_ITERATION | wire.FLAG_VALIDATION | wire.FLAG_GPU_DROPPED
                | wire.FLAG_INCOMPLETE | wire.FLAG_BEGIN)
 # Records of a run we have not heard the hello of yet (a restarted sidecar) wait this long

@@ -64,7 +64,7 @@ UNCAPPED = frozenset({wire.EPOCH, wire.VALIDATION})
 MIN_ARRAY_RECORDS = 64
 ARRAY_FLAGS_MASK = wire.FLAG_IN_ITERATION | wire.FLAG_INCOMPLETE | wire.FLAG_BEGIN
 RecordValues = np.ndarray | array | Sequence[int]
-LOOP_PHASES = {False: wire.TRAINING_LOOP, True: wire.VALIDATION_LOOP}
+LOOP_PHASES = wire.LOOP_ID
 OUTSIDE = "outside"  # flag of a row measured outside any iteration
 INCOMPLETE = "incomplete"  # flag of a row cut short: kept, never a measurement
 
