@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from markers import wire
+from markers import hello, wire
 from markers.wire import (
     P_BATCH,
     P_BATCHES,
@@ -71,13 +71,13 @@ INCOMPLETE = "incomplete"  # flag of a row cut short: kept, never a measurement
 
 @dataclass(frozen=True)
 class Settings:
-    """What a run told the sidecar about itself in its hello."""
+    """What a run told the sidecar about itself in its hello (defaults: ``markers.hello``)."""
 
-    warmup_iterations: int = 0
-    num_measurements: int = 100
-    train_batch_size: int | None = None
-    val_batch_size: int | None = None
-    accumulation_steps: int = 1
+    warmup_iterations: int = hello.FIELDS["warmup_iterations"].default
+    num_measurements: int = hello.FIELDS["num_measurements"].default
+    train_batch_size: int | None = hello.FIELDS["train_batch_size"].default
+    val_batch_size: int | None = hello.FIELDS["val_batch_size"].default
+    accumulation_steps: int = hello.FIELDS["accumulation_steps"].default
 
 
 @dataclass(slots=True)

@@ -68,7 +68,8 @@ def _check(split: Split) -> None:
 
 
 def test_kept_text_equals_a_fresh_build_over_writes(tmp_path: Path) -> None:
-    split = Split(tmp_path, 0, Settings(num_measurements=6, train_batch_size=8),
+    split = Split(tmp_path, 0,
+                  Settings(warmup_iterations=0, num_measurements=6, train_batch_size=8),
                   {"start_unix": 1000.0})
     agg = split.rank(0)
     agg.begin_session(1000.0, 0)
