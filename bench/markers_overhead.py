@@ -20,8 +20,8 @@ call sites another one specialized:
 Then *layouts*: the same natural/bare pair in fresh processes on copies of ``markers``
 with unrelated edits to markers/phase.py (two more methods on Phase; a method renamed).
 CPython 3.11's caches made such edits flip the natural path between ~480 and ~850 ns
-once; this row shows whether the hot path still depends on that. Writes ``## Marker overhead``. Target:
-natural ≤ 2× the bare timer.
+once; this row shows whether the hot path still depends on that. Writes
+``## Marker overhead``. Target: natural ≤ 2× the bare timer.
 """
 
 from __future__ import annotations
