@@ -9,26 +9,15 @@ from markers import wire
 from sidecar.model.aggregator import LOOP_PHASES
 from sidecar.report.figures import PHASE_COLUMNS
 from sidecar.sinks import layout, metrics, tables
+from tests.support.contract import STANDARD_COLUMNS
 from tests.unit.test_aggregator import aggregator, iteration
-
-# computational.tsv's header after "measurement #", in the contract's order.
-CONTRACT_COLUMNS = [
-    "Training (s)", "Epoch (s)", "Training loop (s)", "Training data loading (s)",
-    "Forward (s)", "Forward GPU (s)", "Forward GPU max memory (MB)",
-    "Backward (s)", "Backward GPU (s)", "Backward GPU max memory (MB)",
-    "Optimization (s)", "Optimization GPU (s)", "Optimization GPU max memory (MB)",
-    "Validation (s)", "Validation loop (s)", "Validation data loading (s)",
-    "Evaluation (s)", "Evaluation GPU (s)", "Evaluation GPU max memory (MB)",
-    "Metrics computation (s)", "Metrics computation GPU (s)",
-    "Metrics computation GPU max memory (MB)",
-]
 
 
 def test_computational_header_follows_the_table_in_the_contract_order() -> None:
     agg = aggregator()
     agg.add_records(array("q", iteration(0, 0.0, 0)))
     header = tables.computational_text(agg).splitlines()[0].split("\t")
-    assert header == [layout.INDEX_LABEL, *CONTRACT_COLUMNS]
+    assert header == STANDARD_COLUMNS
     assert [row.phase for row in layout.PHASE_ROWS] == [p.phase for p in wire.PHASES]
 
 
@@ -56,5 +45,5 @@ def test_every_derived_list_is_a_view_of_the_table() -> None:
 
 
 def test_custom_names_may_not_take_a_standard_column_stem() -> None:
-    stems = {c.removesuffix(" (s)").casefold() for c in CONTRACT_COLUMNS if c.endswith(" (s)")}
+    stems = {c.removesuffix(" (s)").casefold() for c in STANDARD_COLUMNS if c.endswith(" (s)")}
     assert stems == set(wire._RESERVED_NAMES)
