@@ -18,10 +18,10 @@ call sites another one specialized:
 * Lightning's ``SimpleProfiler().profile("forward")``.
 
 Then *layouts*: the same natural/bare pair in fresh processes on copies of ``markers``
-with unrelated edits (two more methods on Phase; a class renamed). CPython 3.11's caches
-made such edits flip the natural path between ~480 and ~850 ns once; this row shows
-whether the hot path still depends on that. Writes ``## Marker overhead``. Target:
-natural ≤ 2× the bare timer.
+with unrelated edits to markers/phase.py (two more methods on Phase; a method renamed).
+CPython 3.11's caches made such edits flip the natural path between ~480 and ~850 ns
+once; this row shows whether the hot path still depends on that. Writes
+``## Marker overhead``. Target: natural ≤ 2× the bare timer.
 """
 
 from __future__ import annotations
@@ -175,15 +175,16 @@ def _layouts(endpoint: str, n: int, repeats: int) -> dict[str, dict[str, list[fl
             "    def extra_one(self) -> int:\n        return 1\n\n"
             "    def extra_two(self) -> int:\n        return 2\n\n"
             "    def begin(self) -> None:", 1),
-        "class _Span renamed": lambda text: text.replace("_Span", "_SpanRenamed"),
+        "a PhaseTable method renamed": lambda text: text.replace("._new(", "._new_marker(")
+        .replace("def _new(", "def _new_marker("),
     }
     out = {}
     for name, edit in edits.items():
         with tempfile.TemporaryDirectory(prefix="bench-layout-") as tmp:
             shutil.copytree(ROOT / "markers", Path(tmp) / "markers",
                             ignore=shutil.ignore_patterns("__pycache__"))
-            run_py = Path(tmp) / "markers" / "run.py"
-            run_py.write_text(edit(run_py.read_text()))
+            phase_py = Path(tmp) / "markers" / "phase.py"
+            phase_py.write_text(edit(phase_py.read_text()))
             done = subprocess.run(
                 [sys.executable, __file__, "layout-worker", tmp, endpoint, str(n),
                  str(repeats)], capture_output=True, text=True, timeout=300, check=True,

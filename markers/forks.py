@@ -13,6 +13,7 @@ import os
 import struct
 import weakref
 from collections.abc import Callable
+from typing import TypeVar
 
 _COUNT = struct.Struct("<q")
 _READ_BYTES = 64 * 1024  # a multiple of the 8-byte message: reads never split one
@@ -74,8 +75,10 @@ class ChildCounts:
         self._read_fd = self._write_fd = -1
 
 
-def on_fork(owner: object, before: Callable[[object], None],
-            child: Callable[[object], None]) -> None:
+T = TypeVar("T")
+
+
+def on_fork(owner: T, before: Callable[[T], None], child: Callable[[T], None]) -> None:
     """Call ``before(owner)`` in the parent before every fork and ``child(owner)`` in each
     new child, for as long as ``owner`` lives (fork hooks cannot be removed; a weak
     reference keeps them from holding it)."""

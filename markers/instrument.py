@@ -108,8 +108,8 @@ def instrument(model: torch.nn.Module | Iterable[torch.nn.Module],
     """
     import torch
 
-    from markers import current_run
     from markers.run import Run
+    from markers.start import current_run
 
     if run is None:
         run = current_run()

@@ -62,7 +62,7 @@ class Sender:
         self.seq = 0
         self.records_sent = 0
         self.dropped = 0
-        self._context = zmq.Context.instance()
+        self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._socket = self._context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.SNDHWM, SNDHWM)
@@ -192,7 +192,8 @@ class Sender:
                 return reply
         return self._failed(f"no answer and no progress within {timeout_s:g} s")
 
-    def _failed(self, reason: str) -> None:
+    def _failed(self, reason: str) -> dict[str, Any] | None:
+        """No reply: ``reason`` becomes ``last_failure``; None, what ``request`` returns."""
         self.last_failure = reason
         return None
 

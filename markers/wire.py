@@ -79,7 +79,7 @@ TAG_MASK = 0xFFFF
 BATCHES_SHIFT = 16
 MAX_LAG_US = 2**31 - 1  # ~36 min: a larger lag is sent as this
 
-# Canonical phases: id -> column label. Ids are part of the protocol; never renumber.
+# Standard phase ids. Ids are part of the protocol; never renumber.
 TRAINING = 0
 EPOCH = 1
 TRAINING_LOOP = 2
@@ -99,38 +99,68 @@ MAX_NAME_CHARS = 200  # a custom phase name's length limit (its column label)
 # MAX_CONTROL_BYTES (4000 names of 200 characters: about 0.85 MB).
 MAX_CUSTOM_PHASES = 4000
 
-PHASE_LABELS: dict[int, str] = {
-    TRAINING: "Training",
-    EPOCH: "Epoch",
-    TRAINING_LOOP: "Training loop",
-    TRAINING_DATA_LOADING: "Training data loading",
-    FORWARD: "Forward",
-    BACKWARD: "Backward",
-    OPTIMIZATION: "Optimization",
-    VALIDATION: "Validation",
-    VALIDATION_LOOP: "Validation loop",
-    VALIDATION_DATA_LOADING: "Validation data loading",
-    EVALUATION: "Evaluation",
-    METRICS: "Metrics computation",
-}
 
-# Names a user passes to run.phase(...) for the canonical phases.
-CANONICAL_PHASE_NAMES: dict[str, int] = {
-    "forward": FORWARD,
-    "backward": BACKWARD,
-    "optimization": OPTIMIZATION,
-    "evaluation": EVALUATION,
-    "metrics": METRICS,
-}
+@dataclass(frozen=True)
+class PhaseDef:
+    """One standard phase, every name it goes by. The sidecar's files, summary, metrics
+    and report take their phase lists from ``PHASES``; nothing else lists phases."""
 
-LOOP_IDS = frozenset({TRAINING_LOOP, VALIDATION_LOOP})
+    phase: int  # wire id
+    column: str  # label in computational.tsv (``<column> (s)``) and phases.tsv
+    summary_label: str  # its line in summary.log's block
+    indent: int  # that line's indent (the nesting of the phases)
+    metric: str  # the ``phase`` label of the Prometheus series
+    api: str | None  # the name a script passes to ``run.phase`` (None: the markers stamp it)
+    gpu: bool  # has GPU columns (GPU time and peak memory)
+    network: bool  # the network's own work: its GPU seconds make the loop's GPU throughput
+    validation: bool  # part of validation (the summary's second table)
+    loop: bool  # the loop record of an iteration (one per training or validation step)
+    capped: bool  # stored after warmup, at most ``num_measurements`` rows per split
+
+
+# The standard phases in the order of computational.tsv's columns and the summary block.
+PHASES: tuple[PhaseDef, ...] = (
+    #        id, column, summary label, indent, metric, api,
+    #        gpu, network, validation, loop, capped
+    PhaseDef(TRAINING, "Training", "Training", 0, "training", None,
+             False, False, False, False, False),
+    PhaseDef(EPOCH, "Epoch", "Epoch", 1, "epoch", None,
+             False, False, False, False, False),
+    PhaseDef(TRAINING_LOOP, "Training loop", "Iteration", 2, "train_loop", None,
+             False, False, False, True, True),
+    PhaseDef(TRAINING_DATA_LOADING, "Training data loading", "Data loading", 3,
+             "train_loading", None, False, False, False, False, True),
+    PhaseDef(FORWARD, "Forward", "Forward", 3, "forward", "forward",
+             True, True, False, False, True),
+    PhaseDef(BACKWARD, "Backward", "Backward", 3, "backward", "backward",
+             True, True, False, False, True),
+    PhaseDef(OPTIMIZATION, "Optimization", "Optimization", 3, "optimization", "optimization",
+             True, True, False, False, True),
+    PhaseDef(VALIDATION, "Validation", "Validation", 0, "validation", None,
+             False, False, True, False, False),
+    PhaseDef(VALIDATION_LOOP, "Validation loop", "Iteration", 1, "val_loop", None,
+             False, False, True, True, True),
+    PhaseDef(VALIDATION_DATA_LOADING, "Validation data loading", "Data loading", 2,
+             "val_loading", None, False, False, True, False, True),
+    PhaseDef(EVALUATION, "Evaluation", "Evaluation", 2, "evaluation", "evaluation",
+             True, True, True, False, True),
+    PhaseDef(METRICS, "Metrics computation", "Metrics computation", 2, "metrics", "metrics",
+             True, False, True, False, True),
+)
+
+# Derived views of PHASES.
+PHASE_LABELS: dict[int, str] = {p.phase: p.column for p in PHASES}  # id -> column label
+# Names a user passes to run.phase(...) for the standard phases the script stamps.
+CANONICAL_PHASE_NAMES: dict[str, int] = {p.api: p.phase for p in PHASES if p.api is not None}
+LOOP_IDS = frozenset(p.phase for p in PHASES if p.loop)
+LOOP_ID: dict[bool, int] = {p.validation: p.phase for p in PHASES if p.loop}  # by validation
+LAST_STANDARD_ID = max(p.phase for p in PHASES)
 
 # Column stems a custom name may not take, in lower case: each standard label and the
 # "<label> GPU" stem of the GPU columns ("<name> (s)" would shadow a standard column).
 _RESERVED_NAMES = frozenset(
-    [label.casefold() for label in PHASE_LABELS.values()]
-    + [f"{PHASE_LABELS[p]} GPU".casefold() for p in (FORWARD, BACKWARD, OPTIMIZATION,
-                                                      EVALUATION, METRICS)])
+    [p.column.casefold() for p in PHASES]
+    + [f"{p.column} GPU".casefold() for p in PHASES if p.gpu])
 
 
 def custom_phase_name(name: str) -> str:

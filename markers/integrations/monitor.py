@@ -8,19 +8,21 @@ Importing this module imports no framework.
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any, TypeVar
 
-from markers.run import NullRun, Phase, Run
+from markers.phase import NullPhase, Phase
+from markers.run import NullRun, Run
+from markers.start import start_run
 
 log = logging.getLogger("markers.integrations")
 F = TypeVar("F", bound=Callable[..., Any])
 
-START_RUN_KEYWORDS = frozenset({
-    "out_dir", "split", "warmup_iterations", "num_measurements", "train_batch_size",
-    "val_batch_size", "accumulation_steps", "resume", "endpoint", "rank"})
+# The callbacks take exactly start_run's keyword arguments: read from it, never copied.
+START_RUN_KEYWORDS = frozenset(inspect.signature(start_run).parameters)
 
 
 def never_raise(method: F) -> F:
@@ -57,18 +59,16 @@ class Monitor:
         self.run: Run | NullRun = NullRun()
         self.broken = False
         self._started = False
-        self._current: Phase | None = None  # the phase the framework's events opened
+        self._current: Phase | NullPhase | None = None  # the phase the events opened
         self._last_end_ns = perf_counter_ns()  # end of the latest batch, save or pass
 
     def start(self, **framework: Any) -> None:
         """Start the run: the callback's keyword arguments, else the framework's values."""
-        import markers
-
         if self._started:
             return
         self._started = True
         given = {k: v for k, v in framework.items() if v is not None}
-        self.run = markers.start_run(**{**given, **self.start_run_kwargs})
+        self.run = start_run(**{**given, **self.start_run_kwargs})
 
     def finish(self, status: str = "completed", error: str | None = None) -> None:
         """End the run (the sidecar writes the files); safe to call more than once."""

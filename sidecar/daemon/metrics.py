@@ -30,15 +30,10 @@ from sidecar.resources import fields
 log = logging.getLogger("sidecar")
 
 RUN_LABELS = ["run", "user", "host", "slurm_job_id"]
-PHASE_LABELS = [*RUN_LABELS, "split", "rank", "phase"]
+PHASE_LABEL_NAMES = [*RUN_LABELS, "split", "rank", "phase"]  # Prometheus label names
 GPU_LABELS = ["host", "gpu", "uuid", "model", "run"]
 # The ``phase`` label of the standard phases; custom phases keep the user's name.
-PHASE_NAMES: dict[int, str] = {
-    wire.TRAINING: "training", wire.EPOCH: "epoch", wire.TRAINING_LOOP: "train_loop",
-    wire.TRAINING_DATA_LOADING: "train_loading", wire.VALIDATION: "validation",
-    wire.VALIDATION_LOOP: "val_loop", wire.VALIDATION_DATA_LOADING: "val_loading",
-    **{phase: name for name, phase in wire.CANONICAL_PHASE_NAMES.items()},
-}
+PHASE_NAMES: dict[int, str] = {p.phase: p.metric for p in wire.PHASES}
 
 
 def _run_labels(view: SplitView) -> list[str]:
@@ -67,9 +62,9 @@ class SnapshotCollector(Collector):
         snapshot: Snapshot | None = self._source()
         splits = snapshot.splits if snapshot is not None else ()
         wall = SummaryMetricFamily("trainmon_phase_duration_seconds", "wall time of every "
-                                   "post-warmup measurement of the phase", labels=PHASE_LABELS)
+                                   "post-warmup measurement of the phase", labels=PHASE_LABEL_NAMES)
         gpu = SummaryMetricFamily("trainmon_phase_gpu_duration_seconds", "GPU time of every "
-                                  "post-warmup measurement of the phase", labels=PHASE_LABELS)
+                                  "post-warmup measurement of the phase", labels=PHASE_LABEL_NAMES)
         samples = CounterMetricFamily("trainmon_samples", "samples of the measured "
                                       "iterations (batch x accumulation per step)",
                                       labels=[*RUN_LABELS, "split", "rank", "loop"])

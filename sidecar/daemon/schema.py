@@ -10,16 +10,16 @@ ignored.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
 
-from markers import wire
+from markers import hello, wire
 
-INT64_MAX = 2**63 - 1
-PID_MAX = 2**22  # the kernel's upper bound of pid_max
-TEXT_MAX = 4096  # paths, commands' words, causes
-NAME_MAX = 256  # host names, GPU names and ids, version strings
+INT64_MAX = hello.INT64_MAX
+TEXT_MAX = hello.TEXT_MAX  # paths, commands' words, causes
+NAME_MAX = hello.NAME_MAX  # host names, GPU names and ids, version strings
 
 Check = Callable[[Any], bool]  # True when a (present, non-null) value is acceptable
 
@@ -39,29 +39,6 @@ def one_of(*choices: str) -> Check:
     return lambda v: isinstance(v, str) and v in choices
 
 
-def number(v: Any) -> bool:
-    """A finite int or float (not a bool)."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def flag(v: Any) -> bool:
-    """true or false."""
-    return isinstance(v, bool)
-
-
-def words(v: Any) -> bool:
-    """A list of strings (a command line)."""
-    return isinstance(v, list) and len(v) <= 4096 and all(
-        isinstance(w, str) and len(w) <= TEXT_MAX for w in v)
-
-
-def names(v: Any) -> bool:
-    """An object of short strings (versions)."""
-    return isinstance(v, dict) and len(v) <= 64 and all(
-        isinstance(k, str) and isinstance(x, str) and len(k) <= NAME_MAX
-        and len(x) <= NAME_MAX for k, x in v.items())
-
-
 def anything(v: Any) -> bool:
     """Any value: its handler checks it (a saved state, checked by its loader)."""
     return True
@@ -70,28 +47,9 @@ def anything(v: Any) -> bool:
 # type -> field -> (required, nullable, check)
 Fields = dict[str, tuple[bool, bool, Check]]
 FIELDS: dict[str, Fields] = {
-    wire.HELLO: {
-        "out_dir": (True, False, text(min_len=1)),
-        "cwd": (False, False, text(min_len=1)),
-        "split": (False, False, integer(0, 2**31 - 1)),
-        "warmup_iterations": (False, False, integer()),
-        "num_measurements": (False, False, integer()),
-        "train_batch_size": (False, True, integer(1)),
-        "val_batch_size": (False, True, integer(1)),
-        "accumulation_steps": (False, False, integer(1)),
-        "resume": (False, False, flag),
-        "repeat": (False, False, flag),
-        "host": (False, True, text(NAME_MAX)),
-        "pid": (False, False, integer(0, PID_MAX)),
-        "user": (False, True, text(NAME_MAX)),
-        "job_id": (False, True, text(NAME_MAX)),
-        "command": (False, True, words),
-        "start_unix": (False, True, number),
-        "start_ns": (False, False, integer()),
-        "versions": (False, True, names),
-        "phases": (False, False, anything),  # custom names -> ids: checked by the streams
-        "worker_phases": (False, False, integer()),
-    },
+    # The hello's fields, limits and defaults are the markers' own (``markers.hello``).
+    wire.HELLO: {name: (field.required, field.nullable, functools.partial(hello.accepts, field))
+                 for name, field in hello.FIELDS.items()},
     wire.PHASE: {
         "id": (True, False, integer(wire.FIRST_CUSTOM_ID, wire.MAX_PHASE_ID)),
         "name": (True, False, text(200, min_len=1)),

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from markers import wire
+from markers import hello, wire
 from markers.wire import P_BATCHES, P_END, P_FLAGS, P_PHASE, P_START
 from sidecar.ingest.peers import Peer
 from sidecar.model import state
@@ -30,7 +30,7 @@ from sidecar.model.split import Split
 log = logging.getLogger("sidecar")
 
 HOSTNAME = socket.gethostname()
-LAST_STANDARD_ID = max(wire.PHASE_LABELS)  # standard ids are 1 (Training is derived) to this
+LAST_STANDARD_ID = wire.LAST_STANDARD_ID  # standard ids are 1 (Training is derived) to this
 KNOWN_FLAGS = (wire.FLAG_IN_ITERATION | wire.FLAG_VALIDATION | wire.FLAG_GPU_DROPPED
                | wire.FLAG_INCOMPLETE | wire.FLAG_BEGIN)
 # Records of a run we have not heard the hello of yet (a restarted sidecar) wait this long
@@ -131,14 +131,12 @@ def _phase_name(value: Any) -> str:
 
 
 def settings_from_hello(body: dict[str, Any]) -> Settings:
-    """The aggregation settings in a hello; WireError("malformed") when a value is wrong."""
-    return Settings(
-        warmup_iterations=_int(body, "warmup_iterations", 0) or 0,
-        num_measurements=_int(body, "num_measurements", 100) or 0,
-        train_batch_size=_int(body, "train_batch_size", None, low=1),
-        val_batch_size=_int(body, "val_batch_size", None, low=1),
-        accumulation_steps=_int(body, "accumulation_steps", 1, low=1) or 1,
-    )
+    """The aggregation settings in a hello (``markers.hello``'s defaults for those it
+    lacks); WireError("malformed") when a value is outside the hello's limits."""
+    try:
+        return Settings(**{name: hello.setting(body, name) for name in hello.SETTINGS})
+    except ValueError as exc:
+        raise wire.WireError("malformed", f"hello field {exc}") from None
 
 
 class Registry:

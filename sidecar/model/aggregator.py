@@ -43,7 +43,7 @@ from itertools import pairwise
 
 import numpy as np
 
-from markers import wire
+from markers import hello, wire
 from markers.wire import (
     P_BATCH,
     P_BATCHES,
@@ -66,7 +66,7 @@ UNCAPPED = frozenset({wire.EPOCH, wire.VALIDATION})
 MIN_ARRAY_RECORDS = 64
 ARRAY_FLAGS_MASK = wire.FLAG_IN_ITERATION | wire.FLAG_INCOMPLETE | wire.FLAG_BEGIN
 RecordValues = np.ndarray | array | Sequence[int]
-LOOP_PHASES = {False: wire.TRAINING_LOOP, True: wire.VALIDATION_LOOP}
+LOOP_PHASES = wire.LOOP_ID
 OUTSIDE = "outside"  # flag of a row measured outside any iteration
 INCOMPLETE = "incomplete"  # flag of a row cut short: kept, never a measurement
 # What ``RankAggregator._decide`` says of a closed iteration: None (warmup), else (rows
@@ -76,13 +76,13 @@ Verdict = tuple[bool, int, int | None] | None
 
 @dataclass(frozen=True)
 class Settings:
-    """What a run told the sidecar about itself in its hello."""
+    """What a run told the sidecar about itself in its hello (defaults: ``markers.hello``)."""
 
-    warmup_iterations: int = 0
-    num_measurements: int = 100
-    train_batch_size: int | None = None
-    val_batch_size: int | None = None
-    accumulation_steps: int = 1
+    warmup_iterations: int = hello.FIELDS["warmup_iterations"].default
+    num_measurements: int = hello.FIELDS["num_measurements"].default
+    train_batch_size: int | None = hello.FIELDS["train_batch_size"].default
+    val_batch_size: int | None = hello.FIELDS["val_batch_size"].default
+    accumulation_steps: int = hello.FIELDS["accumulation_steps"].default
 
 
 @dataclass(slots=True)

@@ -31,14 +31,10 @@ from sidecar.resources import fields
 from sidecar.sinks.summary import TITLE_LINE
 from sidecar.sinks.tables import COLUMNS
 
-# computational.tsv columns the report reads: its name here -> label of the column
-PHASE_COLUMNS = {
-    "loop": wire.PHASE_LABELS[wire.TRAINING_LOOP],
-    "loading": wire.PHASE_LABELS[wire.TRAINING_DATA_LOADING],
-    "forward": wire.PHASE_LABELS[wire.FORWARD],
-    "backward": wire.PHASE_LABELS[wire.BACKWARD],
-    "optimization": wire.PHASE_LABELS[wire.OPTIMIZATION],
-}
+# computational.tsv columns the report reads, the training iteration's capped phases: its
+# name here (the metric label without the loop's "train_" prefix) -> label of the column
+PHASE_COLUMNS = {p.metric.removeprefix("train_"): p.column
+                 for p in wire.PHASES if p.capped and not p.validation}
 PLOT_POINTS = 400
 _LABELS = [label for label, _, _ in COLUMNS]
 _THROUGHPUT = re.compile(r"^Throughput: (?:([0-9.e+-]+) images/s|.*)$", re.M)

@@ -18,7 +18,6 @@ file names from this module; the columns are defined beside the text they head
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from markers import wire
@@ -57,40 +56,12 @@ def phases_file(rank: int) -> str:
     return f"phases{rank_suffix(rank)}.tsv"
 
 
-@dataclass(frozen=True)
-class PhaseRow:
-    """One standard phase: its wire id, its line in the summary block (label, indent,
-    validation table or not) and whether it has GPU columns."""
-
-    phase: int
-    summary_label: str
-    indent: int
-    validation: bool
-    gpu: bool
-
-    @property
-    def column(self) -> str:
-        """Its label in computational.tsv (``<label> (s)``; the GPU columns add to it)."""
-        return wire.PHASE_LABELS[self.phase]
-
-
+# One standard phase: its wire id, column, summary line, GPU columns (``markers.wire``).
+PhaseRow = wire.PhaseDef
 # The standard phases in the order of computational.tsv and of the summary block.
-PHASE_ROWS: tuple[PhaseRow, ...] = (
-    PhaseRow(wire.TRAINING, "Training", 0, False, False),
-    PhaseRow(wire.EPOCH, "Epoch", 1, False, False),
-    PhaseRow(wire.TRAINING_LOOP, "Iteration", 2, False, False),
-    PhaseRow(wire.TRAINING_DATA_LOADING, "Data loading", 3, False, False),
-    PhaseRow(wire.FORWARD, "Forward", 3, False, True),
-    PhaseRow(wire.BACKWARD, "Backward", 3, False, True),
-    PhaseRow(wire.OPTIMIZATION, "Optimization", 3, False, True),
-    PhaseRow(wire.VALIDATION, "Validation", 0, True, False),
-    PhaseRow(wire.VALIDATION_LOOP, "Iteration", 1, True, False),
-    PhaseRow(wire.VALIDATION_DATA_LOADING, "Data loading", 2, True, False),
-    PhaseRow(wire.EVALUATION, "Evaluation", 2, True, True),
-    PhaseRow(wire.METRICS, "Metrics computation", 2, True, True),
-)
+PHASE_ROWS: tuple[PhaseRow, ...] = wire.PHASES
 TRAIN_ROWS = tuple(r for r in PHASE_ROWS if not r.validation)
 VAL_ROWS = tuple(r for r in PHASE_ROWS if r.validation)
-# The phases whose GPU seconds make a loop's GPU throughput (SPEC §3).
-TRAIN_GPU_PHASES = (wire.FORWARD, wire.BACKWARD, wire.OPTIMIZATION)
-VAL_GPU_PHASES = (wire.EVALUATION,)
+# The phases whose GPU seconds make a loop's GPU throughput.
+TRAIN_GPU_PHASES = tuple(r.phase for r in TRAIN_ROWS if r.network)
+VAL_GPU_PHASES = tuple(r.phase for r in VAL_ROWS if r.network)

@@ -16,18 +16,8 @@ import pytest
 
 import markers
 from sidecar.sinks.summary import TITLE_LINE
+from tests.support.contract import STANDARD_COLUMNS
 from tests.support.helpers import Sidecar, env, read_tsv
-
-STANDARD_COLUMNS = [
-    "measurement #", "Training (s)", "Epoch (s)", "Training loop (s)",
-    "Training data loading (s)", "Forward (s)", "Forward GPU (s)",
-    "Forward GPU max memory (MB)", "Backward (s)", "Backward GPU (s)",
-    "Backward GPU max memory (MB)", "Optimization (s)", "Optimization GPU (s)",
-    "Optimization GPU max memory (MB)", "Validation (s)", "Validation loop (s)",
-    "Validation data loading (s)", "Evaluation (s)", "Evaluation GPU (s)",
-    "Evaluation GPU max memory (MB)", "Metrics computation (s)",
-    "Metrics computation GPU (s)", "Metrics computation GPU max memory (MB)",
-]
 
 
 class Truth:

@@ -42,7 +42,8 @@ def iteration(i: int, t_ms: float, batch: int, forward_ms: float = 2.0,
 
 
 def aggregator(**settings: int) -> RankAggregator:
-    agg = RankAggregator(0, Settings(**settings), 1000.0)
+    """An aggregator in its first session; no warmup unless ``settings`` asks for one."""
+    agg = RankAggregator(0, Settings(**{"warmup_iterations": 0, **settings}), 1000.0)
     agg.begin_session(1000.0, 0)
     return agg
 
@@ -222,7 +223,7 @@ def test_training_time_adds_sessions_and_state_round_trips() -> None:
     agg.add_records(array("q", iteration(0, 0.0, 0)))
     agg.end_session(int(500 * MS))
     assert agg.training_s() == pytest.approx(0.5)
-    copy = RankAggregator(0, Settings(), 0.0)
+    copy = RankAggregator(0, agg.settings, 0.0)
     state.load_rank(copy, state.rank_state(agg))
     copy.begin_session(2000.0, 0)
     copy.add_records(array("q", iteration(0, 0.0, 0)))

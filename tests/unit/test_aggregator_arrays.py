@@ -147,7 +147,8 @@ def test_a_long_regular_run_takes_the_array_path() -> None:
     """A plain training loop of 10 000 iterations is decided by the array path (the
     record path would need ~50 000 Python steps): same figures as computed by hand."""
     rng = random.Random(1)
-    agg = new_aggregator(Settings(num_measurements=100, train_batch_size=4), rng)
+    agg = new_aggregator(Settings(warmup_iterations=0, num_measurements=100,
+                                                train_batch_size=4), rng)
     values = []
     for it in range(10_000):
         start = it * 10_000

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from markers.run import _batch_size
+from markers.batches import batch_size as _batch_size
 from sidecar.model import state
 from sidecar.resources.samplers.host import HostSample
 from sidecar.resources.samplers.nvml import GpuSample

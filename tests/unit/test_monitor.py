@@ -20,7 +20,7 @@ from sidecar.model.split import Split
 from sidecar.resources.monitor import ResourceMonitor
 from sidecar.resources.samplers.nvml import NvmlUnavailable, open_nvml
 from sidecar.sinks.resources_text import resources_block, resources_frame
-from tests.support.fake_pynvml import FakeGpu, FakeNvml
+from tests.support.fake_pynvml import UTIL_WINDOW_S, FakeGpu, FakeNvml
 
 INTERVAL_S = 0.05
 
@@ -54,6 +54,9 @@ def fake_nvml(gpus: list[FakeGpu]) -> Callable[[str | None], Any]:
 
 def monitor_of(interval_s: float, share: bool,
                open_gpus: Callable[[str | None], Any]) -> ResourceMonitor:
+    # NVML stamps its samples on the real wall clock and the sampler starts from "now":
+    # a test clock left behind the real one would make every driver sample look older.
+    CLOCK.now_ns = max(CLOCK.now_ns, time.monotonic_ns())
     return ResourceMonitor(interval_s, None, all_splits_share_gpus=share, open_gpus=open_gpus,
                            clock_ns=CLOCK)
 
@@ -229,6 +232,9 @@ def test_samples_restored_from_an_earlier_session_open_no_attribution_window(
     monitor.watch(split, os.getpid())
     monitor.restore(split, old_gpu, old_host)
     gpus[0].util = 0  # this session: idle
+    # A resume starts after some downtime; one driver window of it keeps the window that
+    # saw the earlier session's last busy moments out of this session's phases.
+    CLOCK.advance(UTIL_WINDOW_S)
     start, end = run_phase(monitor, 0.6)
     monitor.note_records(split, 0, array("q", (wire.FORWARD, 0, 0, -1, 0, start, end, -1, -1)
                                          + (0,) * (wire.RECORD_WIDTH - 9)))

@@ -98,7 +98,7 @@ def test_a_field_declared_in_the_table_reaches_every_output(
 
     gauges = fields.gauge_values(fields.GPU_FIELDS, samples[-1], {}, {})
     view = SplitView(run_id="r", user="u", host="h", slurm_job_id="", split=0,
-                     status="running", ranks=(), records={},
+                     status="running", start_unix=None, end_unix=None, ranks=(), records={},
                      gpus=(GpuView(0, "GPU-a", "Fake", gauges),), host_gauges={})
     exporter = MetricsExporter(0, "127.0.0.1")
     exporter.tick(Snapshot(pid=1, endpoint="", root=None, taken_unix=0.0, loop_monotonic=0.0,
@@ -123,7 +123,9 @@ def test_a_field_declared_in_the_table_reaches_every_output(
 def test_the_table_and_the_samples_name_the_same_fields() -> None:
     """Every attribute of a sample that is not its stamp has a table entry, and every
     entry names an attribute: a field cannot be sampled and silently left out."""
-    stamps = {"t_ns", "whole_gpu_uuid", "n_processes"}  # kept with the sample, no column
+    # kept with the sample, no column (util_windows: the driver's own utilization samples,
+    # which the phase attribution reads; resources.tsv keeps the round's reading)
+    stamps = {"t_ns", "whole_gpu_uuid", "n_processes", "util_windows"}
     for cls, table in ((GpuSample, fields.GPU_FIELDS), (HostSample, fields.HOST_FIELDS)):
         attributes = {f.name for f in dataclasses.fields(cls)} - stamps
         assert attributes == {f.attribute for f in table}, cls.__name__

@@ -73,7 +73,8 @@ def _check(split: Split) -> None:
 
 
 def test_kept_text_equals_a_fresh_build_over_writes(tmp_path: Path) -> None:
-    split = Split(tmp_path, 0, Settings(num_measurements=6, train_batch_size=8),
+    split = Split(tmp_path, 0,
+                  Settings(warmup_iterations=0, num_measurements=6, train_batch_size=8),
                   {"start_unix": 1000.0})
     agg = split.rank(0)
     agg.begin_session(1000.0, 0)
@@ -140,7 +141,7 @@ def test_the_text_is_kept_per_aggregator_and_goes_with_it(
     monkeypatch.setattr(rowtext, "_derive", counting)
     gc.collect()
     before = len(rowtext._KEPT)  # aggregators of other tests still alive
-    agg = RankAggregator(0, Settings(), 1000.0)
+    agg = RankAggregator(0, Settings(warmup_iterations=0), 1000.0)
     agg.begin_session(1000.0, 0)
     agg.add_records(array("q", _iteration(0, 0.0) + _iteration(1, 10.0)))
     assert len(rowtext.texts(agg, wire.FORWARD).lines) == 2

@@ -1,0 +1,95 @@
+"""Batch sizes read from the batches themselves, for runs that did not give them.
+
+A loop driver or callback hands over the first batch of each iteration; the size is read
+where it is unambiguous and sent to the sidecar (a ``batch_size`` control) when it
+changed, so throughput counts the samples the iterations really held.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+from markers import wire
+from markers.transport import Sender
+
+
+def first_dims(batch: Any, depth: int = 3) -> set[int] | None:
+    """The first dimensions found in ``batch``: a tensor's (anything with ``shape``), those
+    of the fields of a tuple, a default-collated list or a mapping (``(inputs, labels)``,
+    ``{"input_ids": ...}``), the length of a list of strings or numbers. None when it cannot
+    tell: a list of samples as they are (a list of tuples, dicts or token lists, as an
+    identity ``collate_fn`` gives), or an object without a shape.
+    """
+    shape = getattr(batch, "shape", None)
+    if shape is not None:
+        return {int(shape[0])} if len(shape) else set()
+    if batch is None or isinstance(batch, (str, bytes, int, float)):
+        return set()
+    if isinstance(batch, Mapping):
+        items = list(batch.values())
+    elif isinstance(batch, (list, tuple)):
+        items = list(batch)
+        texts = all(isinstance(item, str) for item in items)
+        scalars = isinstance(batch, list) and all(isinstance(i, (int, float)) for i in items)
+        if items and (texts or scalars):
+            return {len(items)}  # texts, or scalar samples
+        if isinstance(batch, list) and items and all(
+                isinstance(item, (list, tuple, Mapping)) for item in items):
+            return None  # samples, not fields: the batch size is ambiguous
+    else:
+        return None
+    if depth == 0:
+        return None
+    sizes: set[int] = set()
+    for item in items:
+        found = first_dims(item, depth - 1)
+        if found is None:
+            return None
+        sizes |= found
+    return sizes
+
+
+def batch_size(batch: Any) -> int | None:
+    """The batch size of ``batch`` where it is unambiguous (see ``first_dims``: every
+    first dimension found agrees), else None."""
+    sizes = first_dims(batch)
+    return sizes.pop() if sizes and len(sizes) == 1 else None
+
+
+class BatchSizes:
+    """The batch sizes of one run, by ``validation``: read from the first batch of each
+    iteration unless ``start_run`` was given them, and sent when they change."""
+
+    __slots__ = ("_read", "_sender", "_sized")
+
+    def __init__(self, sender: Sender, hello: dict[str, Any]) -> None:
+        self._sender = sender
+        # The last size sent (0: the batches cannot tell), None before the first batch,
+        # -1 when given to start_run (never read).
+        self._read: list[int | None] = [None if hello.get(key) is None else -1
+                                        for key in ("train_batch_size", "val_batch_size")]
+        self._sized = [-1, -1]  # the iteration whose size was read last
+
+    def seen(self, validation: bool, iteration: int, batch: Any) -> None:
+        """A batch of iteration number ``iteration`` was fetched: the first one of each
+        iteration is read and its size sent when it changed; a batch that cannot tell
+        gives one RuntimeWarning (at the caller of ``Run.batch_seen``)."""
+        if self._read[validation] == -1 or self._sized[validation] == iteration:
+            return
+        self._sized[validation] = iteration
+        size = batch_size(batch) or 0
+        if size == self._read[validation]:
+            return
+        first = self._read[validation] is None
+        self._read[validation] = size
+        kind = "validation" if validation else "train"
+        self._sender.send_control({"type": wire.BATCH_SIZE, "kind": kind, "value": size or None,
+                                   "iteration": iteration})
+        if not size and first:
+            given = "val_batch_size" if validation else "train_batch_size"
+            warnings.warn(f"markers: the {kind} batch size cannot be read from a batch of "
+                          f"type {type(batch).__name__} (ambiguous: give {given}= to "
+                          "start_run); its throughput is reported as unknown",
+                          RuntimeWarning, stacklevel=3)

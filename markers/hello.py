@@ -1,0 +1,113 @@
+"""The hello's fields, declared once: their types, limits and defaults.
+
+A run announces itself with a ``hello`` control (``markers.wire.HELLO``). ``start_run``
+checks its arguments against ``FIELDS`` and the sidecar checks every hello it receives
+against the same table (``sidecar.daemon.schema``), then reads the aggregation settings
+with ``setting``: one set of limits and defaults on both sides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+INT64_MAX = 2**63 - 1
+INT32_MAX = 2**31 - 1
+PID_MAX = 2**22  # the kernel's upper bound of pid_max
+TEXT_MAX = 4096  # paths, commands' words
+NAME_MAX = 256  # host names, user names, job ids, version strings
+
+
+@dataclass(frozen=True)
+class Field:
+    """One hello field. ``kind`` is ``int`` (an integer, not a bool, in ``low..high``),
+    ``text`` (a string of ``low..high`` characters), ``flag`` (a bool), ``number`` (an int
+    or float), ``words`` (a list of strings of at most ``TEXT_MAX`` characters, at most
+    ``high`` of them), ``names`` (a mapping of strings of at most ``high`` characters, at
+    most 64 entries) or ``any`` (its handler checks it). ``default`` is the value a hello
+    without the field means."""
+
+    kind: str
+    required: bool = False
+    nullable: bool = False
+    low: int = 0
+    high: int = INT64_MAX
+    default: Any = None
+
+
+FIELDS: dict[str, Field] = {
+    "out_dir": Field("text", required=True, low=1, high=TEXT_MAX),
+    "cwd": Field("text", low=1, high=TEXT_MAX),
+    "split": Field("int", high=INT32_MAX, default=0),
+    "warmup_iterations": Field("int", default=10),
+    "num_measurements": Field("int", low=1, default=100),
+    "train_batch_size": Field("int", nullable=True, low=1, high=INT32_MAX),
+    "val_batch_size": Field("int", nullable=True, low=1, high=INT32_MAX),
+    "accumulation_steps": Field("int", low=1, high=INT32_MAX, default=1),
+    "resume": Field("flag", default=False),
+    "repeat": Field("flag", default=False),  # a re-announcement of a running run
+    "host": Field("text", nullable=True, high=NAME_MAX),
+    "pid": Field("int", high=PID_MAX),
+    "user": Field("text", nullable=True, high=NAME_MAX),
+    "job_id": Field("text", nullable=True, high=NAME_MAX),
+    "command": Field("words", nullable=True, high=4096),
+    "start_unix": Field("number", nullable=True),
+    "start_ns": Field("int"),
+    "versions": Field("names", nullable=True, high=NAME_MAX),
+    "phases": Field("any"),  # custom names -> ids: checked by the sidecar's streams
+    "worker_phases": Field("int", default=0),
+}
+
+# The fields that are aggregation settings (``start_run``'s arguments of the same names).
+SETTINGS = ("warmup_iterations", "num_measurements", "train_batch_size", "val_batch_size",
+            "accumulation_steps")
+
+
+def accepts(field: Field, value: Any) -> bool:
+    """True when ``value`` (present) is acceptable for ``field``."""
+    if value is None:
+        return field.nullable
+    kind = field.kind
+    if kind == "int":
+        return (isinstance(value, int) and not isinstance(value, bool)
+                and field.low <= value <= field.high)
+    if kind == "text":
+        return isinstance(value, str) and field.low <= len(value) <= field.high
+    if kind == "flag":
+        return isinstance(value, bool)
+    if kind == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "words":
+        return isinstance(value, list) and len(value) <= field.high and all(
+            isinstance(w, str) and len(w) <= TEXT_MAX for w in value)
+    if kind == "names":
+        return isinstance(value, dict) and len(value) <= 64 and all(
+            isinstance(k, str) and isinstance(x, str) and len(k) <= field.high
+            and len(x) <= field.high for k, x in value.items())
+    return kind == "any"
+
+
+def limits(name: str) -> str:
+    """What ``name`` may hold, in words (for error messages)."""
+    field = FIELDS[name]
+    if field.kind != "int":
+        return f"a {field.kind}"
+    upper = f" and <= {field.high}" if field.high < INT64_MAX else ""
+    none = " or None" if field.nullable else ""
+    return f"an integer >= {field.low}{upper}{none}"
+
+
+def check(name: str, value: Any) -> None:
+    """Raise ValueError unless ``value`` is acceptable for the hello field ``name``."""
+    if not accepts(FIELDS[name], value):
+        raise ValueError(f"{name} must be {limits(name)}, got {value!r}")
+
+
+def setting(body: dict[str, Any], name: str) -> Any:
+    """The value of field ``name`` in the hello ``body``, its default when absent.
+
+    Raises ValueError when the value is not acceptable.
+    """
+    value = body.get(name, FIELDS[name].default)
+    check(name, value)
+    return value

@@ -1,0 +1,336 @@
+"""The iteration model of one run as a state machine: epochs, validation passes and the
+iterations inside them, turned into loop records and context slots.
+
+An iteration runs from fetching its batch to fetching the next (or leaving the loop);
+every iteration that holds anything ends with exactly one loop record, complete or
+flagged incomplete, so nothing of it can move into a later one (docs/iteration-model.md).
+``markers.run.Run`` owns one ``Iterations`` and drives it from its loop drivers, hooks
+and callbacks.
+
+How an iteration ends, one verb each:
+
+* ``end_iteration`` / ``end_full_step``: whole, now (its loop record);
+* ``cut_open``: cut short now (flagged incomplete, or forgotten when nothing names it);
+* ``defer_left_loop``: a loop was left; whole or cut is decided later by
+  ``settle_left_loops``, at the next primitive (cut when an exception reached it);
+* ``_close_at_boundary``: at an epoch, pass or run end: whole when it held a batch and
+  nothing failed, else cut;
+* ``close_all``: at finish, everything still open (epochs and passes too);
+* ``_send_loop_record``: the one place a loop record is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from time import perf_counter_ns
+
+from markers import wire
+from markers.buffer import RecordBuffer
+
+GPU_CHECK_EVERY = 100  # steps between checks whether the script started using CUDA
+
+Context = tuple[int, int, int, int]  # (flags, epoch, iteration, batch)
+
+
+class OpenIteration:
+    """An iteration begun and not yet ended: where it started, its context slot, the
+    batches it held and the time it was suspended (a validation inside it)."""
+
+    __slots__ = ("batches", "context", "excluded_ns", "recorded", "start_ns", "validation")
+
+    def __init__(self, validation: bool, start_ns: int, context: Context) -> None:
+        self.validation = validation
+        self.start_ns = start_ns
+        self.context = context
+        self.batches = 0
+        self.excluded_ns = 0
+        self.recorded = False  # phases recorded in it before a suspension
+
+
+class Span:
+    """A context manager over a begin/end pair of primitives (epoch, validation); an
+    exception leaving it ends the span as cut short (``failed``)."""
+
+    __slots__ = ("_begin", "_end")
+
+    def __init__(self, begin: Callable[[], None], end: Callable[[bool], None]) -> None:
+        self._begin, self._end = begin, end
+
+    def __enter__(self) -> Span:
+        self._begin()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
+        self._end(exc_type is not None)
+
+
+class Iterations:
+    """The epochs, validation passes and iterations of one run. Times are
+    ``perf_counter_ns``. ``check_gpu`` is called every ``GPU_CHECK_EVERY`` training
+    iterations until GPU timing started (the script may start using CUDA late)."""
+
+    __slots__ = ("_buffer", "_check_gpu", "_context", "_epoch_start_ns", "_left",
+                 "_suspended", "_validation_start_ns", "boundary_ns", "counts", "epoch",
+                 "net_batches", "open")
+
+    def __init__(self, buffer: RecordBuffer, first_epoch: int,
+                 check_gpu: Callable[[], None]) -> None:
+        self._buffer = buffer
+        self._check_gpu = check_gpu
+        self.epoch = first_epoch  # epochs continue across resumes
+        self._epoch_start_ns = 0  # 0: no epoch open
+        self._validation_start_ns = 0  # 0: no validation pass open
+        self.boundary_ns = 0  # the latest begin or end of an epoch or validation pass
+        self.counts = [0, 0]  # training, validation iterations so far (by `validation`)
+        self.net_batches = 0  # batches that went through the network in this process
+        self.open: OpenIteration | None = None
+        self._suspended: tuple[OpenIteration, int] | None = None  # (iteration, since ns)
+        self._left: list[tuple[OpenIteration, int]] = []  # loops left: (iteration, end ns)
+        self._context: Context = (0, self.epoch, -1, 0)
+        buffer.set_context(*self._context)
+
+    @property
+    def in_validation(self) -> bool:
+        """True between ``begin_validation`` and ``end_validation``."""
+        return self._validation_start_ns != 0
+
+    # -- epochs and validation passes -------------------------------------------------
+
+    def begin_epoch(self) -> None:
+        """An epoch starts now (an epoch still open is cut short)."""
+        self.settle_left_loops()
+        now_ns = perf_counter_ns()
+        if self._epoch_start_ns:
+            self._record_in(self._context, wire.FLAG_INCOMPLETE, wire.EPOCH,
+                            self._epoch_start_ns, now_ns)
+        self._epoch_start_ns = self.boundary_ns = now_ns
+        self._record_in(self._context, wire.FLAG_BEGIN, wire.EPOCH, now_ns, now_ns)
+
+    def end_epoch(self, failed: bool = False) -> None:
+        """The epoch ends now: one Epoch record (flagged incomplete when ``failed``); an
+        iteration still open ends with it; sends what is buffered."""
+        self.settle_left_loops(failed)
+        end_ns = self.boundary_ns = perf_counter_ns()
+        self._close_at_boundary(failed, end_ns)
+        if self._epoch_start_ns:
+            self._record_in(self._context, wire.FLAG_INCOMPLETE if failed else 0, wire.EPOCH,
+                            self._epoch_start_ns, end_ns)
+        self._epoch_start_ns = 0
+        self.epoch += 1
+        self.set_outside()
+        self._buffer.flush()
+
+    def begin_validation(self) -> None:
+        """A validation pass starts now; it suspends an open training iteration."""
+        self.settle_left_loops()
+        now_ns = perf_counter_ns()
+        if self._validation_start_ns:
+            self._record_in(self._context, wire.FLAG_INCOMPLETE, wire.VALIDATION,
+                            self._validation_start_ns, now_ns)
+        self.suspend(now_ns)
+        self._validation_start_ns = self.boundary_ns = now_ns
+        self._record_in(self._context, wire.FLAG_BEGIN, wire.VALIDATION, now_ns, now_ns)
+
+    def end_validation(self, failed: bool = False) -> None:
+        """The validation pass ends now (flagged incomplete when ``failed``); the training
+        iteration it suspended goes on; sends what is buffered."""
+        self.settle_left_loops(failed)
+        end_ns = self.boundary_ns = perf_counter_ns()
+        if self.open is not None and self.open.validation:
+            self._close_at_boundary(failed, end_ns)
+        if self._validation_start_ns:
+            self._record_in(self._context, wire.FLAG_INCOMPLETE if failed else 0,
+                            wire.VALIDATION, self._validation_start_ns, end_ns)
+        self._validation_start_ns = 0
+        self.resume(end_ns)
+        self._buffer.flush()
+
+    # -- iterations -------------------------------------------------------------------
+
+    def begin_iteration(self, validation: bool = False,
+                        start_ns: int | None = None) -> OpenIteration:
+        """An iteration starts at ``start_ns`` (default now); returns it (the open one).
+        One of the same kind still open is cut short; a validation iteration inside a
+        training one suspends it."""
+        if start_ns is None:
+            start_ns = perf_counter_ns()
+        if self._left:
+            self.settle_left_loops()
+        if self.open is not None:
+            if validation and not self.open.validation:
+                self.suspend(start_ns)
+            else:
+                self.cut_open(start_ns)
+        elif not validation and self._suspended is not None:
+            self.resume(start_ns)  # the suspended one was never ended: cut it short
+            self.cut_open(start_ns)
+        context = (wire.FLAG_IN_ITERATION | (wire.FLAG_VALIDATION if validation else 0),
+                   self.epoch, self.counts[validation], self.net_batches)
+        self.open = iteration = OpenIteration(validation, start_ns, context)
+        self._set_context(*context)
+        return iteration
+
+    def data_loaded(self, start_ns: int, end_ns: int | None = None) -> None:
+        """The open iteration's batch was fetched from ``start_ns`` to ``end_ns`` (default
+        now): one Training (or Validation) data loading phase."""
+        validation = self.open.validation if self.open is not None else False
+        self._buffer.record(wire.VALIDATION_DATA_LOADING if validation
+                            else wire.TRAINING_DATA_LOADING, start_ns,
+                            perf_counter_ns() if end_ns is None else end_ns)
+
+    def batch_done(self) -> None:
+        """A batch went through the network (warmup; the open iteration's batches)."""
+        self.net_batches += 1
+        if self.open is not None:
+            self.open.batches += 1
+
+    def end_iteration(self, end_ns: int | None = None) -> None:
+        """The open iteration ends whole at ``end_ns`` (default now); phases after it are
+        outside any iteration. Without an open iteration, nothing happens."""
+        iteration = self.open
+        if iteration is None:
+            return
+        self.open = None
+        self._send_loop_record(iteration, perf_counter_ns() if end_ns is None else end_ns, 0)
+        self.set_outside()
+
+    def end_full_step(self, iteration: OpenIteration) -> None:
+        """``iteration`` (the open one) held all its batches: it ends whole now, and the
+        context stays as it is, since the loop begins the next iteration at once."""
+        self.open = None
+        self._send_loop_record(iteration, perf_counter_ns(), 0)
+
+    def leave_iteration(self) -> None:
+        """Phases from now on are outside any iteration; one still open (or suspended) is
+        cut short."""
+        self.settle_left_loops()
+        now_ns = perf_counter_ns()
+        if self.open is not None:
+            self.cut_open(now_ns)
+        if self._suspended is not None:
+            self.resume(now_ns)
+            self.cut_open(now_ns)
+        self.set_outside()
+
+    def cut_open(self, end_ns: int) -> None:
+        """Cut the open iteration short at ``end_ns``: flagged incomplete when anything
+        belongs to it, else forgotten (nothing on the wire names it)."""
+        iteration = self.open
+        if iteration is None:
+            return
+        self.open = None
+        if iteration.batches or iteration.recorded or (
+                iteration.context == self._context and self._buffer.recorded_since_context()):
+            self._send_loop_record(iteration, end_ns, wire.FLAG_INCOMPLETE)
+        self.set_outside()
+
+    def defer_left_loop(self, end_ns: int) -> None:
+        """A loop was left (``break``, or an exception in its body): its open iteration
+        ends at ``end_ns``, whole or cut as the next primitive tells
+        (``settle_left_loops``)."""
+        iteration = self.open
+        if iteration is None:
+            return
+        self.open = None
+        self._left.append((iteration, end_ns))
+        self.set_outside()
+
+    def settle_left_loops(self, failed: bool = False) -> None:
+        """Decide the iterations of loops left since the last primitive: cut short when
+        ``failed`` (an exception reached an epoch, a pass or the run), else whole."""
+        if self._left:
+            left, self._left = self._left, []
+            for iteration, end_ns in left:
+                self._send_loop_record(iteration, end_ns, wire.FLAG_INCOMPLETE if failed else 0)
+
+    def close_all(self, failed: bool, end_ns: int) -> None:
+        """At finish: settle, end what is open (an epoch or pass never ended is cut)."""
+        self.settle_left_loops(failed)
+        if self.open is not None and self.open.validation:
+            self._close_at_boundary(failed, end_ns)
+        self._close_at_boundary(failed, end_ns)
+        for phase, start_ns in ((wire.VALIDATION, self._validation_start_ns),
+                                (wire.EPOCH, self._epoch_start_ns)):
+            if start_ns:
+                self._record_in(self._context, wire.FLAG_INCOMPLETE, phase, start_ns, end_ns)
+        self._validation_start_ns = self._epoch_start_ns = 0
+
+    def _close_at_boundary(self, failed: bool, end_ns: int) -> None:
+        """At the end of an epoch, a pass or the run: an iteration still open (or
+        suspended) ends there, whole when it held a batch and nothing failed, else cut."""
+        if self._suspended is not None and self.open is None:
+            self.resume(end_ns)
+        iteration = self.open
+        if iteration is None:
+            return
+        if iteration.batches and not failed:
+            self.end_iteration(end_ns)
+        else:
+            self.cut_open(end_ns)
+
+    def suspend(self, now_ns: int) -> bool:
+        """Suspend the open training iteration (a validation inside it); True if one was."""
+        iteration = self.open
+        if iteration is None or iteration.validation or self._suspended is not None:
+            return False
+        iteration.recorded |= self._buffer.recorded_since_context()
+        self._suspended = (iteration, now_ns)
+        self.open = None
+        self.set_outside()
+        return True
+
+    def resume(self, now_ns: int) -> None:
+        """Go on with the suspended training iteration; the time away is excluded."""
+        if self._suspended is None:
+            return
+        if self.open is not None:  # a validation iteration left open inside it
+            self.cut_open(now_ns)
+        iteration, since_ns = self._suspended
+        self._suspended = None
+        iteration.excluded_ns += now_ns - since_ns
+        self.open = iteration
+        self._set_context(*iteration.context)
+
+    def exclude_since(self, start_ns: int) -> None:
+        """Keep the time since ``start_ns`` (a checkpoint, a state request) out of the open
+        iteration: its loop record's end moves back by it (its start, and its number,
+        which hooks compare, stay the same)."""
+        if self.open is not None:
+            self.open.excluded_ns += perf_counter_ns() - start_ns
+
+    # -- records and contexts ---------------------------------------------------------
+
+    def set_outside(self) -> None:
+        """Phases from now on belong to no iteration."""
+        self._set_context(0, self.epoch, -1, self.net_batches)
+
+    def _set_context(self, flags: int, epoch: int, iteration: int, batch: int) -> None:
+        self._context = (flags, epoch, iteration, batch)
+        self._buffer.set_context(flags, epoch, iteration, batch)
+
+    def _record_in(self, context: Context, flags: int, tag: int, start_ns: int,
+                   end_ns: int) -> None:
+        """Record one slot under ``context`` with ``flags`` added, then go back to the
+        current context (epoch spans, flagged and late loop records)."""
+        buffer = self._buffer
+        if self.open is not None:
+            self.open.recorded |= buffer.recorded_since_context()
+        context_flags, epoch, iteration, batch = context
+        buffer.set_context(context_flags | flags, epoch, iteration, batch)
+        buffer.record(tag, start_ns, end_ns)
+        buffer.set_context(*self._context)
+
+    def _send_loop_record(self, iteration: OpenIteration, end_ns: int, flags: int) -> None:
+        """Write ``iteration``'s loop record (its batch count in the tag; its suspended
+        time taken off its end, so the wall time excludes it) and count it."""
+        validation = iteration.validation
+        tag = wire.LOOP_ID[validation] | iteration.batches << wire.BATCHES_SHIFT
+        end_ns = max(end_ns - iteration.excluded_ns, iteration.start_ns)
+        if not flags and iteration.context == self._context:
+            self._buffer.record(tag, iteration.start_ns, end_ns)
+        else:
+            self._record_in(iteration.context, flags, tag, iteration.start_ns, end_ns)
+        self.counts[validation] += 1
+        if not validation and self._buffer.gpu is None \
+                and self.counts[False] % GPU_CHECK_EVERY == 0:
+            self._check_gpu()

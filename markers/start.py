@@ -1,0 +1,203 @@
+"""``markers.start_run``: connect to a sidecar (or start a private one), announce the run
+with its hello and hand back the ``Run`` (a ``NullRun`` when monitoring cannot even be
+attempted); ``current_run`` is the run started last in this process.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import getpass
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from markers import secret as shared_secret
+from markers import wire
+from markers.cuda import check_device_spec
+from markers.endpoints import check, connect_address, ipc_path, private_endpoint
+from markers.hello import FIELDS
+from markers.hello import check as check_field
+from markers.run import NullRun, Run
+from markers.transport import Sender
+
+VERSION = "0.1.0"  # the markers' version, sent in the hello (``markers.__version__``)
+
+CONNECT_TIMEOUT_S = 5.0
+PRIVATE_START_TIMEOUT_S = 20.0  # a fresh interpreter importing the sidecar on a busy machine
+
+_current: list[Run | NullRun] = []  # the run started last in this process
+
+
+def current_run() -> Run | NullRun | None:
+    """The run ``start_run`` returned last in this process (None before any): what
+    ``instrument()`` uses when it is not given a run."""
+    return _current[-1] if _current else None
+
+
+def _rank(given: int | None = None) -> int:
+    if given is not None:
+        return given
+    for variable in ("RANK", "LOCAL_RANK"):
+        value = os.environ.get(variable, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+def _versions() -> dict[str, str]:
+    versions = {"python": sys.version.split()[0], "markers": VERSION}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        versions["torch"] = str(torch.__version__)
+    return versions
+
+
+def _start_private_sidecar(secret: str) -> tuple[str, subprocess.Popen[bytes]]:
+    """Start a sidecar for this process alone, serving only holders of ``secret``; it
+    stops when we finish or die."""
+    endpoint = private_endpoint()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sidecar", "serve", "--quiet", "--endpoint", endpoint,
+         "--owner-pid", str(os.getpid())],
+        stdin=subprocess.DEVNULL, env={**os.environ, shared_secret.ENV: secret},
+        start_new_session=True,  # a Ctrl-C to the job must not kill it before it writes
+    )
+    return endpoint, process
+
+
+def _stop_private_sidecar(endpoint: str, process: subprocess.Popen[bytes]) -> None:
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=5.0)
+    except subprocess.TimeoutExpired:
+        process.kill()
+    socket_file = ipc_path(endpoint)
+    with contextlib.suppress(OSError):  # not empty or already gone: leave it
+        if socket_file is not None:
+            socket_file.parent.rmdir()
+
+
+def _endpoint(given: str | None) -> tuple[str, str | None, subprocess.Popen[bytes] | None,
+                                         float]:
+    """Where to connect, the secret to show there (None: none), the private sidecar
+    started for it (or None) and how long to wait for it. Raises ValueError for an
+    endpoint that cannot be used, OSError or UnsafeFolder (a RuntimeError) for an unusable
+    runtime folder.
+    """
+    from_environment = os.environ.get("SIDECAR_ENDPOINT")
+    endpoint = given or from_environment
+    if endpoint:
+        # The secret goes with the endpoint `sidecar run` set, never to another sidecar.
+        secret = os.environ.get(shared_secret.ENV) if endpoint == from_environment else None
+        return connect_address(check(endpoint)), secret, None, CONNECT_TIMEOUT_S
+    secret = shared_secret.new()
+    endpoint, private = _start_private_sidecar(secret)
+    return endpoint, secret, private, PRIVATE_START_TIMEOUT_S
+
+
+def start_run(out_dir: str | os.PathLike[str] = "maps",
+              split: int = FIELDS["split"].default,
+              warmup_iterations: int = FIELDS["warmup_iterations"].default,
+              num_measurements: int = FIELDS["num_measurements"].default,
+              train_batch_size: int | None = FIELDS["train_batch_size"].default,
+              val_batch_size: int | None = FIELDS["val_batch_size"].default,
+              accumulation_steps: int = FIELDS["accumulation_steps"].default,
+              resume: bool = FIELDS["resume"].default,
+              endpoint: str | None = None, rank: int | None = None,
+              device: Any = None) -> Run | NullRun:
+    """Start monitoring one split of a training run and return its ``Run``.
+
+    Connects to the sidecar at ``endpoint``, else ``$SIDECAR_ENDPOINT``, else starts a
+    private sidecar subprocess. Returns once the sidecar acknowledged the run (a few
+    seconds at most); when none answers, one RuntimeWarning says so and the run goes on
+    unmonitored (records are dropped and counted; a sidecar that appears later on the
+    endpoint picks the run up). ``resume`` continues the split from the state the sidecar
+    saved at the last ``checkpoint()``. ``rank`` is the process's rank in a distributed
+    run (default: ``$RANK``, else ``$LOCAL_RANK``, else 0; framework callbacks pass the
+    trainer's). Times are measured with ``time.perf_counter_ns``.
+
+    ``device`` says which CUDA device GPU timing uses: an index, ``"cuda:N"``, a
+    ``torch.device``, a tensor, or the model (where its parameters live). Without it the
+    device where the process holds memory is timed, else ``LOCAL_RANK``'s, else the
+    current one (``docs/gpu-timing.md``).
+
+    An endpoint or runtime folder that cannot be used at all gives one RuntimeWarning and a
+    ``NullRun`` (the same interface; nothing is measured).
+
+    Raises ValueError for a setting outside the hello's limits (``markers.hello``: a
+    negative split or warmup, a cap, batch size or accumulation below 1, a ``resume``
+    that is not a bool), a negative rank, or a ``device`` that cannot name a CUDA
+    device.
+    """
+    settings = {"split": split, "warmup_iterations": warmup_iterations,
+                "num_measurements": num_measurements, "train_batch_size": train_batch_size,
+                "val_batch_size": val_batch_size, "accumulation_steps": accumulation_steps,
+                "resume": resume}
+    for name, value in settings.items():
+        try:
+            check_field(name, value)
+        except ValueError as exc:
+            raise ValueError(f"start_run: {exc}") from None
+    if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 0):
+        raise ValueError(f"start_run: rank must be an integer >= 0 or None, got {rank!r}")
+    check_device_spec(device)
+    try:
+        endpoint, secret, private, timeout_s = _endpoint(endpoint)
+        sender = Sender(endpoint, os.urandom(16), _rank(rank), secret)
+    except (OSError, RuntimeError, ValueError, zmq.ZMQError) as exc:
+        # A configuration we cannot use must never stop the training script.
+        warnings.warn(f"markers: unusable sidecar configuration ({type(exc).__name__}: "
+                      f"{exc}); this run is not monitored, training goes on", RuntimeWarning,
+                      stacklevel=2)
+        _current[:] = [NullRun()]
+        return _current[0]
+    # Training time starts when the run is ready: a private sidecar's start-up is not training.
+    connected = sender.wait_connected(timeout_s)
+    hello = {
+        "type": wire.HELLO, "out_dir": os.fspath(out_dir), "cwd": os.getcwd(), **settings,
+        "host": socket.gethostname(), "pid": os.getpid(), "user": getpass.getuser(),
+        "job_id": os.environ.get("SLURM_JOB_ID"), "command": [sys.executable, *sys.argv],
+        "start_unix": time.time(), "start_ns": time.perf_counter_ns(), "versions": _versions(),
+    }
+    reply = sender.request(hello, timeout_s) if connected else None
+    on_close = None
+    if private is not None:
+        def on_close() -> None:
+            _stop_private_sidecar(endpoint, private)
+    if reply is not None and not reply.get("ok"):
+        # Refused (an out_dir it may not write, a malformed hello): nothing this run sends
+        # would be kept, so it sends nothing more.
+        sender.close()
+        if on_close is not None:
+            on_close()
+        warnings.warn(f"markers: the sidecar at {endpoint} refused this run "
+                      f"({reply.get('error')}); this run is not monitored, training goes on",
+                      RuntimeWarning, stacklevel=2)
+        _current[:] = [NullRun()]
+        return _current[0]
+    monitored = reply is not None
+    if reply is None:
+        reason = sender.last_failure if connected else (f"none connected within "
+                                                        f"{timeout_s:.0f} s")
+        warnings.warn(f"markers: no answer from a sidecar at {endpoint} ({reason}); records "
+                      "are dropped and counted until one answers, training goes on",
+                      RuntimeWarning, stacklevel=2)
+    elif reply.get("warning"):
+        warnings.warn(f"markers: {reply['warning']}", RuntimeWarning, stacklevel=2)
+    first_epoch = reply.get("epoch") if reply is not None else 0
+    run = Run(sender, hello, monitored, on_close,
+              first_epoch if isinstance(first_epoch, int) else 0, device)
+    folder = reply.get("out_dir") if reply is not None else None
+    run.out_dir = Path(folder) if isinstance(folder, str) else None
+    atexit.register(run.close_at_exit)
+    _current[:] = [run]
+    return run
