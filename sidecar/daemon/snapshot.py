@@ -4,12 +4,16 @@
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
+from sidecar.ingest.streams import Registry
 from sidecar.model.aggregator import RankAggregator
 from sidecar.model.split import Split
-from sidecar.resources.monitor import SplitResources
+from sidecar.resources.monitor import ResourceMonitor, SplitResources
 from sidecar.resources.samplers.nvml import GpuSample
 
 
@@ -139,7 +143,7 @@ def _gpu_view(sample: GpuSample, first_energy_j: float | None) -> GpuView:
 def split_view(split: Split, resources: SplitResources | None) -> SplitView:
     """The view of ``split`` with its running resource figures (loop thread only)."""
     first = split.ranks.get(0) or next(iter(split.ranks.values()), None)
-    lost = sum(split.lost.values())
+    counts = split.record_counts()
     info = split.info
     gpus: tuple[GpuView, ...] = ()
     cpu_s = rss_mib = None
@@ -153,7 +157,32 @@ def split_view(split: Split, resources: SplitResources | None) -> SplitView:
         user=str(info.get("user") or ""), host=str(info.get("host") or ""),
         slurm_job_id=str(info.get("job_id") or ""), split=split.split, status=split.status,
         ranks=tuple(_rank_view(split.ranks[r]) for r in sorted(split.ranks)),
-        records={"received": sum(split.received.values()) - lost,
-                 "dropped": sum(split.dropped.values()), "lost": lost,
-                 "rejected": split.rejected},
+        records={"received": counts.received, "dropped": counts.dropped,
+                 "lost": counts.lost, "rejected": counts.rejected},
         gpus=gpus, cpu_s=cpu_s, rss_mib=rss_mib)
+
+
+def take(registry: Registry, monitor: ResourceMonitor, endpoint: str, root: Path | None,
+         interval_s: float, rate_since: tuple[float, int]) -> Snapshot:
+    """The snapshot of this moment (loop thread only). ``rate_since`` is (monotonic s,
+    records received then): the record rate is the mean since that point."""
+    now = time.monotonic()
+    then, before = rate_since
+    gpu_off = monitor.gpu_off_reason
+    counts = registry.status()
+    return Snapshot(
+        pid=os.getpid(), endpoint=endpoint, root=str(root) if root else None,
+        taken_unix=time.time(), loop_monotonic=now,
+        sampler_round_monotonic=monitor.last_round_monotonic,
+        samplers_started=monitor.started(),
+        records=registry.records_received, dropped=counts["dropped"],
+        lost=counts["lost"], rejected=counts["rejected"],
+        rejected_by_kind=counts["rejected_by_kind"], last_error=registry.last_error,
+        records_per_s=(registry.records_received - before) / (now - then)
+        if now > then else 0.0,
+        rate_window_s=now - then,
+        samplers={"host": "on", "gpu": "on" if gpu_off is None else f"off ({gpu_off})",
+                  "interval_s": interval_s, "gpus": monitor.gpu_status()},
+        runs=tuple(RunView(**run) for run in counts["runs"]),
+        splits=tuple(split_view(split, monitor.live(split))
+                     for split in registry.splits.values()))

@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector
 
 from markers import wire
 from sidecar.daemon.snapshot import Snapshot, SplitView
-from sidecar.model.split import STATUS_ORDER
+from sidecar.model.split import SPLIT_STATUS_ORDER
 from sidecar.model.units import BYTES_PER_MIB
 
 log = logging.getLogger("sidecar")
@@ -119,7 +119,7 @@ class SnapshotCollector(Collector):
                 rss.add_metric(run, view.rss_mib * BYTES_PER_MIB)
             for outcome, count in view.records.items():
                 records.add_metric([*run, outcome], count)
-        for status in STATUS_ORDER:
+        for status in SPLIT_STATUS_ORDER:
             runs.add_metric([status], sum(1 for v in splits if v.status == status))
         yield from (wall, gpu, samples, *gauges.values(), energy, cpu, rss, records, runs)
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from markers import wire
-from sidecar.ingest.streams import PENDING_RECORDS, PENDING_S, Registry
+from sidecar.ingest.pending import PENDING_RECORDS, PENDING_S
+from sidecar.ingest.streams import Registry
 from tests.support.frames import Client
 
 
