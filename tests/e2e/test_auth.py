@@ -8,11 +8,16 @@ counted, and nothing it sends is read, let alone written. Run folders at absurd 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import zmq
 
@@ -125,6 +130,33 @@ def test_a_refused_run_says_so_and_stops_sending(serve, short_tmp: Path) -> None
     assert "not reachable" not in warned[0]
     assert sidecar.status()["rejected_by_kind"] == {"refused": 1}  # no flood of unknown_run
     assert not elsewhere.exists()
+
+
+def test_waiting_for_a_sidecar_without_the_cpu_leaves_no_reject_behind(
+        serve, short_tmp: Path) -> None:
+    """A sidecar that gets no CPU while it starts (frozen here right after it binds, as a
+    loaded machine does by chance) counts nothing from the clients that wait for it: the
+    fixture's one client waits through it, none hangs up in the middle of its handshake
+    (which the sidecar would count as a ``handshake`` reject, and the exact reject counts
+    asserted above would go one too high)."""
+    sock = short_tmp / "s.sock"
+    frozen_s = 2.0  # longer than a status request's default timeout
+
+    def freeze_once_bound() -> None:
+        wait_for(sock.exists, 30, "the sidecar to bind", interval_s=0.005)
+        (pid,) = [child.pid for child in psutil.Process().children()
+                  if "serve" in child.cmdline()]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(frozen_s)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+    freezer = threading.Thread(target=freeze_once_bound)
+    freezer.start()
+    sidecar = serve()
+    freezer.join()
+    assert sidecar.status()["rejected_by_kind"] == {}
 
 
 
