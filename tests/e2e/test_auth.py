@@ -25,6 +25,7 @@ from markers import secret as shared_secret
 from tests.support.frames import Client
 from tests.support.helpers import (
     JOB,
+    SAME_PRIORITY,
     env,
     progress,
     run_json,
@@ -164,8 +165,11 @@ def test_status_of_a_jobs_own_sidecar_from_another_terminal_of_its_user(
         short_tmp: Path) -> None:
     stop = short_tmp / "stop"
     sidecar = subprocess.Popen(
-        sidecar_command("run", "--quiet", "--", sys.executable, str(JOB), "--out-dir", "maps",
-                        "--stop-file", str(stop), "--progress", str(short_tmp / "p.json")),
+        # at the job's priority: at +10 on a loaded machine it answers after the 5 s of
+        # `sidecar status` (tests/e2e/test_priority.py checks the default)
+        sidecar_command("run", "--quiet", *SAME_PRIORITY, "--", sys.executable, str(JOB),
+                        "--out-dir", "maps", "--stop-file", str(stop), "--progress",
+                        str(short_tmp / "p.json")),
         cwd=short_tmp, env=env(XDG_RUNTIME_DIR=str(short_tmp)), stdin=subprocess.DEVNULL)
     try:
         wait_for(lambda: progress(short_tmp / "p.json").get("epochs"), 60, "the job to train")
