@@ -40,14 +40,14 @@ from bench.common import headline  # noqa: E402
 from bench.results import machine_line, write_section  # noqa: E402
 from bench.synthetic import training_records  # noqa: E402
 from sidecar.model.aggregator import Settings  # noqa: E402
-from sidecar.model.split import Split  # noqa: E402
+from sidecar.model.split import RecordCounts, Split  # noqa: E402
 from sidecar.resources.monitor import ResourceFigures  # noqa: E402
 from sidecar.sinks import writer  # noqa: E402
 
 TARGET_S = 1.0
 STEP = 1_000  # iterations between the measured checkpoints
 FIGURES = ResourceFigures([], None, "benchmark", {}, [], [], 0)
-COUNTS = writer.RecordCounts(0, 0, 0, 0, None)
+COUNTS = RecordCounts(0, 0, 0, 0, None)
 
 
 @dataclass

@@ -16,8 +16,10 @@ from typing import Any
 
 from markers import wire
 from sidecar.daemon import schema
+from sidecar.ingest import payload, resume
 from sidecar.ingest.peers import Peer
-from sidecar.ingest.streams import Registry, Stream
+from sidecar.ingest.stream import Stream
+from sidecar.ingest.streams import Registry
 from sidecar.model import state
 from sidecar.model.split import Split
 from sidecar.resources.monitor import ResourceMonitor
@@ -88,17 +90,17 @@ class Dispatcher:
         return None
 
     def _state(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
-        return self.registry.state_of(stream)
+        return resume.state_of(stream)
 
     def _part(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
-        self.registry.add_part(stream, body)
+        payload.add_part(stream, body)
         return None
 
     def _load_state(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
         if "payload_bytes" not in body:  # small enough to travel inline
             return self.registry.load_state(stream, body.get("state"))
         try:
-            saved = self.registry.take_payload(stream, body["payload_bytes"])
+            saved = payload.take_payload(stream, body["payload_bytes"])
         except state.StateError as exc:
             return {"ok": False, "error": str(exc)}
         if not schema.finite(saved):  # a body is checked whole; a payload is checked here

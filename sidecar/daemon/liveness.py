@@ -24,3 +24,10 @@ def describe_exit(returncode: int) -> str:
             name = "unknown signal"
         return f"killed by signal {-returncode} ({name})"
     return f"exited with status {returncode}"
+
+
+def gone_cause(pid: int) -> str:
+    """The cause of a run whose process ended without finishing it (no exit status known:
+    not our child)."""
+    return (f"process {pid} ended without finish() (killed, e.g. by SIGKILL or the "
+            "out-of-memory killer, or it exited without closing the run)")

@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector
 
 from markers import wire
 from sidecar.daemon.snapshot import Snapshot, SplitView
-from sidecar.model.split import STATUS_ORDER
+from sidecar.model.split import SPLIT_STATUS_ORDER
 from sidecar.resources import fields
 
 log = logging.getLogger("sidecar")
@@ -84,7 +84,7 @@ class SnapshotCollector(Collector):
                                 "Unix time (absent while it runs)", labels=RUN_LABELS)
         for view in splits:
             run = _run_labels(view)
-            for name in STATUS_ORDER:
+            for name in SPLIT_STATUS_ORDER:
                 state.add_metric([*run, name], float(name == view.status))
             for family, unix in ((start, view.start_unix), (end, view.end_unix)):
                 if unix is not None:
@@ -108,7 +108,7 @@ class SnapshotCollector(Collector):
                 host_families[name].add_metric(run, value)
             for outcome, count in view.records.items():
                 records.add_metric([*run, outcome], count)
-        for status in STATUS_ORDER:
+        for status in SPLIT_STATUS_ORDER:
             runs.add_metric([status], sum(1 for v in splits if v.status == status))
         job_ids = CounterMetricFamily("trainmon_job_ids_dropped", "Slurm job ids of hellos "
                                       "not believed: the process belongs to no such job")

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sidecar.ingest.hello import Refused
 from sidecar.ingest.peers import Peer
-from sidecar.ingest.streams import Refused
 
 
 def absurd(folder: Path, root: Path | None = None) -> str | None:

@@ -8,39 +8,39 @@ every ``TICK_S`` to check signals, processes and retries, so it reacts within 2 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
 import signal
-import subprocess
 import time
-from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from markers import secret as shared_secret
+import numpy as np
+
 from markers import wire
 from sidecar.daemon import slurm_jobs
+from sidecar.daemon import snapshot as snapshots
+from sidecar.daemon.access import Access, claim_split
 from sidecar.daemon.dispatch import Dispatcher
+from sidecar.daemon.job import DEFAULT_NICE, Job, lower_priority
 from sidecar.daemon.lifecycle import Lifecycle
-from sidecar.daemon.liveness import describe_exit, pid_alive
-from sidecar.daemon.policy import OutDirPolicy
-from sidecar.daemon.snapshot import RunView, Snapshot, split_view
-from sidecar.daemon.users import ForeignFolder, acting_as, user_folder
-from sidecar.ingest.peers import Peer, user_name
+from sidecar.daemon.liveness import gone_cause, pid_alive
+from sidecar.daemon.snapshot import Snapshot
+from sidecar.ingest.hello import Refused
+from sidecar.ingest.peers import Peer
 from sidecar.ingest.receiver import HEARTBEAT_S, Incoming, Receiver
-from sidecar.ingest.streams import HOSTNAME, Claim, Refused, Registry, Stream
+from sidecar.ingest.stream import Stream
+from sidecar.ingest.streams import Registry
 from sidecar.model.split import Split
 from sidecar.resources.monitor import ResourceMonitor
 from sidecar.resources.samplers import DEFAULT_INTERVAL_S
 from sidecar.resources.samplers.nvml import open_nvml
 from sidecar.sinks import layout, resources_text, writer
 from sidecar.sinks.atomic import WriteBytes
-from sidecar.sinks.locks import Busy, SplitClaim
 
 log = logging.getLogger("sidecar")
 
@@ -50,11 +50,7 @@ RETRY_S = 5.0  # a failed write is retried this often (and at every checkpoint/f
 KEEP_ENDED_S = 600.0  # an ended split stays in memory (and in status) this long
 RATE_WINDOW_S = 10.0  # the status view's record rate is the mean over this trailing window
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
-# What a terminal (or the shell, on hangup) sends to its whole foreground process group:
-# a job sharing our group got it already.
-TERMINAL_SIGNALS = frozenset({signal.SIGINT, signal.SIGQUIT, signal.SIGHUP})
-# The sidecar yields the CPU to training: on a busy node its work waits, the loop's doesn't.
-DEFAULT_NICE = 10
+__all__ = ["DEFAULT_NICE", "Config", "Server", "serve"]  # DEFAULT_NICE: the command line's
 
 
 @dataclass(frozen=True)
@@ -78,24 +74,21 @@ class Server:
 
     Test seams are constructor parameters: ``open_gpus`` opens NVML (a fake on machines
     without a GPU), ``write_bytes`` puts bytes into an open file (a fake full disk), and
-    ``hooks`` receive the lifecycle calls (sd_notify, exporters).
+    ``hooks`` receive the lifecycle calls (sd_notify, exporters). ``job`` is the job of
+    ``sidecar run`` once started (``serve``): the sidecar stops when it ends.
     """
 
-    def __init__(self, config: Config, child: subprocess.Popen[bytes] | None = None, *,
-                 child_shares_group: bool = False, hooks: Sequence[Lifecycle] = (),
+    def __init__(self, config: Config, *, hooks: Sequence[Lifecycle] = (),
                  open_gpus: Callable[[str | None], Any] = open_nvml,
                  write_bytes: WriteBytes | None = None) -> None:
         self.config = config
-        self.child = child
-        # The job runs in our process group (attached to a terminal): signals the terminal
-        # sends reach it without us.
-        self.child_shares_group = child_shares_group
+        self.job: Job | None = None
         self.hooks = list(hooks)
-        self.policy = OutDirPolicy(config.root, config.shared)
+        self.access = Access(config.root, config.shared)
         self._write_bytes = write_bytes
         self._waiting: tuple[bytes, Any] | None = None  # (identity, reply_to) being answered
-        self.registry = Registry(self.policy.resolve, self._on_stream, self._on_records,
-                                 writer.previous_activity, self._claim,
+        self.registry = Registry(self.access.policy.resolve, self._on_stream,
+                                 self._on_records, writer.previous_activity, claim_split,
                                  lambda stream: not stream.is_local() or pid_alive(stream.pid))
         # Bound first: an endpoint that cannot be served is refused before anything starts.
         self.receiver = Receiver(config.endpoint, self.registry, self._connection_lost,
@@ -106,7 +99,6 @@ class Server:
             all_splits_share_gpus=own_job, open_gpus=open_gpus)
         self.dispatcher = Dispatcher(self.registry, self.monitor, self.write, self.status_for,
                                      self.finish_job)
-        self.job_ids = slurm_jobs.JobIdCheck()  # checks the Slurm job ids of hellos (shared)
         self._signal: int | None = None
         self._gone: dict[bytes, float] = {}  # run id -> when its process was first seen gone
         # Runs whose hello was answered with a refusal: their connection ends, not dropped.
@@ -131,24 +123,7 @@ class Server:
             self.monitor.restore(split, *resources_text.read_samples(
                 split.logs_dir / layout.RESOURCES_FILE, run_start_ns, agg.sessions[-1].number))
 
-    def _claim(self, split_dir: Path) -> Claim | None:
-        """Claim a split's folder for this sidecar (one writer per split)."""
-        try:
-            return SplitClaim(split_dir)
-        except Busy as exc:
-            holder = exc.holder
-            runs = holder.get("ranks") if isinstance(holder.get("ranks"), dict) else {}
-            names = ", ".join(f"run {str(r.get('run_id'))[:8]} (pid {r.get('pid')})"
-                              for r in runs.values() if isinstance(r, dict)) or "another run"
-            raise Refused(f"{split_dir} is being written by {names} under the sidecar pid "
-                          f"{holder.get('sidecar_pid')} on {holder.get('host')}; one writer "
-                          "per split: this run is not monitored") from None
-        except OSError as exc:  # the writes will say it, and retry
-            log.warning("cannot claim %s (%s); writing it anyway when possible", split_dir,
-                        exc.strerror or exc)
-            return None
-
-    def _on_records(self, stream: Stream, values: array) -> None:
+    def _on_records(self, stream: Stream, values: np.ndarray) -> None:
         self.monitor.note_records(stream.split, stream.rank, values)
 
     def _connection_lost(self, run_id: bytes) -> bool:
@@ -170,29 +145,20 @@ class Server:
 
     # -- writing --------------------------------------------------------------------
 
-    def record_counts(self, split: Split) -> writer.RecordCounts:
-        """The record accounting of ``split`` for its summary."""
-        lost = sum(split.lost.values())
-        return writer.RecordCounts(
-            received=sum(split.received.values()) - lost,  # every session's, resumes too
-            dropped=sum(split.dropped.values()), lost=lost, rejected=split.rejected,
-            gpu_not_measured=sum(agg.gpu_not_measured for agg in split.ranks.values())
-            if split.gpus else None)
-
     def write(self, split: Split, with_state: bool = False) -> str | None:
         """Write ``split``'s files (on a shared daemon as the run's user); returns the
         error text, None on success."""
         owner = next((s.owner for s in self.registry.streams.values() if s.split is split),
                      None)
         try:
-            refusal = self.policy.refusal(split.split_dir, owner)
+            refusal = self.access.write_refusal(split.split_dir, owner)
             if refusal:
                 raise PermissionError(refusal)
             self.monitor.final_round(split)
             writer.load_modules()  # with the daemon's own identity, see there
-            with self._acting(owner):
+            with self.access.acting(owner):
                 writer.write_split(split, self.monitor.figures(split),
-                                   self.record_counts(split), with_state, self._write_bytes,
+                                   split.record_counts(), with_state, self._write_bytes,
                                    self._progress)
         except OSError as exc:
             # without the file name: it is a fresh temporary one at each try
@@ -221,45 +187,10 @@ class Server:
 
     # -- messages -------------------------------------------------------------------
 
-    def _acting(self, user: Peer | None) -> contextlib.AbstractContextManager[None]:
-        """On a shared daemon, file access as ``user`` within the block."""
-        if not self.config.shared or user is None:
-            return contextlib.nullcontext()
-        return acting_as(user.uid, user.gid)
-
     def _foreign(self, message: Incoming) -> str | None:
-        """Why the sender of ``message`` may not use this sidecar, or None. A daemon serves
-        its own user and root; a shared one serves every user the kernel names, each
-        only for their own runs. Without peer credentials (tcp) nobody is refused here.
-        """
-        peer = message.peer
-        if self.config.shared:
-            if peer is None:
-                return "a shared daemon serves only clients of its ipc socket"
-            stream = self.registry.streams.get(message.header.run_id)
-            if stream is not None and stream.owner is not None \
-                    and stream.owner.uid != peer.uid:
-                return f"run {stream.key} belongs to {stream.owner.name}, not {peer.name}"
-            return None
-        if peer is not None and peer.uid not in (os.geteuid(), 0):
-            return (f"user {peer.name} may not use the sidecar of {user_name(os.geteuid())}; "
-                    "use your own or the node's shared one")
-        return None
-
-    def _take_hello(self, run_id: bytes, body: dict[str, Any], peer: Peer | None) -> None:
-        """On a shared daemon: the kernel's user, pid and host replace what a hello
-        claims, its Slurm job id is kept only when the process belongs to that job, and the
-        user's folder is made (as root, before acting as the user)."""
-        if not self.config.shared or peer is None or body.get("type") != wire.HELLO:
-            return
-        body.update(user=peer.name, pid=peer.pid, host=HOSTNAME)
-        if run_id not in self.registry.streams:  # a known run's repeated hellos change nothing
-            body["job_id"] = self.job_ids.believed(body.get("job_id"), peer)
-        assert self.config.root is not None
-        try:
-            user_folder(self.config.root.resolve(), peer)
-        except (ForeignFolder, OSError) as exc:
-            raise Refused(str(exc)) from None
+        """Why the sender of ``message`` may not use this sidecar (``Access.foreign``)."""
+        return self.access.foreign(message.peer,
+                                   self.registry.streams.get(message.header.run_id))
 
     def handle(self, message: Incoming, now: float) -> None:
         """Dispatch one decoded message (refused when its sender may not use us)."""
@@ -275,8 +206,9 @@ class Server:
         if "reply_to" in body:
             self._waiting = (message.identity, body["reply_to"])
         try:
-            self._take_hello(message.header.run_id, body, message.peer)
-            with self._acting(message.peer):
+            self.access.take_hello(body, message.peer,
+                                   known=message.header.run_id in self.registry.streams)
+            with self.access.acting(message.peer):
                 reply = self.dispatcher.dispatch(message.header, body, now, message.peer)
         except wire.WireError as exc:
             self.registry.reject(exc.kind, str(exc))
@@ -324,7 +256,7 @@ class Server:
             foreign = self._foreign(message)
             if foreign is not None:
                 self.registry.reject("foreign_user", foreign)
-            else:
+            elif message.records is not None:
                 taken.append((message.header, message.records))
         if not taken:
             return
@@ -354,38 +286,16 @@ class Server:
 
     def publish(self) -> Snapshot:
         """Take and publish the snapshot of this moment (loop thread only)."""
-        now = time.monotonic()
-        registry = self.registry
-        then, before = self._rate_window[0]
-        gpu_off = self.monitor.gpu_off_reason
-        counts = registry.status()
-        self.snapshot = Snapshot(
-            pid=os.getpid(), endpoint=self.receiver.endpoint,
-            root=str(self.config.root) if self.config.root else None,
-            taken_unix=time.time(), loop_monotonic=now,
-            sampler_round_monotonic=self.monitor.last_round_monotonic,
-            samplers_started=self.monitor.started(),
-            records=registry.records_received, dropped=counts["dropped"],
-            lost=counts["lost"], rejected=counts["rejected"],
-            rejected_by_kind=counts["rejected_by_kind"], last_error=registry.last_error,
-            job_ids_dropped=self.job_ids.dropped,
-            records_per_s=(registry.records_received - before) / (now - then)
-            if now > then else 0.0,
-            rate_window_s=now - then,
-            samplers={"host": "on", "gpu": "on" if gpu_off is None else f"off ({gpu_off})",
-                      "interval_s": self.config.interval_s,
-                      "gpus": self.monitor.gpu_status()},
-            runs=tuple(RunView(**run) for run in counts["runs"]),
-            splits=tuple(split_view(split, self.monitor.live(split))
-                         for split in registry.splits.values()))
+        self.snapshot = snapshots.take(self.registry, self.monitor, self.receiver.endpoint,
+                                       self.config.root, self.config.interval_s,
+                                       self._rate_window[0], self.access.job_ids.dropped)
         return self.snapshot
 
     def status_for(self, caller: Peer | None) -> dict[str, Any]:
         """The status view for ``caller``: on a shared daemon a user other than root sees
         only their own runs (the counts stay the daemon's)."""
         view = self.publish().as_status()
-        if self.config.shared and caller is not None and caller.uid != 0:
-            view["runs"] = [run for run in view["runs"] if run["user"] == caller.name]
+        view["runs"] = [run for run in view["runs"] if self.access.may_see(caller, run["user"])]
         return view
 
     def finish_job(self, job_id: str, caller: Peer | None) -> dict[str, Any]:
@@ -395,13 +305,12 @@ class Server:
         was found gone just before (Slurm kills a job's processes before its epilog) take
         the job's end as their cause and are written again."""
         now = time.time()
-        every_user = not self.config.shared or caller is None or caller.uid == 0
         cause = f"Slurm job {job_id} ended"
         ended = 0
         for stream in list(self.registry.streams.values()):
             if stream.split.info.get("job_id") != job_id:
                 continue
-            if not every_user and (stream.owner is None or stream.owner.uid != caller.uid):
+            if not self.access.may_end(caller, stream):
                 continue
             if not stream.finished:
                 self._end_stream(stream, cause, now)
@@ -433,10 +342,8 @@ class Server:
 
     # -- processes ------------------------------------------------------------------
 
-    def _child_cause(self) -> str | None:
-        if self.child is None or self.child.poll() is None:
-            return None
-        return "job " + describe_exit(self.child.returncode)
+    def _job_cause(self) -> str | None:
+        return self.job.cause() if self.job is not None else None
 
     def check_processes(self, now: float) -> None:
         """Declare incomplete every local run whose process is gone without finishing."""
@@ -447,7 +354,7 @@ class Server:
             first_seen = self._gone.setdefault(stream.run_id, now)
             if now - first_seen < LIVENESS_S:
                 continue  # its last messages may still be on the way
-            cause = self._child_cause() or gone_cause(stream.pid)
+            cause = self._job_cause() or gone_cause(stream.pid)
             self._end_stream(stream, cause, now)
 
     def _end_stream(self, stream: Stream, cause: str, now: float) -> None:
@@ -457,23 +364,23 @@ class Server:
         self.write(stream.split)
 
     def _should_stop(self) -> bool:
-        if self._signal is not None and self.child is None:
+        if self._signal is not None and self.job is None:
             return True
-        if self.child is not None:
-            return self.child.poll() is not None
+        if self.job is not None:
+            return self.job.ended()
         owner = self.config.owner_pid
         return owner is not None and not pid_alive(owner)
 
     # -- loop -----------------------------------------------------------------------
 
     def _on_signal(self, signum: int, _frame: object) -> None:
-        if self.child is not None and self.child.poll() is None:
-            if self.child_shares_group and signum in TERMINAL_SIGNALS:
+        if self.job is not None and not self.job.ended():
+            if self.job.got_it_too(signum):
                 return  # the job got it too (Ctrl-C in pdb is its own); we wait for its end
             if self._signal == signum:  # asked twice: stop waiting for the job
-                self.child = None
+                self.job = None
             else:
-                self.child.send_signal(signum)
+                self.job.send(signum)
         self._signal = signum
 
     def tick(self, now: float) -> None:
@@ -519,9 +426,9 @@ class Server:
         finally:
             self.receiver.close()
             self.monitor.close()
-        if self.child is not None and self.child.returncode is not None:
-            code = self.child.returncode
-            return 128 - code if code < 0 else code
+        status = self.job.exit_status() if self.job is not None else None
+        if status is not None:
+            return status
         return 128 + self._signal if self._signal is not None else 0
 
     def _drain(self) -> None:
@@ -535,7 +442,7 @@ class Server:
 
     def _finalize(self) -> None:
         now = time.time()
-        cause = self._child_cause()  # the job's own end, also when a signal was forwarded
+        cause = self._job_cause()  # the job's own end, also when a signal was forwarded
         owner = self.config.owner_pid
         if cause is None and owner is not None and not pid_alive(owner):
             cause = gone_cause(owner)
@@ -549,55 +456,21 @@ class Server:
             log.error("exiting with unwritten data: %s", error)
 
 
-def gone_cause(pid: int) -> str:
-    """The cause of a run whose process ended without finishing it (no exit status known:
-    not our child)."""
-    return (f"process {pid} ended without finish() (killed, e.g. by SIGKILL or the "
-            "out-of-memory killer, or it exited without closing the run)")
-
-
-def lower_priority(increment: int) -> int:
-    """Add ``increment`` to the niceness of every thread of this process (Linux keeps one
-    per thread: ZeroMQ's I/O thread and the NVML threads already run); threads started
-    later inherit it. Returns the niceness now; a value the system refuses leaves it
-    unchanged (logged): monitoring goes on."""
-    target = os.getpriority(os.PRIO_PROCESS, 0) + increment
-    try:
-        threads = [int(tid) for tid in os.listdir("/proc/self/task")]
-    except OSError:  # no procfs: the calling thread only
-        threads = [0]
-    for tid in threads:
-        try:
-            os.setpriority(os.PRIO_PROCESS, tid, target)
-        except ProcessLookupError:  # a thread that just ended
-            continue
-        except OSError as exc:
-            log.warning("cannot lower the sidecar's CPU priority by %d: %s", increment, exc)
-            break
-    return os.getpriority(os.PRIO_PROCESS, 0)
-
-
 def serve(config: Config, command: list[str] | None = None, **seams: Any) -> int:
     """Run a sidecar; with ``command``, start it with SIDECAR_ENDPOINT (and
     SIDECAR_SECRET, when ``config`` has one) set and return its exit status once it ended
     and everything is written. ``seams`` go to ``Server`` (hooks, open_gpus, write_bytes).
 
-    Attached to a terminal (stdin is one), the job runs in our process group, as if
-    started directly: it reads the terminal (input, pdb) and gets Ctrl-C, Ctrl-backslash and
-    Ctrl-Z from it. Otherwise it gets a process group of its own, and every signal we get
-    is forwarded to it once. Raises EndpointError when the endpoint cannot be served (the
+    Attached to a terminal (stdin is one), the job shares our process group
+    (``sidecar.daemon.job``). Raises EndpointError when the endpoint cannot be served (the
     job is then not started). The sidecar lowers its own CPU priority by ``config.nice``
     after starting ``command``, which keeps the priority it was given.
     """
-    shares_group = os.isatty(0)
-    server = Server(config, child_shares_group=shares_group, **seams)
+    server = Server(config, **seams)
     if command:
-        env = {**os.environ, "SIDECAR_ENDPOINT": server.receiver.endpoint}
-        if config.secret:
-            env[shared_secret.ENV] = config.secret
         try:
-            server.child = subprocess.Popen(command, env=env,
-                                            process_group=None if shares_group else 0)
+            server.job = Job.start(command, server.receiver.endpoint, config.secret,
+                                   shares_group=os.isatty(0))
         except OSError as exc:
             server.receiver.close()
             log.error("cannot start %s: %s", command[0], exc)

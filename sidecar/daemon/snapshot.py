@@ -4,13 +4,17 @@
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
+from sidecar.ingest.streams import Registry
 from sidecar.model.aggregator import RankAggregator
 from sidecar.model.split import Split
 from sidecar.resources import fields
-from sidecar.resources.monitor import SplitResources
+from sidecar.resources.monitor import ResourceMonitor, SplitResources
 
 
 @dataclass(frozen=True)
@@ -128,7 +132,7 @@ def _rank_view(agg: RankAggregator) -> RankView:
 def split_view(split: Split, resources: SplitResources | None) -> SplitView:
     """The view of ``split`` with its running resource figures (loop thread only)."""
     first = split.ranks.get(0) or next(iter(split.ranks.values()), None)
-    lost = sum(split.lost.values())
+    counts = split.record_counts()
     info = split.info
     gpus: tuple[GpuView, ...] = ()
     host_gauges: dict[str, float] = {}
@@ -148,7 +152,35 @@ def split_view(split: Split, resources: SplitResources | None) -> SplitView:
                        default=None),
         end_unix=split.end_unix,
         ranks=tuple(_rank_view(split.ranks[r]) for r in sorted(split.ranks)),
-        records={"received": sum(split.received.values()) - lost,
-                 "dropped": sum(split.dropped.values()), "lost": lost,
-                 "rejected": split.rejected},
+        records={"received": counts.received, "dropped": counts.dropped,
+                 "lost": counts.lost, "rejected": counts.rejected},
         gpus=gpus, host_gauges=host_gauges)
+
+
+def take(registry: Registry, monitor: ResourceMonitor, endpoint: str, root: Path | None,
+         interval_s: float, rate_since: tuple[float, int], job_ids_dropped: int = 0,
+         ) -> Snapshot:
+    """The snapshot of this moment (loop thread only). ``rate_since`` is (monotonic s,
+    records received then): the record rate is the mean since that point;
+    ``job_ids_dropped`` counts the hellos' Slurm job ids not believed."""
+    now = time.monotonic()
+    then, before = rate_since
+    gpu_off = monitor.gpu_off_reason
+    counts = registry.status()
+    return Snapshot(
+        pid=os.getpid(), endpoint=endpoint, root=str(root) if root else None,
+        taken_unix=time.time(), loop_monotonic=now,
+        sampler_round_monotonic=monitor.last_round_monotonic,
+        samplers_started=monitor.started(),
+        records=registry.records_received, dropped=counts["dropped"],
+        lost=counts["lost"], rejected=counts["rejected"],
+        rejected_by_kind=counts["rejected_by_kind"], last_error=registry.last_error,
+        job_ids_dropped=job_ids_dropped,
+        records_per_s=(registry.records_received - before) / (now - then)
+        if now > then else 0.0,
+        rate_window_s=now - then,
+        samplers={"host": "on", "gpu": "on" if gpu_off is None else f"off ({gpu_off})",
+                  "interval_s": interval_s, "gpus": monitor.gpu_status()},
+        runs=tuple(RunView(**run) for run in counts["runs"]),
+        splits=tuple(split_view(split, monitor.live(split))
+                     for split in registry.splits.values()))

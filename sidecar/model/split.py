@@ -2,14 +2,42 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from sidecar.model import state
 from sidecar.model.aggregator import RankAggregator, Settings
 
-STATUS_ORDER = ("running", "completed", "incomplete", "failed")  # later ones win
+# Two orders of the same four statuses, for two questions (later ones win in both):
+# - how a split's ranks ended: "running" until one ends, then the worst ending of its
+#   ranks; any ending replaces "running", so a rank that completes beats it;
+# - how a whole run stands (run.json's top level, the worst of its splits, docs/contract.md):
+#   a split still running keeps the run from being completed, so "running" beats
+#   "completed" there.
+SPLIT_STATUS_ORDER = ("running", "completed", "incomplete", "failed")
+RUN_STATUS_ORDER = ("completed", "running", "incomplete", "failed")
+
+
+def split_dir(out_dir: Path, split: int) -> Path:
+    """``<out_dir>/training/split-<split>``: the folder of one split of a run folder."""
+    return out_dir / "training" / f"split-{split}"
+
+
+def logs_dir(out_dir: Path, split: int) -> Path:
+    """``<out_dir>/training/split-<split>/logs``."""
+    return split_dir(out_dir, split) / "logs"
+
+
+@dataclass(frozen=True)
+class RecordCounts:
+    """Record accounting of one split (counts of records, every session's, resumes too)."""
+
+    received: int  # taken here (lost ones not included)
+    dropped: int  # not sent: the markers' queue was full or no sidecar listened
+    lost: int  # sent, never received
+    rejected: int
+    gpu_not_measured: int | None  # phases the markers could not time on the GPU; None: no GPU
 
 
 class Split:
@@ -37,12 +65,12 @@ class Split:
     @property
     def split_dir(self) -> Path:
         """``<out_dir>/training/split-<k>``."""
-        return self.out_dir / "training" / f"split-{self.split}"
+        return split_dir(self.out_dir, self.split)
 
     @property
     def logs_dir(self) -> Path:
         """``<out_dir>/training/split-<k>/logs``."""
-        return self.split_dir / "logs"
+        return logs_dir(self.out_dir, self.split)
 
     def rank(self, rank: int) -> RankAggregator:
         """The aggregator of ``rank``, created on first use."""
@@ -65,9 +93,19 @@ class Split:
 
     def set_status(self, status: str, cause: str | None) -> None:
         """Record how a rank ended; the worst outcome of all ranks wins."""
-        if STATUS_ORDER.index(status) > STATUS_ORDER.index(self.status):
+        if SPLIT_STATUS_ORDER.index(status) > SPLIT_STATUS_ORDER.index(self.status):
             self.status, self.cause = status, cause
         self.dirty = True
+
+    def record_counts(self) -> RecordCounts:
+        """The split's record accounting: ``received`` counts what was taken, so the lost
+        records (counted in ``self.received`` to keep the sequence) are taken off."""
+        lost = sum(self.lost.values())
+        return RecordCounts(
+            received=sum(self.received.values()) - lost, dropped=sum(self.dropped.values()),
+            lost=lost, rejected=self.rejected,
+            gpu_not_measured=sum(agg.gpu_not_measured for agg in self.ranks.values())
+            if self.gpus else None)
 
     def to_state(self, rows_state: state.RowsState | None = None) -> dict[str, Any]:
         """The split's state for ``sidecar.model.state`` (schema there); ``rows_state`` as

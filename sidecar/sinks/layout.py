@@ -18,9 +18,9 @@ file names from this module; the columns are defined beside the text they head
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from markers import wire
+from sidecar.model.split import logs_dir as logs_dir  # the folder paths: re-exported
+from sidecar.model.split import split_dir as split_dir
 
 RUN_FILE = "run.json"
 RUN_LOCK_FILE = ".run.json.lock"  # held while run.json is read, merged and replaced
@@ -29,16 +29,6 @@ SUMMARY_FILE = "summary.log"
 RESOURCES_FILE = "resources.tsv"
 WIDTH = 106  # characters of the reference's summary block (its star and dash lines)
 INDEX_LABEL = "measurement #"  # the first column of computational.tsv
-
-
-def split_dir(out_dir: Path, split: int) -> Path:
-    """``<out_dir>/training/split-<split>``."""
-    return out_dir / "training" / f"split-{split}"
-
-
-def logs_dir(out_dir: Path, split: int) -> Path:
-    """``<out_dir>/training/split-<split>/logs``."""
-    return split_dir(out_dir, split) / "logs"
 
 
 def rank_suffix(rank: int) -> str:

@@ -15,33 +15,17 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sidecar.model import state
-from sidecar.model.split import Split
+from sidecar.model.split import RUN_STATUS_ORDER, RecordCounts, Split
 from sidecar.resources.monitor import ResourceFigures
 from sidecar.sinks import layout, resources_text, rowtext, summary, tables
 from sidecar.sinks.atomic import WriteBytes, rewrite_in_place, write_atomic
 from sidecar.sinks.locks import folder_lock
 
 Progress = Callable[[str], None]  # told what was just built or written
-
-# A run's status is the worst of its splits' (SPEC §3); later ones are worse.
-RUN_STATUS_ORDER = ("completed", "running", "incomplete", "failed")
-
-
-@dataclass(frozen=True)
-class RecordCounts:
-    """Record accounting of one split, for its summary (counts of records)."""
-
-    received: int
-    dropped: int  # not sent: the markers' queue was full or no sidecar listened
-    lost: int  # sent, never received
-    rejected: int
-    gpu_not_measured: int | None  # phases the markers could not time on the GPU; None: no GPU
-
 
 def records_lines(counts: RecordCounts) -> list[str]:
     """The record lines that close the resources block."""

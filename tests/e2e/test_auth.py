@@ -8,11 +8,16 @@ counted, and nothing it sends is read, let alone written. Run folders at absurd 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import zmq
 
@@ -20,6 +25,7 @@ from markers import secret as shared_secret
 from tests.support.frames import Client
 from tests.support.helpers import (
     JOB,
+    SAME_PRIORITY,
     env,
     progress,
     run_json,
@@ -127,13 +133,43 @@ def test_a_refused_run_says_so_and_stops_sending(serve, short_tmp: Path) -> None
     assert not elsewhere.exists()
 
 
+def test_waiting_for_a_sidecar_without_the_cpu_leaves_no_reject_behind(
+        serve, short_tmp: Path) -> None:
+    """A sidecar that gets no CPU while it starts (frozen here right after it binds, as a
+    loaded machine does by chance) counts nothing from the clients that wait for it: the
+    fixture's one client waits through it, none hangs up in the middle of its handshake
+    (which the sidecar would count as a ``handshake`` reject, and the exact reject counts
+    asserted above would go one too high)."""
+    sock = short_tmp / "s.sock"
+    frozen_s = 2.0  # longer than a status request's default timeout
+
+    def freeze_once_bound() -> None:
+        wait_for(sock.exists, 30, "the sidecar to bind", interval_s=0.005)
+        (pid,) = [child.pid for child in psutil.Process().children()
+                  if "serve" in child.cmdline()]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(frozen_s)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+    freezer = threading.Thread(target=freeze_once_bound)
+    freezer.start()
+    sidecar = serve()
+    freezer.join()
+    assert sidecar.status()["rejected_by_kind"] == {}
+
+
 
 def test_status_of_a_jobs_own_sidecar_from_another_terminal_of_its_user(
         short_tmp: Path) -> None:
     stop = short_tmp / "stop"
     sidecar = subprocess.Popen(
-        sidecar_command("run", "--quiet", "--", sys.executable, str(JOB), "--out-dir", "maps",
-                        "--stop-file", str(stop), "--progress", str(short_tmp / "p.json")),
+        # at the job's priority: at +10 on a loaded machine it answers after the 5 s of
+        # `sidecar status` (tests/e2e/test_priority.py checks the default)
+        sidecar_command("run", "--quiet", *SAME_PRIORITY, "--", sys.executable, str(JOB),
+                        "--out-dir", "maps", "--stop-file", str(stop), "--progress",
+                        str(short_tmp / "p.json")),
         cwd=short_tmp, env=env(XDG_RUNTIME_DIR=str(short_tmp)), stdin=subprocess.DEVNULL)
     try:
         wait_for(lambda: progress(short_tmp / "p.json").get("epochs"), 60, "the job to train")

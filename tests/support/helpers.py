@@ -93,9 +93,25 @@ class Sidecar:
                 sidecar_command("serve", "--endpoint", endpoint, "--root", str(root),
                                 *SAME_PRIORITY, *args, seams=seams),
                 env=env(), stdout=handle, stderr=handle, stdin=subprocess.DEVNULL, **popen)
-        wait_for(lambda: self.process.poll() is not None or status(endpoint, 0.5), 30,
-                 "the sidecar to answer")
+        self._wait_until_it_answers()
         assert self.process.poll() is None, self.log.read_text()
+
+    def _wait_until_it_answers(self, timeout_s: float = 30.0) -> None:
+        """Wait for the sidecar to answer a status request, with one client kept until
+        it does. A client that hangs up before its ZeroMQ handshake completed is counted
+        by the sidecar as a ``handshake`` reject (it cannot tell one that gave up from
+        one of another protocol): short-lived probes retried every 0.5 s did that on a
+        loaded machine, and the tests' reject counts went one too high.
+        """
+        probe = Sender(connect_address(self.endpoint), bytes(16), 0)
+        try:
+            wait_for(lambda: self.process.poll() is not None or probe.connected, timeout_s,
+                     "the sidecar to accept a connection")
+            if self.process.poll() is None:
+                reply = probe.request({"type": wire.STATUS}, timeout_s)
+                assert reply is not None, "the sidecar did not answer"
+        finally:
+            probe.close()
 
     def split_dir(self, out_dir: str = "maps", split: int = 0) -> Path:
         """``<root>/<out_dir>/training/split-<split>``."""

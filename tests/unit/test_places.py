@@ -11,7 +11,7 @@ import pytest
 
 from markers.endpoints import check
 from sidecar.daemon.policy import OutDirPolicy
-from sidecar.ingest.streams import Refused
+from sidecar.ingest.hello import Refused
 
 
 @pytest.mark.parametrize("endpoint", ["ipc:///run/s.sock", "tcp://127.0.0.1:5555",

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from sidecar.daemon.policy import OutDirPolicy
+from sidecar.ingest.hello import Refused
 from sidecar.ingest.peers import Peer
-from sidecar.ingest.streams import Refused
 
 ALICE, BOB = Peer(4001, 4001, 1), Peer(4002, 4002, 1)
 

@@ -19,7 +19,7 @@ import pytest
 from markers import wire
 from sidecar.model import state
 from sidecar.model.aggregator import PhaseSeries, RankAggregator, Settings
-from sidecar.model.split import Split
+from sidecar.model.split import RecordCounts, Split
 from sidecar.resources.monitor import ResourceFigures
 from sidecar.sinks import rowtext, summary, tables, writer
 from sidecar.sinks.rowcache import RowCache
@@ -111,7 +111,7 @@ def test_kept_text_equals_a_fresh_build_over_writes(tmp_path: Path) -> None:
 
 def test_files_written_with_kept_text_equal_a_fresh_writers(tmp_path: Path) -> None:
     figures = ResourceFigures([], None, "test", {}, [], [], 0)
-    counts = writer.RecordCounts(0, 0, 0, 0, None)
+    counts = RecordCounts(0, 0, 0, 0, None)
     split = Split(tmp_path / "kept", 0, Settings(), {"start_unix": 1000.0})
     agg = split.rank(0)
     agg.begin_session(1000.0, 0)

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from markers import wire
-from sidecar.ingest.streams import PENDING_RECORDS, PENDING_S, Registry
+from sidecar.ingest.pending import PENDING_RECORDS, PENDING_S
+from sidecar.ingest.streams import Registry
 from tests.support.frames import Client
 
 
@@ -54,6 +55,16 @@ def test_a_repeated_hello_of_an_unknown_run_is_a_takeover_with_a_gap(tmp_path: P
     _hello(registry, Client(), "job", now=150.0, repeat=True, start_unix=100.0)
     (split,) = registry.splits.values()
     assert split.gaps == [(100.0, 150.0)]
+
+
+def test_a_hello_with_a_malformed_pid_changes_nothing(tmp_path: Path) -> None:
+    """Every field of a hello is checked before a split is opened for it: a bad one
+    leaves no half-registered split behind (it would show as running, and block the
+    next hello of its folder)."""
+    registry = Registry(lambda out_dir, cwd, owner: tmp_path / out_dir)
+    with pytest.raises(wire.WireError, match="'pid'"):
+        _hello(registry, Client(), "job", pid=-1)
+    assert registry.splits == {} and registry.streams == {}
 
 
 def test_malformed_hellos_and_phase_declarations_are_refused(tmp_path: Path) -> None:
