@@ -1,5 +1,5 @@
-"""Endpoints, parsed in one place for both halves (SPEC §2, security): ipc sockets in a
-private folder of the user's, tcp on loopback unless a host is named. Standard library
+"""Endpoints, parsed in one place for both halves (docs/contract.md, Command line, security): ipc
+sockets in a private folder of the user's, tcp on loopback unless a host is named. Standard library
 only: ``import markers`` stays light.
 """
 

@@ -3,7 +3,7 @@
     run = markers.start_run(out_dir="maps")
     markers.instrument(model, optimizer)          # the loop stays as it is
 
-Which hook stamps what (SPEC §1):
+Which hook stamps what (docs/contract.md, Markers API):
 
 * **Forward**: a forward pre-hook and a forward hook on each given module (only the
   outermost call counts when one instrumented module calls another).

@@ -1,4 +1,5 @@
-"""The ``sidecar`` command line (SPEC §2): run, serve, status, finish, report."""
+"""The ``sidecar`` command line (docs/contract.md, Command line): run, serve, status, finish,
+report."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""``/metrics`` (SPEC §7): the daemon's latest snapshot in the Prometheus text format,
-through prometheus_client.
+"""``/metrics`` (docs/contract.md, Prometheus metrics): the daemon's latest snapshot in the
+Prometheus text format, through prometheus_client.
 
 The collector reads only the frozen ``Snapshot`` the loop publishes each tick (one
 reference, swapped atomically), never live state: the HTTP server runs on its own thread.

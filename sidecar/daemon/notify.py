@@ -1,5 +1,5 @@
-"""The sd_notify protocol (SPEC §8), spoken by the node daemon itself: one ``AF_UNIX``
-datagram per message to ``$NOTIFY_SOCKET`` (a path, or ``@name`` for the abstract
+"""The sd_notify protocol (docs/contract.md, Node daemon), spoken by the node daemon itself: one
+``AF_UNIX`` datagram per message to ``$NOTIFY_SOCKET`` (a path, or ``@name`` for the abstract
 namespace). Without ``NOTIFY_SOCKET`` nothing is sent, so the daemon behaves the same
 outside systemd.
 

@@ -1,5 +1,5 @@
-"""Users kept apart on a shared node daemon (``sidecar serve --shared``; SPEC §5 "another
-user's folder", §8).
+"""Users kept apart on a shared node daemon (``sidecar serve --shared``; docs/contract.md,
+Faults and bad input "another user's folder", and Node daemon).
 
 A shared daemon runs as root and knows each connection's user from the kernel
 (``sidecar.ingest.peers``). Each user's runs go under ``ROOT/<user>/``, a folder created

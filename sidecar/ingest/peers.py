@@ -1,4 +1,5 @@
-"""Who sent a message, as the kernel says (SPEC §5, §8): never what the message claims.
+"""Who sent a message, as the kernel says (docs/contract.md, Faults and bad input and Node daemon):
+never what the message claims.
 
 libzmq takes the peer credentials of every ipc connection (``SO_PEERCRED``) when it
 accepts it and hands them out with each message as the ``Peer-Address`` property,

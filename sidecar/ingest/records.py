@@ -3,7 +3,7 @@
 ``markers.wire.decode_records`` is the reference, one message and one record at a time
 in pure Python (~0.6 µs a record); this module gives the same records and the same
 refusals for a whole read of messages with a fixed number of array operations, so the
-cost per record is a few nanoseconds and the Python work is per message (issue 16).
+cost per record is a few nanoseconds and the Python work is per message.
 A test holds the two equal on random slot sequences.
 """
 

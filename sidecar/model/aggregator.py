@@ -1,6 +1,6 @@
 """Turns one rank's ordered phase records into stored measurements and streaming figures.
 
-Semantics (SPEC §4, docs/iteration-model.md):
+Semantics (docs/contract.md, Semantics, docs/iteration-model.md):
 
 * Records flagged ``FLAG_IN_ITERATION`` belong to one training or validation iteration
   (an optimization step spans ``accumulation_steps`` batches). Their times are summed per

@@ -1,4 +1,4 @@
-"""Per-iteration sums of a run of ordinary iteration records, on arrays (issue 16).
+"""Per-iteration sums of a run of ordinary iteration records, on arrays.
 
 The aggregator's record-by-record path (``RankAggregator._add_one``) defines the
 semantics; this module computes the same per-iteration, per-phase sums for the shape

@@ -1,6 +1,6 @@
-"""The report's tables (SPEC §6): ``jobs.tsv`` (one row per run), ``gpus.tsv`` (one row per
-run and GPU) and ``summary.tsv`` (totals per host, user and GPU model), from the run
-folders' figures.
+"""The report's tables (docs/contract.md, Cluster report): ``jobs.tsv`` (one row per run),
+``gpus.tsv`` (one row per run and GPU) and ``summary.tsv`` (totals per host, user and GPU model),
+from the run folders' figures.
 
 A run of several splits gets the mean over its splits weighted by their Training time
 for means and shares, the maximum for peaks, the sum for energy and dropped records. A

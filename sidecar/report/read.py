@@ -1,5 +1,6 @@
 """Finding run folders and reading the files the report needs, with the checks that tell a
-damaged or half-written folder from a good one (SPEC §5, §6).
+damaged or half-written folder from a good one (docs/contract.md, Faults and bad input and Cluster
+report).
 
 Only bytes are read here; parsing the tables is left to ``sidecar.report.figures``, which
 parses the files of all folders at once.

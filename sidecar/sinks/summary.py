@@ -1,5 +1,5 @@
 """The text of our blocks in ``summary.log`` and their replacement inside a file that may
-hold other people's text (SPEC §3).
+hold other people's text (docs/contract.md, Files).
 
 Three blocks, in this order, each closed by a line of 106 stars:
 
@@ -107,8 +107,8 @@ def _throughput_lines(agg: RankAggregator, loop_phase: int, gpu_phases: Sequence
                       on_gpu: bool) -> list[str]:
     """Samples in the stored loop rows of known batch size over their summed time: each
     row holds batch size × the batches its step really held (a short last accumulation
-    step counts its own, SPEC §3); GPU throughput: the mean samples per stored step over
-    the mean GPU seconds of the ``gpu_phases`` added up."""
+    step counts its own, docs/contract.md, Files); GPU throughput: the mean samples per stored step
+    over the mean GPU seconds of the ``gpu_phases`` added up."""
     rows = rowtext.texts(agg, loop_phase)
     if not rows.lines:
         return ["Throughput: no measurement"]

@@ -1,5 +1,5 @@
-"""Writes every file of a split (SPEC §3): all texts are built first, then each file is
-replaced atomically, so a failure leaves the previous files whole. Two files are shared
+"""Writes every file of a split (docs/contract.md, Files): all texts are built first, then each
+file is replaced atomically, so a failure leaves the previous files whole. Two files are shared
 with others and written differently (docs/across-processes.md):
 
 * ``summary.log`` may be held open by the user's own logger: it is rewritten in place
@@ -71,7 +71,8 @@ def _split_entry(split: Split) -> dict[str, Any]:
     first = split.ranks.get(0) or next(iter(split.ranks.values()), None)
     start_unix = min((a.run_start_unix for a in aggs), default=info.get("start_unix"))
     return {
-        # the run id of the split's first process: the `run` label of the metrics (SPEC §7)
+        # the run id of the split's first process: the `run` label of the metrics
+        # (docs/contract.md, Prometheus metrics)
         "run_id": first.sessions[0].run_id if first and first.sessions else None,
         "status": split.status,
         "cause": split.cause,
@@ -92,8 +93,8 @@ def _split_entry(split: Split) -> dict[str, Any]:
 def run_json(split: Split, existing: str) -> str:
     """The text of ``run.json``: this split's entry merged into what other splits of the
     same folder wrote there before (their entries under ``splits`` are kept), and a top
-    level that describes the whole run (SPEC §3): status and cause of the worst split
-    (failed > incomplete > running > completed), the earliest start, the latest end (none
+    level that describes the whole run (docs/contract.md, Files): status and cause of the worst
+    split (failed > incomplete > running > completed), the earliest start, the latest end (none
     while a split runs), every GPU of every split, run_id the lowest split's. Call it
     under ``folder_lock``.
     """
@@ -125,7 +126,8 @@ def run_json(split: Split, existing: str) -> str:
         **{key: info.get(key) for key in ("host", "user", "job_id", "command", "cwd")},
         "start": _iso(start_unix),
         "end": _iso(end_unix),
-        # the same instants to the microsecond: the report's wall time (SPEC §6)
+        # the same instants to the microsecond: the report's wall time (docs/contract.md, Cluster
+        # report)
         "start_unix": start_unix,
         "end_unix": end_unix,
         "status": worst.get("status"),

@@ -1,5 +1,5 @@
-"""Across processes and resumes (issue 14; SPEC §3, §4 "One writer per split", §5): every
-item through real processes as a user runs them — folds in parallel under two
+"""Across processes and resumes (docs/contract.md: Files, Semantics "One writer per rank", Faults):
+every item through real processes as a user runs them — folds in parallel under two
 ``sidecar run``, the user's own logger on summary.log, resume chains, states of cap
 10 000, a second writer of a split, batch sizes that change, ``sys.exit``, a plain
 ``python train.py``. The job is ``tests/support/jobs/user_job.py``.

@@ -1,5 +1,5 @@
-"""A job's own sidecar serves only its job (issue 9 item 7; SPEC §5 "a forged or foreign
-client"): ``sidecar run`` hands the job a secret in SIDECAR_SECRET, its socket is a CURVE
+"""A job's own sidecar serves only its job (docs/contract.md, Faults and bad input "a forged or
+foreign client"): ``sidecar run`` hands the job a secret in SIDECAR_SECRET, its socket is a CURVE
 server that lets in only holders of the secret; any other client fails the handshake, is
 counted, and nothing it sends is read, let alone written. Run folders at absurd places
 (``/////``, ``/tmp``) are refused too; a refused run stops sending.

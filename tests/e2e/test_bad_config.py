@@ -1,8 +1,7 @@
-"""A configuration the markers cannot use never stops the training script (issue 9 item 4;
-SPEC §5 "bad SIDECAR_ENDPOINT, unusable runtime folder"): one warning, an unmonitored
-run, training goes on. And a plain ``python train.py`` killed by SIGKILL (item 10): its
-private sidecar writes the files with a cause that says what happened, and leaves no
-empty ``job-*`` socket folder behind.
+"""A configuration the markers cannot use never stops the training script (docs/contract.md, Faults
+and bad input "bad SIDECAR_ENDPOINT, unusable runtime folder"): one warning, an unmonitored run,
+training goes on. And a plain ``python train.py`` killed by SIGKILL: its private sidecar writes the
+files with a cause that says what happened, and leaves no empty ``job-*`` socket folder behind.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Bad input on the socket (issue 5, item 6; SPEC §5 row 4): malformed, truncated, unknown
+"""Bad input on the socket (docs/contract.md, Faults and bad input): malformed, truncated, unknown
 version, oversized (over the control cap, and over the socket's cap, which makes ZeroMQ
 drop the connection), records of runs never started, out of order. Each is rejected,
 counted per kind and logged once per kind, and every good record around them is kept.

@@ -1,4 +1,4 @@
-"""Command-line mistakes and endpoints already taken (issue 9 items 5, 6 and 10; SPEC §5):
+"""Command-line mistakes and endpoints already taken (docs/contract.md, Faults and bad input):
 one line that says what and how to fix it, exit status 2, no traceback, and the job never
 started behind the user's back; a second sidecar never steals a served socket, a stale
 socket file is taken over; ``sidecar status`` on a missing socket answers at once.

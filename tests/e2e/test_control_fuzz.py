@@ -1,5 +1,5 @@
 """Whatever a control message contains, the sidecar counts it as rejected and goes on
-(issue 9 item 1; SPEC §5 "a message the sidecar cannot parse"): JSON nested 100 000
+(docs/contract.md, Faults and bad input "a message the sidecar cannot parse"): JSON nested 100 000
 levels deep, NaN and infinities, integers beyond 64 bits or with thousands of digits,
 and a wrong type in every field of every control type. Each frame goes through a real
 socket into a real sidecar process while a real job trains into it; every record of that

@@ -1,4 +1,4 @@
-"""The node daemon's core (issue 5, item 0) and the endpoint security rules (item 8):
+"""The node daemon's core and the endpoint security rules:
 ``sidecar serve --root``, ``sidecar status``, refusals outside the root, private ipc
 sockets, tcp on loopback.
 """

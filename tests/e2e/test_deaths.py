@@ -1,4 +1,4 @@
-"""Processes that die or are told to stop (issue 5, items 3 and 5; SPEC §5 rows 2 and 3),
+"""Processes that die or are told to stop (docs/contract.md, Faults and bad input),
 with real processes and real signals.
 
 The spec's "within 2 s" is asserted with a bound of 4 s: on a busy 2-core machine a

@@ -1,4 +1,4 @@
-"""Output folder not writable, disk full (issue 5, item 7; SPEC §5 row 5): a clear error in
+"""Output folder not writable, disk full (docs/contract.md, Faults and bad input): a clear error in
 the log and in ``sidecar status``, nothing partial on disk, data kept and written at the
 next chance.
 

@@ -1,10 +1,10 @@
-"""Training processes on other hosts (tcp) are watched through ZeroMQ heartbeats (issue 9
-item 9; SPEC §5): one whose host goes down or freezes (SIGSTOP stops its I/O thread too,
-so it answers no ping, as an unreachable host) or that dies is noticed within the
-configured time; its files are written, marked incomplete with that cause. One that is
-alive but silent for several heartbeat periods stays served. The clients claim another
-host name, so the sidecar cannot watch their pids. The markers, in turn, notice a frozen
-sidecar by their own heartbeats, so a checkpoint or finish does not wait for it.
+"""Training processes on other hosts (tcp) are watched through ZeroMQ heartbeats (docs/contract.md,
+Faults and bad input): one whose host goes down or freezes (SIGSTOP stops its I/O thread too, so it
+answers no ping, as an unreachable host) or that dies is noticed within the configured time; its
+files are written, marked incomplete with that cause. One that is alive but silent for several
+heartbeat periods stays served. The clients claim another host name, so the sidecar cannot watch
+their pids. The markers, in turn, notice a frozen sidecar by their own heartbeats, so a checkpoint
+or finish does not wait for it.
 """
 
 from __future__ import annotations

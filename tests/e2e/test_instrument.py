@@ -1,5 +1,6 @@
 """markers.instrument(): a plain script, unchanged but for two lines, gets true, aligned
-rows through module, autograd and optimizer hooks (SPEC §1, §4), with a real sidecar."""
+rows through module, autograd and optimizer hooks (docs/contract.md, Markers API and Semantics),
+with a real sidecar."""
 
 from __future__ import annotations
 

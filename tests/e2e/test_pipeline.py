@@ -1,4 +1,5 @@
-"""End to end: markers in this process, a real sidecar process, real files (SPEC §1–§4)."""
+"""End to end: markers in this process, a real sidecar process, real files (docs/contract.md,
+Markers API to Semantics)."""
 
 from __future__ import annotations
 

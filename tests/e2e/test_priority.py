@@ -1,4 +1,4 @@
-"""The sidecar never competes with training for a core (issue 16): it runs every one of its
+"""The sidecar never competes with training for a core: it runs every one of its
 threads at a lower CPU priority (niceness +10 by default, ``--nice N``), and a job started
 by ``sidecar run`` keeps the priority it was given."""
 

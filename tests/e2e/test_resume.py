@@ -1,4 +1,4 @@
-"""Checkpoint and resume (issue 5, items 1 and 2; SPEC §4, §5 rows 2 and 8): a second
+"""Checkpoint and resume (docs/contract.md, Semantics and Faults and bad input): a second
 process continues the split from the saved state, by the state file (``resume=True``) or
 by ``run.state_dict()`` kept in the user's own checkpoint. Every count is checked: epochs
 go on, caps keep counting, warmup applies again, Training time adds up, the wall time

@@ -1,7 +1,7 @@
-"""The node daemon under a real datagram socket as ``NOTIFY_SOCKET`` (SPEC §8): READY=1
-once it serves, WATCHDOG=1 every half ``WATCHDOG_USEC`` while its loop and samplers make
-progress and never for another process's watchdog, STATUS= lines, STOPPING=1 on SIGTERM;
-a sampler whose NVML call hangs stops the pings (systemd then restarts the daemon).
+"""The node daemon under a real datagram socket as ``NOTIFY_SOCKET`` (docs/contract.md, Node
+daemon): READY=1 once it serves, WATCHDOG=1 every half ``WATCHDOG_USEC`` while its loop and
+samplers make progress and never for another process's watchdog, STATUS= lines, STOPPING=1 on
+SIGTERM; a sampler whose NVML call hangs stops the pings (systemd then restarts the daemon).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""Users kept apart on a shared node daemon (SPEC §5, §8), with two real local users the
-test creates (``useradd``; removed at the end): each one's runs land under its own
-``ROOT/<user>/``, owned by it and closed to the other; a job naming the other user's folder
-is refused and told so; the user is the kernel's, not the one the hello claims; each sees
-only its own runs; the Slurm epilog's ``sidecar finish --job`` ends a job's runs; a Slurm
+"""Users kept apart on a shared node daemon (docs/contract.md, Faults and bad input and Node
+daemon), with two real local users the test creates (``useradd``; removed at the end): each one's
+runs land under its own ``ROOT/<user>/``, owned by it and closed to the other; a job naming the
+other user's folder is refused and told so; the user is the kernel's, not the one the hello claims;
+each sees only its own runs; the Slurm epilog's ``sidecar finish --job`` ends a job's runs; a Slurm
 job id is kept only for a process started with it in its environment (a forged one is
 dropped, counted, and its epilog ends nothing); a daemon that is not shared refuses other
 users even when its socket is left open. Needs root.

@@ -1,4 +1,4 @@
-"""The sidecar dies mid-run (issue 5, item 4; SPEC §5 row 1): the training loop keeps its
+"""The sidecar dies mid-run (docs/contract.md, Faults and bad input): the training loop keeps its
 speed (no block, no exception), the markers' memory stays bounded while records are
 dropped and counted, and a new sidecar on the same endpoint takes the run over; the
 summary reports the gap.

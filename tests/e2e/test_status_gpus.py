@@ -1,5 +1,6 @@
 """``sidecar status`` shows per GPU whether NVML answers and which fields it does not
-support (SPEC §8), from a real daemon whose NVML is the test stand-in (launcher seam).
+support (docs/contract.md, Node daemon), from a real daemon whose NVML is the test stand-in
+(launcher seam).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """summary.log against the reference's own formula: the reference's block is rebuilt here
 from the run's ``computational.tsv`` exactly as the reference computes and lays it out
 (pandas mean and ``Series.std()`` per column, ``%.2e`` cells, 106 characters wide, labels
-left-aligned in 22 characters indented 0-3 spaces; SPEC §3) and compared line by line
-with the summary.log of a real run through ``sidecar run``. Our additions and the
+left-aligned in 22 characters indented 0-3 spaces; docs/contract.md, Files) and compared line by
+line with the summary.log of a real run through ``sidecar run``. Our additions and the
 resources block must follow the reference's closing star line, in blocks of their own.
 """
 
@@ -107,7 +107,7 @@ def reference_throughput(frame: pd.DataFrame, loop: str, gpu_phases: list[str],
     """Images per second over the stored loop rows (every batch here is full), and over
     the summed GPU time of ``gpu_phases`` on a GPU."""
     rows = frame[f"{loop} (s)"].dropna()
-    if rows.empty:  # the reference would print 'nan images/s'; SPEC: no measurement
+    if rows.empty:  # the reference would print 'nan images/s'; the contract: no measurement
         return ["Throughput: no measurement"]
     lines = [f"Throughput: {BATCH_SIZE * len(rows) / rows.sum():.2f} images/s"]
     if on_gpu:

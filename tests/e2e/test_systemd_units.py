@@ -1,6 +1,6 @@
-"""The units in systemd/ (SPEC §8): through the real ``systemd-analyze``, ``verify`` prints
-nothing (it warns with exit status 0, so the text is checked) and the hardening keeps
-the exposure score recorded in docs/node-daemon.md; and each unit's ExecStart line, with
+"""The units in systemd/ (docs/contract.md, Node daemon): through the real ``systemd-analyze``,
+``verify`` prints nothing (it warns with exit status 0, so the text is checked) and the hardening
+keeps the exposure score recorded in docs/node-daemon.md; and each unit's ExecStart line, with
 its specifiers and the options file expanded as systemd would, starts a daemon that
 says READY=1 on a real notify socket and serves (verify does not check our options).
 """

@@ -1,6 +1,6 @@
-"""A job under ``sidecar run`` in a terminal behaves as when started directly (SPEC §5:
-input, pdb, Ctrl-C, Ctrl-Z). A real pseudo-terminal from util-linux ``script``; the keys
-are typed into it.
+"""A job under ``sidecar run`` in a terminal behaves as when started directly (docs/contract.md,
+Faults and bad input: input, pdb, Ctrl-C, Ctrl-Z). A real pseudo-terminal from util-linux
+``script``; the keys are typed into it.
 """
 
 from __future__ import annotations

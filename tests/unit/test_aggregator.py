@@ -1,5 +1,6 @@
 """The aggregator in-process: warmup at iteration boundaries, caps, accumulation sums,
-streaming figures past the cap, uncapped phases, abandoned iterations (SPEC §4)."""
+streaming figures past the cap, uncapped phases, abandoned iterations (docs/contract.md,
+Semantics)."""
 
 from __future__ import annotations
 

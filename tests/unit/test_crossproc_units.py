@@ -1,5 +1,5 @@
-"""The pieces behind issue 14, in-process: the batch sizes the markers read, summary.log
-rewritten in place with others appending, the state's upgrade and lineage, the split
+"""The pieces behind the cross-process behaviour, in-process: the batch sizes the markers read,
+summary.log rewritten in place with others appending, the state's upgrade and lineage, the split
 claim between two holders, resource figures merged over sessions."""
 
 from __future__ import annotations

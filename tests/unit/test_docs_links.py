@@ -27,7 +27,8 @@ _EXTERNAL = re.compile(r"^[a-z][a-z0-9+.-]*:", re.IGNORECASE)  # http:, mailto:,
 # prose ones (the code's comments and docstrings are checked once they are swept).
 _CITATION = re.compile(r"SPEC ?§|SPEC\.md|§ ?\d|\bissues? \d+|\(issue\b|\bitems? \d+\b",
                        re.IGNORECASE)
-CITATION_PLACES = ("README.md", "docs", "bench", "pyproject.toml")
+CITATION_PLACES = ("README.md", "docs", "bench", "pyproject.toml", "markers", "sidecar", "tests",
+                   "systemd", ".ci")
 
 
 def markdown_files(root: Path = ROOT) -> list[Path]:
@@ -103,8 +104,8 @@ def citations(paths: list[Path]) -> list[str]:
     for place in paths:
         files = sorted(p for p in place.rglob("*") if p.is_file()) if place.is_dir() else [place]
         for path in files:
-            if "__pycache__" in path.parts:
-                continue
+            if "__pycache__" in path.parts or path == Path(__file__).resolve():
+                continue  # this file's own examples of what it looks for
             try:
                 text = path.read_text(encoding="utf-8")
             except UnicodeDecodeError:

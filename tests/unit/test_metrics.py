@@ -1,5 +1,6 @@
-"""The ``/metrics`` collector over snapshots: the names, types and labels of SPEC §7, and a
-forgotten run's series gone from the next scrape. Served over real HTTP on loopback."""
+"""The ``/metrics`` collector over snapshots: the names, types and labels of docs/contract.md,
+Prometheus metrics, and a forgotten run's series gone from the next scrape. Served over real HTTP
+on loopback."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from sidecar.daemon.snapshot import GpuView, PhaseStats, RankView, Snapshot, Spl
 from sidecar.model.units import BYTES_PER_MIB as MIB
 
 RUN = ["run", "user", "host", "slurm_job_id"]
-SPEC = {  # name: (type, labels) as SPEC §7 lists them
+CONTRACT_METRICS = {  # name: (type, labels) as docs/contract.md lists them
     "trainmon_phase_duration_seconds": ("summary", [*RUN, "split", "rank", "phase"]),
     "trainmon_phase_gpu_duration_seconds": ("summary", [*RUN, "split", "rank", "phase"]),
     "trainmon_samples": ("counter", [*RUN, "split", "rank", "loop"]),
@@ -75,8 +76,8 @@ def test_names_types_labels_and_forgotten_runs() -> None:
     try:
         assert exporter.bound_port
         families = _scrape(exporter.bound_port)
-        assert set(families) == set(SPEC)
-        for name, (kind, labels) in SPEC.items():
+        assert set(families) == set(CONTRACT_METRICS)
+        for name, (kind, labels) in CONTRACT_METRICS.items():
             family = families[name]
             assert family.type == kind, name
             for sample in family.samples:

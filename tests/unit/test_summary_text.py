@@ -71,8 +71,8 @@ def test_replace_block_keeps_text_of_others_and_holds_ours_once() -> None:
 
 
 def test_replace_takes_the_old_single_block_layout_whole() -> None:
-    # Before issue 13 our additions sat inside the reference's block, one star line
-    # before Resources; a rerun with the new layout must leave none of it behind.
+    # Before our additions had a block of their own, they sat inside the reference's block, one
+    # star line before Resources; a rerun with the new layout must leave none of it behind.
     old = [summary.TITLE_LINE, "", "Throughput: 1.00 images/s", "", "Training time: old",
            summary.STARS, "", "Resources", "-" * WIDTH, "Records: old", summary.STARS]
     new = [summary.TITLE_LINE, "new", summary.STARS, "", summary.ADDITIONS_LINE,
