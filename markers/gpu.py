@@ -250,7 +250,9 @@ class GpuTimer:
                     self._peak[slot] = after[1]
                     exact = self._exact
                 else:
-                    self._peak[slot], exact = phase_peak(self._before[slot], after)
+                    before = self._before[slot]
+                    assert before is not None  # read at the begin, under the same condition
+                    self._peak[slot], exact = phase_peak(before, after)
                 if not exact:
                     self.inexact_peaks += 1
         except Exception:
