@@ -7,21 +7,24 @@ Which hook stamps what (SPEC §1):
 
 * **Forward**: a forward pre-hook and a forward hook on each given module (only the
   outermost call counts when one instrumented module calls another).
-* **Backward**: after a training forward, a pre-hook on the ``grad_fn`` of each output
-  tensor that needs a gradient; the first one the autograd engine reaches starts
-  Backward, and a callback queued on the engine (``queue_callback``, what DDP uses) ends
-  it when the whole backward pass is done. So Backward runs from the model's output to
-  the last parameter's gradient (the loss function's own backward, a few µs, is before).
-* **Optimization**: the optimizer's step pre-hook and post-hook (torch >= 2); without an
-  optimizer given, the global step hooks, for optimizers over the model's parameters.
+* **Backward**: the whole call of ``loss.backward()`` (``torch.autograd.backward`` is
+  wrapped while hooks are on: ``markers.wraps``) after a forward under grad, until the
+  engine has run every final callback, so DDP's reducer tail (the wait for the
+  all-reduce, the copy back into ``.grad``) is inside. ``torch.autograd.grad`` is not a
+  Backward.
+* **Optimization**: the whole ``optimizer.step()`` of each optimizer given (its instance's
+  ``step`` is wrapped), and the whole ``GradScaler.step(optimizer)`` around it where AMP
+  is used (unscale, inf check; a step it skips is an Optimization too and ends its
+  iteration). Without an optimizer given, the global step hooks, for optimizers over the
+  model's parameters: they leave out torch's profiler scope around the step.
 * **Iterations**: a training iteration runs from the end of one optimizer step to the end
   of the next: with accumulation every forward/backward before the step is in it. With
   several optimizers (a GAN), pass them in the order they step: the step of the LAST one
   ends the iteration (a discriminator stepping k times per generator step gives
-  iterations of one generator step each). A step skipped by AMP's GradScaler (inf/NaN
-  gradients: ``optimizer.step()`` is never called) is recognised when the gradients are
-  cleared (``zero_grad()``, set_to_none by default) before the next forward: that
-  iteration is left unmeasured (it has no Optimization, and rows stay aligned).
+  iterations of one generator step each). A step skipped without ``GradScaler.step``
+  (``optimizer.step()`` never called) is recognised when the gradients are cleared
+  (``zero_grad()``, set_to_none by default) before the next forward: that iteration is
+  left unmeasured (it has no Optimization, and rows stay aligned).
 * **Training data loading**: from the end of the step (or, within an accumulation step,
   of the previous backward) to the next forward: everything the script does in between
   (fetching, moving to the device, ``zero_grad``) counts.
@@ -40,9 +43,9 @@ epoch or validation boundary starts at that boundary, and any forward inside
 evaluation counts the time since it as data loading; ``warmup_iterations`` leaves out
 the first iteration after ``instrument()``.
 
-``torch.compile``: hooks are wrapped in ``torch.compiler.disable``, so they run eagerly
-when Dynamo meets them; instrument the compiled module (``instrument(torch.compile(m))``)
-so they stay outside the compiled graph (on the inner module they break it in two).
+``torch.compile``: a hook Dynamo traces stamps nothing (it would bake one time into the
+graph); instrument the compiled module (``instrument(torch.compile(m))``) so the hooks
+run outside the compiled graph, eagerly.
 
 Hooks never raise into the training loop: an error inside one is reported once
 (RuntimeWarning) and the hooks are taken off.
@@ -64,7 +67,6 @@ if TYPE_CHECKING:
     from markers.run import NullRun, Run
 
 _START, _TRAIN, _VAL = 0, 1, 2  # what the model did last: nothing yet, training, evaluation
-_MAX_OUTPUT_DEPTH = 4  # nesting of tuples/dicts searched for output tensors
 
 
 class Instrumentation:
@@ -148,13 +150,14 @@ class _Hooks:
             register_optimizer_step_pre_hook,
         )
 
+        from markers import wraps
+
         self._torch = torch
         self._run = run
         self._forward = run.phase("forward")
         self._backward = run.phase("backward")
         self._optimization = run.phase("optimization")
         self._evaluation = run.phase("evaluation")
-        self._queue_callback = torch.autograd.Variable._execution_engine.queue_callback
         self.active = True  # hooks installed
         self._failed = False  # a hook raised: every hook does nothing from then on
         self._last_ns = perf_counter_ns()  # end of the latest step, backward or evaluation
@@ -167,13 +170,17 @@ class _Hooks:
         self._batches = 0  # batches in the open training iteration
         self._after_backward = False  # the next training forward starts a new batch
         self._pending_backward = False  # a backward since the last step
+        self._backward_depth = 0  # nesting of backward calls (a reentrant checkpoint)
         self._backward_open = False
+        self._grad_forward = False  # a forward under grad since the last backward
         self._probe: torch.nn.Parameter | None = None  # a parameter that has a gradient
         self._parameters = [p for m in modules for p in m.parameters()]
         self._boundary: torch.optim.Optimizer | None = optimizers[-1] if optimizers else None
+        self._explicit = optimizers is not None
         self._ours: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
         self._stepping: set[int] = set()  # ids of our optimizers seen (global hooks)
         self._handles: list[Any] = []
+        self._unwrap: list[Callable[[], None]] = []
 
         safe = self._safe
         for module in modules:
@@ -185,26 +192,35 @@ class _Hooks:
             self._handles.append(register_optimizer_step_post_hook(safe(self._global_post)))
         else:
             for opt in optimizers:
-                self._handles.append(opt.register_step_pre_hook(safe(self._step_pre)))
-                self._handles.append(opt.register_step_post_hook(safe(self._step_post)))
-        self._on_backward = safe(self._backward_pre)
-        self._on_backward_done = safe(self._backward_done)
+                self._ours[opt] = True
+                self._unwrap.append(wraps.wrap_step(opt, safe(self._step_begin),
+                                                    safe(self._step_end)))
+        self.backward_begin = safe(self._backward_begin)
+        self.backward_end = safe(self._backward_end)
+        self.scaler_step_begin = safe(self._scaler_step_begin)
+        self.scaler_step_end = safe(self._scaler_step_end)
+        self._wraps = wraps
+        wraps.listen(self)
         run._open_gpu()  # the model is usually on its device by now: GPU timing from the start
 
     # -- safety ---------------------------------------------------------------------
 
     def _safe(self, hook: Callable[..., Any]) -> Callable[..., Any]:
         """``hook`` that never raises (one warning, then every hook stops measuring) and
-        that Dynamo never traces."""
+        that stamps nothing while Dynamo traces it (it would bake one time into the graph).
+        Checking ``is_compiling`` costs ~0.1 µs a call; ``torch.compiler.disable`` around
+        every hook cost ~10 µs a step."""
+        is_compiling = self._torch.compiler.is_compiling
+
         def guarded(*args: Any) -> None:
-            if self._failed:
+            if self._failed or is_compiling():
                 return
             try:
                 hook(*args)
             except Exception as exc:  # never into the training loop
                 self._fail(exc)
 
-        return self._torch.compiler.disable(guarded)
+        return guarded
 
     def _fail(self, exc: Exception) -> None:
         # The hooks stay registered (torch may be iterating over them right now) but do
@@ -225,6 +241,10 @@ class _Hooks:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        for unwrap in self._unwrap:
+            unwrap()
+        self._unwrap.clear()
+        self._wraps.stop_listening(self)
         if self._owned is not None and self._run.iteration == self._owned:
             self._run.leave_iteration()
         self._owned = None
@@ -261,7 +281,7 @@ class _Hooks:
             return
         marker.end()
         if self._torch.is_grad_enabled():
-            self._watch_backward(output)
+            self._grad_forward = True
         if marker is self._evaluation and self._owned is not None and self._owned[0]:
             run = self._run
             run.batch_done()
@@ -319,7 +339,7 @@ class _Hooks:
 
     def _leave(self) -> None:
         """Leave the open iteration unmeasured; its batches still count for warmup."""
-        if self._batches and not self._owned[0]:
+        if self._batches and self._owned is not None and not self._owned[0]:
             self._run.batch_done()
         self._batches = 0
         if self._run.iteration == self._owned:
@@ -328,28 +348,19 @@ class _Hooks:
 
     # -- backward -------------------------------------------------------------------
 
-    def _watch_backward(self, output: Any) -> None:
-        """Put the Backward pre-hook on the grad_fn of each output tensor needing a grad."""
-        pending = [(output, 0)]
-        while pending:
-            value, depth = pending.pop()
-            grad_fn = getattr(value, "grad_fn", None)
-            if grad_fn is not None:
-                grad_fn.register_prehook(self._on_backward)
-            elif depth < _MAX_OUTPUT_DEPTH:
-                if isinstance(value, dict):
-                    pending.extend((v, depth + 1) for v in value.values())
-                elif isinstance(value, (list, tuple)):
-                    pending.extend((v, depth + 1) for v in value)
+    def _backward_begin(self) -> None:
+        # Only the outermost call after a forward under grad: a reentrant checkpoint calls
+        # backward inside backward, and a backward of another graph is not the model's.
+        self._backward_depth += 1
+        if self._backward_depth == 1 and self._grad_forward:
+            self._grad_forward = False
+            self._backward_open = True
+            self._backward.begin()
 
-    def _backward_pre(self, grad_outputs: Any) -> None:
-        if self._backward_open:
+    def _backward_end(self) -> None:
+        self._backward_depth = max(self._backward_depth - 1, 0)
+        if self._backward_depth or not self._backward_open:
             return
-        self._backward_open = True
-        self._backward.begin()
-        self._queue_callback(self._on_backward_done)
-
-    def _backward_done(self) -> None:
         self._backward.end()
         self._backward_open = False
         self._last_ns = perf_counter_ns()
@@ -365,14 +376,24 @@ class _Hooks:
 
     # -- optimizer ------------------------------------------------------------------
 
-    def _step_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        # A step inside a step (a subclass calling super().step(), both wrapped by torch's
-        # hook caller; an optimizer wrapping another) is part of the outer one.
+    def _scaler_step_begin(self, optimizer: Any) -> None:
+        # GradScaler's step (unscale, inf check, then maybe the optimizer's): all of it is
+        # Optimization, and a step it skips still ends the iteration.
+        if self._is_ours(optimizer):
+            self._step_begin(optimizer)
+
+    def _scaler_step_end(self, optimizer: Any) -> None:
+        if self._is_ours(optimizer):
+            self._step_end(optimizer)
+
+    def _step_begin(self, optimizer: Any) -> None:
+        # A step inside a step (GradScaler's around the optimizer's, a subclass calling
+        # super().step(), an optimizer wrapping another) is part of the outer one.
         self._step_depth += 1
         if self._step_depth == 1:
             self._optimization.begin()
 
-    def _step_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _step_end(self, optimizer: Any) -> None:
         self._step_depth -= 1
         if self._step_depth:
             return
@@ -393,6 +414,8 @@ class _Hooks:
     def _is_ours(self, optimizer: Any) -> bool:
         """True for an optimizer over the instrumented modules' parameters."""
         ours = self._ours.get(optimizer)
+        if ours is None and self._explicit:  # only those given count
+            return False
         if ours is None:
             mine = {id(p) for p in self._parameters}
             ours = self._ours[optimizer] = any(
@@ -408,8 +431,8 @@ class _Hooks:
 
     def _global_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._is_ours(optimizer):
-            self._step_pre(optimizer, args, kwargs)
+            self._step_begin(optimizer)
 
     def _global_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._is_ours(optimizer):
-            self._step_post(optimizer, args, kwargs)
+            self._step_end(optimizer)

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import json
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -161,13 +164,16 @@ def test_run_epoch_and_validation_bound_the_inferred_iterations(sidecar: Sidecar
     assert len(column(frame, "Validation (s)")) == 2
 
 
-def test_a_step_skipped_by_gradscaler_leaves_its_iteration_unmeasured(
+def test_gradscaler_step_is_optimization_and_a_skipped_step_ends_its_iteration(
         sidecar: Sidecar) -> None:
+    # Optimization holds the whole scaler.step() (its unscale and inf check too), and a
+    # step the scaler skips is an iteration like the others: rows stay aligned.
     truth = Truth()
     model, optimizer = spin_parts(truth)
     scaler = torch.amp.GradScaler("cpu")
     loss_fn = nn.MSELoss()
     skipped = 3
+    stepped: list[float] = []  # the script's own clock around scaler.step()
     with markers.start_run(out_dir="maps", warmup_iterations=1) as run:
         markers.instrument(model, optimizer, run)
         for i, (x, y) in enumerate(spin_loader(truth, 8, SPINS["loading"])):
@@ -175,23 +181,25 @@ def test_a_step_skipped_by_gradscaler_leaves_its_iteration_unmeasured(
             if i == skipped:  # inf gradients: GradScaler skips optimizer.step()
                 loss = loss * float("inf")
             scaler.scale(loss).backward()
+            start = time.perf_counter()
             scaler.step(optimizer)
+            stepped.append(time.perf_counter() - start)
             scaler.update()
             optimizer.zero_grad()
     assert len(truth.seconds["optimization"]) == 7  # the skipped step never ran
     frame = table(sidecar)
-    for name in TRAINING:  # 8 batches: 1 warmup, 1 skipped
-        assert len(column(frame, name)) == 6, name
+    for name in TRAINING:  # 8 batches: 1 warmup
+        assert len(column(frame, name)) == 7, name
 
     def true(part: str) -> list[float]:
-        values = truth.seconds[part]
-        return values[1:skipped] + values[skipped + 1:]
+        return truth.seconds[part][1:]
 
     assert_close(column(frame, "Forward (s)"), true("forward"), "Forward")
     assert_close(column(frame, "Backward (s)"), true("backward"), "Backward")
     assert_close(column(frame, "Training data loading (s)"), true("loading"), "Data loading")
-    assert_close(column(frame, "Optimization (s)"), truth.seconds["optimization"][1:],
-                 "Optimization")
+    measured = column(frame, "Optimization (s)")
+    assert_close(measured, stepped[1:], "Optimization")
+    assert measured[skipped - 1] < min(truth.seconds["optimization"])  # unscale, inf check
 
 
 def test_two_optimizers_the_last_one_given_ends_the_iteration(sidecar: Sidecar) -> None:
@@ -338,3 +346,21 @@ def test_without_an_optimizer_the_models_own_steps_end_the_iterations(
                  "Optimization")
     assert_close(column(frame, "Training data loading (s)"), truth.seconds["loading"][1:],
                  "Data loading")
+
+
+def test_under_ddp_backward_holds_the_reducers_wait_for_the_all_reduce(
+        sidecar: Sidecar, tmp_path: Path) -> None:
+    # Two gloo ranks on CPU; rank 1 is slow, so rank 0's backward() waits in DDP's reducer
+    # tail, a final callback the engine runs after any queued at the first backward node.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    job = REPO / "tests" / "support" / "jobs" / "ddp_job.py"
+    truth_path = tmp_path / "truth.json"
+    ranks = [subprocess.Popen([sys.executable, str(job), str(rank), port, str(truth_path)],
+                              cwd=tmp_path, env=env(SIDECAR_ENDPOINT=sidecar.endpoint),
+                              stdin=subprocess.DEVNULL) for rank in (0, 1)]
+    assert [rank.wait(timeout=300) for rank in ranks] == [0, 0]
+    backward_s = json.loads(truth_path.read_text())["backward"]
+    assert min(backward_s[1:]) > 0.03  # the wait for the slow rank is inside backward()
+    assert_close(column(table(sidecar), "Backward (s)"), backward_s[1:], "Backward")
