@@ -186,11 +186,13 @@ class _Iteration:
     """An iteration begun and not yet ended: where it started, its context slot, the
     batches it held and the time it was suspended (a validation inside it)."""
 
-    __slots__ = ("batches", "context", "excluded_ns", "recorded", "start_ns", "validation")
+    __slots__ = ("batches", "context", "excluded_ns", "explicit_end", "recorded", "start_ns",
+                 "validation")
 
     def __init__(self, validation: bool, start_ns: int,
-                 context: tuple[int, int, int, int]) -> None:
+                 context: tuple[int, int, int, int], explicit_end: bool = False) -> None:
         self.validation = validation
+        self.explicit_end = explicit_end  # whole only through end_iteration
         self.start_ns = start_ns
         self.context = context  # (flags, epoch, iteration, batch)
         self.batches = 0
@@ -478,12 +480,15 @@ class Run:
         self._resume(end_ns)
         self._buffer.flush()
 
-    def begin_iteration(self, validation: bool = False, start_ns: int | None = None) -> None:
+    def begin_iteration(self, validation: bool = False, start_ns: int | None = None,
+                        explicit_end: bool = False) -> None:
         """A training (or validation) iteration starts at ``start_ns`` (perf_counter_ns;
         default now): the phases that follow belong to it. With accumulation, one training
         iteration is one optimization step. An iteration of the same kind still open is cut
         short (flagged incomplete); a validation iteration inside a training one suspends
-        it."""
+        it. With ``explicit_end`` only ``end_iteration`` ends it whole: the end of an epoch,
+        a pass or the run cuts it short (hooks that end it at the optimizer step: trailing
+        micro-batches that never step are no whole iteration)."""
         if start_ns is None:
             start_ns = perf_counter_ns()
         if self._left:
@@ -498,7 +503,7 @@ class Run:
             self._drop_open(start_ns)
         context = (wire.FLAG_IN_ITERATION | (wire.FLAG_VALIDATION if validation else 0),
                    self._epoch, self._iterations[validation], self._net_batches)
-        self._open = _Iteration(validation, start_ns, context)
+        self._open = _Iteration(validation, start_ns, context, explicit_end)
         self._set_context(*context)
 
     def data_loaded(self, start_ns: int, end_ns: int | None = None) -> None:
@@ -596,7 +601,7 @@ class Run:
         iteration = self._open
         if iteration is None:
             return
-        if iteration.batches and not failed:
+        if iteration.batches and not failed and not iteration.explicit_end:
             self.end_iteration(end_ns)
         else:
             self._drop_open(end_ns)
@@ -896,7 +901,8 @@ class NullRun:
 
     val_batches = train_batches
 
-    def begin_iteration(self, validation: bool = False, start_ns: int | None = None) -> None:
+    def begin_iteration(self, validation: bool = False, start_ns: int | None = None,
+                        explicit_end: bool = False) -> None:
         """Does nothing."""
 
     def data_loaded(self, start_ns: int, end_ns: int | None = None) -> None:
