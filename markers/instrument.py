@@ -24,7 +24,11 @@ Which hook stamps what (SPEC §1):
   iterations of one generator step each). A step skipped without ``GradScaler.step``
   (``optimizer.step()`` never called) is recognised when the gradients are cleared
   (``zero_grad()``, set_to_none by default) before the next forward: that iteration is
-  left unmeasured (it has no Optimization, and rows stay aligned).
+  left unmeasured (it has no Optimization, and rows stay aligned). Micro-batches that
+  never reach a step (the last ones of an epoch with ``if (i + 1) % k == 0: step()``)
+  are cut short at the end of ``run.epoch()`` or of the run: flagged incomplete in
+  phases.tsv with the batches they held, no row; without ``run.epoch()`` they join the
+  next step, as their gradients do.
 * **Training data loading**: from the end of the step (or, within an accumulation step,
   of the previous backward) to the next forward: everything the script does in between
   (fetching, moving to the device, ``zero_grad``) counts.
@@ -167,7 +171,7 @@ class _Hooks:
         self._depth = 0  # nesting of instrumented forwards
         self._step_depth = 0  # nesting of optimizer steps
         self._marker: Any = None  # the phase the outermost forward stamps
-        self._batches = 0  # batches in the open training iteration
+        self._batch_pending = False  # a training batch began, not yet counted done
         self._after_backward = False  # the next training forward starts a new batch
         self._pending_backward = False  # a backward since the last step
         self._backward_depth = 0  # nesting of backward calls (a reentrant checkpoint)
@@ -313,13 +317,12 @@ class _Hooks:
         new_batch = self._owned is None or self._after_backward
         if self._owned is None:
             start = max(self._last_ns, boundary)
-            run.begin_iteration(False, start)
+            # Whole only at its step: micro-batches left at an epoch's end never stepped.
+            run.begin_iteration(False, start, explicit_end=True)
             self._owned = run.iteration
-            self._batches = 0
         if new_batch:
-            if self._batches:
-                run.batch_done()
-            self._batches += 1
+            self._count_batch()
+            self._batch_pending = True
             run.data_loaded(max(self._last_ns, boundary), now)
             run.batch_seen(False, batch)
         self._after_backward = False
@@ -337,11 +340,15 @@ class _Hooks:
         self._state = _VAL
         self._last_eval_mode = not module.training
 
+    def _count_batch(self) -> None:
+        """The training batch begun last went through the network (once per batch)."""
+        if self._batch_pending:
+            self._batch_pending = False
+            self._run.batch_done()
+
     def _leave(self) -> None:
         """Leave the open iteration unmeasured; its batches still count for warmup."""
-        if self._batches and self._owned is not None and not self._owned[0]:
-            self._run.batch_done()
-        self._batches = 0
+        self._count_batch()
         if self._run.iteration == self._owned:
             self._run.leave_iteration()
         self._owned = None
@@ -366,6 +373,7 @@ class _Hooks:
         self._last_ns = perf_counter_ns()
         self._after_backward = True
         self._pending_backward = True
+        self._count_batch()  # now, not at the step: micro-batches that never step count
         probe = self._probe
         if probe is None or probe.grad is None:
             self._probe = next((p for p in self._parameters if p.grad is not None), None)
@@ -406,10 +414,10 @@ class _Hooks:
             return  # a GAN's discriminator step: the iteration goes on
         owned = self._owned
         if owned is not None and not owned[0] and self._run.iteration == owned:
-            self._run.batch_done()
+            self._count_batch()
             self._run.end_iteration(now)
         self._owned = None
-        self._batches = 0
+        self._batch_pending = False
 
     def _is_ours(self, optimizer: Any) -> bool:
         """True for an optimizer over the instrumented modules' parameters."""

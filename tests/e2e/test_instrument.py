@@ -364,3 +364,33 @@ def test_under_ddp_backward_holds_the_reducers_wait_for_the_all_reduce(
     backward_s = json.loads(truth_path.read_text())["backward"]
     assert min(backward_s[1:]) > 0.03  # the wait for the slow rank is inside backward()
     assert_close(column(table(sidecar), "Backward (s)"), backward_s[1:], "Backward")
+
+
+def test_trailing_micro_batches_that_never_step_are_cut_short_and_counted(
+        sidecar: Sidecar) -> None:
+    # Accumulation written the usual way: 10 batches an epoch, a step every 4th, so the
+    # last 2 of each epoch never step. They are no whole iteration: no row without its
+    # Optimization, and phases.tsv keeps them flagged with the 2 batches that went through.
+    truth = Truth()
+    model, optimizer = spin_parts(truth)
+    loss_fn = nn.MSELoss()
+    with markers.start_run(out_dir="maps", warmup_iterations=1) as run:
+        markers.instrument(model, optimizer, run)
+        for _ in range(2):
+            with run.epoch():
+                for i, (x, y) in enumerate(spin_loader(truth, 10, SPINS["loading"])):
+                    loss_fn(model(x), y).backward()
+                    if (i + 1) % 4 == 0:
+                        optimizer.step()
+                        optimizer.zero_grad()
+            optimizer.zero_grad()
+    frame = table(sidecar)
+    for name in TRAINING:  # 4 steps, the first is warmup
+        assert len(column(frame, name)) == 3, name
+    assert_close(column(frame, "Optimization (s)"), truth.seconds["optimization"][1:],
+                 "Optimization")
+    phases = read_tsv(sidecar.split_dir() / "logs" / "phases.tsv")
+    loops = phases[phases["phase"] == "Training loop"]
+    cut = loops[loops["flag"] == "incomplete"]
+    assert sorted(cut["epoch"]) == [0, 1] and set(cut["batches"]) == {2}
+    assert loops["batches"].sum() == 16  # 20, less the warmup iteration's 4 (not stored)
