@@ -267,6 +267,8 @@ class _Hooks:
             # A loop driver owns the iteration: stamp the phase only.
             evaluation = opened[0] or run.in_validation or not module.training
             self._marker = self._evaluation if evaluation else self._forward
+            if not evaluation:  # its size, where the driver sees no batch (Transformers)
+                run.batch_seen(False, args or kwargs)
         elif self._is_training(module):
             self._begin_training_forward(now, args or kwargs)
             self._marker = self._forward

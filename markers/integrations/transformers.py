@@ -22,8 +22,9 @@ has no forward or backward events, so:
 * Epoch: ``on_epoch_begin`` → ``on_epoch_end`` (or the end of the evaluation it asks for).
 
 The run starts at ``on_train_begin`` with the callback's keyword arguments (those of
-``markers.start_run``); not given: ``out_dir`` = ``args.output_dir``, batch sizes =
-``per_device_train_batch_size``/``per_device_eval_batch_size``, ``accumulation_steps`` =
+``markers.start_run``); not given: ``out_dir`` = ``args.output_dir``, batch sizes read
+from the first forward of each step (the hooks see the model's inputs: an epoch's short
+last step counts its real samples), ``accumulation_steps`` =
 ``gradient_accumulation_steps``, ``rank`` = ``process_index``. At ``on_save`` the monitor's
 state is written into the checkpoint folder (``trainmon-state.json``); a run resumed with
 ``trainer.train(resume_from_checkpoint=...)`` reads it back from
@@ -64,10 +65,10 @@ class MonitorCallback(Monitor, TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
                        **kwargs: Any) -> None:
         """Start the run, continue it from a checkpoint's state, hook the model."""
+        # Batch sizes are read from the model's inputs (instrument()'s hooks): an epoch's
+        # short last step holds fewer samples than per_device_train_batch_size.
         self.start(out_dir=args.output_dir, rank=args.process_index,
-                   accumulation_steps=args.gradient_accumulation_steps,
-                   train_batch_size=args.per_device_train_batch_size,
-                   val_batch_size=args.per_device_eval_batch_size)
+                   accumulation_steps=args.gradient_accumulation_steps)
         if state.global_step > 0:
             self._resume(args, state)
         if model is not None:

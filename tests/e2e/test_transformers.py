@@ -127,3 +127,12 @@ def test_resume_from_checkpoint_continues_the_split(serve: Callable[..., Sidecar
     phases = read_tsv(split_dir(out) / "logs" / "phases.tsv")
     assert sorted(set(phases["session"])) == [0, 1]
     assert json.loads((out / "run.json").read_text())["status"] == "completed"
+
+
+def test_an_epochs_short_last_step_counts_its_real_samples(sidecar: Sidecar) -> None:
+    # 10 samples, batches of 4, accumulation 2: each epoch steps on 4+4 samples, then on
+    # the last 2 alone (the Trainer steps at the epoch's end).
+    _truth, out = train(sidecar, "--model", "spin", "--accumulation", "2", "--samples", "10")
+    phases = read_tsv(split_dir(out) / "logs" / "phases.tsv")
+    loops = phases[(phases["phase"] == "Training loop") & phases["flag"].isna()]
+    assert list(loops["batch size"]) == [2, BATCH, 2]  # the first step is warmup
