@@ -257,6 +257,8 @@ class Run:
         self._validation_start_ns = 0  # 0: no validation pass open
         self._boundary_ns = 0  # the latest begin or end of an epoch or validation pass
         self._iterations = [0, 0]  # training, validation iterations so far (by `validation`)
+        self._epoch_iterations = 0  # iterations of both kinds when the open epoch began
+        self._told_no_iterations = False  # the warning about phases without iterations
         self._net_batches = 0  # batches that went through the network in this process
         self._open: _Iteration | None = None
         self._suspended: tuple[_Iteration, int] | None = None  # (iteration, since ns)
@@ -387,6 +389,7 @@ class Run:
         self._finished = True
         end_ns = perf_counter_ns()
         self._close_all(status == "failed", end_ns)
+        self._tell_if_no_iterations(0)
         if self._buffer.gpu is not None:
             self._buffer.drain_gpu()
         self._send_buffered(FINISH_TIMEOUT_S)
@@ -434,6 +437,7 @@ class Run:
             self._record_in(self._context, wire.FLAG_INCOMPLETE, wire.EPOCH,
                             self._epoch_start_ns, now_ns)
         self._epoch_start_ns = self._boundary_ns = now_ns
+        self._epoch_iterations = sum(self._iterations)
         self._record_in(self._context, wire.FLAG_BEGIN, wire.EPOCH, now_ns, now_ns)
 
     def end_epoch(self, failed: bool = False) -> None:
@@ -444,6 +448,7 @@ class Run:
         self._settle(failed)
         end_ns = self._boundary_ns = perf_counter_ns()
         self._end_open(failed, end_ns)
+        self._tell_if_no_iterations(self._epoch_iterations)
         if self._epoch_start_ns:
             self._record_in(self._context, wire.FLAG_INCOMPLETE if failed else 0, wire.EPOCH,
                             self._epoch_start_ns, end_ns)
@@ -605,6 +610,22 @@ class Run:
             self.end_iteration(end_ns)
         else:
             self._drop_open(end_ns)
+
+    def _tell_if_no_iterations(self, since: int) -> None:
+        """Warn once when phases were stamped but no iteration ended since ``since`` (an
+        epoch or the run): the natural first try of ``run.phase`` inside ``run.epoch()``
+        without a loop driver writes an empty table. A warning rather than rows guessed
+        from the phase sequence: where a batch's fetch begins and what ends an iteration
+        are the script's to say, in one line."""
+        if self._told_no_iterations or sum(self._iterations) != since or not any(
+                isinstance(marker, Phase) for marker in self._phases.values()):
+            return
+        self._told_no_iterations = True
+        warnings.warn("markers: phases were stamped but no iteration was measured: wrap the "
+                      "loader in run.train_batches(...) (run.val_batches(...) for "
+                      "evaluation), or call markers.instrument(model, optimizer). Until "
+                      "then the phases are only in phases.tsv, flagged outside, and the "
+                      "table is empty", RuntimeWarning, stacklevel=3)
 
     def _close_all(self, failed: bool, end_ns: int) -> None:
         """At finish: settle, end what is open (an epoch or pass never ended is cut)."""

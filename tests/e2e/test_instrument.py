@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -394,3 +395,22 @@ def test_trailing_micro_batches_that_never_step_are_cut_short_and_counted(
     cut = loops[loops["flag"] == "incomplete"]
     assert sorted(cut["epoch"]) == [0, 1] and set(cut["batches"]) == {2}
     assert loops["batches"].sum() == 16  # 20, less the warmup iteration's 4 (not stored)
+
+
+def test_phases_without_a_loop_driver_warn_once_naming_the_two_ways(sidecar: Sidecar) -> None:
+    # The natural first try: run.phase inside run.epoch(), no train_batches, no hooks.
+    expected = r"run\.train_batches.*markers\.instrument"
+    with pytest.warns(RuntimeWarning, match=expected) as seen, \
+            markers.start_run(out_dir="maps") as run:
+        for _ in range(2):
+            with run.epoch():
+                for _ in range(3):
+                    with run.phase("forward"):
+                        pass
+    assert len([w for w in seen if "no iteration" in str(w.message)]) == 1
+    with warnings.catch_warnings():  # with the driver: no such warning
+        warnings.filterwarnings("error", message=".*no iteration was measured")
+        with markers.start_run(out_dir="driven") as run, run.epoch():
+            for _ in run.train_batches(range(3)):
+                with run.phase("forward"):
+                    pass
