@@ -13,7 +13,7 @@ from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any, TypeVar
 
-from markers.run import NullRun, Phase, Run
+from markers.run import NullRun, Phase, Run, _NullPhase
 
 log = logging.getLogger("markers.integrations")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -57,7 +57,7 @@ class Monitor:
         self.run: Run | NullRun = NullRun()
         self.broken = False
         self._started = False
-        self._current: Phase | None = None  # the phase the framework's events opened
+        self._current: Phase | _NullPhase | None = None  # the phase the events opened
         self._last_end_ns = perf_counter_ns()  # end of the latest batch, save or pass
 
     def start(self, **framework: Any) -> None:
