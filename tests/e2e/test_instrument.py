@@ -66,7 +66,9 @@ def plain_training(model: nn.Module, optimizer: torch.optim.Optimizer, truth: Tr
             loader = spin_loader(truth, batches, SPINS["loading"])
             for i, (x, y) in enumerate(run.train_batches(loader) if run else loader):
                 loss = loss_fn(model(x), y) / accumulation
+                start = time.perf_counter()  # the whole call: what Backward holds
                 loss.backward()
+                truth.seconds["backward call"].append(time.perf_counter() - start)
                 if (i + 1) % accumulation == 0 or i + 1 == batches:
                     optimizer.step()
                     optimizer.zero_grad()
@@ -75,6 +77,19 @@ def plain_training(model: nn.Module, optimizer: torch.optim.Optimizer, truth: Tr
                 loader = spin_loader(truth, val_batches, SPINS["val loading"], part="val")
                 for x, _y in run.val_batches(loader) if run else loader:
                     model(x)
+
+
+def assert_between(measured: list[float], inner: list[float], outer: list[float],
+                   what: str, slack_s: float = 0.4e-3) -> None:
+    """Each stored row lies between the script's clock inside the work (``inner``: the
+    part's own spin, less 15 %) and around the call that holds it (``outer``): a pause
+    anywhere (the scheduler, the garbage collector) only widens ``outer``."""
+    assert len(measured) == len(inner) == len(outer), what
+    rows = [f"{m * 1e3:.3f} in [{i * 1e3:.3f}, {o * 1e3:.3f}]"
+            for m, i, o in zip(measured, inner, outer, strict=True)]
+    wrong = [n for n, (m, i, o) in enumerate(zip(measured, inner, outer, strict=True))
+             if not i - max(0.15 * i, slack_s) <= m <= o + slack_s]
+    assert not wrong, f"{what}: rows {wrong} outside their bounds (ms: {rows})"
 
 
 def spin_parts(truth: Truth) -> tuple[SpinNet, SpinSGD]:
@@ -105,7 +120,8 @@ def test_plain_script_gets_true_aligned_rows(sidecar: Sidecar, accumulation: int
         return sums(truth.seconds[part], accumulation)[1:]
 
     assert_close(column(frame, "Forward (s)"), true("forward"), "Forward")
-    assert_close(column(frame, "Backward (s)"), true("backward"), "Backward")
+    assert_between(column(frame, "Backward (s)"), true("backward"), true("backward call"),
+                   "Backward")
     assert_close(column(frame, "Optimization (s)"), truth.seconds["optimization"][1:],
                  "Optimization")
     assert_close(column(frame, "Training data loading (s)"), true("loading"), "Data loading")
@@ -181,7 +197,9 @@ def test_gradscaler_step_is_optimization_and_a_skipped_step_ends_its_iteration(
             loss = loss_fn(model(x), y)
             if i == skipped:  # inf gradients: GradScaler skips optimizer.step()
                 loss = loss * float("inf")
+            start = time.perf_counter()
             scaler.scale(loss).backward()
+            truth.seconds["backward call"].append(time.perf_counter() - start)
             start = time.perf_counter()
             scaler.step(optimizer)
             stepped.append(time.perf_counter() - start)
@@ -196,11 +214,14 @@ def test_gradscaler_step_is_optimization_and_a_skipped_step_ends_its_iteration(
         return truth.seconds[part][1:]
 
     assert_close(column(frame, "Forward (s)"), true("forward"), "Forward")
-    assert_close(column(frame, "Backward (s)"), true("backward"), "Backward")
+    assert_between(column(frame, "Backward (s)"), true("backward"), true("backward call"),
+                   "Backward")
     assert_close(column(frame, "Training data loading (s)"), true("loading"), "Data loading")
+    spins = truth.seconds["optimization"]
+    inner = [*spins[:skipped], 0.0, *spins[skipped:]]  # the skipped step: unscale, check
     measured = column(frame, "Optimization (s)")
-    assert_close(measured, stepped[1:], "Optimization")
-    assert measured[skipped - 1] < min(truth.seconds["optimization"])  # unscale, inf check
+    assert_between(measured, inner[1:], stepped[1:], "Optimization")
+    assert measured[skipped - 1] < min(spins)
 
 
 def test_two_optimizers_the_last_one_given_ends_the_iteration(sidecar: Sidecar) -> None:
