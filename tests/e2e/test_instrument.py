@@ -221,7 +221,6 @@ def test_gradscaler_step_is_optimization_and_a_skipped_step_ends_its_iteration(
     inner = [*spins[:skipped], 0.0, *spins[skipped:]]  # the skipped step: unscale, check
     measured = column(frame, "Optimization (s)")
     assert_between(measured, inner[1:], stepped[1:], "Optimization")
-    assert measured[skipped - 1] < min(spins)
 
 
 def test_two_optimizers_the_last_one_given_ends_the_iteration(sidecar: Sidecar) -> None:
