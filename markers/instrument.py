@@ -7,21 +7,28 @@ Which hook stamps what (docs/contract.md, Markers API):
 
 * **Forward**: a forward pre-hook and a forward hook on each given module (only the
   outermost call counts when one instrumented module calls another).
-* **Backward**: after a training forward, a pre-hook on the ``grad_fn`` of each output
-  tensor that needs a gradient; the first one the autograd engine reaches starts
-  Backward, and a callback queued on the engine (``queue_callback``, what DDP uses) ends
-  it when the whole backward pass is done. So Backward runs from the model's output to
-  the last parameter's gradient (the loss function's own backward, a few µs, is before).
-* **Optimization**: the optimizer's step pre-hook and post-hook (torch >= 2); without an
-  optimizer given, the global step hooks, for optimizers over the model's parameters.
+* **Backward**: the whole call of ``loss.backward()`` (``torch.autograd.backward`` is
+  wrapped while hooks are on: ``markers.wraps``) after a forward under grad, until the
+  engine has run every final callback, so DDP's reducer tail (the wait for the
+  all-reduce, the copy back into ``.grad``) is inside. ``torch.autograd.grad`` is not a
+  Backward.
+* **Optimization**: the whole ``optimizer.step()`` of each optimizer given (its instance's
+  ``step`` is wrapped), and the whole ``GradScaler.step(optimizer)`` around it where AMP
+  is used (unscale, inf check; a step it skips is an Optimization too and ends its
+  iteration). Without an optimizer given, the global step hooks, for optimizers over the
+  model's parameters: they leave out torch's profiler scope around the step.
 * **Iterations**: a training iteration runs from the end of one optimizer step to the end
   of the next: with accumulation every forward/backward before the step is in it. With
   several optimizers (a GAN), pass them in the order they step: the step of the LAST one
   ends the iteration (a discriminator stepping k times per generator step gives
-  iterations of one generator step each). A step skipped by AMP's GradScaler (inf/NaN
-  gradients: ``optimizer.step()`` is never called) is recognised when the gradients are
-  cleared (``zero_grad()``, set_to_none by default) before the next forward: that
-  iteration is left unmeasured (it has no Optimization, and rows stay aligned).
+  iterations of one generator step each). A step skipped without ``GradScaler.step``
+  (``optimizer.step()`` never called) is recognised when the gradients are cleared
+  (``zero_grad()``, set_to_none by default) before the next forward: that iteration is
+  left unmeasured (it has no Optimization, and rows stay aligned). Micro-batches that
+  never reach a step (the last ones of an epoch with ``if (i + 1) % k == 0: step()``)
+  are cut short at the end of ``run.epoch()`` or of the run: flagged incomplete in
+  phases.tsv with the batches they held, no row; without ``run.epoch()`` they join the
+  next step, as their gradients do.
 * **Training data loading**: from the end of the step (or, within an accumulation step,
   of the previous backward) to the next forward: everything the script does in between
   (fetching, moving to the device, ``zero_grad``) counts.
@@ -40,9 +47,9 @@ epoch or validation boundary starts at that boundary, and any forward inside
 evaluation counts the time since it as data loading; ``warmup_iterations`` leaves out
 the first iteration after ``instrument()``.
 
-``torch.compile``: hooks are wrapped in ``torch.compiler.disable``, so they run eagerly
-when Dynamo meets them; instrument the compiled module (``instrument(torch.compile(m))``)
-so they stay outside the compiled graph (on the inner module they break it in two).
+``torch.compile``: a hook Dynamo traces stamps nothing (it would bake one time into the
+graph); instrument the compiled module (``instrument(torch.compile(m))``) so the hooks
+run outside the compiled graph, eagerly.
 
 Hooks never raise into the training loop: an error inside one is reported once
 (RuntimeWarning) and the hooks are taken off.
@@ -64,7 +71,6 @@ if TYPE_CHECKING:
     from markers.run import NullRun, Run
 
 _START, _TRAIN, _VAL = 0, 1, 2  # what the model did last: nothing yet, training, evaluation
-_MAX_OUTPUT_DEPTH = 4  # nesting of tuples/dicts searched for output tensors
 
 
 class Instrumentation:
@@ -148,13 +154,14 @@ class _Hooks:
             register_optimizer_step_pre_hook,
         )
 
+        from markers import wraps
+
         self._torch = torch
         self._run = run
         self._forward = run.phase("forward")
         self._backward = run.phase("backward")
         self._optimization = run.phase("optimization")
         self._evaluation = run.phase("evaluation")
-        self._queue_callback = torch.autograd.Variable._execution_engine.queue_callback
         self.active = True  # hooks installed
         self._failed = False  # a hook raised: every hook does nothing from then on
         self._last_ns = perf_counter_ns()  # end of the latest step, backward or evaluation
@@ -164,16 +171,20 @@ class _Hooks:
         self._depth = 0  # nesting of instrumented forwards
         self._step_depth = 0  # nesting of optimizer steps
         self._marker: Any = None  # the phase the outermost forward stamps
-        self._batches = 0  # batches in the open training iteration
+        self._batch_pending = False  # a training batch began, not yet counted done
         self._after_backward = False  # the next training forward starts a new batch
         self._pending_backward = False  # a backward since the last step
+        self._backward_depth = 0  # nesting of backward calls (a reentrant checkpoint)
         self._backward_open = False
+        self._grad_forward = False  # a forward under grad since the last backward
         self._probe: torch.nn.Parameter | None = None  # a parameter that has a gradient
         self._parameters = [p for m in modules for p in m.parameters()]
         self._boundary: torch.optim.Optimizer | None = optimizers[-1] if optimizers else None
+        self._explicit = optimizers is not None
         self._ours: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
         self._stepping: set[int] = set()  # ids of our optimizers seen (global hooks)
         self._handles: list[Any] = []
+        self._unwrap: list[Callable[[], None]] = []
 
         safe = self._safe
         for module in modules:
@@ -185,26 +196,35 @@ class _Hooks:
             self._handles.append(register_optimizer_step_post_hook(safe(self._global_post)))
         else:
             for opt in optimizers:
-                self._handles.append(opt.register_step_pre_hook(safe(self._step_pre)))
-                self._handles.append(opt.register_step_post_hook(safe(self._step_post)))
-        self._on_backward = safe(self._backward_pre)
-        self._on_backward_done = safe(self._backward_done)
+                self._ours[opt] = True
+                self._unwrap.append(wraps.wrap_step(opt, safe(self._step_begin),
+                                                    safe(self._step_end)))
+        self.backward_begin = safe(self._backward_begin)
+        self.backward_end = safe(self._backward_end)
+        self.scaler_step_begin = safe(self._scaler_step_begin)
+        self.scaler_step_end = safe(self._scaler_step_end)
+        self._wraps = wraps
+        wraps.listen(self)
         run._open_gpu()  # the model is usually on its device by now: GPU timing from the start
 
     # -- safety ---------------------------------------------------------------------
 
     def _safe(self, hook: Callable[..., Any]) -> Callable[..., Any]:
         """``hook`` that never raises (one warning, then every hook stops measuring) and
-        that Dynamo never traces."""
+        that stamps nothing while Dynamo traces it (it would bake one time into the graph).
+        Checking ``is_compiling`` costs ~0.1 µs a call; ``torch.compiler.disable`` around
+        every hook cost ~10 µs a step."""
+        is_compiling = self._torch.compiler.is_compiling
+
         def guarded(*args: Any) -> None:
-            if self._failed:
+            if self._failed or is_compiling():
                 return
             try:
                 hook(*args)
             except Exception as exc:  # never into the training loop
                 self._fail(exc)
 
-        return self._torch.compiler.disable(guarded)
+        return guarded
 
     def _fail(self, exc: Exception) -> None:
         # The hooks stay registered (torch may be iterating over them right now) but do
@@ -225,6 +245,10 @@ class _Hooks:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        for unwrap in self._unwrap:
+            unwrap()
+        self._unwrap.clear()
+        self._wraps.stop_listening(self)
         if self._owned is not None and self._run.iteration == self._owned:
             self._run.leave_iteration()
         self._owned = None
@@ -243,6 +267,8 @@ class _Hooks:
             # A loop driver owns the iteration: stamp the phase only.
             evaluation = opened[0] or run.in_validation or not module.training
             self._marker = self._evaluation if evaluation else self._forward
+            if not evaluation:  # its size, where the driver sees no batch (Transformers)
+                run.batch_seen(False, args or kwargs)
         elif self._is_training(module):
             self._begin_training_forward(now, args or kwargs)
             self._marker = self._forward
@@ -261,7 +287,7 @@ class _Hooks:
             return
         marker.end()
         if self._torch.is_grad_enabled():
-            self._watch_backward(output)
+            self._grad_forward = True
         if marker is self._evaluation and self._owned is not None and self._owned[0]:
             run = self._run
             run.batch_done()
@@ -293,13 +319,12 @@ class _Hooks:
         new_batch = self._owned is None or self._after_backward
         if self._owned is None:
             start = max(self._last_ns, boundary)
-            run.begin_iteration(False, start)
+            # Whole only at its step: micro-batches left at an epoch's end never stepped.
+            run.begin_iteration(False, start, explicit_end=True)
             self._owned = run.iteration
-            self._batches = 0
         if new_batch:
-            if self._batches:
-                run.batch_done()
-            self._batches += 1
+            self._count_batch()
+            self._batch_pending = True
             run.data_loaded(max(self._last_ns, boundary), now)
             run.batch_seen(False, batch)
         self._after_backward = False
@@ -317,44 +342,40 @@ class _Hooks:
         self._state = _VAL
         self._last_eval_mode = not module.training
 
+    def _count_batch(self) -> None:
+        """The training batch begun last went through the network (once per batch)."""
+        if self._batch_pending:
+            self._batch_pending = False
+            self._run.batch_done()
+
     def _leave(self) -> None:
         """Leave the open iteration unmeasured; its batches still count for warmup."""
-        if self._batches and not self._owned[0]:
-            self._run.batch_done()
-        self._batches = 0
+        self._count_batch()
         if self._run.iteration == self._owned:
             self._run.leave_iteration()
         self._owned = None
 
     # -- backward -------------------------------------------------------------------
 
-    def _watch_backward(self, output: Any) -> None:
-        """Put the Backward pre-hook on the grad_fn of each output tensor needing a grad."""
-        pending = [(output, 0)]
-        while pending:
-            value, depth = pending.pop()
-            grad_fn = getattr(value, "grad_fn", None)
-            if grad_fn is not None:
-                grad_fn.register_prehook(self._on_backward)
-            elif depth < _MAX_OUTPUT_DEPTH:
-                if isinstance(value, dict):
-                    pending.extend((v, depth + 1) for v in value.values())
-                elif isinstance(value, (list, tuple)):
-                    pending.extend((v, depth + 1) for v in value)
+    def _backward_begin(self) -> None:
+        # Only the outermost call after a forward under grad: a reentrant checkpoint calls
+        # backward inside backward, and a backward of another graph is not the model's.
+        self._backward_depth += 1
+        if self._backward_depth == 1 and self._grad_forward:
+            self._grad_forward = False
+            self._backward_open = True
+            self._backward.begin()
 
-    def _backward_pre(self, grad_outputs: Any) -> None:
-        if self._backward_open:
+    def _backward_end(self) -> None:
+        self._backward_depth = max(self._backward_depth - 1, 0)
+        if self._backward_depth or not self._backward_open:
             return
-        self._backward_open = True
-        self._backward.begin()
-        self._queue_callback(self._on_backward_done)
-
-    def _backward_done(self) -> None:
         self._backward.end()
         self._backward_open = False
         self._last_ns = perf_counter_ns()
         self._after_backward = True
         self._pending_backward = True
+        self._count_batch()  # now, not at the step: micro-batches that never step count
         probe = self._probe
         if probe is None or probe.grad is None:
             self._probe = next((p for p in self._parameters if p.grad is not None), None)
@@ -365,14 +386,24 @@ class _Hooks:
 
     # -- optimizer ------------------------------------------------------------------
 
-    def _step_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        # A step inside a step (a subclass calling super().step(), both wrapped by torch's
-        # hook caller; an optimizer wrapping another) is part of the outer one.
+    def _scaler_step_begin(self, optimizer: Any) -> None:
+        # GradScaler's step (unscale, inf check, then maybe the optimizer's): all of it is
+        # Optimization, and a step it skips still ends the iteration.
+        if self._is_ours(optimizer):
+            self._step_begin(optimizer)
+
+    def _scaler_step_end(self, optimizer: Any) -> None:
+        if self._is_ours(optimizer):
+            self._step_end(optimizer)
+
+    def _step_begin(self, optimizer: Any) -> None:
+        # A step inside a step (GradScaler's around the optimizer's, a subclass calling
+        # super().step(), an optimizer wrapping another) is part of the outer one.
         self._step_depth += 1
         if self._step_depth == 1:
             self._optimization.begin()
 
-    def _step_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _step_end(self, optimizer: Any) -> None:
         self._step_depth -= 1
         if self._step_depth:
             return
@@ -385,14 +416,16 @@ class _Hooks:
             return  # a GAN's discriminator step: the iteration goes on
         owned = self._owned
         if owned is not None and not owned[0] and self._run.iteration == owned:
-            self._run.batch_done()
+            self._count_batch()
             self._run.end_iteration(now)
         self._owned = None
-        self._batches = 0
+        self._batch_pending = False
 
     def _is_ours(self, optimizer: Any) -> bool:
         """True for an optimizer over the instrumented modules' parameters."""
         ours = self._ours.get(optimizer)
+        if ours is None and self._explicit:  # only those given count
+            return False
         if ours is None:
             mine = {id(p) for p in self._parameters}
             ours = self._ours[optimizer] = any(
@@ -408,8 +441,8 @@ class _Hooks:
 
     def _global_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._is_ours(optimizer):
-            self._step_pre(optimizer, args, kwargs)
+            self._step_begin(optimizer)
 
     def _global_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._is_ours(optimizer):
-            self._step_post(optimizer, args, kwargs)
+            self._step_end(optimizer)

@@ -84,8 +84,12 @@ class RunInterface(Protocol):
     def end_validation(self, failed: bool = ...) -> None:
         """The validation pass ends now."""
 
-    def begin_iteration(self, validation: bool = ..., start_ns: int | None = ...) -> None:
+    def begin_iteration(self, validation: bool = ..., start_ns: int | None = ...,
+                        explicit_end: bool = ...) -> None:
         """An iteration starts."""
+
+    def exclude_since(self, start_ns: int) -> None:
+        """The time since ``start_ns`` belongs to no iteration."""
 
     def data_loaded(self, start_ns: int, end_ns: int | None = ...) -> None:
         """The open iteration's batch was fetched."""

@@ -36,10 +36,13 @@ class OpenIteration:
     """An iteration begun and not yet ended: where it started, its context slot, the
     batches it held and the time it was suspended (a validation inside it)."""
 
-    __slots__ = ("batches", "context", "excluded_ns", "recorded", "start_ns", "validation")
+    __slots__ = ("batches", "context", "excluded_ns", "explicit_end", "recorded", "start_ns",
+                 "validation")
 
-    def __init__(self, validation: bool, start_ns: int, context: Context) -> None:
+    def __init__(self, validation: bool, start_ns: int, context: Context,
+                 explicit_end: bool = False) -> None:
         self.validation = validation
+        self.explicit_end = explicit_end  # whole only through end_iteration
         self.start_ns = start_ns
         self.context = context
         self.batches = 0
@@ -147,11 +150,12 @@ class Iterations:
 
     # -- iterations -------------------------------------------------------------------
 
-    def begin_iteration(self, validation: bool = False,
-                        start_ns: int | None = None) -> OpenIteration:
+    def begin_iteration(self, validation: bool = False, start_ns: int | None = None,
+                        explicit_end: bool = False) -> OpenIteration:
         """An iteration starts at ``start_ns`` (default now); returns it (the open one).
         One of the same kind still open is cut short; a validation iteration inside a
-        training one suspends it."""
+        training one suspends it. With ``explicit_end`` only ``end_iteration`` ends it
+        whole: the end of an epoch, a pass or the run cuts it short."""
         if start_ns is None:
             start_ns = perf_counter_ns()
         if self._left:
@@ -166,7 +170,7 @@ class Iterations:
             self.cut_open(start_ns)
         context = (wire.FLAG_IN_ITERATION | (wire.FLAG_VALIDATION if validation else 0),
                    self.epoch, self.counts[validation], self.net_batches)
-        self.open = iteration = OpenIteration(validation, start_ns, context)
+        self.open = iteration = OpenIteration(validation, start_ns, context, explicit_end)
         self._set_context(*context)
         return iteration
 
@@ -263,7 +267,7 @@ class Iterations:
         iteration = self.open
         if iteration is None:
             return
-        if iteration.batches and not failed:
+        if iteration.batches and not failed and not iteration.explicit_end:
             self.end_iteration(end_ns)
         else:
             self.cut_open(end_ns)

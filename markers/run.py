@@ -75,6 +75,8 @@ class Run:
         # (no Python frame): a known name costs a dict hit, a new one calls __missing__.
         self.phase: Callable[[str], Phase | NullPhase] = self._phases.__getitem__
         self._iter = Iterations(self._buffer, first_epoch, self._open_gpu)
+        self._epoch_iterations = 0  # iterations of both kinds when the open epoch began
+        self._told_no_iterations = False  # the warning about phases without iterations
         self._finished = False
         forks.on_fork(self, Run._before_fork, Run._enter_child)
 
@@ -199,6 +201,7 @@ class Run:
         self._finished = True
         end_ns = perf_counter_ns()
         self._iter.close_all(status == "failed", end_ns)
+        self._tell_if_no_iterations(0)
         if self._buffer.gpu is not None:
             self._buffer.drain_gpu()
         self._send_buffered(FINISH_TIMEOUT_S)
@@ -246,6 +249,7 @@ class Run:
     def begin_epoch(self) -> None:
         """An epoch starts now (an epoch still open is cut short)."""
         self._iter.begin_epoch()
+        self._epoch_iterations = sum(self._iter.counts)
 
     def end_epoch(self, failed: bool = False) -> None:
         """The epoch begun by ``begin_epoch`` ends now: one Epoch measurement, or, when
@@ -253,6 +257,7 @@ class Run:
         iteration still open ends with it. The next phases belong to the next epoch;
         sends what is buffered."""
         self._iter.end_epoch(failed)
+        self._tell_if_no_iterations(self._epoch_iterations)
 
     def begin_validation(self) -> None:
         """A validation pass starts now. Inside a training iteration the pass suspends it:
@@ -266,13 +271,16 @@ class Run:
         it) suspended goes on."""
         self._iter.end_validation(failed)
 
-    def begin_iteration(self, validation: bool = False, start_ns: int | None = None) -> None:
+    def begin_iteration(self, validation: bool = False, start_ns: int | None = None,
+                        explicit_end: bool = False) -> None:
         """A training (or validation) iteration starts at ``start_ns`` (perf_counter_ns;
         default now): the phases that follow belong to it. With accumulation, one training
         iteration is one optimization step. An iteration of the same kind still open is cut
         short (flagged incomplete); a validation iteration inside a training one suspends
-        it."""
-        self._iter.begin_iteration(validation, start_ns)
+        it. With ``explicit_end`` only ``end_iteration`` ends it whole: the end of an epoch,
+        a pass or the run cuts it short (hooks that end it at the optimizer step: trailing
+        micro-batches that never step are no whole iteration)."""
+        self._iter.begin_iteration(validation, start_ns, explicit_end)
 
     def data_loaded(self, start_ns: int, end_ns: int | None = None) -> None:
         """The open iteration's batch was fetched from ``start_ns`` to ``end_ns`` (default
@@ -300,6 +308,27 @@ class Run:
         """Phases from now on are outside any iteration; an iteration still open is cut
         short: kept in phases.tsv flagged incomplete, never measured."""
         self._iter.leave_iteration()
+
+    def exclude_since(self, start_ns: int) -> None:
+        """The time since ``start_ns`` (perf_counter_ns; a framework's checkpoint save)
+        belongs to no iteration: the open one's loop time leaves it out."""
+        self._iter.exclude_since(start_ns)
+
+    def _tell_if_no_iterations(self, since: int) -> None:
+        """Warn once when phases were stamped but no iteration was measured since
+        ``since`` (iterations counted at an epoch's begin, or 0 for the run): the natural
+        first try of ``run.phase`` inside ``run.epoch()`` without a loop driver writes an
+        empty table. A warning rather than rows guessed from the phase sequence: where a
+        batch's fetch begins and what ends an iteration are the script's to say."""
+        if self._told_no_iterations or sum(self._iter.counts) != since or not any(
+                isinstance(marker, Phase) for marker in self._phases.values()):
+            return
+        self._told_no_iterations = True
+        warnings.warn("markers: phases were stamped but no iteration was measured: wrap the "
+                      "loader in run.train_batches(...) (run.val_batches(...) for "
+                      "evaluation), or call markers.instrument(model, optimizer). Until "
+                      "then the phases are only in phases.tsv, flagged outside, and the "
+                      "table is empty", RuntimeWarning, stacklevel=3)
 
     # -- what hooks and callbacks read to agree with the loop drivers -----------------
 
@@ -446,7 +475,11 @@ class NullRun:
 
     val_batches = train_batches
 
-    def begin_iteration(self, validation: bool = False, start_ns: int | None = None) -> None:
+    def begin_iteration(self, validation: bool = False, start_ns: int | None = None,
+                        explicit_end: bool = False) -> None:
+        """Does nothing."""
+
+    def exclude_since(self, start_ns: int) -> None:
         """Does nothing."""
 
     def data_loaded(self, start_ns: int, end_ns: int | None = None) -> None:

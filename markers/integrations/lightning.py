@@ -20,7 +20,12 @@ micro-batch) → ``on_before_backward`` → ``on_after_backward`` →
 * Epoch: ``on_train_epoch_start`` → ``on_train_epoch_end`` (validation inside it);
 * Validation: ``on_validation_start`` → ``on_validation_end`` (not the sanity check);
   each validation batch is an iteration, ``on_validation_batch_start`` →
-  ``on_validation_batch_end`` its Evaluation (``validation_step`` with its metrics).
+  ``on_validation_batch_end`` its Evaluation (``validation_step`` with its metrics). A
+  validation inside an accumulation window (``val_check_interval`` not a multiple of
+  ``accumulate_grad_batches``) is its own Validation too: the training iteration is
+  suspended, and its loop time leaves the pass out;
+* checkpoint saves (``trainer.save_checkpoint``, what ModelCheckpoint calls) are cut out:
+  in no iteration's loop time and no batch's data loading.
 
 With manual optimization, a second optimizer's forward falls into the first one's
 Optimization (the hooks cannot tell it apart); use ``markers.instrument`` there.
@@ -41,6 +46,7 @@ too, from ``pytorch_lightning.Callback``, so either namespace's Trainer accepts 
 from __future__ import annotations
 
 import importlib
+from time import perf_counter_ns
 from typing import Any
 
 from markers.integrations.monitor import Monitor, never_raise
@@ -79,6 +85,25 @@ class MonitorCallback(Monitor, *_callback_bases()):  # type: ignore[misc]
             self.start(out_dir=trainer.default_root_dir,
                        accumulation_steps=trainer.accumulate_grad_batches,
                        rank=trainer.global_rank)
+            self._cut_out_saves(trainer)
+
+    def _cut_out_saves(self, trainer: Any) -> None:
+        """Wrap this trainer's ``save_checkpoint`` (what ModelCheckpoint calls, after our
+        ``on_validation_end``) so that a save is in no iteration and no batch's data
+        loading."""
+        save = trainer.save_checkpoint
+        if getattr(save, "_trainmon", False):
+            return
+
+        def save_checkpoint(*args: Any, **kwargs: Any) -> Any:
+            start_ns = perf_counter_ns()
+            try:
+                return save(*args, **kwargs)
+            finally:
+                self.cut_out(start_ns)
+
+        save_checkpoint._trainmon = True  # type: ignore[attr-defined]
+        trainer.save_checkpoint = save_checkpoint
 
     @never_raise
     def on_save_checkpoint(self, trainer: Any, pl_module: Any,
@@ -154,7 +179,7 @@ class MonitorCallback(Monitor, *_callback_bases()):  # type: ignore[misc]
     @never_raise
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         """A validation pass of the fit starts (not the sanity check)."""
-        if not trainer.sanity_checking and self.run.iteration is None:
+        if not trainer.sanity_checking:  # inside an accumulation window too: it is suspended
             self._validating = True
             self.run.begin_validation()
 

@@ -103,6 +103,12 @@ class Monitor:
             self.run.end_iteration()
         self.mark()
 
+    def cut_out(self, start_ns: int) -> None:
+        """The time since ``start_ns`` (a checkpoint save) belongs to no iteration and to
+        no batch's data loading."""
+        self.run.exclude_since(start_ns)
+        self.mark()
+
     def mark(self) -> None:
         """Time before now belongs to no later batch's data loading (a checkpoint write)."""
         self._last_end_ns = perf_counter_ns()

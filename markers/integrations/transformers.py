@@ -21,9 +21,12 @@ has no forward or backward events, so:
   own Validation measurement, outside any training iteration;
 * Epoch: ``on_epoch_begin`` → ``on_epoch_end`` (or the end of the evaluation it asks for).
 
-The run starts at ``on_train_begin`` with the callback's keyword arguments (those of
-``markers.start_run``); not given: ``out_dir`` = ``args.output_dir``, batch sizes =
-``per_device_train_batch_size``/``per_device_eval_batch_size``, ``accumulation_steps`` =
+The run starts at ``on_init_end`` (the end of ``Trainer(...)``: a private sidecar's
+start-up is not in ``train()``'s time; at ``on_train_begin`` for a callback added later)
+with the callback's keyword arguments (those of ``markers.start_run``); not given:
+``out_dir`` = ``args.output_dir``, batch sizes read from the first forward of each step
+(the hooks see the model's inputs: an epoch's short last step counts its real samples),
+``accumulation_steps`` =
 ``gradient_accumulation_steps``, ``rank`` = ``process_index``. At ``on_save`` the monitor's
 state is written into the checkpoint folder (``trainmon-state.json``); a run resumed with
 ``trainer.train(resume_from_checkpoint=...)`` reads it back from
@@ -61,13 +64,23 @@ class MonitorCallback(Monitor, TrainerCallback):
     # -- start, resume, save, end ---------------------------------------------------
 
     @never_raise
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Start the run while the Trainer is built: a private sidecar's start-up (about a
+        second) is then not inside ``train()``'s time (HF's ``train_runtime``)."""
+        self._start(args)
+
+    def _start(self, args: Any) -> None:
+        # Batch sizes are read from the model's inputs (instrument()'s hooks): an epoch's
+        # short last step holds fewer samples than per_device_train_batch_size.
+        self.start(out_dir=args.output_dir, rank=args.process_index,
+                   accumulation_steps=args.gradient_accumulation_steps)
+
+    @never_raise
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
                        **kwargs: Any) -> None:
-        """Start the run, continue it from a checkpoint's state, hook the model."""
-        self.start(out_dir=args.output_dir, rank=args.process_index,
-                   accumulation_steps=args.gradient_accumulation_steps,
-                   train_batch_size=args.per_device_train_batch_size,
-                   val_batch_size=args.per_device_eval_batch_size)
+        """Continue the run from a checkpoint's state, hook the model (and start the run
+        if the callback was added after the Trainer was built)."""
+        self._start(args)
         if state.global_step > 0:
             self._resume(args, state)
         if model is not None:

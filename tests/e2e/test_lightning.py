@@ -67,6 +67,36 @@ def test_rows_follow_the_hooks_with_accumulation(sidecar: Sidecar, accumulation:
                  "Validation data loading")
 
 
+def grouped(values: list[float], sizes: list[int]) -> list[float]:
+    """``values`` summed in consecutive groups of the given sizes."""
+    sums_, start = [], 0
+    for size in sizes:
+        sums_.append(sum(values[start:start + size]))
+        start += size
+    return sums_
+
+
+def test_validation_inside_an_accumulation_window_and_checkpoint_saves(
+        sidecar: Sidecar) -> None:
+    # 8 batches an epoch, a step every 3 (3, 3, 2), a validation every 4 batches: the
+    # first falls inside the second step's window. ModelCheckpoint saves after each.
+    truth, folder = fit(sidecar, "--accumulation", "3", "--batches", "8",
+                        "--val-check-interval", "0.5", "--ckpt-dir", "ckpt")
+    frame = read_tsv(split_dir(folder) / "logs" / "computational.tsv")
+    for name in TRAINING:  # 2 epochs of 3 steps; the first is warmup
+        assert frame[name].notna().sum() == 5, name
+    assert frame["Validation (s)"].notna().sum() == 4
+    assert frame["Validation loop (s)"].notna().sum() == 8
+    assert_close(frame["Evaluation (s)"].dropna().tolist(), truth["evaluation"][1:],
+                 "Evaluation")
+    # Neither the validation nor the save (25-45 ms here) is any batch's data loading;
+    # Lightning's own work between batches is (a few ms a batch on this busy machine).
+    assert_close(frame["Training data loading (s)"].dropna().tolist(),
+                 grouped(truth["loading"], [3, 3, 2] * 2)[1:], "Data loading", abs_s=0.015)
+    assert_close(frame["Forward (s)"].dropna().tolist(),
+                 grouped(truth["forward"], [3, 3, 2] * 2)[1:], "Forward")
+
+
 def test_a_run_resumed_from_a_lightning_checkpoint_continues_the_split(
         serve: Callable[..., Sidecar]) -> None:
     first = serve()

@@ -127,3 +127,26 @@ def test_resume_from_checkpoint_continues_the_split(serve: Callable[..., Sidecar
     phases = read_tsv(split_dir(out) / "logs" / "phases.tsv")
     assert sorted(set(phases["session"])) == [0, 1]
     assert json.loads((out / "run.json").read_text())["status"] == "completed"
+
+
+def test_an_epochs_short_last_step_counts_its_real_samples(sidecar: Sidecar) -> None:
+    # 10 samples, batches of 4, accumulation 2: each epoch steps on 4+4 samples, then on
+    # the last 2 alone (the Trainer steps at the epoch's end).
+    _truth, out = train(sidecar, "--model", "spin", "--accumulation", "2", "--samples", "10")
+    phases = read_tsv(split_dir(out) / "logs" / "phases.tsv")
+    loops = phases[(phases["phase"] == "Training loop") & phases["flag"].isna()]
+    assert list(loops["batch size"]) == [2, BATCH, 2]  # the first step is warmup
+
+
+def test_a_private_sidecars_start_up_is_not_inside_train(tmp_path: Path) -> None:
+    # No SIDECAR_ENDPOINT: the callback starts a private sidecar (about a second); that
+    # happens while the Trainer is built, not inside train() (on_train_begin).
+    out, truth = tmp_path / "hf", tmp_path / "truth.json"
+    environment = env(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    result = subprocess.run(
+        [sys.executable, str(JOB), "--truth", str(truth), "--out", str(out), "--model",
+         "spin", "--epochs", "1"], cwd=tmp_path, capture_output=True, text=True,
+        timeout=300, env=environment)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(truth.read_text())["on_train_begin"] < 0.3
+    assert computational(out)["Training loop (s)"].notna().sum() == 3  # 4 steps, 1 warmup

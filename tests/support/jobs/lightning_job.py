@@ -2,7 +2,8 @@
 writes what each part really took to ``--truth`` (one JSON file per rank).
 
     python tests/support/jobs/lightning_job.py --truth t.json [--accumulation N]
-        [--epochs E] [--batches B] [--devices 2] [--ckpt-dir D] [--resume CKPT]
+        [--epochs E] [--batches B] [--devices 2] [--val-check-interval F]
+        [--ckpt-dir D] [--resume CKPT]
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def main() -> None:
     parser.add_argument("--val-batches", type=int, default=2)
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--val-check-interval", type=float, default=1.0)
     parser.add_argument("--ckpt-dir")
     parser.add_argument("--resume")
     args = parser.parse_args()
@@ -64,7 +66,8 @@ def main() -> None:
         strategy="ddp" if args.devices > 1 else "auto", max_epochs=args.epochs,
         accumulate_grad_batches=args.accumulation, callbacks=callbacks, logger=False,
         enable_checkpointing=bool(args.ckpt_dir), enable_progress_bar=False,
-        enable_model_summary=False, num_sanity_val_steps=1)
+        enable_model_summary=False, num_sanity_val_steps=1,
+        val_check_interval=args.val_check_interval)
     trainer.fit(SpinModule(truth),
                 train_dataloaders=SpinBatches(truth, args.batches, COSTS["loading"]),
                 val_dataloaders=SpinBatches(truth, args.val_batches, COSTS["val"], "val"),
