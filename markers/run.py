@@ -190,7 +190,8 @@ class Run:
         """End the run: send everything (waiting at most ``GPU_DRAIN_S`` for GPU times
         still in flight), have the sidecar write its files (waiting as long as it reports
         progress on them, and at most ``FINISH_TIMEOUT_S`` without), close the connection.
-        Safe to call more than once.
+        Safe to call more than once. One RuntimeWarning when the sidecar did not answer or
+        could not write the files (it names the sidecar's error).
 
         An iteration, epoch or validation pass still open is cut short: kept in phases.tsv
         flagged incomplete (an iteration left by a loop's ``break`` before a completed
@@ -221,6 +222,10 @@ class Run:
         if reply is None:
             warnings.warn("markers: the sidecar did not confirm writing the files "
                           f"({self._sender.last_failure})", RuntimeWarning, stacklevel=2)
+        elif not reply.get("ok"):  # it answered, but its files are not there: say so here
+            warnings.warn(f"markers: the sidecar could not write the files ({reply.get('error')}"
+                          "); its log and `sidecar status` say more", RuntimeWarning,
+                          stacklevel=2)
         self._sender.close()
         self._buffer.children.close()
         if self._on_close is not None:

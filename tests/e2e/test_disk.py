@@ -16,6 +16,7 @@ import errno
 import json
 import os
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.sinks import layout
-from tests.support.helpers import progress, split_dir, start_job, wait_for
+from tests.support.helpers import JOB, env, progress, split_dir, start_job, wait_for
 
 SIZE = 1024 * 1024  # the files of the test's run (at most 20 rows per phase) take ~100 KiB
 
@@ -128,3 +129,18 @@ def test_unwritable_output_is_reported_kept_and_written_later(serve, short_tmp: 
     epochs = state["ranks"]["0"]["series"]["1"]["rows"]["epoch"]  # rows as columns
     assert epochs[:before] == list(range(before))  # epochs from before the heal were kept
     assert sidecar.status()["last_error"]  # the last error stays visible as history
+
+
+def test_a_script_whose_files_cannot_be_written_is_told_so_at_finish(short_tmp: Path) -> None:
+    """The sidecar answers finish with its write error; the training script, which may
+    never see the sidecar's log, gets one warning naming it, and still ends normally."""
+    blocker = short_tmp / "a-file"  # an out_dir under a regular file: never writable
+    blocker.write_text("")
+    job = subprocess.run([sys.executable, str(JOB), "--out-dir", str(blocker / "run"),
+                          "--epochs", "1", "--iters", "5"], cwd=short_tmp, env=env(),
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    assert job.returncode == 0, job.stderr
+    told = [line for line in job.stderr.splitlines()
+            if "markers: the sidecar could not write the files" in line]
+    assert len(told) == 1, job.stderr
+    assert "Not a directory" in told[0]
