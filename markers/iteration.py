@@ -147,6 +147,9 @@ class Iterations:
         self._validation_start_ns = 0
         self.resume(end_ns)
         self._buffer.flush()
+        # The send (a process wake-up, milliseconds on a busy machine) ends the pass's
+        # work: the resumed training iteration leaves it out, as it leaves the pass.
+        self.exclude_since(end_ns)
 
     # -- iterations -------------------------------------------------------------------
 

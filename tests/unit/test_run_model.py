@@ -170,3 +170,26 @@ def test_a_validation_loop_inside_a_training_loop_suspends_its_iteration(wired) 
     optimization = [r for r in sent if r["phase"] == wire.OPTIMIZATION]
     assert [(r["flags"], r["iteration"]) for r in optimization] == [
         (wire.FLAG_IN_ITERATION, 0), (wire.FLAG_IN_ITERATION, 1)]
+
+
+def test_the_send_after_a_validation_pass_stays_out_of_the_training_iteration(
+        wired, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pass's records are sent when it ends; a slow send (a busy machine) is the
+    pass's cost, not the training iteration's."""
+    from markers.buffer import RecordBuffer
+    run, router = wired
+    flush = RecordBuffer.flush
+
+    def slow_flush(buffer: RecordBuffer) -> None:
+        time.sleep(0.05)
+        flush(buffer)
+
+    run.begin_iteration()
+    run.batch_done()
+    monkeypatch.setattr(RecordBuffer, "flush", slow_flush)
+    run.begin_validation()
+    run.end_validation()
+    monkeypatch.setattr(RecordBuffer, "flush", flush)
+    run.end_iteration()
+    (loop,) = [r for r in records(run, router) if r["phase"] == wire.TRAINING_LOOP]
+    assert loop["end_ns"] - loop["start_ns"] < 0.03e9  # the sends took >= 0.1 s: excluded
