@@ -6,8 +6,9 @@ counted here. Replies go back to the sender's identity as JSON.
 The socket has a ZeroMQ context of its own (a ZAP handler answers for it alone). It is
 bound by ``binding`` (an endpoint already served is refused, a stale socket file taken
 over); with a secret (a job's own sidecar) ``job_only`` lets in only its holders, the
-others fail the handshake and are counted (``unauthenticated``). ZMTP heartbeats drop a
-client that stops answering (a dead host, a frozen process) within ``heartbeat_s``.
+others fail the handshake and are counted (``unauthenticated``). On tcp, ZMTP heartbeats
+drop a client that stops answering (a dead host, a frozen process) within ``heartbeat_s``;
+on ipc every client is a local process whose pid the server watches.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ class Receiver:
         self.socket = self.context.socket(zmq.ROUTER)
         self._guard: JobOnly | None = None
         try:
-            self._configure(heartbeat_s)
+            self._configure(None if ipc_path(self.endpoint) else heartbeat_s)
             if secret is not None:
                 self._guard = JobOnly(self.context, self.socket, secret)
             bind(self.socket, self.endpoint, shared)
@@ -89,12 +90,18 @@ class Receiver:
         self.connections = ConnectionWatch(self.socket, registry.reject, connection_lost,
                                            refuse_failed_handshakes=secret is not None)
 
-    def _configure(self, heartbeat_s: float) -> None:
+    def _configure(self, heartbeat_s: float | None) -> None:
         socket = self.socket
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_BYTES)
         socket.setsockopt(zmq.RCVHWM, RCVHWM)
         socket.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        if heartbeat_s is None:
+            # ipc: every client is a local process whose pid is watched, so heartbeats
+            # add nothing; and libzmq 4.3 aborts the whole process (stream_engine_base
+            # "!_io_error") when a heartbeat times out on a connection held back by the
+            # receive high-water mark, as a flooding client's is.
+            return
         # A ping every fifth of the time, an answer awaited for three fifths of it: a
         # silent peer is dropped within heartbeat_s. TTL tells the clients the same bound.
         socket.setsockopt(zmq.HEARTBEAT_IVL, max(1, int(heartbeat_s * 200)))
