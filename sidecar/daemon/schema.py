@@ -91,6 +91,7 @@ FIELDS: dict[str, Fields] = {
         "versions": (False, True, names),
         "phases": (False, False, anything),  # custom names -> ids: checked by the streams
         "worker_phases": (False, False, integer()),
+        "sidecar_wait_s": (False, False, number),
     },
     wire.PHASE: {
         "id": (True, False, integer(wire.FIRST_CUSTOM_ID, wire.MAX_PHASE_ID)),

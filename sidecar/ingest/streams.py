@@ -23,6 +23,7 @@ import numpy as np
 from markers import wire
 from markers.wire import P_BATCHES, P_END, P_FLAGS, P_PHASE, P_START
 from sidecar.ingest.peers import Peer
+from sidecar.ingest.startup import note_startup
 from sidecar.model import state
 from sidecar.model.aggregator import RankAggregator, RecordValues, Settings
 from sidecar.model.split import Split
@@ -278,6 +279,7 @@ class Registry:
         that took over never saw their declarations) and its DataLoader workers' phases."""
         stream.custom_names.update(self._declarations(body))
         self.note_worker_phases(stream, body.get("worker_phases"))
+        note_startup(stream.split.rank(stream.rank).sessions[-1], body, stream.start_unix)
 
     @staticmethod
     def _declarations(body: dict[str, Any]) -> dict[int, str]:
