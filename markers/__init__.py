@@ -155,6 +155,7 @@ def start_run(out_dir: str | os.PathLike[str] = "maps", split: int = 0,
     _check("accumulation_steps", accumulation_steps, 1)
     _check("rank", rank, 0)
     check_device_spec(device)
+    began_s = time.perf_counter()  # a private sidecar's start: start-up, not training
     try:
         endpoint, secret, private, timeout_s = _endpoint(endpoint)
         sender = Sender(endpoint, os.urandom(16), _rank(rank), secret)
@@ -175,6 +176,7 @@ def start_run(out_dir: str | os.PathLike[str] = "maps", split: int = 0,
         "host": socket.gethostname(), "pid": os.getpid(), "user": getpass.getuser(),
         "job_id": os.environ.get("SLURM_JOB_ID"), "command": [sys.executable, *sys.argv],
         "start_unix": time.time(), "start_ns": time.perf_counter_ns(), "versions": _versions(),
+        "sidecar_wait_s": time.perf_counter() - began_s if private is not None else 0.0,
     }
     reply = sender.request(hello, timeout_s) if connected else None
     on_close = None
