@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sidecar.model import state
+from sidecar.model.efficiency import split_accounts
+from sidecar.model.goodput import Account
 from sidecar.model.split import Split
 from sidecar.resources.monitor import ResourceFigures
-from sidecar.sinks import layout, resources_text, rowtext, summary, tables
+from sidecar.sinks import goodput_text, layout, resources_text, rowtext, summary, tables
 from sidecar.sinks.atomic import WriteBytes, rewrite_in_place, write_atomic
 from sidecar.sinks.locks import folder_lock
 
@@ -80,7 +82,7 @@ def _number(value: object) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def _split_entry(split: Split) -> dict[str, Any]:
+def _split_entry(split: Split, accounts: Mapping[int, Account]) -> dict[str, Any]:
     """The ``run.json`` entry of one split: its own status, times and metadata."""
     info = split.info
     aggs = [a for a in split.ranks.values() if a.sessions]
@@ -102,17 +104,22 @@ def _split_entry(split: Split) -> dict[str, Any]:
         "wall_s": max((a.wall_s() for a in split.ranks.values()), default=None),
         "gpus": [{"uuid": uuid, "name": name} for uuid, name in split.gpus],
         **{key: info.get(key) for key in ("host", "user", "job_id", "command", "cwd")},
+        "goodput": goodput_text.goodput_entry(accounts),
     }
 
 
-def run_json(split: Split, existing: str) -> str:
+def run_json(split: Split, existing: str,
+             accounts: Mapping[int, Account] | None = None) -> str:
     """The text of ``run.json``: this split's entry merged into what other splits of the
     same folder wrote there before (their entries under ``splits`` are kept), and a top
     level that describes the whole run (SPEC §3): status and cause of the worst split
     (failed > incomplete > running > completed), the earliest start, the latest end (none
     while a split runs), every GPU of every split, run_id the lowest split's. Call it
-    under ``folder_lock``.
+    under ``folder_lock``. ``accounts``: the split's goodput accounts per rank (default:
+    computed here); the top level's ``goodput`` adds up the splits' means.
     """
+    if accounts is None:
+        accounts = split_accounts(list(split.ranks.values()))
     try:
         previous = json.loads(existing) if existing else {}
     except ValueError:
@@ -120,7 +127,7 @@ def run_json(split: Split, existing: str) -> str:
     previous = previous if isinstance(previous, dict) else {}
     found = previous.get("splits")
     splits: dict[str, Any] = found if isinstance(found, dict) else {}
-    splits[str(split.split)] = _split_entry(split)
+    splits[str(split.split)] = _split_entry(split, accounts)
     entries = [e for _, e in sorted((int(k), e) for k, e in splits.items()
                                     if k.isdigit() and isinstance(e, dict))]
     starts = [t for t in (_number(e.get("start_unix")) for e in entries) if t is not None]
@@ -147,6 +154,7 @@ def run_json(split: Split, existing: str) -> str:
         "status": worst.get("status"),
         "cause": worst.get("cause"),
         "gpus": list(gpus.values()),
+        "goodput": goodput_text.job_entry(entries),
         "versions": info.get("versions", {}),
         "splits": splits,
     }
@@ -169,12 +177,14 @@ def render(split: Split, resources: ResourceFigures, counts: RecordCounts,
             files[path] = table(agg)
             on_progress(path.name)
     block = None
+    accounts = split_accounts(ranks)
     if ranks:
         block_lines = resources_text.resources_block(
             resources.gpus, resources.host, resources.gpu_off_reason, resources.attribution,
             records_lines(counts))
         block = summary.computational_block(
-            ranks, [name for _, name in split.gpus], split.gaps, block_lines)
+            ranks, [name for _, name in split.gpus], split.gaps, block_lines,
+            goodput_text.goodput_lines(accounts))
     if resources.host_samples or resources.gpu_samples:
         frame = resources_text.resources_frame(resources.gpu_samples, resources.host_samples,
                                                resources.run_start_ns, resources.session_starts_ns)

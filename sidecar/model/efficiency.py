@@ -1,0 +1,69 @@
+"""A split's goodput accounts: each rank's, with the time it waited for the slowest rank.
+
+The straggler rule (``sidecar.model.stragglers``) compares the ranks' stored iterations;
+``rank_iterations`` gives it one rank's, from the rows this sidecar stores. Ranks merged
+from several sidecars can be handed to ``split_accounts`` the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from markers import wire
+from sidecar.model.aggregator import RankAggregator
+from sidecar.model.goodput import Account, total
+from sidecar.model.stragglers import RankIterations, stragglers
+
+# The straggler rule's PHASES, as phase ids.
+_PHASE_IDS = (wire.TRAINING_DATA_LOADING, wire.FORWARD, wire.BACKWARD, wire.OPTIMIZATION)
+
+
+def rank_iterations(agg: RankAggregator, host: str = "") -> RankIterations:
+    """The stored training iterations of ``agg``, keyed by (epoch, iteration); a later
+    session's row of the same key (redone after a resume) replaces the earlier one."""
+    def by_key(phase: int) -> dict[tuple[int, int], float]:
+        series = agg.series.get(phase)
+        return {(row.epoch, row.iteration): row.wall_s for row in series.rows} if series else {}
+
+    loops = by_key(wire.TRAINING_LOOP)
+    phases = [by_key(phase) for phase in _PHASE_IDS]
+    keys = sorted(loops)
+    return RankIterations(
+        host, np.array(keys, dtype=np.int64).reshape(-1, 2),
+        np.array([[phase.get(key, 0.0) for phase in phases] for key in keys],
+                 dtype=float).reshape(-1, len(_PHASE_IDS)),
+        np.array([loops[key] for key in keys], dtype=float))
+
+
+def waits_per_iteration(ranks: Mapping[int, RankIterations]) -> dict[int, float]:
+    """Seconds each rank waited for the slowest one per aligned iteration (0 with fewer
+    than two ranks or no aligned iteration)."""
+    if len(ranks) < 2:
+        return dict.fromkeys(ranks, 0.0)
+    view = stragglers(ranks)
+    if not view.aligned:
+        return dict.fromkeys(ranks, 0.0)
+    return {standing.rank: standing.waited_s / view.aligned for standing in view.standings}
+
+
+def split_accounts(aggs: Sequence[RankAggregator],
+                   ranks: Mapping[int, RankIterations] | None = None) -> dict[int, Account]:
+    """The goodput account of each rank of ``aggs`` (those with a session); ``ranks`` the
+    iterations the straggler rule compares (default: those of ``aggs``)."""
+    counted = [agg for agg in aggs if agg.sessions]
+    if ranks is None:
+        ranks = {agg.rank: rank_iterations(agg) for agg in counted}
+    waits = waits_per_iteration(ranks)
+    return {agg.rank: agg.goodput_account(waits.get(agg.rank, 0.0)) for agg in counted}
+
+
+def mean(accounts: Sequence[Account]) -> Account:
+    """The ranks' accounts averaged: the split's account in seconds of wall time."""
+    added = total(accounts)
+    share = 1.0 / max(1, len(accounts))
+    return Account(added.wall_s * share, added.productive_s * share,
+                   {cause: value * share for cause, value in added.badput_s.items()},
+                   round(added.iterations * share), None if added.gpu_busy_s is None
+                   else added.gpu_busy_s * share)
