@@ -18,6 +18,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -100,10 +101,10 @@ def rank_main(args: argparse.Namespace, rank: int, barrier: Any) -> None:
                             # since the checkpoint ends there
                             clock["death_unix"] = clock["fetch_unix"]
                             _write(Path(f"{path}.death"), clock)
-                            run._buffer.flush()
+                            run._buffer.flush()  # type: ignore[union-attr]
                             time.sleep(0.3)
                             os.kill(os.getpid(), signal.SIGKILL)
-            walls = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+            walls = [b - a for a, b in pairwise(stamps)]
             for index, wall in enumerate(walls):
                 wall -= away[index] if index < len(away) else 0.0
                 if done - len(walls) + index < args.warmup:
