@@ -77,6 +77,16 @@ class SnapshotCollector(Collector):
         host_families = _families(fields.HOST_FIELDS, RUN_LABELS)
         records = CounterMetricFamily("trainmon_records", "record accounting",
                                       labels=[*RUN_LABELS, "outcome"])
+        goodput = GaugeMetricFamily(
+            "trainmon_goodput_seconds", "the rank's wall time from its process start, by "
+            "part: productive or a badput cause (docs/goodput.md)",
+            labels=[*RUN_LABELS, "split", "rank", "part"])
+        goodput_wall = GaugeMetricFamily("trainmon_goodput_wall_seconds", "the wall time "
+                                         "the goodput parts add up to",
+                                         labels=[*RUN_LABELS, "split", "rank"])
+        gpu_busy = GaugeMetricFamily("trainmon_goodput_gpu_busy_seconds", "GPU time of "
+                                     "Forward, Backward and Optimization in the productive "
+                                     "iterations", labels=[*RUN_LABELS, "split", "rank"])
         runs = GaugeMetricFamily("trainmon_runs", "runs the sidecar knows, by status",
                                  labels=["status"])
         for view in splits:
@@ -92,6 +102,11 @@ class SnapshotCollector(Collector):
                 for loop, count in (("train", rank.train_samples), ("val", rank.val_samples)):
                     if count is not None:
                         samples.add_metric([*where, loop], count)
+                for part, value_s in rank.goodput.parts().items():
+                    goodput.add_metric([*where, part], value_s)
+                goodput_wall.add_metric(where, rank.goodput.wall_s)
+                if rank.goodput.gpu_busy_s is not None:
+                    gpu_busy.add_metric(where, rank.goodput.gpu_busy_s)
             for g in view.gpus:
                 labels = [view.host, str(g.index), g.uuid, g.model, view.run_id]
                 for name, value in g.gauges.items():
@@ -103,7 +118,7 @@ class SnapshotCollector(Collector):
         for status in STATUS_ORDER:
             runs.add_metric([status], sum(1 for v in splits if v.status == status))
         yield from (wall, gpu, samples, *gpu_families.values(), *host_families.values(),
-                    records, runs)
+                    records, goodput, goodput_wall, gpu_busy, runs)
 
 
 class MetricsExporter:

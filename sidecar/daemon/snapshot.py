@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from sidecar.model.aggregator import RankAggregator
+from sidecar.model.goodput import Account
 from sidecar.model.split import Split
 from sidecar.resources import fields
 from sidecar.resources.monitor import SplitResources
@@ -83,6 +84,7 @@ class RankView:
     training_s: float
     train_samples: int | None
     val_samples: int | None
+    goodput: Account  # its wall time by part (sidecar.model.goodput)
 
 
 @dataclass(frozen=True)
@@ -114,12 +116,13 @@ class SplitView:
     host_gauges: dict[str, float]  # metric name -> value, of each host field's gauge
 
 
-def _rank_view(agg: RankAggregator) -> RankView:
+def _rank_view(agg: RankAggregator, straggler_per_iteration_s: float) -> RankView:
     phases = tuple(
         PhaseStats(phase, agg.custom_names.get(phase, ""), s.wall.count,
                    s.wall.mean * s.wall.count, s.gpu.count, s.gpu.mean * s.gpu.count)
         for phase, s in sorted(agg.series.items()))
-    return RankView(agg.rank, phases, agg.training_s(), agg.samples[False], agg.samples[True])
+    return RankView(agg.rank, phases, agg.training_s(), agg.samples[False], agg.samples[True],
+                    agg.goodput_account(straggler_per_iteration_s))
 
 
 def split_view(split: Split, resources: SplitResources | None) -> SplitView:
@@ -141,7 +144,8 @@ def split_view(split: Split, resources: SplitResources | None) -> SplitView:
         run_id=first.sessions[0].run_id if first and first.sessions else "",
         user=str(info.get("user") or ""), host=str(info.get("host") or ""),
         slurm_job_id=str(info.get("job_id") or ""), split=split.split, status=split.status,
-        ranks=tuple(_rank_view(split.ranks[r]) for r in sorted(split.ranks)),
+        ranks=tuple(_rank_view(split.ranks[r], split.straggler_waits.get(r, 0.0))
+                    for r in sorted(split.ranks) if split.ranks[r].sessions),
         records={"received": sum(split.received.values()) - lost,
                  "dropped": sum(split.dropped.values()), "lost": lost,
                  "rejected": split.rejected},

@@ -48,14 +48,17 @@ def waits_per_iteration(ranks: Mapping[int, RankIterations]) -> dict[int, float]
     return {standing.rank: standing.waited_s / view.aligned for standing in view.standings}
 
 
-def split_accounts(aggs: Sequence[RankAggregator],
+def split_accounts(aggs: Sequence[RankAggregator], split_waits: dict[int, float],
                    ranks: Mapping[int, RankIterations] | None = None) -> dict[int, Account]:
     """The goodput account of each rank of ``aggs`` (those with a session); ``ranks`` the
-    iterations the straggler rule compares (default: those of ``aggs``)."""
+    iterations the straggler rule compares (default: those of ``aggs``). Each rank's wait
+    per iteration is also put in ``split_waits`` (the split's, for the live view)."""
     counted = [agg for agg in aggs if agg.sessions]
     if ranks is None:
         ranks = {agg.rank: rank_iterations(agg) for agg in counted}
     waits = waits_per_iteration(ranks)
+    for agg in counted:
+        split_waits[agg.rank] = waits.get(agg.rank, 0.0)
     return {agg.rank: agg.goodput_account(waits.get(agg.rank, 0.0)) for agg in counted}
 
 

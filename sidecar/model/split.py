@@ -33,6 +33,9 @@ class Split:
         self.rejected = 0
         self.dirty = True
         self.write_error: str | None = None
+        # Per rank: seconds it waited for the slowest rank per measured iteration, as of
+        # the last write (the straggler rule runs on the stored rows when files are made).
+        self.straggler_waits: dict[int, float] = {}
 
     @property
     def split_dir(self) -> Path:

@@ -119,7 +119,7 @@ def run_json(split: Split, existing: str,
     computed here); the top level's ``goodput`` adds up the splits' means.
     """
     if accounts is None:
-        accounts = split_accounts(list(split.ranks.values()))
+        accounts = split_accounts(list(split.ranks.values()), split.straggler_waits)
     try:
         previous = json.loads(existing) if existing else {}
     except ValueError:
@@ -177,7 +177,7 @@ def render(split: Split, resources: ResourceFigures, counts: RecordCounts,
             files[path] = table(agg)
             on_progress(path.name)
     block = None
-    accounts = split_accounts(ranks)
+    accounts = split_accounts(ranks, split.straggler_waits)
     if ranks:
         block_lines = resources_text.resources_block(
             resources.gpus, resources.host, resources.gpu_off_reason, resources.attribution,

@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from markers import wire
 from sidecar.daemon.metrics import MetricsExporter
 from sidecar.daemon.snapshot import GpuView, PhaseStats, RankView, Snapshot, SplitView
+from sidecar.model.goodput import CAUSES, Account
 from sidecar.model.units import BYTES_PER_MIB as MIB
 
 RUN = ["run", "user", "host", "slurm_job_id"]
@@ -26,8 +27,15 @@ SPEC = {  # name: (type, labels) as SPEC §7 lists them
     "trainmon_job_cpu_seconds": ("counter", RUN),
     "trainmon_job_memory_rss_bytes": ("gauge", RUN),
     "trainmon_records": ("counter", [*RUN, "outcome"]),
+    "trainmon_goodput_seconds": ("gauge", [*RUN, "split", "rank", "part"]),
+    "trainmon_goodput_wall_seconds": ("gauge", [*RUN, "split", "rank"]),
+    "trainmon_goodput_gpu_busy_seconds": ("gauge", [*RUN, "split", "rank"]),
     "trainmon_runs": ("gauge", ["status"]),
 }
+
+
+GOODPUT = Account(20.0, 12.0, {cause: 0.5 * (index + 1) for index, cause in enumerate(CAUSES)},
+                  50, 6.0)
 
 
 def _split(run_id: str) -> SplitView:
@@ -36,7 +44,7 @@ def _split(run_id: str) -> SplitView:
               PhaseStats(wire.FIRST_CUSTOM_ID, "augment", 3, 0.3, 0, 0.0))
     return SplitView(
         run_id=run_id, user="ada", host="node1", slurm_job_id="42", split=0,
-        status="running", ranks=(RankView(0, phases, 12.5, 80, None),),
+        status="running", ranks=(RankView(0, phases, 12.5, 80, None, GOODPUT),),
         records={"received": 100, "dropped": 1, "lost": 0, "rejected": 2},
         gpus=(GpuView(0, "GPU-a", "NVIDIA H200", {
             "trainmon_gpu_utilization_ratio": 0.55,
@@ -82,6 +90,11 @@ def test_names_types_labels_and_forgotten_runs() -> None:
         util = families["trainmon_gpu_utilization_ratio"].samples[0]
         assert util.value == 0.55
         assert families["trainmon_gpu_memory_used_bytes"].samples[0].value == 1024 ** 3
+        parts = {s.labels["part"]: s.value for s in families["trainmon_goodput_seconds"].samples
+                 if s.labels["run"] == "a" * 32}
+        assert parts == {"productive": 12.0, **GOODPUT.badput_s}  # every cause, bounded
+        assert families["trainmon_goodput_wall_seconds"].samples[0].value == 20.0
+        assert families["trainmon_goodput_gpu_busy_seconds"].samples[0].value == 6.0
         runs = {s.labels["status"]: s.value for s in families["trainmon_runs"].samples}
         assert runs == {"running": 2, "completed": 0, "incomplete": 0, "failed": 0}
 
