@@ -11,8 +11,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from sidecar.model.goodput import CAUSES
-from tests.support.helpers import env, run_json, split_dir, wait_for
+from tests.support.helpers import env, read_tsv, run_json, split_dir, wait_for
 
 JOB = Path(__file__).parents[1] / "support" / "jobs" / "goodput_job.py"
 SHARE, ABSOLUTE_S = 0.05, 0.03
@@ -84,7 +86,7 @@ def test_kill_and_resume_redone_work_and_downtime(serve, short_tmp: Path) -> Non
     sidecar = serve()
     out = short_tmp / "root" / "resumed"
     common = ["--out-dir", str(out), "--iters", "50", "--warmup", "3", "--data-s", "0.01",
-              "--step-s", "0.02", "--checkpoint-s", "0.3"]
+              "--step-s", "0.02", "--checkpoint-s", "0.3", "--gpu", "GPU-aa:NVIDIA Fake"]
     first = start_job(sidecar.endpoint, short_tmp, *common, "--clock",
                       str(short_tmp / "one"), "--epochs", "3", "--checkpoint-at", "0",
                       "--die-after", "40")
@@ -109,6 +111,26 @@ def test_kill_and_resume_redone_work_and_downtime(serve, short_tmp: Path) -> Non
         _close(badput[cause], one[cause] + two[cause], cause)
     _close(account["productive_s"], one["productive"] + two["productive"], "productive")
     _close(account["wall_s"], two["end_unix"] - one["process_start_unix"], "wall")
+    _report_shows(short_tmp, run_json(out)["goodput"])
+
+
+def _report_shows(root: Path, whole: dict[str, Any]) -> None:
+    """``sidecar report`` of the folder: jobs.tsv has the run's goodput, summary.tsv the
+    GPU-hours lost per cause (one GPU)."""
+    result = subprocess.run([sys.executable, "-m", "sidecar", "report", "root", "--out",
+                             str(root / "report")], cwd=root, env=env(), capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    jobs = read_tsv(root / "report" / "jobs.tsv")
+    assert len(jobs) == 1 and jobs["GPUs"][0] == 1
+    assert jobs["goodput (%)"][0] == pytest.approx(
+        whole["productive_s"] / whole["wall_s"] * 100, abs=0.01)
+    summary = read_tsv(root / "report" / "summary.tsv").set_index(["by", "name"])
+    for cause in CAUSES:
+        assert jobs[f"badput {cause} (s)"][0] == pytest.approx(whole["badput_s"][cause],
+                                                              abs=1e-3)
+        assert summary.loc[("GPU model", "NVIDIA Fake"), f"GPU-hours lost {cause}"] == \
+            pytest.approx(whole["badput_s"][cause] / 3600, abs=1e-6)
 
 
 def test_waiting_for_a_slow_rank(serve, short_tmp: Path) -> None:

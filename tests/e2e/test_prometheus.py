@@ -148,6 +148,12 @@ def test_prometheus_scrapes_the_phase_times_and_reports_like_the_files(
     for column in ("train throughput (samples/s)", "data loading share (%)", "wall (s)"):
         assert abs(by_series[column] - by_files[column]) <= 0.1 * by_files[column], column
     assert by_series["GPUs"] == by_files["GPUs"] == 2
+    # the goodput gauges as last scraped, the files at the end: start-up was over by then
+    assert by_files["goodput (%)"] > 0
+    assert abs(by_series["goodput (%)"] - by_files["goodput (%)"]) <= 10
+    startup = by_files["badput startup (s)"] + by_files["badput sidecar_start (s)"]
+    assert abs(by_series["badput startup (s)"] + by_series["badput sidecar_start (s)"]
+               - startup) <= 0.1 * startup + 0.05
     # the stand-in GPUs alternate 10 % and 90 % every 0.5 s: 1 s scrapes alias, so only
     # the range is checked here
     assert 10 <= by_series["GPU utilization mean (%)"] <= 90

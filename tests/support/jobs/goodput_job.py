@@ -45,6 +45,9 @@ def rank_main(args: argparse.Namespace, rank: int, barrier: Any) -> None:
     run = markers.start_run(out_dir=args.out_dir, split=0, rank=rank,
                             warmup_iterations=args.warmup, num_measurements=args.cap,
                             train_batch_size=4, resume=args.resume)
+    if args.gpu:  # stands in for CUDA: the run names this GPU
+        uuid, name = args.gpu.split(":", 1)
+        run._sender.send_control({"type": "gpu", "uuid": uuid, "name": name})  # type: ignore[union-attr]
     path = Path(f"{args.clock}.{rank}.json")
     clock = {"pid": os.getpid(), "process_start_unix": psutil.Process().create_time(),
              "first_iteration_unix": None, "warmup": 0.0, "data_stall": 0.0,
@@ -149,6 +152,7 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--ranks", type=int, default=1)
     parser.add_argument("--slow-rank", type=int, default=1)
+    parser.add_argument("--gpu", help="UUID:NAME: announce this GPU")
     parser.add_argument("--slow-s", type=float, default=0.0, help="extra Forward seconds")
     args = parser.parse_args()
     if args.ranks == 1:
