@@ -117,6 +117,11 @@ FIELDS: dict[str, Fields] = {
         "worker_phases": (False, True, integer()),
     },
     wire.STATUS: {},
+    wire.LOADER: {
+        "kind": (True, False, one_of("train", "validation")),
+        "num_workers": (True, False, integer(0, 2**31 - 1)),
+        "pin_memory": (True, False, flag),
+    },
     wire.FINISH_JOB: {"job_id": (True, False, text(NAME_MAX, 1))},
 }
 

@@ -36,6 +36,8 @@ class Split:
         # Per rank: seconds it waited for the slowest rank per measured iteration, as of
         # the last write (the straggler rule runs on the stored rows when files are made).
         self.straggler_waits: dict[int, float] = {}
+        # The DataLoader settings of the latest train / validation loop (run.json).
+        self.loaders: dict[str, dict[str, Any]] = {}
 
     @property
     def split_dir(self) -> Path:

@@ -105,6 +105,7 @@ def _split_entry(split: Split, accounts: Mapping[int, Account]) -> dict[str, Any
         "gpus": [{"uuid": uuid, "name": name} for uuid, name in split.gpus],
         **{key: info.get(key) for key in ("host", "user", "job_id", "command", "cwd")},
         "goodput": goodput_text.goodput_entry(accounts),
+        "loaders": split.loaders,
     }
 
 
