@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from markers import forks, wire
 from markers.buffer import RecordBuffer, pack_slot
+from markers.loaders import loader_control
 from markers.transport import Sender
 
 perf_counter_ns = time.perf_counter_ns
@@ -746,6 +747,9 @@ class Run:
         per_iteration = 1 if validation else self._accumulation
         suspended = validation and self._suspend(perf_counter_ns())
         self._open_gpu()  # CUDA may have come up since the last loop
+        settings = loader_control(loader, validation)
+        if settings is not None:  # the report's advice on input-bound steps
+            self._sender.send_control(settings)
         iterator = iter(loader)
         iteration: _Iteration | None = None  # the iteration this loop has open
         buffer = self._buffer

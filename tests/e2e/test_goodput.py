@@ -154,3 +154,32 @@ def test_waiting_for_a_slow_rank(serve, short_tmp: Path) -> None:
     block = (split_dir(out) / "summary.log").read_text()
     assert "(mean over 2 ranks)" in block and "rank 0: productive" in block
     assert os.path.exists(out / "run.json")
+
+
+LOADER_JOB = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+import markers
+
+data = TensorDataset(torch.zeros(16, 3))
+run = markers.start_run(out_dir="maps", warmup_iterations=0)
+with run:
+    for _ in run.train_batches(DataLoader(data, batch_size=4, num_workers=2,
+                                          pin_memory=False)):
+        pass
+    for _ in run.val_batches(DataLoader(data, batch_size=8)):
+        pass
+"""
+
+
+def test_dataloader_settings_reach_run_json(serve, short_tmp: Path) -> None:
+    """The loop drivers read num_workers and pin_memory from a real DataLoader."""
+    sidecar = serve()
+    (short_tmp / "root" / "job.py").write_text(LOADER_JOB)
+    subprocess.run([sys.executable, "job.py"], cwd=short_tmp / "root", check=True,
+                   env=env(SIDECAR_ENDPOINT=sidecar.endpoint), timeout=300)
+    out = short_tmp / "root" / "maps"
+    wait_for(lambda: run_json(out).get("status") == "completed", 30, "the run")
+    assert run_json(out)["splits"]["0"]["loaders"] == {
+        "train": {"num_workers": 2, "pin_memory": False},
+        "validation": {"num_workers": 0, "pin_memory": False}}
