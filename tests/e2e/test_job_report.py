@@ -103,3 +103,20 @@ def test_an_unknown_job_is_said(job: Path) -> None:
                              "runs"], cwd=job, env=env(), capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 1 and "no run folder of job 999" in result.stderr
+
+
+def test_the_slurm_epilog_writes_it_into_the_jobs_folder(job: Path) -> None:
+    """epilog.sh with SIDECAR_JOB_REPORT_ROOTS: efficiency.txt in the run folder (no
+    sidecar socket on this machine: the finish step is skipped)."""
+    written = job / "runs" / "job" / "efficiency.txt"
+    written.unlink(missing_ok=True)
+    wrapper = job / "sidecar.sh"
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} -m sidecar "$@"\n')
+    wrapper.chmod(0o755)
+    epilog = Path(__file__).parents[2] / "systemd" / "slurm" / "epilog.sh"
+    result = subprocess.run(["sh", str(epilog)], cwd=job, capture_output=True, text=True,
+                            timeout=120, env=env(SIDECAR=str(wrapper), SLURM_JOB_ID="4242",
+                                                 SIDECAR_JOB_REPORT_ROOTS=str(job / "runs")))
+    assert result.returncode == 0, result.stderr
+    expected = _report(job, "--job", "4242", str(job / "runs")).stdout
+    assert written.read_text() == expected
