@@ -87,10 +87,14 @@ class SnapshotCollector(Collector):
         gpu_busy = GaugeMetricFamily("trainmon_goodput_gpu_busy_seconds", "GPU time of "
                                      "Forward, Backward and Optimization in the productive "
                                      "iterations", labels=[*RUN_LABELS, "split", "rank"])
+        running = GaugeMetricFamily("trainmon_run_running", "1 while the split runs, 0 "
+                                    "once it ended (completed, incomplete, failed)",
+                                    labels=[*RUN_LABELS, "split"])
         runs = GaugeMetricFamily("trainmon_runs", "runs the sidecar knows, by status",
                                  labels=["status"])
         for view in splits:
             run = _run_labels(view)
+            running.add_metric([*run, str(view.split)], float(view.status == "running"))
             for rank in view.ranks:
                 where = [*run, str(view.split), str(rank.rank)]
                 wall.add_metric([*where, PHASE_NAMES[wire.TRAINING]], 1, rank.training_s)
@@ -118,7 +122,7 @@ class SnapshotCollector(Collector):
         for status in STATUS_ORDER:
             runs.add_metric([status], sum(1 for v in splits if v.status == status))
         yield from (wall, gpu, samples, *gpu_families.values(), *host_families.values(),
-                    records, goodput, goodput_wall, gpu_busy, runs)
+                    records, goodput, goodput_wall, gpu_busy, running, runs)
 
 
 class MetricsExporter:

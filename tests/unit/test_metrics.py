@@ -20,6 +20,7 @@ SPEC = {  # name: (type, labels) as SPEC §7 lists them
     "trainmon_samples": ("counter", [*RUN, "split", "rank", "loop"]),
     "trainmon_gpu_utilization_ratio": ("gauge", ["host", "gpu", "uuid", "model", "run"]),
     "trainmon_gpu_memory_used_bytes": ("gauge", ["host", "gpu", "uuid", "model", "run"]),
+    "trainmon_gpu_memory_total_bytes": ("gauge", ["host", "gpu", "uuid", "model", "run"]),
     "trainmon_gpu_job_memory_bytes": ("gauge", ["host", "gpu", "uuid", "model", "run"]),
     "trainmon_gpu_power_watts": ("gauge", ["host", "gpu", "uuid", "model", "run"]),
     "trainmon_gpu_energy_joules": ("counter", ["host", "gpu", "uuid", "model", "run"]),
@@ -30,6 +31,7 @@ SPEC = {  # name: (type, labels) as SPEC §7 lists them
     "trainmon_goodput_seconds": ("gauge", [*RUN, "split", "rank", "part"]),
     "trainmon_goodput_wall_seconds": ("gauge", [*RUN, "split", "rank"]),
     "trainmon_goodput_gpu_busy_seconds": ("gauge", [*RUN, "split", "rank"]),
+    "trainmon_run_running": ("gauge", [*RUN, "split"]),
     "trainmon_runs": ("gauge", ["status"]),
 }
 
@@ -49,6 +51,7 @@ def _split(run_id: str) -> SplitView:
         gpus=(GpuView(0, "GPU-a", "NVIDIA H200", {
             "trainmon_gpu_utilization_ratio": 0.55,
             "trainmon_gpu_memory_used_bytes": 1024.0 * MIB,
+            "trainmon_gpu_memory_total_bytes": 4096.0 * MIB,
             "trainmon_gpu_job_memory_bytes": 512.0 * MIB, "trainmon_gpu_power_watts": 300.0,
             "trainmon_gpu_energy_joules": 900.0, "trainmon_gpu_temperature_celsius": 60.0}),),
         host_gauges={"trainmon_job_cpu_seconds": 3.5,
@@ -95,6 +98,7 @@ def test_names_types_labels_and_forgotten_runs() -> None:
         assert parts == {"productive": 12.0, **GOODPUT.badput_s}  # every cause, bounded
         assert families["trainmon_goodput_wall_seconds"].samples[0].value == 20.0
         assert families["trainmon_goodput_gpu_busy_seconds"].samples[0].value == 6.0
+        assert [s.value for s in families["trainmon_run_running"].samples] == [1.0, 1.0]
         runs = {s.labels["status"]: s.value for s in families["trainmon_runs"].samples}
         assert runs == {"running": 2, "completed": 0, "incomplete": 0, "failed": 0}
 
