@@ -92,6 +92,8 @@ FIELDS: dict[str, Fields] = {
         "phases": (False, False, anything),  # custom names -> ids: checked by the streams
         "worker_phases": (False, False, integer()),
         "sidecar_wait_s": (False, False, number),
+        "flops_per_batch": (False, True, number),
+        "flops_dtype": (False, False, one_of(*wire.FLOPS_DTYPES)),
     },
     wire.PHASE: {
         "id": (True, False, integer(wire.FIRST_CUSTOM_ID, wire.MAX_PHASE_ID)),

@@ -233,7 +233,7 @@ class Registry:
         split = self.splits.get(key)
         self._one_writer(key, split, header.rank)
         info = {k: body.get(k) for k in ("host", "user", "job_id", "command", "cwd",
-                                          "versions")}
+                                          "versions", "flops_per_batch", "flops_dtype")}
         info["start_unix"] = start_unix
         previous_end = self.previous_activity(folder, split_index)
         old = split.ranks.get(header.rank) if split is not None else None

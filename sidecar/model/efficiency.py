@@ -14,6 +14,7 @@ import numpy as np
 from markers import wire
 from sidecar.model.aggregator import RankAggregator
 from sidecar.model.goodput import Account, total
+from sidecar.model.peaks import Mfu, peak_tflops
 from sidecar.model.stragglers import RankIterations, stragglers
 
 # The straggler rule's PHASES, as phase ids.
@@ -70,3 +71,24 @@ def mean(accounts: Sequence[Account]) -> Account:
                    {cause: value * share for cause, value in added.badput_s.items()},
                    round(added.iterations * share), None if added.gpu_busy_s is None
                    else added.gpu_busy_s * share)
+
+
+def batches_per_s(agg: RankAggregator) -> float | None:
+    """Batches per second over the stored training steps of ``agg`` (None: none)."""
+    series = agg.series.get(wire.TRAINING_LOOP)
+    rows = [row for row in series.rows if row.batches] if series else []
+    wall_s = sum(row.wall_s for row in rows)
+    return sum(row.batches for row in rows) / wall_s if wall_s > 0 else None
+
+
+def split_mfu(aggs: Sequence[RankAggregator], flops_per_batch: float | None, dtype: str,
+              gpu_name: str | None) -> Mfu | None:
+    """The split's MFU estimate: each rank's batches per second over its stored steps,
+    averaged (one GPU per rank), against ``gpu_name``'s peak for ``dtype``; None when no
+    FLOPs per batch were given or no step was stored."""
+    rates = [rate for rate in map(batches_per_s, aggs) if rate is not None]
+    if not flops_per_batch or not rates:
+        return None
+    name = gpu_name or "no GPU"
+    return Mfu(flops_per_batch, sum(rates) / len(rates), name, dtype,
+               peak_tflops(name, dtype) if gpu_name else None)

@@ -9,6 +9,7 @@ from typing import Any
 
 from sidecar.model.efficiency import mean
 from sidecar.model.goodput import CAUSE_LABELS, CAUSES, Account
+from sidecar.model.peaks import Mfu
 from sidecar.sinks import layout
 
 TITLE = " Goodput: where the wall time went "
@@ -18,9 +19,10 @@ def _share(part_s: float, wall_s: float) -> str:
     return f"{part_s / wall_s * 100:5.1f} %" if wall_s > 0 else "    - %"
 
 
-def goodput_lines(accounts: Mapping[int, Account]) -> list[str]:
+def goodput_lines(accounts: Mapping[int, Account], mfu: Mfu | None = None) -> list[str]:
     """The block (title line to closing star line) for the ranks' ``accounts``; [] when
-    no rank has a session yet. Several ranks: their mean, then one line per rank."""
+    no rank has a session yet. Several ranks: their mean, then one line per rank; the
+    MFU estimate last when FLOPs per batch were given."""
     if not accounts:
         return []
     ranks = sorted(accounts)
@@ -49,6 +51,8 @@ def goodput_lines(accounts: Mapping[int, Account]) -> list[str]:
             lines.append(f"rank {rank}: productive {_share(mine.productive_s, mine.wall_s)}"
                          f" of {mine.wall_s:.2f} s; waited for the slowest rank "
                          f"{mine.badput_s['straggler']:.2f} s")
+    if mfu is not None:
+        lines.append(mfu.line())
     return [*lines, "*" * layout.WIDTH]
 
 

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.model import state
-from sidecar.model.efficiency import split_accounts
+from sidecar.model.efficiency import split_accounts, split_mfu
 from sidecar.model.goodput import Account
+from sidecar.model.peaks import Mfu
 from sidecar.model.split import Split
 from sidecar.resources.monitor import ResourceFigures
 from sidecar.sinks import goodput_text, layout, resources_text, rowtext, summary, tables
@@ -82,10 +83,19 @@ def _number(value: object) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
+def _mfu(split: Split) -> Mfu | None:
+    """The split's MFU estimate from the FLOPs per batch its hello gave (None: none)."""
+    flops = _number(split.info.get("flops_per_batch"))
+    return split_mfu([split.ranks[r] for r in sorted(split.ranks)], flops,
+                     str(split.info.get("flops_dtype") or "bf16"),
+                     split.gpus[0][1] if split.gpus else None)
+
+
 def _split_entry(split: Split, accounts: Mapping[int, Account]) -> dict[str, Any]:
     """The ``run.json`` entry of one split: its own status, times and metadata."""
     info = split.info
     aggs = [a for a in split.ranks.values() if a.sessions]
+    mfu = _mfu(split)
     first = split.ranks.get(0) or next(iter(split.ranks.values()), None)
     start_unix = min((a.run_start_unix for a in aggs), default=info.get("start_unix"))
     return {
@@ -106,6 +116,7 @@ def _split_entry(split: Split, accounts: Mapping[int, Account]) -> dict[str, Any
         **{key: info.get(key) for key in ("host", "user", "job_id", "command", "cwd")},
         "goodput": goodput_text.goodput_entry(accounts),
         "loaders": split.loaders,
+        "mfu": None if mfu is None else mfu.to_json(),
     }
 
 
@@ -185,7 +196,7 @@ def render(split: Split, resources: ResourceFigures, counts: RecordCounts,
             records_lines(counts))
         block = summary.computational_block(
             ranks, [name for _, name in split.gpus], split.gaps, block_lines,
-            goodput_text.goodput_lines(accounts))
+            goodput_text.goodput_lines(accounts, _mfu(split)))
     if resources.host_samples or resources.gpu_samples:
         frame = resources_text.resources_frame(resources.gpu_samples, resources.host_samples,
                                                resources.run_start_ns, resources.session_starts_ns)
