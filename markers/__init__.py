@@ -124,7 +124,8 @@ def start_run(out_dir: str | os.PathLike[str] = "maps", split: int = 0,
               train_batch_size: int | None = None, val_batch_size: int | None = None,
               accumulation_steps: int = 1, resume: bool = False,
               endpoint: str | None = None, rank: int | None = None,
-              device: Any = None) -> Run | NullRun:
+              device: Any = None, flops_per_batch: float | None = None,
+              flops_dtype: str = "bf16") -> Run | NullRun:
     """Start monitoring one split of a training run and return its ``Run``.
 
     Connects to the sidecar at ``endpoint``, else ``$SIDECAR_ENDPOINT``, else starts a
@@ -144,8 +145,14 @@ def start_run(out_dir: str | os.PathLike[str] = "maps", split: int = 0,
     An endpoint or runtime folder that cannot be used at all gives one RuntimeWarning and a
     ``NullRun`` (the same interface; nothing is measured).
 
+    ``flops_per_batch`` (the model FLOPs of one training batch, forward and backward:
+    given, or ``markers.flops.count_flops_per_batch``) asks for the MFU estimate against the
+    device's dense peak for ``flops_dtype`` (``fp32``, ``tf32``, ``bf16``, ``fp16``,
+    ``fp8``).
+
     Raises ValueError for a negative warmup, a cap, batch size or accumulation below 1,
-    or a ``device`` that cannot name a CUDA device.
+    a ``device`` that cannot name a CUDA device, FLOPs that are not a positive number or an
+    unknown ``flops_dtype``.
     """
     _check("split", split, 0)
     _check("warmup_iterations", warmup_iterations, 0)
@@ -155,6 +162,13 @@ def start_run(out_dir: str | os.PathLike[str] = "maps", split: int = 0,
     _check("accumulation_steps", accumulation_steps, 1)
     _check("rank", rank, 0)
     check_device_spec(device)
+    if flops_per_batch is not None and (isinstance(flops_per_batch, bool) or not isinstance(
+            flops_per_batch, (int, float)) or not 0 < flops_per_batch < float("inf")):
+        raise ValueError(f"start_run: flops_per_batch must be a positive number, got "
+                         f"{flops_per_batch!r}")
+    if flops_dtype not in wire.FLOPS_DTYPES:
+        raise ValueError(f"start_run: flops_dtype must be one of {wire.FLOPS_DTYPES}, got "
+                         f"{flops_dtype!r}")
     began_s = time.perf_counter()  # a private sidecar's start: start-up, not training
     try:
         endpoint, secret, private, timeout_s = _endpoint(endpoint)
@@ -177,6 +191,7 @@ def start_run(out_dir: str | os.PathLike[str] = "maps", split: int = 0,
         "job_id": os.environ.get("SLURM_JOB_ID"), "command": [sys.executable, *sys.argv],
         "start_unix": time.time(), "start_ns": time.perf_counter_ns(), "versions": _versions(),
         "sidecar_wait_s": time.perf_counter() - began_s if private is not None else 0.0,
+        "flops_per_batch": flops_per_batch, "flops_dtype": flops_dtype,
     }
     reply = sender.request(hello, timeout_s) if connected else None
     on_close = None

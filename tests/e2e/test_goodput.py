@@ -183,3 +183,24 @@ def test_dataloader_settings_reach_run_json(serve, short_tmp: Path) -> None:
     assert run_json(out)["splits"]["0"]["loaders"] == {
         "train": {"num_workers": 2, "pin_memory": False},
         "validation": {"num_workers": 0, "pin_memory": False}}
+
+
+def test_mfu_estimate_from_the_given_flops(serve, short_tmp: Path) -> None:
+    """start_run(flops_per_batch=...) on a run whose GPU is named 'NVIDIA H200': the MFU
+    line and run.json's estimate, from the stored steps of computational.tsv."""
+    sidecar = serve()
+    out = short_tmp / "root" / "mfu"
+    job = start_job(sidecar.endpoint, short_tmp, "--out-dir", str(out), "--clock",
+                    str(short_tmp / "clock"), "--epochs", "1", "--iters", "20",
+                    "--gpu", "GPU-h:NVIDIA H200", "--flops", "4e12")
+    assert job.wait(120) == 0
+    wait_for(lambda: run_json(out).get("status") == "completed", 30, "the run")
+    mfu = run_json(out)["splits"]["0"]["mfu"]
+    table = read_tsv(split_dir(out) / "logs" / "computational.tsv")
+    rate = len(table["Training loop (s)"].dropna()) / table["Training loop (s)"].sum()
+    assert mfu["estimate"] is True and mfu["peak_tflops"] == 989.4
+    assert mfu["batches_per_s"] == pytest.approx(rate, rel=1e-3)
+    assert mfu["mfu"] == pytest.approx(4e12 * rate / 1e12 / 989.4, rel=1e-3)
+    summary = (split_dir(out) / "summary.log").read_text()
+    assert f"MFU (estimate): {mfu['mfu'] * 100:.1f} % = 4.000e+12 FLOPs per batch" in summary
+    assert "('NVIDIA H200', bf16 dense peak)" in summary

@@ -44,7 +44,8 @@ def rank_main(args: argparse.Namespace, rank: int, barrier: Any) -> None:
     time.sleep(args.startup_s)  # the script's own set-up before start_run
     run = markers.start_run(out_dir=args.out_dir, split=0, rank=rank,
                             warmup_iterations=args.warmup, num_measurements=args.cap,
-                            train_batch_size=4, resume=args.resume)
+                            train_batch_size=4, resume=args.resume,
+                            flops_per_batch=args.flops)
     if args.gpu:  # stands in for CUDA: the run names this GPU
         uuid, name = args.gpu.split(":", 1)
         run._sender.send_control({"type": "gpu", "uuid": uuid, "name": name})  # type: ignore[union-attr]
@@ -153,6 +154,7 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=1)
     parser.add_argument("--slow-rank", type=int, default=1)
     parser.add_argument("--gpu", help="UUID:NAME: announce this GPU")
+    parser.add_argument("--flops", type=float, help="flops_per_batch for start_run")
     parser.add_argument("--slow-s", type=float, default=0.0, help="extra Forward seconds")
     args = parser.parse_args()
     if args.ranks == 1:
