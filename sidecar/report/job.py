@@ -134,6 +134,8 @@ def figures(folder: Path) -> dict[str, Any]:
         "data_loading_share_pct": _value(row["data loading share (%)"]),
         "phase_shares_pct": shares, "goodput": goodput, "straggler_wait_s": waits,
         "loaders": loaders, "flags": [f for f in str(row["flags"]).split(",") if f],
+        "mfu": {k: s["mfu"] for k, s in sorted(splits.items())
+                if isinstance(s, dict) and isinstance(s.get("mfu"), dict)},
     }
 
 
@@ -244,6 +246,14 @@ def render(job: dict[str, Any]) -> list[str]:
         rank, waited = max(waits.items(), key=lambda item: item[1])
         lines.append(_fit(f"Straggler: rank {rank} waited longest for the slowest rank, "
                           f"{waited:.1f} s" if waited > 0 else "Straggler: none"))
+    for split, mfu in job["mfu"].items():
+        ratio = "unknown" if mfu["mfu"] is None else f"{mfu['mfu'] * 100:.1f} %"
+        peak = ("no known peak" if mfu["peak_tflops"] is None
+                else f"{mfu['peak_tflops']:.0f} TFLOP/s peak")
+        lines += _wrap(f"MFU (estimate, split {split}): {ratio} — "
+                       f"{mfu['flops_per_batch']:.2e} FLOPs/batch × "
+                       f"{mfu['batches_per_s']:.2f} batches/s vs {peak} ({mfu['gpu']}, "
+                       f"{mfu['dtype']})")
     found = advice(job)
     lines += ["-" * WIDTH, "Advice:" if found else "Advice: nothing stands out"]
     for line in found:

@@ -204,3 +204,8 @@ def test_mfu_estimate_from_the_given_flops(serve, short_tmp: Path) -> None:
     summary = (split_dir(out) / "summary.log").read_text()
     assert f"MFU (estimate): {mfu['mfu'] * 100:.1f} % = 4.000e+12 FLOPs per batch" in summary
     assert "('NVIDIA H200', bf16 dense peak)" in summary
+    report = subprocess.run([sys.executable, "-m", "sidecar", "report", "--job", str(out)],
+                            env=env(), capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0, report.stderr
+    assert f"MFU (estimate, split 0): {mfu['mfu'] * 100:.1f} % — 4.00e+12 FLOPs/batch" in \
+        " ".join(report.stdout.split())
