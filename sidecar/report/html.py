@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sidecar.report import goodput_view
 from sidecar.report.figures import PHASE_COLUMNS
 from sidecar.report.jobs import names
 
@@ -114,6 +115,7 @@ def render(jobs: pd.DataFrame, gpus: pd.DataFrame, summary: pd.DataFrame,
 <p>Built by <code>sidecar report</code> from the run folders' own files. Click a column
 header to sort.</p>
 <h2>GPU-hours</h2><div id="by-user"></div><div id="by-model"></div>
+{goodput_view.section(jobs, summary)}
 <h2>Phase breakdown per job</h2><div id="phases"></div>
 <h2>GPU utilization over time (jobs with the most GPU-hours)</h2><div id="utilization"></div>
 <h2>Jobs</h2><div class="scroll" id="jobs"></div>

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,38 @@ def _report_shows(root: Path, whole: dict[str, Any]) -> None:
                                                               abs=1e-3)
         assert summary.loc[("GPU model", "NVIDIA Fake"), f"GPU-hours lost {cause}"] == \
             pytest.approx(whole["badput_s"][cause] / 3600, abs=1e-6)
+    page = (root / "report" / "report.html").read_text()
+    tables = _tables(page[page.index('id="goodput"'):])
+    [user] = tables[0][1:]  # the header, then one user
+    lost_h = sum(whole["badput_s"].values()) / 3600
+    assert user[0] == jobs["user"][0] and user[2] == f"{lost_h:.2f}"
+    [job] = tables[1][1:]
+    largest = max(CAUSES, key=lambda cause: whole["badput_s"][cause])
+    assert job[0].endswith("resumed") and job[4] == f"{lost_h:.2f}" and job[5] == largest
+
+
+def _tables(page: str) -> list[list[list[str]]]:
+    """The cells of the first two HTML tables of ``page``, row by row."""
+    class Cells(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tables: list[list[list[str]]] = []
+
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            if tag == "table":
+                self.tables.append([])
+            elif tag == "tr":
+                self.tables[-1].append([])
+            elif tag in ("td", "th"):
+                self.tables[-1][-1].append("")
+
+        def handle_data(self, data: str) -> None:
+            if self.tables and self.tables[-1] and self.tables[-1][-1]:
+                self.tables[-1][-1][-1] += data
+
+    parser = Cells()
+    parser.feed(page)
+    return parser.tables[:2]
 
 
 def test_waiting_for_a_slow_rank(serve, short_tmp: Path) -> None:
