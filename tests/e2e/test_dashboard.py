@@ -6,13 +6,11 @@ values Grafana would ($__rate_interval a minute, $run and $user every value)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import urllib.parse
 from pathlib import Path
 
-from tests.e2e.test_prometheus import LOOP, http, prometheus, promql
-from tests.support.helpers import env, wait_for
+from tests.e2e.test_prometheus import http, prometheus, promql, start_loop_job
+from tests.support.helpers import wait_for
 
 __all__ = ["prometheus"]  # the fixture, used by name
 
@@ -32,13 +30,7 @@ def test_every_dashboard_query_returns_data(prometheus: tuple[str, int],
     board = json.loads(DASHBOARD.read_text())
     queries = [(panel["title"], _expand(target["expr"])) for panel in board["panels"]
                for target in panel.get("targets", [])]
-    (tmp_path / "loop.py").write_text(LOOP)
-    stop = tmp_path / "stop"
-    job = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.launcher", "--fake-nvml", "two_busy_gpus",
-         "--", "run", "--metrics-port", str(port), "--interval", "0.2", "--",
-         sys.executable, "loop.py", "runs/job", str(stop)], cwd=tmp_path, env=env(),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job, stop = start_loop_job(tmp_path, port)
     try:
         wait_for(lambda: promql(url, 'count_over_time(trainmon_goodput_wall_seconds[1m])'
                                 ' >= 10'), 90, "10 scrapes of the goodput", 0.5)

@@ -99,9 +99,9 @@ def prometheus(tmp_path: Path) -> Iterator[tuple[str, int]]:
         log.close()
 
 
-def test_prometheus_scrapes_the_phase_times_and_reports_like_the_files(
-        prometheus: tuple[str, int], tmp_path: Path) -> None:
-    url, port = prometheus
+def start_loop_job(tmp_path: Path, port: int) -> tuple[subprocess.Popen[str], Path]:
+    """``LOOP`` into ``tmp_path/runs/job`` under ``sidecar run --metrics-port port`` with
+    the two stand-in GPUs; the job ends once the returned stop file exists."""
     (tmp_path / "loop.py").write_text(LOOP)
     stop = tmp_path / "stop"
     job = subprocess.Popen(
@@ -109,6 +109,13 @@ def test_prometheus_scrapes_the_phase_times_and_reports_like_the_files(
          "--", "run", "--metrics-port", str(port), "--interval", "0.2", "--",
          sys.executable, "loop.py", "runs/job", str(stop)], cwd=tmp_path, env=env(),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return job, stop
+
+
+def test_prometheus_scrapes_the_phase_times_and_reports_like_the_files(
+        prometheus: tuple[str, int], tmp_path: Path) -> None:
+    url, port = prometheus
+    job, stop = start_loop_job(tmp_path, port)
     try:
         # enough scrapes of a running loop for a rate over 10 s
         wait_for(lambda: promql(url, 'count_over_time(trainmon_phase_duration_seconds_count'
