@@ -4,15 +4,19 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from sidecar.model.aggregator import RankAggregator
+from sidecar.model.efficiency import refresh_waits
 from sidecar.model.goodput import Account
 from sidecar.model.split import Split
 from sidecar.resources import fields
 from sidecar.resources.monitor import SplitResources
 
+# How often the live view reruns the straggler rule on a split of several ranks, s.
+WAITS_REFRESH_S = 10.0
 
 @dataclass(frozen=True)
 class RunView:
@@ -125,10 +129,20 @@ def _rank_view(agg: RankAggregator, straggler_per_iteration_s: float) -> RankVie
                     agg.goodput_account(straggler_per_iteration_s))
 
 
+def _refresh_waits(split: Split) -> None:
+    """Rerun the straggler rule on a split of several ranks at most every
+    ``WAITS_REFRESH_S`` (it reads the stored rows; a write also refreshes it)."""
+    now = time.monotonic()
+    if len(split.ranks) > 1 and now - split.waits_refreshed_monotonic >= WAITS_REFRESH_S:
+        split.waits_refreshed_monotonic = now
+        refresh_waits(list(split.ranks.values()), split.straggler_waits)
+
+
 def split_view(split: Split, resources: SplitResources | None) -> SplitView:
     """The view of ``split`` with its running resource figures (loop thread only)."""
     first = split.ranks.get(0) or next(iter(split.ranks.values()), None)
     lost = sum(split.lost.values())
+    _refresh_waits(split)
     info = split.info
     gpus: tuple[GpuView, ...] = ()
     host_gauges: dict[str, float] = {}

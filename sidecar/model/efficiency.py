@@ -49,6 +49,13 @@ def waits_per_iteration(ranks: Mapping[int, RankIterations]) -> dict[int, float]
     return {standing.rank: standing.waited_s / view.aligned for standing in view.standings}
 
 
+def refresh_waits(aggs: Sequence[RankAggregator], split_waits: dict[int, float]) -> None:
+    """Put each rank's wait per iteration for the slowest rank (ranks of ``aggs`` with a
+    session) into ``split_waits``: the live view's straggler part between writes."""
+    split_waits.update(waits_per_iteration({agg.rank: rank_iterations(agg)
+                                            for agg in aggs if agg.sessions}))
+
+
 def split_accounts(aggs: Sequence[RankAggregator], split_waits: dict[int, float],
                    ranks: Mapping[int, RankIterations] | None = None) -> dict[int, Account]:
     """The goodput account of each rank of ``aggs`` (those with a session); ``ranks`` the
