@@ -6,6 +6,7 @@ compared with the report built from the run folder.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import socket
@@ -68,11 +69,22 @@ def promql(server: str, query: str) -> list[dict]:
 @pytest.fixture
 def prometheus(tmp_path: Path) -> Iterator[tuple[str, int]]:
     """A Prometheus server scraping 127.0.0.1:<port> every second: (its URL, port)."""
+    with start_prometheus(tmp_path) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def start_prometheus(tmp_path: Path, rule_file: Path | None = None
+                     ) -> Iterator[tuple[str, int]]:
+    """A Prometheus server scraping 127.0.0.1:<port> every second, evaluating
+    ``rule_file``'s rules every second when given: (its URL, port)."""
     assert shutil.which("prometheus"), "prometheus is needed (Debian package; .ci/run)"
     target, web = free_port(), free_port()
     config = tmp_path / "prometheus.yml"
+    rules = f"rule_files: [{json.dumps(str(rule_file))}]" if rule_file else ""
     config.write_text(textwrap.dedent(f"""
         global: {{scrape_interval: 1s, evaluation_interval: 1s}}
+        {rules}
         scrape_configs:
           - job_name: trainmon
             static_configs: [{{targets: ["127.0.0.1:{target}"]}}]

@@ -356,3 +356,10 @@ def gpu_without_energy() -> FakeNvml:
     return FakeNvml([FakeGpu(uuid="GPU-3d3d3d3d", name="NVIDIA Fake 0"),
                      FakeGpu(uuid="GPU-4e4e4e4e", name="NVIDIA Fake 1",
                              unsupported={"nvmlDeviceGetTotalEnergyConsumption"})])
+
+
+def idle_full_gpu() -> FakeNvml:
+    """One GPU 2 % busy with 7900 of its 8000 MiB used: the idle-GPU and memory-near-full
+    alerts' stand-in (``--fake-nvml idle_full_gpu``)."""
+    return FakeNvml([FakeGpu(uuid="GPU-6f6f6f6f", name="NVIDIA Fake Idle", util=2,
+                             mem_used=7900 * MIB, mem_total=8000 * MIB)])

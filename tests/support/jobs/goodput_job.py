@@ -129,6 +129,7 @@ def rank_main(args: argparse.Namespace, rank: int, barrier: Any) -> None:
                 after_checkpoint = 0 if run.checkpoint() else -1
             clock["end_unix"] = time.time()
             _write(path, clock)
+        time.sleep(args.pause_s)  # still running, sending nothing (a hung job)
 
 
 def main() -> None:
@@ -155,6 +156,8 @@ def main() -> None:
     parser.add_argument("--slow-rank", type=int, default=1)
     parser.add_argument("--gpu", help="UUID:NAME: announce this GPU")
     parser.add_argument("--flops", type=float, help="flops_per_batch for start_run")
+    parser.add_argument("--pause-s", type=float, default=0.0,
+                        help="after the last epoch, before finish: sleep, sending nothing")
     parser.add_argument("--slow-s", type=float, default=0.0, help="extra Forward seconds")
     args = parser.parse_args()
     if args.ranks == 1:
