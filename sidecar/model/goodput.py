@@ -84,37 +84,56 @@ class Counters:
         return cls(**{k: v for k, v in saved.items() if k in names})
 
 
+# What each standard phase is to the account (custom phases: 0, or a checkpoint save).
+_LOOP, _DATA, _GPU, _CHECKPOINT, _SPAN, _VAL_LOOP = 1, 2, 3, 4, 5, 6
+_ROLE = np.zeros(wire.FIRST_CUSTOM_ID + 1, dtype=np.int8)
+_ROLE[[wire.TRAINING_LOOP, wire.TRAINING_DATA_LOADING, wire.VALIDATION,
+       wire.VALIDATION_LOOP]] = _LOOP, _DATA, _SPAN, _VAL_LOOP
+_ROLE[list(_GPU_PHASES)] = _GPU
+# The sums ``count`` makes in one ``bincount``, by code.
+_WARMUP_LOOP, _MEASURED_LOOP, _MEASURED_DATA, _CHECKPOINT_IN, _CHECKPOINT_OUT = 1, 2, 3, 4, 5
+
+
 def count(counters: Counters, records: np.ndarray, warmup_iterations: int,
           checkpoint_keys: Iterable[int]) -> None:
     """Add decoded records (records × ``wire.RECORD_WIDTH`` int64, in arrival order) of one
     session to ``counters``; ``checkpoint_keys`` are the phase keys named as checkpoint
-    saves."""
+    saves. One role lookup and one ``bincount``: it runs on every batch of records."""
     phase, flags = records[:, P_PHASE], records[:, P_FLAGS]
-    wall = records[:, P_END] - records[:, P_START]
+    role = _ROLE[np.minimum(phase, wire.FIRST_CUSTOM_ID)]
+    keys = list(checkpoint_keys)
+    if keys:
+        role[np.isin(phase, keys)] = _CHECKPOINT
     in_iteration = (flags & wire.FLAG_IN_ITERATION) != 0
-    validation = (flags & wire.FLAG_VALIDATION) != 0
-    whole = (flags & wire.FLAG_INCOMPLETE) == 0
-    measured = records[:, P_BATCH] >= warmup_iterations
-    train = in_iteration & ~validation
-    checkpoint = np.isin(phase, list(checkpoint_keys))
-    timed = in_iteration | (phase == wire.VALIDATION) | checkpoint
+    train = (flags & (wire.FLAG_IN_ITERATION | wire.FLAG_VALIDATION)) == wire.FLAG_IN_ITERATION
+    measured = train & (records[:, P_BATCH] >= warmup_iterations)
+    code = np.zeros(len(records), dtype=np.int8)
+    loops = (role == _LOOP) & train & ((flags & wire.FLAG_INCOMPLETE) == 0)
+    code[loops] = np.where(measured[loops], _MEASURED_LOOP, _WARMUP_LOOP)
+    code[(role == _DATA) & measured] = _MEASURED_DATA
+    checkpoint = role == _CHECKPOINT
+    code[checkpoint & measured] = _CHECKPOINT_IN
+    code[checkpoint & ~in_iteration] = _CHECKPOINT_OUT
+    wall = records[:, P_END] - records[:, P_START]
+    sums = np.bincount(code, weights=wall, minlength=6).round().astype(np.int64).tolist()
+    counters.warmup_ns += sums[_WARMUP_LOOP]
+    counters.loop_ns += sums[_MEASURED_LOOP]
+    counters.iterations += int(np.count_nonzero(code == _MEASURED_LOOP))
+    counters.data_ns += sums[_MEASURED_DATA]
+    counters.checkpoint_in_ns += sums[_CHECKPOINT_IN]
+    counters.checkpoint_ns += sums[_CHECKPOINT_OUT]
+    gpu = (role == _GPU) & measured & (records[:, P_GPU] >= 0)
+    if gpu.any():
+        counters.gpu_ns += int(records[gpu, P_GPU].sum())
+        counters.gpu_timed += int(np.count_nonzero(gpu))
+    timed = in_iteration | (role >= _CHECKPOINT)
     if timed.any():
         first = int(records[timed, P_START].min())
         counters.first_ns = first if counters.first_ns is None else min(counters.first_ns,
                                                                          first)
-    loops = train & whole & (phase == wire.TRAINING_LOOP)
-    counters.warmup_ns += int(wall[loops & ~measured].sum())
-    counters.loop_ns += int(wall[loops & measured].sum())
-    counters.iterations += int(np.count_nonzero(loops & measured))
-    inside = train & measured
-    counters.data_ns += int(wall[inside & (phase == wire.TRAINING_DATA_LOADING)].sum())
-    counters.checkpoint_in_ns += int(wall[inside & checkpoint].sum())
-    counters.checkpoint_ns += int(wall[checkpoint & ~in_iteration].sum())
-    gpu = inside & np.isin(phase, _GPU_PHASES) & (records[:, P_GPU] >= 0)
-    counters.gpu_ns += int(records[gpu, P_GPU].sum())
-    counters.gpu_timed += int(np.count_nonzero(gpu))
-    _count_validation(counters, records[(phase == wire.VALIDATION) | (
-        validation & in_iteration & (phase == wire.VALIDATION_LOOP))])
+    spans = (role == _SPAN) | ((role == _VAL_LOOP) & in_iteration & ~train)
+    if spans.any():
+        _count_validation(counters, records[spans])
 
 
 def _count_validation(counters: Counters, records: np.ndarray) -> None:
