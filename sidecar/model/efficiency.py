@@ -17,6 +17,9 @@ from sidecar.model.goodput import Account, total
 from sidecar.model.peaks import Mfu, peak_tflops
 from sidecar.model.stragglers import RankIterations, stragglers
 
+# A lone rank's iterations: the straggler rule needs two ranks, so none are read.
+_NO_ITERATIONS = RankIterations("", np.zeros((0, 2), dtype=np.int64), np.zeros((0, 4)),
+                                np.zeros(0))
 # The straggler rule's PHASES, as phase ids.
 _PHASE_IDS = (wire.TRAINING_DATA_LOADING, wire.FORWARD, wire.BACKWARD, wire.OPTIMIZATION)
 
@@ -49,25 +52,25 @@ def waits_per_iteration(ranks: Mapping[int, RankIterations]) -> dict[int, float]
     return {standing.rank: standing.waited_s / view.aligned for standing in view.standings}
 
 
-def refresh_waits(aggs: Sequence[RankAggregator], split_waits: dict[int, float]) -> None:
-    """Put each rank's wait per iteration for the slowest rank (ranks of ``aggs`` with a
-    session) into ``split_waits``: the live view's straggler part between writes."""
-    split_waits.update(waits_per_iteration({agg.rank: rank_iterations(agg)
-                                            for agg in aggs if agg.sessions}))
+def refresh_waits(aggs: Sequence[RankAggregator], split_waits: dict[int, float],
+                  ranks: Mapping[int, RankIterations] | None = None) -> None:
+    """Put each rank's wait per iteration for the slowest rank into ``split_waits``;
+    ``ranks``: the iterations the straggler rule compares (default: the stored ones of
+    those of ``aggs`` with a session; ranks merged from several sidecars can be given)."""
+    counted = [agg for agg in aggs if agg.sessions]
+    if ranks is None:
+        ranks = {agg.rank: rank_iterations(agg) for agg in counted} if len(counted) > 1 \
+            else dict.fromkeys((agg.rank for agg in counted), _NO_ITERATIONS)
+    split_waits.update(waits_per_iteration(ranks))
 
 
 def split_accounts(aggs: Sequence[RankAggregator], split_waits: dict[int, float],
                    ranks: Mapping[int, RankIterations] | None = None) -> dict[int, Account]:
-    """The goodput account of each rank of ``aggs`` (those with a session); ``ranks`` the
-    iterations the straggler rule compares (default: those of ``aggs``). Each rank's wait
-    per iteration is also put in ``split_waits`` (the split's, for the live view)."""
-    counted = [agg for agg in aggs if agg.sessions]
-    if ranks is None:
-        ranks = {agg.rank: rank_iterations(agg) for agg in counted}
-    waits = waits_per_iteration(ranks)
-    for agg in counted:
-        split_waits[agg.rank] = waits.get(agg.rank, 0.0)
-    return {agg.rank: agg.goodput_account(waits.get(agg.rank, 0.0)) for agg in counted}
+    """The goodput account of each rank of ``aggs`` with a session, its straggler part from
+    ``refresh_waits`` (which also updates ``split_waits``, the live view's)."""
+    refresh_waits(aggs, split_waits, ranks)
+    return {agg.rank: agg.goodput_account(split_waits.get(agg.rank, 0.0))
+            for agg in aggs if agg.sessions}
 
 
 def mean(accounts: Sequence[Account]) -> Account:
