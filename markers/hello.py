@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from markers.wire import FLOPS_DTYPES
+
 INT64_MAX = 2**63 - 1
 INT32_MAX = 2**31 - 1
 PID_MAX = 2**22  # the kernel's upper bound of pid_max
@@ -22,10 +24,10 @@ NAME_MAX = 256  # host names, user names, job ids, version strings
 class Field:
     """One hello field. ``kind`` is ``int`` (an integer, not a bool, in ``low..high``),
     ``text`` (a string of ``low..high`` characters), ``flag`` (a bool), ``number`` (an int
-    or float), ``words`` (a list of strings of at most ``TEXT_MAX`` characters, at most
-    ``high`` of them), ``names`` (a mapping of strings of at most ``high`` characters, at
-    most 64 entries) or ``any`` (its handler checks it). ``default`` is the value a hello
-    without the field means."""
+    or float), ``choice`` (one of ``choices``), ``words`` (a list of strings of at most
+    ``TEXT_MAX`` characters, at most ``high`` of them), ``names`` (a mapping of strings of
+    at most ``high`` characters, at most 64 entries) or ``any`` (its handler checks it).
+    ``default`` is the value a hello without the field means."""
 
     kind: str
     required: bool = False
@@ -33,6 +35,7 @@ class Field:
     low: int = 0
     high: int = INT64_MAX
     default: Any = None
+    choices: tuple[str, ...] = ()
 
 
 FIELDS: dict[str, Field] = {
@@ -56,6 +59,11 @@ FIELDS: dict[str, Field] = {
     "versions": Field("names", nullable=True, high=NAME_MAX),
     "phases": Field("any"),  # custom names -> ids: checked by the sidecar's streams
     "worker_phases": Field("int", default=0),
+    # seconds start_run waited for the private sidecar it started (0: none started)
+    "sidecar_wait_s": Field("number", default=0.0),
+    # the model FLOPs of one training batch, for the MFU estimate (None: not asked)
+    "flops_per_batch": Field("number", nullable=True),
+    "flops_dtype": Field("choice", default="bf16", choices=FLOPS_DTYPES),
 }
 
 # The fields that are aggregation settings (``start_run``'s arguments of the same names).
@@ -77,6 +85,8 @@ def accepts(field: Field, value: Any) -> bool:
         return isinstance(value, bool)
     if kind == "number":
         return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "choice":
+        return value in field.choices
     if kind == "words":
         return isinstance(value, list) and len(value) <= field.high and all(
             isinstance(w, str) and len(w) <= TEXT_MAX for w in value)
@@ -90,6 +100,8 @@ def accepts(field: Field, value: Any) -> bool:
 def limits(name: str) -> str:
     """What ``name`` may hold, in words (for error messages)."""
     field = FIELDS[name]
+    if field.kind == "choice":
+        return f"one of {', '.join(field.choices)}"
     if field.kind != "int":
         return f"a {field.kind}"
     upper = f" and <= {field.high}" if field.high < INT64_MAX else ""

@@ -23,6 +23,7 @@ from markers import forks, wire
 from markers.batches import BatchSizes
 from markers.buffer import GPU_DRAIN_S, RecordBuffer
 from markers.iteration import Iterations, OpenIteration, Span
+from markers.loaders import loader_control
 from markers.phase import NULL_PHASE, GpuPhase, NullPhase, Phase, PhaseTable
 from markers.transport import Sender
 
@@ -364,6 +365,9 @@ class Run:
         model = self._iter
         suspended = validation and model.suspend(perf_counter_ns())
         self._open_gpu()  # CUDA may have come up since the last loop
+        settings = loader_control(loader, validation)
+        if settings is not None:  # the report's advice on input-bound steps
+            self._sender.send_control(settings)
         iterator = iter(loader)
         iteration: OpenIteration | None = None  # the iteration this loop has open
         buffer = self._buffer

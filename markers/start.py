@@ -113,7 +113,9 @@ def start_run(out_dir: str | os.PathLike[str] = "maps",
               accumulation_steps: int = FIELDS["accumulation_steps"].default,
               resume: bool = FIELDS["resume"].default,
               endpoint: str | None = None, rank: int | None = None,
-              device: Any = None) -> Run | NullRun:
+              device: Any = None,
+              flops_per_batch: float | None = FIELDS["flops_per_batch"].default,
+              flops_dtype: str = FIELDS["flops_dtype"].default) -> Run | NullRun:
     """Start monitoring one split of a training run and return its ``Run``.
 
     Connects to the sidecar at ``endpoint``, else ``$SIDECAR_ENDPOINT``, else starts a
@@ -133,15 +135,21 @@ def start_run(out_dir: str | os.PathLike[str] = "maps",
     An endpoint or runtime folder that cannot be used at all gives one RuntimeWarning and a
     ``NullRun`` (the same interface; nothing is measured).
 
+    ``flops_per_batch`` (the model FLOPs of one training batch, forward and backward:
+    given, or ``markers.flops.count_flops_per_batch``) asks for the MFU estimate against the
+    device's dense peak for ``flops_dtype`` (``fp32``, ``tf32``, ``bf16``, ``fp16``,
+    ``fp8``).
+
     Raises ValueError for a setting outside the hello's limits (``markers.hello``: a
     negative split or warmup, a cap, batch size or accumulation below 1, a ``resume``
-    that is not a bool), a negative rank, or a ``device`` that cannot name a CUDA
-    device.
+    that is not a bool, an unknown ``flops_dtype``), FLOPs that are not a positive
+    number, a negative rank, or a ``device`` that cannot name a CUDA device.
     """
     settings = {"split": split, "warmup_iterations": warmup_iterations,
                 "num_measurements": num_measurements, "train_batch_size": train_batch_size,
                 "val_batch_size": val_batch_size, "accumulation_steps": accumulation_steps,
-                "resume": resume}
+                "resume": resume, "flops_per_batch": flops_per_batch,
+                "flops_dtype": flops_dtype}
     for name, value in settings.items():
         try:
             check_field(name, value)
@@ -149,7 +157,11 @@ def start_run(out_dir: str | os.PathLike[str] = "maps",
             raise ValueError(f"start_run: {exc}") from None
     if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 0):
         raise ValueError(f"start_run: rank must be an integer >= 0 or None, got {rank!r}")
+    if flops_per_batch is not None and not 0 < flops_per_batch < float("inf"):
+        raise ValueError(f"start_run: flops_per_batch must be a positive number, got "
+                         f"{flops_per_batch!r}")
     check_device_spec(device)
+    began_s = time.perf_counter()  # a private sidecar's start: start-up, not training
     try:
         endpoint, secret, private, timeout_s = _endpoint(endpoint)
         sender = Sender(endpoint, os.urandom(16), _rank(rank), secret)
@@ -167,6 +179,7 @@ def start_run(out_dir: str | os.PathLike[str] = "maps",
         "host": socket.gethostname(), "pid": os.getpid(), "user": getpass.getuser(),
         "job_id": os.environ.get("SLURM_JOB_ID"), "command": [sys.executable, *sys.argv],
         "start_unix": time.time(), "start_ns": time.perf_counter_ns(), "versions": _versions(),
+        "sidecar_wait_s": time.perf_counter() - began_s if private is not None else 0.0,
     }
     reply = sender.request(hello, timeout_s) if connected else None
     on_close = None

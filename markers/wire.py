@@ -191,8 +191,11 @@ LOAD_STATE = "load_state"  # continue the split from a state the user kept (answ
 FINISH = "finish"  # the run ended; write everything (answered)
 STATUS = "status"  # the status view (``sidecar status``; answered)
 FINISH_JOB = "finish_job"  # end every run of a Slurm job (``sidecar finish --job``; answered)
+LOADER = "loader"  # a loop's DataLoader settings (num_workers, pin_memory)
+# The dtypes a hello's ``flops_dtype`` may name (the MFU estimate's peak is per dtype).
+FLOPS_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 CONTROL_TYPES = (HELLO, PHASE, GPU, BATCH_SIZE, PART, CHECKPOINT, STATE, LOAD_STATE, FINISH,
-                 STATUS, FINISH_JOB)
+                 STATUS, FINISH_JOB, LOADER)
 
 # Upper bound the sidecar enforces at the socket (ZMQ_MAXMSGSIZE).
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024

@@ -155,10 +155,41 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--since", metavar="DURATION", type=_duration,
                         help="with --prometheus: the runs with series in this last span "
                         "(30m, 6h, 7d, ...)")
+    report.add_argument("--job", metavar="ID|FOLDER", help="one job's efficiency on the "
+                        "terminal: a run folder, or a Slurm job id searched under PATH "
+                        "(default .)")
+    report.add_argument("--json", action="store_true", help="with --job: the figures as JSON")
+    report.add_argument("--into-folder", action="store_true", help="with --job: also write "
+                        "it into the job's folder (efficiency.txt, or efficiency.json)")
     return parser
 
 
+def _job_report(args: argparse.Namespace) -> int:
+    """``report --job``: one job's efficiency on stdout (and in its folder)."""
+    from sidecar.report import job, read
+    from sidecar.sinks.atomic import write_atomic
+
+    try:
+        folder = job.find_job(args.job, args.paths or [Path(".")])
+        figures = job.figures(folder)
+    except (job.JobNotFound, read.Damaged) as exc:
+        print(f"sidecar report: {exc}", file=sys.stderr)
+        return 1
+    text = (json.dumps(figures, indent=2) if args.json else "\n".join(job.render(figures)))
+    print(text)
+    if args.into_folder:
+        name = "efficiency.json" if args.json else "efficiency.txt"
+        try:
+            write_atomic(folder / name, text + "\n")
+        except OSError as exc:
+            print(f"sidecar report: cannot write {folder / name}: {exc}", file=sys.stderr)
+            return 1
+    return 0
+
+
 def _report(args: argparse.Namespace) -> int:
+    if args.job:
+        return _job_report(args)
     # pandas and numpy: imported only for this command
     from sidecar.report import build
     from sidecar.report.from_prometheus import PrometheusError, from_prometheus

@@ -47,6 +47,7 @@ class Dispatcher:
             wire.PHASE: self._phase,
             wire.GPU: self._gpu,
             wire.BATCH_SIZE: self._batch_size,
+            wire.LOADER: self._loader,
             wire.PART: self._part,
             wire.STATE: self._state,
             wire.LOAD_STATE: self._load_state,
@@ -87,6 +88,13 @@ class Dispatcher:
     def _batch_size(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
         stream.split.rank(stream.rank).note_batch_size(body["kind"] == "validation",
                                                        body["iteration"], body.get("value"))
+        return None
+
+    def _loader(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
+        settings = {"num_workers": body["num_workers"], "pin_memory": body["pin_memory"]}
+        if stream.split.loaders.get(body["kind"]) != settings:
+            stream.split.loaders[body["kind"]] = settings
+            stream.split.dirty = True
         return None
 
     def _state(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:

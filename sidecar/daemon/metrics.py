@@ -72,6 +72,19 @@ class SnapshotCollector(Collector):
         host_families = _families(fields.HOST_FIELDS, RUN_LABELS)
         records = CounterMetricFamily("trainmon_records", "record accounting",
                                       labels=[*RUN_LABELS, "outcome"])
+        goodput = GaugeMetricFamily(
+            "trainmon_goodput_seconds", "the rank's wall time from its process start, by "
+            "part: productive or a badput cause (docs/goodput.md)",
+            labels=[*RUN_LABELS, "split", "rank", "part"])
+        goodput_wall = GaugeMetricFamily("trainmon_goodput_wall_seconds", "the wall time "
+                                         "the goodput parts add up to",
+                                         labels=[*RUN_LABELS, "split", "rank"])
+        gpu_busy = GaugeMetricFamily("trainmon_goodput_gpu_busy_seconds", "GPU time of "
+                                     "Forward, Backward and Optimization in the productive "
+                                     "iterations", labels=[*RUN_LABELS, "split", "rank"])
+        running = GaugeMetricFamily("trainmon_run_running", "1 while the split runs, 0 "
+                                    "once it ended (completed, incomplete, failed)",
+                                    labels=[*RUN_LABELS, "split"])
         runs = GaugeMetricFamily("trainmon_runs", "runs the sidecar knows, by status",
                                  labels=["status"])
         # a state set: every status of a run, 1 for the one it has now, so a run that ends
@@ -89,6 +102,7 @@ class SnapshotCollector(Collector):
             for family, unix in ((start, view.start_unix), (end, view.end_unix)):
                 if unix is not None:
                     family.add_metric(run, unix)
+            running.add_metric([*run, str(view.split)], float(view.status == "running"))
             for rank in view.ranks:
                 where = [*run, str(view.split), str(rank.rank)]
                 wall.add_metric([*where, PHASE_NAMES[wire.TRAINING]], 1, rank.training_s)
@@ -100,6 +114,11 @@ class SnapshotCollector(Collector):
                 for loop, count in (("train", rank.train_samples), ("val", rank.val_samples)):
                     if count is not None:
                         samples.add_metric([*where, loop], count)
+                for part, value_s in rank.goodput.parts().items():
+                    goodput.add_metric([*where, part], value_s)
+                goodput_wall.add_metric(where, rank.goodput.wall_s)
+                if rank.goodput.gpu_busy_s is not None:
+                    gpu_busy.add_metric(where, rank.goodput.gpu_busy_s)
             for g in view.gpus:
                 labels = [view.host, str(g.index), g.uuid, g.model, view.run_id]
                 for name, value in g.gauges.items():
@@ -114,7 +133,8 @@ class SnapshotCollector(Collector):
                                       "not believed: the process belongs to no such job")
         job_ids.add_metric([], snapshot.job_ids_dropped if snapshot is not None else 0)
         yield from (wall, gpu, samples, *gpu_families.values(), *host_families.values(),
-                    records, runs, state, start, end, job_ids)
+                    records, goodput, goodput_wall, gpu_busy, running, runs, state, start,
+                    end, job_ids)
 
 
 class MetricsExporter:

@@ -12,10 +12,14 @@ from typing import Any
 
 from sidecar.ingest.streams import Registry
 from sidecar.model.aggregator import RankAggregator
+from sidecar.model.efficiency import refresh_waits
+from sidecar.model.goodput import Account
 from sidecar.model.split import Split
 from sidecar.resources import fields
 from sidecar.resources.monitor import ResourceMonitor, SplitResources
 
+# How often the live view reruns the straggler rule on a split of several ranks, s.
+WAITS_REFRESH_S = 10.0
 
 @dataclass(frozen=True)
 class RunView:
@@ -88,6 +92,7 @@ class RankView:
     training_s: float
     train_samples: int | None
     val_samples: int | None
+    goodput: Account  # its wall time by part (sidecar.model.goodput)
 
 
 @dataclass(frozen=True)
@@ -121,18 +126,29 @@ class SplitView:
     host_gauges: dict[str, float]  # metric name -> value, of each host field's gauge
 
 
-def _rank_view(agg: RankAggregator) -> RankView:
+def _rank_view(agg: RankAggregator, straggler_per_iteration_s: float) -> RankView:
     phases = tuple(
         PhaseStats(phase, agg.custom_names.get(phase, ""), s.wall.count,
                    s.wall.mean * s.wall.count, s.gpu.count, s.gpu.mean * s.gpu.count)
         for phase, s in sorted(agg.series.items()))
-    return RankView(agg.rank, phases, agg.training_s(), agg.samples[False], agg.samples[True])
+    return RankView(agg.rank, phases, agg.training_s(), agg.samples[False], agg.samples[True],
+                    agg.goodput_account(straggler_per_iteration_s))
+
+
+def _refresh_waits(split: Split) -> None:
+    """Rerun the straggler rule on a split of several ranks at most every
+    ``WAITS_REFRESH_S`` (it reads the stored rows; a write also refreshes it)."""
+    now = time.monotonic()
+    if len(split.ranks) > 1 and now - split.waits_refreshed_monotonic >= WAITS_REFRESH_S:
+        split.waits_refreshed_monotonic = now
+        refresh_waits(list(split.ranks.values()), split.straggler_waits)
 
 
 def split_view(split: Split, resources: SplitResources | None) -> SplitView:
     """The view of ``split`` with its running resource figures (loop thread only)."""
     first = split.ranks.get(0) or next(iter(split.ranks.values()), None)
     counts = split.record_counts()
+    _refresh_waits(split)
     info = split.info
     gpus: tuple[GpuView, ...] = ()
     host_gauges: dict[str, float] = {}
@@ -151,7 +167,8 @@ def split_view(split: Split, resources: SplitResources | None) -> SplitView:
         start_unix=min((a.run_start_unix for a in split.ranks.values() if a.sessions),
                        default=None),
         end_unix=split.end_unix,
-        ranks=tuple(_rank_view(split.ranks[r]) for r in sorted(split.ranks)),
+        ranks=tuple(_rank_view(split.ranks[r], split.straggler_waits.get(r, 0.0))
+                    for r in sorted(split.ranks) if split.ranks[r].sessions),
         records={"received": counts.received, "dropped": counts.dropped,
                  "lost": counts.lost, "rejected": counts.rejected},
         gpus=gpus, host_gauges=host_gauges)

@@ -26,6 +26,7 @@ from sidecar.ingest.hello import Hello, Refused, declarations, phase_id, phase_n
 from sidecar.ingest.peers import Peer
 from sidecar.ingest.pending import Pending
 from sidecar.ingest.resume import Claim, Lineage
+from sidecar.ingest.startup import note_startup
 from sidecar.ingest.stream import Stream
 from sidecar.model.aggregator import RankAggregator, RecordValues
 from sidecar.model.split import Split
@@ -150,6 +151,7 @@ class Registry:
         that took over never saw their declarations) and its DataLoader workers' phases."""
         stream.custom_names.update(declarations(body))
         self.note_worker_phases(stream, body.get("worker_phases"))
+        note_startup(stream.split.rank(stream.rank).sessions[-1], body, stream.start_unix)
 
     def note_worker_phases(self, stream: Stream, count: Any) -> None:
         """The phases timed in ``stream``'s DataLoader workers so far (a running total;

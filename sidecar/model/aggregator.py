@@ -56,6 +56,7 @@ from markers.wire import (
     P_PHASE,
     P_START,
 )
+from sidecar.model import goodput
 from sidecar.model.blocks import Blocks, is_validation, moments, split_blocks
 from sidecar.model.stats import Welford
 from sidecar.model.units import BYTES_PER_MIB, NS_PER_S
@@ -128,6 +129,8 @@ class Session:
     run_id: str = ""  # the markers' run id (hex) of the process
     worker_phases: int = 0  # phases timed in its DataLoader workers: not measured
     gpu_unfinished: int = 0  # phases whose GPU time the GPU had not reached at the finish wait
+    pre_run_s: float = 0.0  # the process's start to its hello (start_run), seconds
+    sidecar_wait_s: float = 0.0  # of which start_run waited for a private sidecar
 
     def unix_at(self, ns: int) -> float:
         """Wall-clock time (Unix seconds) of the process's ``perf_counter_ns`` value ``ns``."""
@@ -188,6 +191,8 @@ class RankAggregator:
         self.downtime_s = 0.0  # between a process's end and the next one's start
         self.redone_s = 0.0  # training after a checkpoint, lost by a resume from it
         self.gpu_not_measured = 0  # phases whose GPU time the markers could not take
+        # The goodput counters of each session (None: a state too old to hold them).
+        self.goodput: list[goodput.Counters | None] = []
         self.aligned_custom: set[int] = set()  # custom phases measured inside iterations
         self._names: dict[str, int] = {}  # custom name -> its key in ``series``
         # Open iterations: their phases' sums and the context record of each.
@@ -231,6 +236,7 @@ class RankAggregator:
         if not self.sessions:
             self.run_start_unix = start_unix
         self.sessions.append(Session(number, start_unix, start_ns, start_ns, run_id=run_id))
+        self.goodput.append(goodput.Counters())
         self._open.clear()
         self._spans.clear()
         self._standalone_seen.clear()
@@ -245,6 +251,8 @@ class RankAggregator:
             return
         current = self.sessions[-1]
         current.end_ns = end_ns if end_ns is not None else current.last_ns
+        if self.goodput[-1] is not None:
+            goodput.end_session(self.goodput[-1], current.last_ns)
         for key in list(self._open):
             self._cut_iteration(key)
         for phase, begin in self._spans.items():
@@ -278,6 +286,15 @@ class RankAggregator:
         end = saved_unix if previous_end_unix is None else max(previous_end_unix, saved_unix)
         self.redone_s += end - saved_unix
         self.downtime_s += max(0.0, start_unix - end)
+
+    def goodput_account(self, straggler_per_iteration_s: float = 0.0) -> goodput.Account:
+        """This rank's goodput account (``sidecar.model.goodput``), given the time it
+        waited for the slowest rank per measured iteration (seconds)."""
+        times = [goodput.SessionTimes(s.start_ns, s.end_ns if s.end_ns is not None
+                                      else s.last_ns, s.pre_run_s, s.sidecar_wait_s)
+                 for s in self.sessions]
+        return goodput.account(times, self.goodput, self.downtime_s, self.redone_s,
+                               straggler_per_iteration_s)
 
     def note_batch_size(self, validation: bool, iteration: int, size: int | None) -> None:
         """The markers read ``size`` (None: unreadable) from the batches of this session
@@ -316,6 +333,11 @@ class RankAggregator:
         session.last_ns = max(session.last_ns, int(records[:, P_END].max()))
         self.gpu_not_measured += int(np.count_nonzero(records[:, P_FLAGS]
                                                       & wire.FLAG_GPU_DROPPED))
+        counters = self.goodput[-1]
+        if counters is not None:
+            goodput.count(counters, records, self.settings.warmup_iterations,
+                          [key for key, name in self.custom_names.items()
+                           if name.lower() in goodput.CHECKPOINT_NAMES])
         ordinary = self._ordinary(records)
         bounds = [0, *(np.flatnonzero(ordinary[1:] != ordinary[:-1]) + 1).tolist(),
                   len(records)]

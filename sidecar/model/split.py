@@ -61,6 +61,12 @@ class Split:
         self.rejected = 0
         self.dirty = True
         self.write_error: str | None = None
+        # Per rank: seconds it waited for the slowest rank per measured iteration, as of
+        # the last write (the straggler rule runs on the stored rows when files are made).
+        self.straggler_waits: dict[int, float] = {}
+        self.waits_refreshed_monotonic = float("-inf")  # the live view's last refresh
+        # The DataLoader settings of the latest train / validation loop (run.json).
+        self.loaders: dict[str, dict[str, Any]] = {}
 
     @property
     def split_dir(self) -> Path:

@@ -11,8 +11,9 @@ keeps its ``batches`` and ``flag``, each series its ``flagged`` rows, each rank 
 a series' ``rows`` and ``flagged`` as columns (one list per Row field,
 ``row_columns``) instead of one object per row: a third of the size at 10⁵
 stored rows (the field names are no longer repeated per row), which a checkpoint writes
-and flushes to disk each time; within 4, each session also keeps its ``gpu_unfinished``
-(absent: none). Older documents are upgraded on reading.
+and flushes to disk each time. Within 4, each session also keeps its ``gpu_unfinished``,
+``pre_run_s`` and ``sidecar_wait_s``, and each rank its ``goodput`` counters per session
+(absent: none, not counted). Older documents are upgraded on reading.
 
 The *lineage* of a state is the run id of its first session: a fresh run starts a
 lineage, a resume continues the lineage of the state it loaded.
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from markers.wire import TRAINING_LOOP, VALIDATION_LOOP
+from sidecar.model import goodput
 from sidecar.model.aggregator import ROW_FIELDS, PhaseSeries, RankAggregator, Row, Session
 from sidecar.model.stats import Welford
 from sidecar.model.units import NS_PER_S
@@ -84,6 +86,7 @@ def rank_state(agg: RankAggregator, rows_state: RowsState | None = None) -> dict
         "custom_names": {str(k): v for k, v in agg.custom_names.items()},
         "aligned_custom": sorted(agg.aligned_custom),
         "sessions": [asdict(s) for s in agg.sessions],
+        "goodput": [None if c is None else c.to_state() for c in agg.goodput],
         "series": {
             str(phase): {"rows": rows_of(phase, "rows"),
                          "wall": s.wall.to_list(),
@@ -115,6 +118,11 @@ def load_rank(agg: RankAggregator, saved: dict[str, Any], continue_run: str = ""
     # Added within schema 3 (absent from older documents: nothing was aligned then).
     agg.aligned_custom = {int(k) for k in saved.get("aligned_custom", [])}
     agg.sessions = [Session(**s) for s in saved["sessions"]]
+    # Added within schema 4 (absent: the sessions were not counted, their time is other).
+    counted = saved.get("goodput") or []
+    agg.goodput = [None if c is None else goodput.Counters.from_state(c) for c in counted]
+    if len(agg.goodput) != len(agg.sessions):
+        agg.goodput = [None] * len(agg.sessions)
     for s in agg.sessions:  # the state's sessions are over: their time is in training_s
         s.end_ns = s.end_ns if s.end_ns is not None else s.last_ns
     last = agg.sessions[-1] if agg.sessions else None
@@ -122,6 +130,9 @@ def load_rank(agg: RankAggregator, saved: dict[str, Any], continue_run: str = ""
         ended_ns = last.end_ns if last.end_ns is not None else last.last_ns
         agg.training_before_s -= (ended_ns - last.start_ns) / NS_PER_S
         last.end_ns = None
+    for session, counters in zip(agg.sessions, agg.goodput, strict=True):
+        if counters is not None and session.end_ns is not None:
+            goodput.end_session(counters, session.end_ns)
     # A session appended by begin_session measures from its own start; the sessions
     # above no longer count (their effective time is training_before_s).
     agg.series = {

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sidecar.model.goodput import CAUSES
 from sidecar.model.units import BYTES_PER_MIB
 from sidecar.report import jobs
 from sidecar.report.build import PHASE_MEANS, Report, damaged_frame
@@ -215,6 +216,14 @@ def from_prometheus(url: str, since: str) -> Report:
     table["GPU memory peak (%)"] = np.nan
     table["energy (kWh)"] = per_job["energy"].to_numpy()
     table["power mean (W)"] = per_job["power"].to_numpy()
+    parts = {part: _values(url, f'sum by (run) (avg by (run, split, part) ('
+                           f'last_over_time(trainmon_goodput_seconds{{part="{part}"}}'
+                           f'[{since}])))').reindex(run).to_numpy()
+             for part in ("productive", *CAUSES)}
+    wall_s = _values(url, f"sum by (run) (avg by (run, split) (last_over_time("
+                     f"trainmon_goodput_wall_seconds[{since}])))").reindex(run).to_numpy()
+    for column, values in jobs.goodput_columns(wall_s, parts["productive"], parts).items():
+        table[column] = values
     table["flags"] = jobs.flags(table)
     job_table = jobs.typed(table, jobs.JOB_COLUMNS)
 

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sidecar.report import goodput_view
 from sidecar.report.figures import PHASE_COLUMNS
 from sidecar.report.jobs import TEXT_COLUMNS, idle_gpu_hours, most_wasteful_first, names
 
@@ -141,6 +142,7 @@ def render(jobs: pd.DataFrame, gpus: pd.DataFrame, summary: pd.DataFrame,
 header to sort, a folded cell to read it whole.</p>
 <section><h2>GPU-hours</h2><div class="pair"><div id="by-user"></div><div id="by-model"></div>
 </div></section>
+{goodput_view.section(jobs, summary)}
 <section><h2>Jobs, most wasteful first (idle GPU-hours, then flags)</h2>
 <div class="scroll" id="jobs"></div></section>
 <section><h2>Phase breakdown per job</h2><div id="phases"></div></section>

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from sidecar.model.goodput import CAUSES
 from sidecar.report.figures import Figures
 from sidecar.report.read import RunFolder
 
@@ -24,7 +26,8 @@ JOB_COLUMNS = [
     "cause", "wall (s)", "GPUs", "GPU model", "GPU-hours", "GPU utilization mean (%)",
     "GPU memory peak (MB)", "GPU memory peak (%)", "energy (kWh)", "power mean (W)",
     "train throughput (samples/s)", "val throughput (samples/s)", "data loading share (%)",
-    "CPU mean (%)", "memory peak (MB)", "records dropped", "flags",
+    "CPU mean (%)", "memory peak (MB)", "records dropped", "goodput (%)",
+    *(f"badput {cause} (s)" for cause in CAUSES), "flags",
 ]
 GPU_COLUMNS = [
     "run_id", "folder", "host", "user", "gpu", "uuid", "GPU model",
@@ -116,6 +119,30 @@ def most_wasteful_first(frame: pd.DataFrame) -> pd.DataFrame:
                                                                               "_flags"])
 
 
+def goodput_columns(wall_s: Sequence[float], productive_s: Sequence[float],
+                    badput_s: dict[str, Sequence[float]]) -> dict[str, np.ndarray]:
+    """The jobs table's goodput columns from each job's goodput wall time, productive
+    time and badput seconds by cause (NaN where unknown)."""
+    wall = np.asarray(wall_s, dtype="float64")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = np.where(wall > 0, np.asarray(productive_s, dtype="float64") / wall * 100.0,
+                         np.nan)
+    return {"goodput (%)": share, **{f"badput {cause} (s)": np.asarray(
+        badput_s[cause], dtype="float64") for cause in CAUSES}}
+
+
+def _goodput(runs: Sequence[RunFolder]) -> dict[str, np.ndarray]:
+    """The goodput columns from each run.json's ``goodput`` (the splits' means added)."""
+    entries: list[dict[str, Any]] = []
+    for run in runs:
+        entry = run.meta.get("goodput")
+        entries.append(entry if isinstance(entry, dict) else {})
+    return goodput_columns([_number(e.get("wall_s")) for e in entries],
+                           [_number(e.get("productive_s")) for e in entries],
+                           {cause: [_number((e.get("badput_s") or {}).get(cause))
+                                    for e in entries] for cause in CAUSES})
+
+
 def _meta_frame(runs: Sequence[RunFolder]) -> pd.DataFrame:
     rows = []
     for run in runs:
@@ -188,6 +215,8 @@ def tables(runs: Sequence[RunFolder], figures: Figures) -> tuple[pd.DataFrame, p
     jobs["CPU mean (%)"] = means["cpu mean (%)"]
     jobs["memory peak (MB)"] = by_run["memory peak (MB)"].max()
     jobs["records dropped"] = by_run["dropped"].sum().astype("int64")
+    for column, values in _goodput(runs).items():
+        jobs[column] = values
     jobs["flags"] = flags(jobs)
 
     per_gpu = gpus.join(jobs[["run_id", "folder", "host", "user"]], on="run")
@@ -203,9 +232,13 @@ def tables(runs: Sequence[RunFolder], figures: Figures) -> tuple[pd.DataFrame, p
 
 def summary(jobs: pd.DataFrame) -> pd.DataFrame:
     """Totals per host, per user and per GPU model: jobs, GPU-hours, energy, GPU
-    utilization weighted by GPU-hours, and how many jobs carry each flag."""
+    utilization weighted by GPU-hours, how many jobs carry each flag, and the GPU-hours
+    lost per badput cause (each job's GPUs × its seconds of that cause)."""
     frame = jobs.assign(**{name: jobs["flags"].str.split(",").apply(lambda f, n=name: n in f)
                            for name in FLAGS})
+    lost = {f"GPU-hours lost {cause}": jobs["GPUs"] * jobs[f"badput {cause} (s)"] / 3600.0
+            for cause in CAUSES}
+    frame = frame.assign(**lost)
     parts = []
     for label, column in SUMMARY_GROUPS:
         grouped = frame.groupby(column, sort=True)
@@ -219,6 +252,8 @@ def summary(jobs: pd.DataFrame) -> pd.DataFrame:
         part["GPU utilization mean (%)"] = weighted["GPU utilization mean (%)"]
         for name in FLAGS:
             part[name] = grouped[name].sum().astype("int64")
+        for name in lost:
+            part[name] = grouped[name].sum(min_count=1)
         part.index = part.index.where(part.index != "", NO_NAME)
         part.index.name = "name"
         parts.append(part.reset_index().assign(by=label))

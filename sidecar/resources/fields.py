@@ -124,7 +124,9 @@ GPU_FIELDS: tuple[Field, ...] = (
           gauge=Gauge("trainmon_gpu_memory_used_bytes", "gauge", "device memory used",
                       scale=BYTES_PER_MIB)),
     Field("gpu", "mem_total_mib", f"{_NVML} nvmlDeviceGetMemoryInfo .total",
-          "memory total (MB)", "MiB", figures=_fig(("mem_total_mib", "max"))),
+          "memory total (MB)", "MiB", figures=_fig(("mem_total_mib", "max")),
+          gauge=Gauge("trainmon_gpu_memory_total_bytes", "gauge", "device memory in all "
+                      "(the alert on memory near full divides by it)", scale=BYTES_PER_MIB)),
     Field("gpu", "power_w", f"{_NVML} ΔE/Δt of the energy counter, else instant or "
           "average power", "power (W)", "W", figures=_fig(("power_mean_w", "mean")),
           line=Line("Power (W)", "mean {power_mean_w:.1f}{power_source:paren}"),

@@ -1,14 +1,16 @@
 """The text of our blocks in ``summary.log`` and their replacement inside a file that may
 hold other people's text (docs/contract.md, Files).
 
-Three blocks, in this order, each closed by a line of 106 stars:
+Four blocks, in this order, each closed by a line of 106 stars:
 
 1. the reference's ``Computational Summary`` block, line for line as the reference prints
    it (title, GPU names on a GPU, the training and validation tables, throughput), so a
    script that reads from its title to the first star line reads what it knows;
 2. our additions, under a title line of their own: the Training time account, the
    streaming figures over all post-warmup measurements, custom phases, ranks;
-3. the resources block, under the line ``Resources``.
+3. the Goodput block (``sinks/goodput_text.py``): the wall time as productive training
+   plus badput by cause;
+4. the resources block, under the line ``Resources``.
 
 Every ``mean ± std [n]`` cell uses the sample standard deviation (n − 1 in the
 denominator), as pandas' ``Series.std()`` in the reference.
@@ -215,10 +217,12 @@ def time_lines(agg: RankAggregator, gaps: Sequence[tuple[float, float]]) -> list
 
 def computational_block(ranks: Sequence[RankAggregator], gpu_names: Sequence[str],
                         gaps: Sequence[tuple[float, float]],
-                        resource_lines: Sequence[str]) -> list[str]:
-    """All lines of our three blocks (see the module docstring): the reference's block for
-    rank 0 (``ranks[0]``), our additions, then ``resource_lines`` (the resources block,
-    which starts with the line ``Resources``) and a closing star line.
+                        resource_lines: Sequence[str],
+                        goodput_lines: Sequence[str] = ()) -> list[str]:
+    """All lines of our blocks (see the module docstring): the reference's block for
+    rank 0 (``ranks[0]``), our additions, ``goodput_lines`` (the Goodput block, with its
+    own title and star lines), then ``resource_lines`` (the resources block, which starts
+    with the line ``Resources``) and a closing star line.
     """
     agg = ranks[0]
     on_gpu = bool(gpu_names)
@@ -238,7 +242,10 @@ def computational_block(ranks: Sequence[RankAggregator], gpu_names: Sequence[str
                                _worker_lines(ranks), _gpu_unfinished_lines(ranks)) if part]
     for i, part in enumerate(parts):
         lines += [*([""] if i else []), *part]
-    lines += [STARS, "", *resource_lines, STARS]
+    lines += [STARS]
+    if goodput_lines:
+        lines += ["", *goodput_lines]
+    lines += ["", *resource_lines, STARS]
     return lines
 
 

@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from sidecar.model import state
+from sidecar.model.efficiency import split_accounts, split_mfu
+from sidecar.model.goodput import Account
+from sidecar.model.peaks import Mfu
 from sidecar.model.split import RUN_STATUS_ORDER, RecordCounts, Split
 from sidecar.resources.monitor import ResourceFigures
-from sidecar.sinks import layout, resources_text, rowtext, summary, tables
+from sidecar.sinks import goodput_text, layout, resources_text, rowtext, summary, tables
 from sidecar.sinks.atomic import WriteBytes, rewrite_in_place, write_atomic
 from sidecar.sinks.locks import folder_lock
 
@@ -64,10 +67,19 @@ def _number(value: object) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def _split_entry(split: Split) -> dict[str, Any]:
+def _mfu(split: Split) -> Mfu | None:
+    """The split's MFU estimate from the FLOPs per batch its hello gave (None: none)."""
+    flops = _number(split.info.get("flops_per_batch"))
+    return split_mfu([split.ranks[r] for r in sorted(split.ranks)], flops,
+                     str(split.info.get("flops_dtype") or "bf16"),
+                     split.gpus[0][1] if split.gpus else None)
+
+
+def _split_entry(split: Split, accounts: Mapping[int, Account]) -> dict[str, Any]:
     """The ``run.json`` entry of one split: its own status, times and metadata."""
     info = split.info
     aggs = [a for a in split.ranks.values() if a.sessions]
+    mfu = _mfu(split)
     first = split.ranks.get(0) or next(iter(split.ranks.values()), None)
     start_unix = min((a.run_start_unix for a in aggs), default=info.get("start_unix"))
     return {
@@ -87,17 +99,24 @@ def _split_entry(split: Split) -> dict[str, Any]:
         "wall_s": max((a.wall_s() for a in split.ranks.values()), default=None),
         "gpus": [{"uuid": uuid, "name": name} for uuid, name in split.gpus],
         **{key: info.get(key) for key in ("host", "user", "job_id", "command", "cwd")},
+        "goodput": goodput_text.goodput_entry(accounts),
+        "loaders": split.loaders,
+        "mfu": None if mfu is None else mfu.to_json(),
     }
 
 
-def run_json(split: Split, existing: str) -> str:
+def run_json(split: Split, existing: str,
+             accounts: Mapping[int, Account] | None = None) -> str:
     """The text of ``run.json``: this split's entry merged into what other splits of the
     same folder wrote there before (their entries under ``splits`` are kept), and a top
     level that describes the whole run (docs/contract.md, Files): status and cause of the worst
     split (failed > incomplete > running > completed), the earliest start, the latest end (none
     while a split runs), every GPU of every split, run_id the lowest split's. Call it
-    under ``folder_lock``.
+    under ``folder_lock``. ``accounts``: the split's goodput accounts per rank (default:
+    computed here); the top level's ``goodput`` adds up the splits' means.
     """
+    if accounts is None:
+        accounts = split_accounts(list(split.ranks.values()), split.straggler_waits)
     try:
         previous = json.loads(existing) if existing else {}
     except ValueError:
@@ -105,7 +124,7 @@ def run_json(split: Split, existing: str) -> str:
     previous = previous if isinstance(previous, dict) else {}
     found = previous.get("splits")
     splits: dict[str, Any] = found if isinstance(found, dict) else {}
-    splits[str(split.split)] = _split_entry(split)
+    splits[str(split.split)] = _split_entry(split, accounts)
     entries = [e for _, e in sorted((int(k), e) for k, e in splits.items()
                                     if k.isdigit() and isinstance(e, dict))]
     starts = [t for t in (_number(e.get("start_unix")) for e in entries) if t is not None]
@@ -133,6 +152,7 @@ def run_json(split: Split, existing: str) -> str:
         "status": worst.get("status"),
         "cause": worst.get("cause"),
         "gpus": list(gpus.values()),
+        "goodput": goodput_text.job_entry(entries),
         "versions": info.get("versions", {}),
         "splits": splits,
     }
@@ -155,12 +175,14 @@ def render(split: Split, resources: ResourceFigures, counts: RecordCounts,
             files[path] = table(agg)
             on_progress(path.name)
     block = None
+    accounts = split_accounts(ranks, split.straggler_waits)
     if ranks:
         block_lines = resources_text.resources_block(
             resources.gpus, resources.host, resources.gpu_off_reason, resources.attribution,
             records_lines(counts))
         block = summary.computational_block(
-            ranks, [name for _, name in split.gpus], split.gaps, block_lines)
+            ranks, [name for _, name in split.gpus], split.gaps, block_lines,
+            goodput_text.goodput_lines(accounts, _mfu(split)))
     if resources.host_samples or resources.gpu_samples:
         frame = resources_text.resources_frame(resources.gpu_samples, resources.host_samples,
                                                resources.run_start_ns, resources.session_starts_ns)

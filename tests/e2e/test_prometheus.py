@@ -12,42 +12,32 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 import psutil
-import pytest
 
 from tests.support.helpers import Sidecar, env, read_tsv, run_json, wait_for
-from tests.support.prometheus import free_port, http, marked_loop, prometheus_server, promql
+from tests.support.prometheus import (
+    free_port,
+    http,
+    marked_loop,
+    prometheus,
+    prometheus_server,
+    promql,
+    start_loop_job,
+)
+
+__all__ = ["prometheus"]  # the fixture, used by name
 
 LOOP = marked_loop(input_s=0.003)
-
-
-@pytest.fixture
-def prometheus(tmp_path: Path) -> Iterator[tuple[str, int]]:
-    """A Prometheus server scraping 127.0.0.1:<port> every second: (its URL, port)."""
-    target = free_port()
-    with prometheus_server(tmp_path, textwrap.dedent(f"""
-        global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-        scrape_configs:
-          - job_name: trainmon
-            static_configs: [{{targets: ["127.0.0.1:{target}"]}}]
-    """)) as url:
-        yield url, target
 
 
 def test_prometheus_scrapes_the_phase_times_and_reports_like_the_files(
         prometheus: tuple[str, int], tmp_path: Path) -> None:
     url, port = prometheus
-    (tmp_path / "loop.py").write_text(LOOP)
-    stop = tmp_path / "stop"
-    job = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.launcher", "--fake-nvml", "two_busy_gpus",
-         "--", "run", "--metrics-port", str(port), "--interval", "0.2", "--",
-         sys.executable, "loop.py", "runs/job", str(stop)], cwd=tmp_path, env=env(),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job, stop = start_loop_job(tmp_path, port)
     try:
         # enough scrapes of a running loop for a rate over 10 s
         wait_for(lambda: promql(url, 'count_over_time(trainmon_phase_duration_seconds_count'

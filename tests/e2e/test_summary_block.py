@@ -154,8 +154,8 @@ def run_loop(tmp_path: Path, *args: str) -> tuple[pd.DataFrame, list[str]]:
 
 def assert_reference_block_then_ours(frame: pd.DataFrame, lines: list[str],
                                      gpu_names: list[str]) -> None:
-    """summary.log starts with the reference's block line for line, then our additions
-    and the resources block follow, each closed by a star line."""
+    """summary.log starts with the reference's block line for line, then our additions,
+    the Goodput block and the resources block follow, each closed by a star line."""
     expected = reference_block(frame, gpu_names)
     for number, (got, want) in enumerate(zip(lines, expected, strict=False)):
         assert got == want, f"line {number}:\n{got!r}\n{want!r}"
@@ -165,9 +165,12 @@ def assert_reference_block_then_ours(frame: pd.DataFrame, lines: list[str],
     assert rest[1].startswith("*") and " Beyond the reference: " in rest[1]
     assert len(rest[1]) == 106
     assert rest[2].startswith("Training time: effective ")
+    goodput = next(i for i, line in enumerate(rest)
+                   if " Goodput: where the wall time went " in line)
+    assert rest[goodput - 2:goodput] == ["*" * 106, ""] and len(rest[goodput]) == 106
     resources = rest.index("Resources")
-    assert rest[resources - 2:resources] == ["*" * 106, ""]
-    assert rest[-1] == "*" * 106 and rest.count("*" * 106) == 2
+    assert goodput < resources and rest[resources - 2:resources] == ["*" * 106, ""]
+    assert rest[-1] == "*" * 106 and rest.count("*" * 106) == 3
     assert "Resources" not in lines[:len(expected)]
 
 

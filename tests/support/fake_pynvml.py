@@ -401,3 +401,10 @@ def busy_and_idle_gpu() -> FakeNvml:
     """A GPU at 95 % utilization and one at 3 % (a job that holds a GPU it never uses)."""
     return FakeNvml([FakeGpu(uuid="GPU-5f5f5f5f", name="NVIDIA Fake 0", util=95),
                      FakeGpu(uuid="GPU-6a6a6a6a", name="NVIDIA Fake 1", util=3)])
+
+
+def idle_full_gpu() -> FakeNvml:
+    """One GPU 2 % busy with 7900 of its 8000 MiB used: the idle-GPU and memory-near-full
+    alerts' stand-in (``--fake-nvml idle_full_gpu``)."""
+    return FakeNvml([FakeGpu(uuid="GPU-6f6f6f6f", name="NVIDIA Fake Idle", util=2,
+                             mem_used=7900 * MIB, mem_total=8000 * MIB)])

@@ -7,6 +7,7 @@ import json
 import shutil
 import socket
 import subprocess
+import sys
 import textwrap
 import urllib.parse
 import urllib.request
@@ -15,7 +16,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tests.support.helpers import wait_for
+import pytest
+
+from tests.support.helpers import env, wait_for
 
 
 def marked_loop(input_s: float) -> str:
@@ -93,3 +96,40 @@ def prometheus_server(folder: Path, config: str) -> Iterator[str]:
         server.terminate()
         server.wait(30)
         log.close()
+
+
+@contextmanager
+def scraping(folder: Path, rule_file: Path | None = None) -> Iterator[tuple[str, int]]:
+    """A Prometheus server scraping 127.0.0.1:<port> every second, evaluating
+    ``rule_file``'s rules every second when given: yields (its URL, the port)."""
+    target = free_port()
+    rules = f"rule_files: [{json.dumps(str(rule_file))}]" if rule_file else ""
+    with prometheus_server(folder, textwrap.dedent(f"""
+        global: {{scrape_interval: 1s, evaluation_interval: 1s}}
+        {rules}
+        scrape_configs:
+          - job_name: trainmon
+            static_configs: [{{targets: ["127.0.0.1:{target}"]}}]
+    """)) as url:
+        yield url, target
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path) -> Iterator[tuple[str, int]]:
+    """A Prometheus server scraping 127.0.0.1:<port> every second: (its URL, port)."""
+    with scraping(tmp_path) as server:
+        yield server
+
+
+def start_loop_job(folder: Path, port: int, input_s: float = 0.003
+                   ) -> tuple[subprocess.Popen[str], Path]:
+    """``marked_loop(input_s)`` into ``folder/runs/job`` under ``sidecar run --metrics-port
+    port`` with two stand-in GPUs; the job ends once the returned stop file exists."""
+    (folder / "loop.py").write_text(marked_loop(input_s))
+    stop = folder / "stop"
+    job = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.launcher", "--fake-nvml", "two_busy_gpus",
+         "--", "run", "--metrics-port", str(port), "--interval", "0.2", "--",
+         sys.executable, "loop.py", "runs/job", str(stop)], cwd=folder, env=env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return job, stop

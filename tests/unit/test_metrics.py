@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from markers import wire
 from sidecar.daemon.metrics import MetricsExporter
 from sidecar.daemon.snapshot import GpuView, PhaseStats, RankView, Snapshot, SplitView
+from sidecar.model.goodput import CAUSES, Account
 from sidecar.model.units import BYTES_PER_MIB as MIB
 
 RUN = ["run", "user", "host", "slurm_job_id"]
@@ -20,6 +21,7 @@ CONTRACT_METRICS = {  # name: (type, labels) as docs/contract.md lists them
     "trainmon_samples": ("counter", [*RUN, "split", "rank", "loop"]),
     "trainmon_gpu_utilization_ratio": ("gauge", ["host", "gpu", "uuid", "model", "run"]),
     "trainmon_gpu_memory_used_bytes": ("gauge", ["host", "gpu", "uuid", "model", "run"]),
+    "trainmon_gpu_memory_total_bytes": ("gauge", ["host", "gpu", "uuid", "model", "run"]),
     "trainmon_gpu_job_memory_bytes": ("gauge", ["host", "gpu", "uuid", "model", "run"]),
     "trainmon_gpu_power_watts": ("gauge", ["host", "gpu", "uuid", "model", "run"]),
     "trainmon_gpu_energy_joules": ("counter", ["host", "gpu", "uuid", "model", "run"]),
@@ -27,12 +29,20 @@ CONTRACT_METRICS = {  # name: (type, labels) as docs/contract.md lists them
     "trainmon_job_cpu_seconds": ("counter", RUN),
     "trainmon_job_memory_rss_bytes": ("gauge", RUN),
     "trainmon_records": ("counter", [*RUN, "outcome"]),
+    "trainmon_goodput_seconds": ("gauge", [*RUN, "split", "rank", "part"]),
+    "trainmon_goodput_wall_seconds": ("gauge", [*RUN, "split", "rank"]),
+    "trainmon_goodput_gpu_busy_seconds": ("gauge", [*RUN, "split", "rank"]),
+    "trainmon_run_running": ("gauge", [*RUN, "split"]),
     "trainmon_runs": ("gauge", ["status"]),
     "trainmon_job_ids_dropped": ("counter", []),
     "trainmon_run_status": ("gauge", [*RUN, "status"]),
     "trainmon_run_start_timestamp_seconds": ("gauge", RUN),
     "trainmon_run_end_timestamp_seconds": ("gauge", RUN),
 }
+
+
+GOODPUT = Account(20.0, 12.0, {cause: 0.5 * (index + 1) for index, cause in enumerate(CAUSES)},
+                  50, 6.0)
 
 
 def _split(run_id: str, status: str = "running", end_unix: float | None = None
@@ -43,11 +53,12 @@ def _split(run_id: str, status: str = "running", end_unix: float | None = None
     return SplitView(
         run_id=run_id, user="ada", host="node1", slurm_job_id="42", split=0,
         status=status, start_unix=1.8e9, end_unix=end_unix,
-        ranks=(RankView(0, phases, 12.5, 80, None),),
+        ranks=(RankView(0, phases, 12.5, 80, None, GOODPUT),),
         records={"received": 100, "dropped": 1, "lost": 0, "rejected": 2},
         gpus=(GpuView(0, "GPU-a", "NVIDIA H200", {
             "trainmon_gpu_utilization_ratio": 0.55,
             "trainmon_gpu_memory_used_bytes": 1024.0 * MIB,
+            "trainmon_gpu_memory_total_bytes": 4096.0 * MIB,
             "trainmon_gpu_job_memory_bytes": 512.0 * MIB, "trainmon_gpu_power_watts": 300.0,
             "trainmon_gpu_energy_joules": 900.0, "trainmon_gpu_temperature_celsius": 60.0}),),
         host_gauges={"trainmon_job_cpu_seconds": 3.5,
@@ -91,6 +102,13 @@ def test_names_types_labels_and_forgotten_runs() -> None:
         util = families["trainmon_gpu_utilization_ratio"].samples[0]
         assert util.value == 0.55
         assert families["trainmon_gpu_memory_used_bytes"].samples[0].value == 1024 ** 3
+        parts = {s.labels["part"]: s.value for s in families["trainmon_goodput_seconds"].samples
+                 if s.labels["run"] == "a" * 32}
+        assert parts == {"productive": 12.0, **GOODPUT.badput_s}  # every cause, bounded
+        assert families["trainmon_goodput_wall_seconds"].samples[0].value == 20.0
+        assert families["trainmon_goodput_gpu_busy_seconds"].samples[0].value == 6.0
+        # run b completed
+        assert [s.value for s in families["trainmon_run_running"].samples] == [1.0, 0.0]
         runs = {s.labels["status"]: s.value for s in families["trainmon_runs"].samples}
         assert runs == {"running": 1, "completed": 1, "incomplete": 0, "failed": 0}
         # how each run stands and when it started and ended

@@ -150,5 +150,6 @@ def test_the_live_view_exports_each_gauge_by_its_rule(tmp_path: Path) -> None:
     [gauges] = [g.gauges for g in view.gpus]
     assert gauges == {
         "trainmon_gpu_utilization_ratio": 0.5, "trainmon_gpu_memory_used_bytes": 100.0 * MIB,
+        "trainmon_gpu_memory_total_bytes": 1000.0 * MIB,
         "trainmon_gpu_power_watts": 200.0, "trainmon_gpu_energy_joules": pytest.approx(3.0),
         "trainmon_gpu_temperature_celsius": 60.0, "trainmon_gpu_job_memory_bytes": 80.0 * MIB}

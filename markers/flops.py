@@ -1,0 +1,42 @@
+"""Model FLOPs of one training batch, counted once with ``torch.utils.flop_counter`` on a
+meta-device copy of the model (no memory, no compute): the input of the MFU estimate
+(``start_run(flops_per_batch=...)``). torch is imported only when called."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+
+def count_flops_per_batch(model: Any, batch: Any,
+                          loss: Callable[[Any], Any] | None = None) -> int:
+    """FLOPs of ``model`` on ``batch`` (a tensor, or a tuple/list/dict of them), forward and
+    backward, as ``torch.utils.flop_counter.FlopCounterMode`` counts them on meta-device
+    copies; ``loss`` maps the output to the scalar the backward starts from (default: its
+    sum). Raises what torch raises for a model that cannot run on the meta device."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    meta_model = copy.deepcopy(model).to("meta")
+
+    def to_meta(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return torch.empty_like(value, device="meta").requires_grad_(value.requires_grad)
+        if isinstance(value, (list, tuple)):
+            return type(value)(to_meta(v) for v in value)
+        if isinstance(value, dict):
+            return {k: to_meta(v) for k, v in value.items()}
+        return value
+
+    meta_batch = to_meta(batch)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        if isinstance(meta_batch, dict):
+            output = meta_model(**meta_batch)
+        elif isinstance(meta_batch, (list, tuple)):
+            output = meta_model(*meta_batch)
+        else:
+            output = meta_model(meta_batch)
+        (loss(output) if loss is not None else output.sum()).backward()
+    return int(counter.get_total_flops())

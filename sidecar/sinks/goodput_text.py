@@ -1,0 +1,83 @@
+"""The ``Goodput`` block of ``summary.log`` and the goodput entries of ``run.json``: the
+split's wall time as productive training plus badput by cause (``sidecar.model.goodput``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sidecar.model.efficiency import mean
+from sidecar.model.goodput import CAUSE_LABELS, CAUSES, Account
+from sidecar.model.peaks import Mfu
+from sidecar.sinks import layout
+
+TITLE = " Goodput: where the wall time went "
+
+
+def _share(part_s: float, wall_s: float) -> str:
+    return f"{part_s / wall_s * 100:5.1f} %" if wall_s > 0 else "    - %"
+
+
+def goodput_lines(accounts: Mapping[int, Account], mfu: Mfu | None = None) -> list[str]:
+    """The block (title line to closing star line) for the ranks' ``accounts``; [] when
+    no rank has a session yet. Several ranks: their mean, then one line per rank; the
+    MFU estimate last when FLOPs per batch were given."""
+    if not accounts:
+        return []
+    ranks = sorted(accounts)
+    split = mean([accounts[r] for r in ranks])
+    stars = layout.WIDTH - len(TITLE)
+    over = f" (mean over {len(ranks)} ranks)" if len(ranks) > 1 else ""
+    lines = ["*" * ((stars + 1) // 2) + TITLE + "*" * (stars // 2),
+             f"Wall time {split.wall_s:.2f} s from the process start{over}; the parts add "
+             "up to it",
+             f"{'Part':<46} | {'Time (s)':>12} | {'Share':>7}",
+             f"{'productive training':<46} | {split.productive_s:>12.2f} | "
+             f"{_share(split.productive_s, split.wall_s):>7}"]
+    for cause in CAUSES:
+        value = split.badput_s[cause]
+        lines.append(f"{CAUSE_LABELS[cause]:<46} | {value:>12.2f} | "
+                     f"{_share(value, split.wall_s):>7}")
+    if split.gpu_busy_s is None:
+        lines.append("GPU busy: not timed (no GPU time of Forward, Backward, Optimization)")
+    else:
+        lines.append(f"GPU busy during productive training: {split.gpu_busy_s:.2f} s "
+                     f"({_share(split.gpu_busy_s, split.productive_s).strip()} of it; "
+                     "GPU time of Forward, Backward, Optimization)")
+    if len(ranks) > 1:
+        for rank in ranks:
+            mine = accounts[rank]
+            lines.append(f"rank {rank}: productive {_share(mine.productive_s, mine.wall_s)}"
+                         f" of {mine.wall_s:.2f} s; waited for the slowest rank "
+                         f"{mine.badput_s['straggler']:.2f} s")
+    if mfu is not None:
+        lines.append(mfu.line())
+    return [*lines, "*" * layout.WIDTH]
+
+
+def goodput_entry(accounts: Mapping[int, Account]) -> dict[str, Any] | None:
+    """The ``goodput`` entry of a split in ``run.json``: the mean over ranks (seconds of
+    wall time), and each rank's; None before any rank has a session."""
+    if not accounts:
+        return None
+    return {"mean": mean([accounts[r] for r in sorted(accounts)]).to_json(),
+            "ranks": {str(r): accounts[r].to_json() for r in sorted(accounts)}}
+
+
+def job_entry(splits: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The whole run folder's ``goodput`` in ``run.json``: its splits' means added up
+    (from their entries, so splits written by other sidecars count); None without any."""
+    means = [s["goodput"]["mean"] for s in splits
+             if isinstance(s.get("goodput"), dict) and isinstance(s["goodput"].get("mean"),
+                                                                  dict)]
+    if not means:
+        return None
+    gpus = [m.get("gpu_busy_s") for m in means if isinstance(m.get("gpu_busy_s"),
+                                                             (int, float))]
+    return {"wall_s": sum(float(m.get("wall_s", 0.0)) for m in means),
+            "productive_s": sum(float(m.get("productive_s", 0.0)) for m in means),
+            "badput_s": {cause: sum(float((m.get("badput_s") or {}).get(cause, 0.0))
+                                    for m in means) for cause in CAUSES},
+            "iterations": sum(int(m.get("iterations", 0)) for m in means),
+            "gpu_busy_s": sum(gpus) if gpus else None}
