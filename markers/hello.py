@@ -56,6 +56,7 @@ FIELDS: dict[str, Field] = {
     "versions": Field("names", nullable=True, high=NAME_MAX),
     "phases": Field("any"),  # custom names -> ids: checked by the sidecar's streams
     "worker_phases": Field("int", default=0),
+    "world_size": Field("int", low=1, high=INT32_MAX, default=1),  # ranks 0 … n − 1 expected
 }
 
 # The fields that are aggregation settings (``start_run``'s arguments of the same names).

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from markers import wire
-from sidecar.daemon import slurm_jobs
+from sidecar.daemon import nodes_wait, slurm_jobs
 from sidecar.daemon import snapshot as snapshots
 from sidecar.daemon.access import Access, claim_split
 from sidecar.daemon.dispatch import Dispatcher
@@ -67,6 +67,9 @@ class Config:
     # user, whose runs go under root/<user>/ and are written as that user.
     shared: bool = False
     nice: int = DEFAULT_NICE  # added to the sidecar's CPU niceness (0: same as the job)
+    # Serving rank 0 of a split whose other ranks other sidecars serve: how long its end
+    # waits for their final figures (docs/multi-node.md).
+    nodes_wait_s: float = nodes_wait.DEFAULT_NODES_WAIT_S
 
 
 class Server:
@@ -150,6 +153,7 @@ class Server:
         error text, None on success."""
         owner = next((s.owner for s in self.registry.streams.values() if s.split is split),
                      None)
+        nodes_wait.settle(split, time.time(), self.config.nodes_wait_s)
         try:
             refusal = self.access.write_refusal(split.split_dir, owner)
             if refusal:
@@ -167,8 +171,8 @@ class Server:
                 log.error("%s (data kept in memory, retried every %.0f s)", error, RETRY_S)
             split.write_error = self.registry.last_error = error
             return error
-        if split.end_unix is not None:  # ended and written: another run may take it now
-            self.registry.release(split)
+        if split.end_unix is not None and not nodes_wait.waiting(split):
+            self.registry.release(split)  # ended and written: another run may take it now
         return None
 
     def _progress(self, what: str) -> None:
@@ -388,6 +392,9 @@ class Server:
         if now >= self._next_liveness:
             self._next_liveness = now + TICK_S
             self.check_processes(now)
+            for split in [s for s in self.registry.splits.values() if nodes_wait.waiting(s)]:
+                if nodes_wait.settle(split, now, self.config.nodes_wait_s):
+                    self.write(split)
             self._rate_window.append((time.monotonic(), self.registry.records_received))
         self.registry.expire_pending(now)
         self.receiver.connections.poll()
@@ -450,6 +457,10 @@ class Server:
             cause = f"sidecar stopped by {signal.Signals(self._signal).name}"
         for stream in self.registry.live_streams():
             self._end_stream(stream, cause or gone_cause(stream.pid), now)
+        # The summary of a split led from here waits (bounded) for the other nodes.
+        while not all(nodes_wait.settle(split, time.time(), self.config.nodes_wait_s)
+                      for split in list(self.registry.splits.values())):
+            time.sleep(TICK_S)
         self.write_dirty()
         pending = [s.write_error for s in self.registry.splits.values() if s.dirty]
         for error in pending:

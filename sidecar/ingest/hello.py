@@ -13,7 +13,7 @@ from markers import wire
 from sidecar.model.aggregator import Settings
 
 # What a hello tells of the run, kept in the split's metadata (run.json, summary).
-INFO_FIELDS = ("host", "user", "job_id", "command", "cwd", "versions")
+INFO_FIELDS = ("host", "user", "job_id", "command", "cwd", "versions", "world_size")
 
 
 class Refused(Exception):
