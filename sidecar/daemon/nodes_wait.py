@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 
-from sidecar.model.split import Split
+from sidecar.model.split import LateNode, Split
 from sidecar.sinks import nodes
 from sidecar.sinks.writer import multi_node
 
@@ -47,7 +47,8 @@ def settle(split: Split, now: float, wait_s: float) -> bool:
         if any(f.rank in missing for f in node.ranks) and node.node_id not in split.late_nodes:
             cause = (f"node {node.host} sent no final figures within {wait_s:g} s (its "
                      "sidecar or job stopped)")
-            split.late_nodes[node.node_id] = cause
+            split.late_nodes[node.node_id] = LateNode(
+                node.host, tuple(sorted(f.rank for f in node.ranks)), cause)
             split.set_status("incomplete", cause)
             reported.update(f.rank for f in node.ranks)
     never = [rank for rank in missing if rank not in reported]

@@ -47,6 +47,7 @@ log = logging.getLogger("sidecar")
 TICK_S = 0.2
 LIVENESS_S = 0.4  # a process found gone is declared dead on the next check
 RETRY_S = 5.0  # a failed write is retried this often (and at every checkpoint/finish)
+NODE_FILE_S = 2.0  # a split shared with other sidecars: its node file is refreshed this often
 KEEP_ENDED_S = 600.0  # an ended split stays in memory (and in status) this long
 RATE_WINDOW_S = 10.0  # the status view's record rate is the mean over this trailing window
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
@@ -111,6 +112,7 @@ class Server:
         self._rate_window: deque[tuple[float, int]] = deque(
             [(time.monotonic(), 0)], maxlen=int(RATE_WINDOW_S / TICK_S) + 1)
         self._next_retry = 0.0
+        self._next_node_files = 0.0
         self._next_publish = 0.0  # monotonic s
         self.snapshot = self.publish()
 
@@ -148,11 +150,15 @@ class Server:
 
     # -- writing --------------------------------------------------------------------
 
+    def _owner(self, split: Split) -> Peer | None:
+        """The user whose runs feed ``split`` (the kernel's word; None when unknown)."""
+        return next((s.owner for s in self.registry.streams.values() if s.split is split),
+                    None)
+
     def write(self, split: Split, with_state: bool = False) -> str | None:
         """Write ``split``'s files (on a shared daemon as the run's user); returns the
         error text, None on success."""
-        owner = next((s.owner for s in self.registry.streams.values() if s.split is split),
-                     None)
+        owner = self._owner(split)
         nodes_wait.settle(split, time.time(), self.config.nodes_wait_s)
         try:
             refusal = self.access.write_refusal(split.split_dir, owner)
@@ -174,6 +180,19 @@ class Server:
         if split.end_unix is not None and not nodes_wait.waiting(split):
             self.registry.release(split)  # ended and written: another run may take it now
         return None
+
+    def _write_node_file(self, split: Split) -> None:
+        """Refresh this sidecar's node file of ``split``, whose other ranks other sidecars
+        serve (docs/multi-node.md); a failure waits for the next full write to say it."""
+        owner = self._owner(split)
+        if self.access.write_refusal(split.split_dir, owner):
+            return
+        try:
+            with self.access.acting(owner):
+                writer.write_node_file(split, self.monitor.figures(split),
+                                       split.record_counts())
+        except OSError as exc:
+            log.debug("node file of %s not refreshed: %s", split.split_dir, exc)
 
     def _progress(self, what: str) -> None:
         """Tell the client whose request caused this write that it goes on: a finish
@@ -398,6 +417,11 @@ class Server:
             self._rate_window.append((time.monotonic(), self.registry.records_received))
         self.registry.expire_pending(now)
         self.receiver.connections.poll()
+        if now >= self._next_node_files:
+            self._next_node_files = now + NODE_FILE_S
+            for split in self.registry.splits.values():
+                if split.end_unix is None and split.dirty and writer.multi_node(split):
+                    self._write_node_file(split)
         if now >= self._next_retry:
             self._next_retry = now + RETRY_S
             for split in self.registry.splits.values():

@@ -40,6 +40,16 @@ class RankInfo:
 
 
 @dataclass(frozen=True)
+class LateNode:
+    """A node of the split whose final figures did not come in time: its host, the ranks
+    its last figures named, and the cause its ranks are written incomplete with."""
+
+    host: str
+    ranks: tuple[int, ...]
+    cause: str
+
+
+@dataclass(frozen=True)
 class RecordCounts:
     """Record accounting of one split (counts of records, every session's, resumes too)."""
 
@@ -74,8 +84,8 @@ class Split:
         # Per rank this sidecar serves: its process's host, and its status and cause.
         self.rank_info: dict[int, RankInfo] = {}
         # Served with other sidecars (docs/multi-node.md): the nodes whose final figures
-        # did not come in time (node id -> cause), and the seconds the end waited for them.
-        self.late_nodes: dict[str, str] = {}
+        # did not come in time, and the seconds the end waited for them.
+        self.late_nodes: dict[str, LateNode] = {}  # by node id
         self.nodes_waited_s: float | None = None
         # The ranks compared at the last write of the summary (the sidecar serving rank 0)
         self.standings: tuple[RankStanding, ...] = ()

@@ -144,10 +144,14 @@ def _split_entry(split: Split, previous: Any) -> dict[str, Any]:
                      for h, rs in (node.get("hosts") or {}).items()}
             others.append({**node, "ranks": left,
                            "hosts": {h: rs for h, rs in kept.items() if rs}})
-    for node in others:
-        cause = split.late_nodes.get(str(node.get("node_id")))
-        if cause is not None and node.get("status") == "running":
-            node.update(status="incomplete", cause=cause)
+    for node_id, late in split.late_nodes.items():
+        entry = next((n for n in others if n.get("node_id") == node_id), None)
+        if entry is None:  # it died before its first write of run.json
+            entry = {"node_id": node_id, "node_host": late.host, "ranks": list(late.ranks),
+                     "status": "running", "hosts": {late.host: list(late.ranks)}}
+            others.append(entry)
+        if entry.get("status") == "running":
+            entry.update(status="incomplete", cause=late.cause)
     every = [{key: mine.get(key) for key in _NODE_KEYS}, *others]
     if not others:
         return {**mine, "nodes": every}
@@ -249,9 +253,29 @@ def _view(split: Split, own: list[RankFigures],
         late = split.late_nodes.get(node.node_id)
         for figures in node.ranks:
             if late is not None and figures.status == "running":
-                figures.status, figures.cause = "incomplete", late
+                figures.status, figures.cause = "incomplete", late.cause
             theirs.append(figures)
     return merged(own, theirs, split.world_size)
+
+
+def _node_text(split: Split, own: list[RankFigures], block_lines: list[str],
+               counts: RecordCounts) -> str:
+    """This sidecar's node file of ``split`` (``sinks/nodes.py``): the resources block
+    without its title and record lines."""
+    return nodes.node_text(split.end_unix is not None, split.status, split.cause,
+                           split.world_size, own, block_lines[2:-len(records_lines(counts)) - 1],
+                           counts.__dict__)
+
+
+def write_node_file(split: Split, resources: ResourceFigures, counts: RecordCounts) -> None:
+    """Replace only this sidecar's node file of ``split`` (between the writes of its
+    files, so that a node that dies leaves figures of its ranks not older than a few
+    seconds). Raises OSError when it cannot."""
+    block_lines = resources_text.resources_block(
+        resources.gpus, resources.host, resources.gpu_off_reason, resources.attribution,
+        records_lines(counts))
+    write_atomic(nodes.node_path(split.split_dir),
+                 _node_text(split, _own_figures(split), block_lines, counts))
 
 
 def multi_node(split: Split) -> bool:
@@ -297,9 +321,7 @@ def render(split: Split, resources: ResourceFigures, counts: RecordCounts,
              *ranks_text.host_resource_lines(others), "", *records_lines(counts)],
             rank_lines)
     if multi:
-        files[nodes.node_path(split.split_dir)] = nodes.node_text(
-            split.end_unix is not None, split.status, split.cause, split.world_size, own,
-            block_lines[2:-len(records_lines(counts)) - 1], counts.__dict__)
+        files[nodes.node_path(split.split_dir)] = _node_text(split, own, block_lines, counts)
     if resources.host_samples or resources.gpu_samples:
         frame = resources_text.resources_frame(resources.gpu_samples, resources.host_samples,
                                                resources.run_start_ns, resources.session_starts_ns)
