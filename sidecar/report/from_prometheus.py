@@ -215,6 +215,9 @@ def from_prometheus(url: str, since: str) -> Report:
     table["GPU memory peak (%)"] = np.nan
     table["energy (kWh)"] = per_job["energy"].to_numpy()
     table["power mean (W)"] = per_job["power"].to_numpy()
+    # the straggler figures come from the run folders' summaries (not exported per job)
+    table[["straggler rank", "straggler host", "straggler phase"]] = ""
+    table["waiting GPU-hours"] = np.nan
     table["flags"] = jobs.flags(table)
     job_table = jobs.typed(table, jobs.JOB_COLUMNS)
 

@@ -18,13 +18,14 @@ import pandas as pd
 
 from sidecar.report.figures import Figures
 from sidecar.report.read import RunFolder
+from sidecar.report.stragglers import STRAGGLER_COLUMNS, straggler_frame
 
 JOB_COLUMNS = [
     "run_id", "folder", "host", "user", "slurm_job_id", "command", "start", "end", "status",
     "cause", "wall (s)", "GPUs", "GPU model", "GPU-hours", "GPU utilization mean (%)",
     "GPU memory peak (MB)", "GPU memory peak (%)", "energy (kWh)", "power mean (W)",
     "train throughput (samples/s)", "val throughput (samples/s)", "data loading share (%)",
-    "CPU mean (%)", "memory peak (MB)", "records dropped", "flags",
+    "CPU mean (%)", "memory peak (MB)", "records dropped", *STRAGGLER_COLUMNS, "flags",
 ]
 GPU_COLUMNS = [
     "run_id", "folder", "host", "user", "gpu", "uuid", "GPU model",
@@ -32,7 +33,8 @@ GPU_COLUMNS = [
     "energy (kWh)", "power mean (W)", "flags",
 ]
 TEXT_COLUMNS = frozenset({"run_id", "folder", "host", "user", "slurm_job_id", "command",
-                          "start", "end", "status", "cause", "uuid", "GPU model", "flags"})
+                          "start", "end", "status", "cause", "uuid", "GPU model", "flags",
+                          "straggler rank", "straggler host", "straggler phase"})
 INT_COLUMNS = frozenset({"GPUs", "records dropped", "gpu"})
 FLAGS = ("idle-gpu", "input-bound", "memory-pressure", "failed", "incomplete")
 SUMMARY_GROUPS = (("host", "host"), ("user", "user"), ("GPU model", "GPU model"))
@@ -188,6 +190,7 @@ def tables(runs: Sequence[RunFolder], figures: Figures) -> tuple[pd.DataFrame, p
     jobs["CPU mean (%)"] = means["cpu mean (%)"]
     jobs["memory peak (MB)"] = by_run["memory peak (MB)"].max()
     jobs["records dropped"] = by_run["dropped"].sum().astype("int64")
+    jobs[STRAGGLER_COLUMNS] = straggler_frame(runs, jobs["GPUs"])
     jobs["flags"] = flags(jobs)
 
     per_gpu = gpus.join(jobs[["run_id", "folder", "host", "user"]], on="run")

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support.helpers import SAME_PRIORITY, env, read_tsv, run_json, split_dir
+from tests.support.helpers import SAME_PRIORITY, env, read_tsv, run_json, split_dir, wait_for
 
 JOB = Path(__file__).resolve().parents[1] / "support" / "jobs" / "ranks_job.py"
 WARMUP = 2
@@ -91,6 +91,16 @@ def test_two_sidecars_on_one_host_measure_every_rank_of_one_split(short_tmp: Pat
     assert table["rank"].tolist() == [0, 1, 2, 3]
     assert table["iterations"].tolist() == [ITERS - WARMUP] * 4
     assert table.set_index("rank").loc[SLOW_RANK, "phase"] == "data loading"
+    # the report: one job for the split of two sidecars, with its straggler
+    report = subprocess.run([sys.executable, "-m", "sidecar", "report", str(folder), "--out",
+                             str(short_tmp / "report")], env=env(), capture_output=True,
+                            text=True, timeout=120)
+    assert report.returncode == 0, report.stderr
+    jobs = read_tsv(short_tmp / "report" / "jobs.tsv")
+    assert len(jobs) == 1
+    assert (jobs.loc[0, "straggler rank"], jobs.loc[0, "straggler host"],
+            jobs.loc[0, "straggler phase"]) == (SLOW_RANK, socket.gethostname(),
+                                                "data loading")
 
 
 def test_a_node_that_never_wrote_is_named_and_the_wait_is_bounded(short_tmp: Path) -> None:
@@ -140,3 +150,25 @@ def test_a_resume_of_both_nodes_continues_every_rank(short_tmp: Path) -> None:
         phases = read_tsv(split_dir(folder) / "logs" / name)
         assert set(phases["session"]) == {0, 1}, (rank, set(phases["session"]))
         assert set(phases["rank"]) == {rank}
+
+
+def test_plain_processes_each_with_its_private_sidecar(short_tmp: Path) -> None:
+    """``python train.py`` per rank, no sidecar started: each process starts its own
+    private one, and the four of them make one split."""
+    truth = short_tmp / "truth"
+    truth.mkdir()
+    job = subprocess.run(
+        [sys.executable, str(JOB), "--spawn", "0,1,2,3", "--world", "4", "--truth",
+         str(truth), "--iters", str(ITERS), "--warmup", str(WARMUP), "--forward-s",
+         str(FORWARD_S), "--slow-rank", str(SLOW_RANK), "--slow-s", str(SLOW_S)],
+        cwd=short_tmp, env=env(), capture_output=True, text=True, timeout=240)
+    assert job.returncode == 0, job.stderr
+    folder = short_tmp / "maps"
+    summary_path = split_dir(folder) / "summary.log"
+    # rank 0's private sidecar writes the last summary once the other three are final
+    wait_for(lambda: summary_path.exists() and "Nodes: waited" in summary_path.read_text(),
+             60, "the final summary")
+    check_ranks_match_their_clocks(folder, truth, range(4))
+    entry = run_json(folder)["splits"]["0"]
+    assert entry["ranks"] == [0, 1, 2, 3] and len(entry["nodes"]) == 4, entry
+    check_straggler(summary_path.read_text(), socket.gethostname())
