@@ -22,7 +22,6 @@ from sidecar.ingest.stream import HOSTNAME, Stream
 from sidecar.model import state
 from sidecar.model.aggregator import RankAggregator
 from sidecar.model.split import Split, split_dir
-from sidecar.sinks import layout
 
 log = logging.getLogger("sidecar")
 
@@ -148,7 +147,7 @@ def rank_state(split_dir: Path, rank: int) -> dict[str, Any]:
     docs/multi-node.md), whichever saved the rank last. Raises StateError (the state
     file's) when none holds it."""
     candidates = [state.state_path(split_dir),
-                  *sorted((split_dir / layout.STATE_DIR).glob("*.json"))]
+                  *sorted((split_dir / state.STATE_DIR).glob("*.json"))]
     found: list[dict[str, Any]] = []
     error: state.StateError | None = None
     for path in candidates:

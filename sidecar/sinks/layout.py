@@ -30,7 +30,6 @@ RUN_FILE = "run.json"
 RUN_LOCK_FILE = ".run.json.lock"  # held while run.json is read, merged and replaced
 CLAIMS_DIR = "claims"  # claims/rank-<r>.lock: held by the sidecar that writes rank r
 NODES_DIR = "nodes"  # nodes/<node-id>.json: each sidecar's figures of its ranks
-STATE_DIR = "state"  # state/<node-id>.json: the resume state of a node not serving rank 0
 RANKS_FILE = "ranks.tsv"
 SUMMARY_FILE = "summary.log"
 RESOURCES_FILE = "resources.tsv"

@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sidecar.ingest.stream import HOSTNAME
 from sidecar.model.merge import RankFigures
 from sidecar.sinks import layout
 
+HOSTNAME = socket.gethostname()
 NODE_ID = f"{HOSTNAME}-{os.getpid()}-{int(time.time() * 1000)}"
 
 

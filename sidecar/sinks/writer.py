@@ -26,7 +26,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sidecar.ingest.stream import HOSTNAME
 from sidecar.model import state
 from sidecar.model.merge import RankFigures, SplitView, figures_of, merged
 from sidecar.model.split import RUN_STATUS_ORDER, RecordCounts, Split
@@ -34,6 +33,7 @@ from sidecar.resources.monitor import ResourceFigures
 from sidecar.sinks import layout, nodes, ranks_text, resources_text, rowtext, summary, tables
 from sidecar.sinks.atomic import WriteBytes, rewrite_in_place, write_atomic
 from sidecar.sinks.locks import folder_lock
+from sidecar.sinks.nodes import HOSTNAME
 
 Progress = Callable[[str], None]  # told what was just built or written
 
@@ -331,7 +331,7 @@ def render(split: Split, resources: ResourceFigures, counts: RecordCounts,
     if with_state:
         # the stored rows from the text kept since the last write (rowtext.py)
         path = state.state_path(split.split_dir) if leader else \
-            split.split_dir / layout.STATE_DIR / f"{nodes.NODE_ID}.json"
+            state.node_state_path(split.split_dir, nodes.NODE_ID)
         files[path] = state.dumps(split.to_state(rowtext.state_rows))
         on_progress(path.name)
     return files, block
@@ -360,7 +360,7 @@ def write_split(split: Split, resources: ResourceFigures, counts: RecordCounts,
     files, block = render(split, resources, counts, with_state, on_progress)
     if 0 in split.ranks:  # files of writes before rank 0 came here, now in the standard ones
         for stale in (split.logs_dir / layout.node_resources_file(nodes.NODE_ID),
-                      split.split_dir / layout.STATE_DIR / f"{nodes.NODE_ID}.json"):
+                      state.node_state_path(split.split_dir, nodes.NODE_ID)):
             stale.unlink(missing_ok=True)
     for path, text in files.items():
         write_atomic(path, text, **seam)
