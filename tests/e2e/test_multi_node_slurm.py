@@ -13,8 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_multi_node import (FORWARD_S, ITERS, JOB, SLOW_S, WARMUP,
-                                       check_ranks_match_their_clocks)
+from tests.e2e.test_multi_node import (
+    FORWARD_S,
+    ITERS,
+    JOB,
+    SLOW_S,
+    WARMUP,
+    check_ranks_match_their_clocks,
+)
 from tests.support import slurm
 from tests.support.helpers import REPO, env, run_json, split_dir
 
