@@ -12,6 +12,8 @@ summary.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable, Iterable
 
 from sidecar.model.split import LateNode, Split
 from sidecar.sinks import nodes
@@ -20,6 +22,7 @@ from sidecar.sinks.writer import multi_node
 log = logging.getLogger("sidecar")
 
 DEFAULT_NODES_WAIT_S = 30.0
+NODE_FILE_S = 2.0  # a split shared with other sidecars: its node file is refreshed this often
 
 
 def waiting(split: Split) -> bool:
@@ -60,3 +63,34 @@ def settle(split: Split, now: float, wait_s: float) -> bool:
              f"; ranks {', '.join(map(str, missing))} not final" if missing else "")
     split.dirty = True
     return True
+
+
+class NodesWork:
+    """The server's periodic multi-node work: ``write(split)`` writes a split's files,
+    ``write_node_file(split)`` only this sidecar's node file of it."""
+
+    def __init__(self, wait_s: float, write: Callable[[Split], object],
+                 write_node_file: Callable[[Split], None]) -> None:
+        self.wait_s = wait_s
+        self._write = write
+        self._write_node_file = write_node_file
+        self._next_node_files = 0.0
+
+    def tick(self, splits: Iterable[Split], now: float) -> None:
+        """At ``now`` (Unix s): write the splits whose wait ended; every ``NODE_FILE_S``,
+        refresh the node file of each live split that changed and that other sidecars
+        serve too."""
+        splits = list(splits)
+        for split in splits:
+            if waiting(split) and settle(split, now, self.wait_s):
+                self._write(split)
+        if now >= self._next_node_files:
+            self._next_node_files = now + NODE_FILE_S
+            for split in splits:
+                if split.end_unix is None and split.dirty and multi_node(split):
+                    self._write_node_file(split)
+
+    def wait(self, splits: list[Split], poll_s: float) -> None:
+        """Block until the wait of every split led from here ended (the sidecar's end)."""
+        while not all(settle(split, time.time(), self.wait_s) for split in splits):
+            time.sleep(poll_s)

@@ -47,7 +47,6 @@ log = logging.getLogger("sidecar")
 TICK_S = 0.2
 LIVENESS_S = 0.4  # a process found gone is declared dead on the next check
 RETRY_S = 5.0  # a failed write is retried this often (and at every checkpoint/finish)
-NODE_FILE_S = 2.0  # a split shared with other sidecars: its node file is refreshed this often
 KEEP_ENDED_S = 600.0  # an ended split stays in memory (and in status) this long
 RATE_WINDOW_S = 10.0  # the status view's record rate is the mean over this trailing window
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
@@ -112,7 +111,8 @@ class Server:
         self._rate_window: deque[tuple[float, int]] = deque(
             [(time.monotonic(), 0)], maxlen=int(RATE_WINDOW_S / TICK_S) + 1)
         self._next_retry = 0.0
-        self._next_node_files = 0.0
+        self.nodes = nodes_wait.NodesWork(config.nodes_wait_s, self.write,
+                                          self._write_node_file)
         self._next_publish = 0.0  # monotonic s
         self.snapshot = self.publish()
 
@@ -411,17 +411,10 @@ class Server:
         if now >= self._next_liveness:
             self._next_liveness = now + TICK_S
             self.check_processes(now)
-            for split in [s for s in self.registry.splits.values() if nodes_wait.waiting(s)]:
-                if nodes_wait.settle(split, now, self.config.nodes_wait_s):
-                    self.write(split)
+            self.nodes.tick(self.registry.splits.values(), now)
             self._rate_window.append((time.monotonic(), self.registry.records_received))
         self.registry.expire_pending(now)
         self.receiver.connections.poll()
-        if now >= self._next_node_files:
-            self._next_node_files = now + NODE_FILE_S
-            for split in self.registry.splits.values():
-                if split.end_unix is None and split.dirty and writer.multi_node(split):
-                    self._write_node_file(split)
         if now >= self._next_retry:
             self._next_retry = now + RETRY_S
             for split in self.registry.splits.values():
@@ -481,10 +474,7 @@ class Server:
             cause = f"sidecar stopped by {signal.Signals(self._signal).name}"
         for stream in self.registry.live_streams():
             self._end_stream(stream, cause or gone_cause(stream.pid), now)
-        # The summary of a split led from here waits (bounded) for the other nodes.
-        while not all(nodes_wait.settle(split, time.time(), self.config.nodes_wait_s)
-                      for split in list(self.registry.splits.values())):
-            time.sleep(TICK_S)
+        self.nodes.wait(list(self.registry.splits.values()), TICK_S)
         self.write_dirty()
         pending = [s.write_error for s in self.registry.splits.values() if s.dirty]
         for error in pending:
