@@ -64,6 +64,7 @@ FIELDS: dict[str, Field] = {
     # the model FLOPs of one training batch, for the MFU estimate (None: not asked)
     "flops_per_batch": Field("number", nullable=True),
     "flops_dtype": Field("choice", default="bf16", choices=FLOPS_DTYPES),
+    "world_size": Field("int", low=1, high=INT32_MAX, default=1),  # ranks 0 … n − 1 expected
 }
 
 # The fields that are aggregation settings (``start_run``'s arguments of the same names).

@@ -53,6 +53,13 @@ def _rank(given: int | None = None) -> int:
     return 0
 
 
+def _world_size() -> int:
+    """The job's number of ranks (``WORLD_SIZE``, as torchrun and Slurm wrappers set it;
+    1 when unset or not a positive integer): the sidecar expects ranks 0 … this − 1."""
+    value = os.environ.get("WORLD_SIZE", "")
+    return int(value) if value.isdigit() and 0 < int(value) <= FIELDS["world_size"].high else 1
+
+
 def _versions() -> dict[str, str]:
     versions = {"python": sys.version.split()[0], "markers": VERSION}
     torch = sys.modules.get("torch")
@@ -180,6 +187,7 @@ def start_run(out_dir: str | os.PathLike[str] = "maps",
         "job_id": os.environ.get("SLURM_JOB_ID"), "command": [sys.executable, *sys.argv],
         "start_unix": time.time(), "start_ns": time.perf_counter_ns(), "versions": _versions(),
         "sidecar_wait_s": time.perf_counter() - began_s if private is not None else 0.0,
+        "world_size": _world_size(),
     }
     reply = sender.request(hello, timeout_s) if connected else None
     on_close = None

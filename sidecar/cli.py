@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 from markers import endpoints, wire
 from markers import secret as shared_secret
+from sidecar.daemon.nodes_wait import DEFAULT_NODES_WAIT_S
 from sidecar.daemon.notify import SystemdNotifier, stall_s_for
 from sidecar.daemon.server import DEFAULT_NICE, Config, serve
 from sidecar.ingest.binding import EndpointError
@@ -78,6 +79,11 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         "heartbeats (a dead or unreachable host) is dropped, and its run "
                         f"written as incomplete, within this time (default {HEARTBEAT_S:g})")
     parser.add_argument("--quiet", action="store_true", help="log warnings and errors only")
+    parser.add_argument("--nodes-wait", type=_seconds, default=DEFAULT_NODES_WAIT_S,
+                        metavar="SECONDS", help="serving rank 0 of a job whose other ranks "
+                        "other sidecars serve (other nodes): wait up to this long at its end "
+                        "for their final figures before the summary is written for good "
+                        f"(default {DEFAULT_NODES_WAIT_S:g}; docs/multi-node.md)")
     parser.add_argument("--nice", type=int, default=DEFAULT_NICE, metavar="N",
                         help=f"lower the sidecar's CPU priority by N (default {DEFAULT_NICE}; "
                         "0 keeps the job's): it never competes with training for a core")
@@ -348,7 +354,7 @@ def _serve(args: argparse.Namespace, seams: dict[str, Any]) -> int:
         config = Config(args.endpoint or _in_runtime_folder(endpoints.daemon_endpoint),
                         args.root, args.owner_pid, args.interval,
                         secret=os.environ.get(shared_secret.ENV), heartbeat_s=args.heartbeat,
-                        shared=args.shared, nice=args.nice)
+                        shared=args.shared, nice=args.nice, nodes_wait_s=args.nodes_wait)
         # sd_notify for systemd (Type=notify, watchdog); sends nothing without NOTIFY_SOCKET
         notifier = SystemdNotifier(stall_s_for(args.interval))
         try:
@@ -363,7 +369,8 @@ def _serve(args: argparse.Namespace, seams: dict[str, Any]) -> int:
     endpoint = args.endpoint or _in_runtime_folder(endpoints.private_endpoint)
     try:
         return serve(Config(endpoint, interval_s=args.interval, secret=shared_secret.new(),
-                            heartbeat_s=args.heartbeat, nice=args.nice), command, **seams)
+                            heartbeat_s=args.heartbeat, nice=args.nice,
+                            nodes_wait_s=args.nodes_wait), command, **seams)
     finally:
         if args.endpoint is None:
             _remove_private_folder(endpoint)

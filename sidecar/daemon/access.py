@@ -4,8 +4,9 @@ A daemon serves its own user and root; a shared one (``serve --shared``, root, i
 serves every user the kernel names, each only for their own runs: their hello's user,
 pid and host are the kernel's, their folder is ``root/<user>``, every file access made
 for them runs as them (``users.acting_as``) and they see and end only their own runs.
-Without peer credentials (tcp) nobody is refused here. Every split folder is claimed
-before it is written (one writer per split, across sidecars).
+Without peer credentials (tcp) nobody is refused here. Every rank of a split is claimed
+before it is written (one writer per split and rank, across sidecars: the ranks of one
+split may be served by one sidecar per node).
 """
 
 from __future__ import annotations
@@ -98,21 +99,21 @@ class Access:
         return self.policy.refusal(folder, owner)
 
 
-def claim_split(split_dir: Path) -> Claim | None:
-    """Claim a split's folder for this sidecar (one writer per split). Raises Refused when
-    another live sidecar holds it; None when the folder cannot be used now (the writes
-    will say why, and retry)."""
+def claim_split(split_dir: Path, rank: int) -> Claim | None:
+    """Claim ``rank`` of a split's folder for this sidecar (one writer per split and rank).
+    Raises Refused when another live sidecar holds it; None when the folder cannot be
+    used now (the writes will say why, and retry)."""
     try:
-        return SplitClaim(split_dir)
+        return SplitClaim(split_dir, rank)
     except Busy as exc:
         holder = exc.holder
         known = holder.get("ranks")
         runs: dict[str, Any] = known if isinstance(known, dict) else {}
         names = ", ".join(f"run {str(r.get('run_id'))[:8]} (pid {r.get('pid')})"
                           for r in runs.values() if isinstance(r, dict)) or "another run"
-        raise Refused(f"{split_dir} is being written by {names} under the sidecar pid "
-                      f"{holder.get('sidecar_pid')} on {holder.get('host')}; one writer "
-                      "per split: this run is not monitored") from None
+        raise Refused(f"{split_dir} (rank {rank}) is being written by {names} under the "
+                      f"sidecar pid {holder.get('sidecar_pid')} on {holder.get('host')}; "
+                      "one writer per split and rank: this run is not monitored") from None
     except OSError as exc:  # the writes will say it, and retry
         log.warning("cannot claim %s (%s); writing it anyway when possible", split_dir,
                     exc.strerror or exc)

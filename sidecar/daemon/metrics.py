@@ -32,6 +32,7 @@ log = logging.getLogger("sidecar")
 RUN_LABELS = ["run", "user", "host", "slurm_job_id"]
 PHASE_LABEL_NAMES = [*RUN_LABELS, "split", "rank", "phase"]  # Prometheus label names
 GPU_LABELS = ["host", "gpu", "uuid", "model", "run"]
+RANK_LABELS = ["run", "split", "rank", "host"]  # host: the rank's own (docs/multi-node.md)
 # The ``phase`` label of the standard phases; custom phases keep the user's name.
 PHASE_NAMES: dict[int, str] = {p.phase: p.metric for p in wire.PHASES}
 
@@ -95,8 +96,21 @@ class SnapshotCollector(Collector):
                                   "started, Unix time", labels=RUN_LABELS)
         end = GaugeMetricFamily("trainmon_run_end_timestamp_seconds", "when the run ended, "
                                 "Unix time (absent while it runs)", labels=RUN_LABELS)
+        ranks = [GaugeMetricFamily(name, text, labels=RANK_LABELS) for name, text in (
+            ("trainmon_rank_slowest_ratio", "share of the aligned iterations in which the "
+             "rank was the slowest before the sync, by the straggler rule's margin"),
+            ("trainmon_rank_over_median_seconds", "the rank's mean excess over the median "
+             "across ranks before the sync, in the iterations it was the slowest"),
+            ("trainmon_rank_waited_seconds", "time the rank spent waiting for the slowest "
+             "rank, summed over the aligned stored iterations"))]
         for view in splits:
             run = _run_labels(view)
+            for standing in view.standings:
+                labels = [view.run_id, str(view.split), str(standing.rank), standing.host]
+                for family, value in zip(ranks, (standing.slowest_share,
+                                                 standing.over_median_s, standing.waited_s),
+                                         strict=True):
+                    family.add_metric(labels, value)
             for name in SPLIT_STATUS_ORDER:
                 state.add_metric([*run, name], float(name == view.status))
             for family, unix in ((start, view.start_unix), (end, view.end_unix)):
@@ -134,7 +148,7 @@ class SnapshotCollector(Collector):
         job_ids.add_metric([], snapshot.job_ids_dropped if snapshot is not None else 0)
         yield from (wall, gpu, samples, *gpu_families.values(), *host_families.values(),
                     records, goodput, goodput_wall, gpu_busy, running, runs, state, start,
-                    end, job_ids)
+                    end, *ranks, job_ids)
 
 
 class MetricsExporter:

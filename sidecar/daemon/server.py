@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from markers import wire
-from sidecar.daemon import slurm_jobs
+from sidecar.daemon import nodes_wait, slurm_jobs
 from sidecar.daemon import snapshot as snapshots
 from sidecar.daemon.access import Access, claim_split
 from sidecar.daemon.dispatch import Dispatcher
@@ -67,6 +67,9 @@ class Config:
     # user, whose runs go under root/<user>/ and are written as that user.
     shared: bool = False
     nice: int = DEFAULT_NICE  # added to the sidecar's CPU niceness (0: same as the job)
+    # Serving rank 0 of a split whose other ranks other sidecars serve: how long its end
+    # waits for their final figures (docs/multi-node.md).
+    nodes_wait_s: float = nodes_wait.DEFAULT_NODES_WAIT_S
 
 
 class Server:
@@ -108,6 +111,8 @@ class Server:
         self._rate_window: deque[tuple[float, int]] = deque(
             [(time.monotonic(), 0)], maxlen=int(RATE_WINDOW_S / TICK_S) + 1)
         self._next_retry = 0.0
+        self.nodes = nodes_wait.NodesWork(config.nodes_wait_s, self.write,
+                                          self._write_node_file)
         self._next_publish = 0.0  # monotonic s
         self.snapshot = self.publish()
 
@@ -145,11 +150,16 @@ class Server:
 
     # -- writing --------------------------------------------------------------------
 
+    def _owner(self, split: Split) -> Peer | None:
+        """The user whose runs feed ``split`` (the kernel's word; None when unknown)."""
+        return next((s.owner for s in self.registry.streams.values() if s.split is split),
+                    None)
+
     def write(self, split: Split, with_state: bool = False) -> str | None:
         """Write ``split``'s files (on a shared daemon as the run's user); returns the
         error text, None on success."""
-        owner = next((s.owner for s in self.registry.streams.values() if s.split is split),
-                     None)
+        owner = self._owner(split)
+        nodes_wait.settle(split, time.time(), self.config.nodes_wait_s)
         try:
             refusal = self.access.write_refusal(split.split_dir, owner)
             if refusal:
@@ -167,9 +177,22 @@ class Server:
                 log.error("%s (data kept in memory, retried every %.0f s)", error, RETRY_S)
             split.write_error = self.registry.last_error = error
             return error
-        if split.end_unix is not None:  # ended and written: another run may take it now
-            self.registry.release(split)
+        if split.end_unix is not None and not nodes_wait.waiting(split):
+            self.registry.release(split)  # ended and written: another run may take it now
         return None
+
+    def _write_node_file(self, split: Split) -> None:
+        """Refresh this sidecar's node file of ``split``, whose other ranks other sidecars
+        serve (docs/multi-node.md); a failure waits for the next full write to say it."""
+        owner = self._owner(split)
+        if self.access.write_refusal(split.split_dir, owner):
+            return
+        try:
+            with self.access.acting(owner):
+                writer.write_node_file(split, self.monitor.figures(split),
+                                       split.record_counts())
+        except OSError as exc:
+            log.debug("node file of %s not refreshed: %s", split.split_dir, exc)
 
     def _progress(self, what: str) -> None:
         """Tell the client whose request caused this write that it goes on: a finish
@@ -388,6 +411,7 @@ class Server:
         if now >= self._next_liveness:
             self._next_liveness = now + TICK_S
             self.check_processes(now)
+            self.nodes.tick(self.registry.splits.values(), now)
             self._rate_window.append((time.monotonic(), self.registry.records_received))
         self.registry.expire_pending(now)
         self.receiver.connections.poll()
@@ -450,6 +474,7 @@ class Server:
             cause = f"sidecar stopped by {signal.Signals(self._signal).name}"
         for stream in self.registry.live_streams():
             self._end_stream(stream, cause or gone_cause(stream.pid), now)
+        self.nodes.wait(list(self.registry.splits.values()), TICK_S)
         self.write_dirty()
         pending = [s.write_error for s in self.registry.splits.values() if s.dirty]
         for error in pending:

@@ -15,6 +15,7 @@ from sidecar.model.aggregator import RankAggregator
 from sidecar.model.efficiency import refresh_waits
 from sidecar.model.goodput import Account
 from sidecar.model.split import Split
+from sidecar.model.stragglers import RankStanding
 from sidecar.resources import fields
 from sidecar.resources.monitor import ResourceMonitor, SplitResources
 
@@ -124,6 +125,8 @@ class SplitView:
     records: dict[str, int]  # received, dropped, lost, rejected
     gpus: tuple[GpuView, ...]
     host_gauges: dict[str, float]  # metric name -> value, of each host field's gauge
+    # every rank of the split compared (the sidecar serving rank 0, docs/multi-node.md)
+    standings: tuple[RankStanding, ...] = ()
 
 
 def _rank_view(agg: RankAggregator, straggler_per_iteration_s: float) -> RankView:
@@ -171,7 +174,7 @@ def split_view(split: Split, resources: SplitResources | None) -> SplitView:
                     for r in sorted(split.ranks) if split.ranks[r].sessions),
         records={"received": counts.received, "dropped": counts.dropped,
                  "lost": counts.lost, "rejected": counts.rejected},
-        gpus=gpus, host_gauges=host_gauges)
+        gpus=gpus, host_gauges=host_gauges, standings=split.standings)
 
 
 def take(registry: Registry, monitor: ResourceMonitor, endpoint: str, root: Path | None,

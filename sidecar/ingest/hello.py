@@ -14,7 +14,7 @@ from sidecar.model.aggregator import Settings
 
 # What a hello tells of the run, kept in the split's metadata (run.json, summary).
 INFO_FIELDS = ("host", "user", "job_id", "command", "cwd", "versions", "flops_per_batch",
-               "flops_dtype")
+               "flops_dtype", "world_size")
 
 
 class Refused(Exception):

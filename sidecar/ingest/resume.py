@@ -1,9 +1,9 @@
 """A split continued from a saved state, and the lineage that decides which state may
 continue it.
 
-Every split folder this sidecar writes is claimed (one writer per split, across
-sidecars: ``sidecar.sinks.locks``); the claim's lock file records the last run started on
-each rank and its lineage (the run whose first session the rank's state goes back to). A
+Every rank of a split this sidecar writes is claimed (one writer per split and rank,
+across sidecars: ``sidecar.sinks.locks``); the rank's lock file records the last run
+started on it and its lineage (the run whose first session the rank's state goes back to). A
 resume takes only a state of the lineage of the last run started on the split
 (``state.lineage``): a state older than a run started afresh since is refused.
 """
@@ -29,7 +29,7 @@ SplitKey = tuple[Path, int]  # (run folder, split index)
 
 
 class Claim(Protocol):
-    """This sidecar's exclusive claim on a split's folder (``sidecar.sinks.locks``)."""
+    """This sidecar's exclusive claim on a rank of a split (``sidecar.sinks.locks``)."""
 
     previous: dict[str, Any]  # what the last holder recorded
 
@@ -47,24 +47,28 @@ def _iso(unix: Any) -> str:
 
 
 class Lineage:
-    """The claims of this sidecar on split folders and, per split, what its lock file says
-    of the last run started on each rank: ``{"ranks": {rank: {"run_id", "lineage",
-    "start_unix", "pid", "host"}}, "sidecar_pid", "host"}``. ``claim(split_dir)`` takes a
-    folder (raises Refused when another live sidecar holds it; None when it cannot be
-    used now, the writes will say why)."""
+    """The claims of this sidecar on ranks of splits and, per split, what their lock files
+    say of the last run started on each rank: ``{"ranks": {rank: {"run_id", "lineage",
+    "start_unix", "pid", "host"}}, "sidecar_pid", "host"}``. ``claim(split_dir, rank)``
+    takes a rank (raises Refused when another live sidecar holds it; None when it cannot
+    be used now, the writes will say why)."""
 
-    def __init__(self, claim: Callable[[Path], Claim | None]) -> None:
+    def __init__(self, claim: Callable[[Path, int], Claim | None]) -> None:
         self.claim = claim
-        self.claims: dict[SplitKey, Claim] = {}
+        self.claims: dict[tuple[SplitKey, int], Claim] = {}
         self.last_runs: dict[SplitKey, dict[str, Any]] = {}
 
-    def take(self, key: SplitKey) -> None:
-        """Claim the split's folder unless this sidecar holds it already."""
-        if key not in self.claims:
-            claim = self.claim(split_dir(*key))
+    def take(self, key: SplitKey, rank: int) -> None:
+        """Claim ``rank`` of the split unless this sidecar holds it already."""
+        if (key, rank) not in self.claims:
+            claim = self.claim(split_dir(*key), rank)
             if claim is not None:
-                self.claims[key] = claim
-                self.last_runs[key] = claim.previous
+                self.claims[(key, rank)] = claim
+                said = claim.previous.get("ranks")
+                previous = said.get(str(rank)) if isinstance(said, dict) else None
+                last = self.last_runs.setdefault(key, {}).setdefault("ranks", {})
+                if isinstance(previous, dict):
+                    last[str(rank)] = previous
 
     def check(self, key: SplitKey, saved: dict[str, Any], rank: int) -> None:
         """Raise StateError when ``saved`` is not of the lineage of the last run started
@@ -91,15 +95,15 @@ class Lineage:
             "run_id": stream.key, "lineage": agg.sessions[0].run_id or stream.key,
             "start_unix": stream.start_unix, "pid": stream.pid, "host": stream.host}
         last.update({"sidecar_pid": os.getpid(), "host": HOSTNAME, "ranks": ranks})
-        claim = self.claims.get(key)
+        claim = self.claims.get((key, stream.rank))
         if claim is not None:
-            claim.record(last)
+            claim.record({**last, "ranks": {str(stream.rank): ranks[str(stream.rank)]}})
 
     def release(self, split: Split) -> None:
-        """Give up the claim on ``split``'s folder (none of its runs is live)."""
-        claim = self.claims.pop((split.out_dir, split.split), None)
-        if claim is not None:
-            claim.release()
+        """Give up the claims on ``split``'s ranks (none of its runs is live)."""
+        key = (split.out_dir, split.split)
+        for taken in [k for k in self.claims if k[0] == key]:
+            self.claims.pop(taken).release()
 
 
 def restore(stream: Stream, saved: dict[str, Any], now: float,
@@ -130,14 +134,44 @@ def restore(stream: Stream, saved: dict[str, Any], now: float,
     return agg
 
 
+def _saved_unix(saved: dict[str, Any], rank: int) -> float:
+    mine = saved.get("ranks", {}).get(str(rank)) if isinstance(saved.get("ranks"), dict) \
+        else None
+    value = mine.get("saved_unix") if isinstance(mine, dict) else None
+    return float(value) if isinstance(value, (int, float)) else float("-inf")
+
+
+def rank_state(split_dir: Path, rank: int) -> dict[str, Any]:
+    """The newest saved state of ``rank`` in a split's folder: the state file of the
+    sidecar that served rank 0, or one of the other nodes' (``state/<node-id>.json``,
+    docs/multi-node.md), whichever saved the rank last. Raises StateError (the state
+    file's) when none holds it."""
+    candidates = [state.state_path(split_dir),
+                  *sorted((split_dir / state.STATE_DIR).glob("*.json"))]
+    found: list[dict[str, Any]] = []
+    error: state.StateError | None = None
+    for path in candidates:
+        try:
+            found.append(state.load(path))
+        except state.StateError as exc:
+            error = error or exc
+    holding = [saved for saved in found if _saved_unix(saved, rank) > float("-inf")]
+    if holding:
+        return max(holding, key=lambda saved: _saved_unix(saved, rank))
+    if found:
+        return found[0]
+    assert error is not None  # there is always the standard file's path
+    raise error
+
+
 def resume_from_folder(stream: Stream, lineage: Lineage, now: float,
                        repeat: bool) -> tuple[RankAggregator | None, str | None]:
-    """Continue ``stream``'s rank from the state file in its split's folder: (its
-    aggregator, None), or (None, the warning) when there is no state that may continue
-    it (the split then starts afresh)."""
+    """Continue ``stream``'s rank from the state saved in its split's folder
+    (``rank_state``): (its aggregator, None), or (None, the warning) when there is no
+    state that may continue it (the split then starts afresh)."""
     split = stream.split
     try:
-        saved = state.load(state.state_path(split.split_dir))
+        saved = rank_state(split.split_dir, stream.rank)
         lineage.check((split.out_dir, split.split), saved, stream.rank)
         return restore(stream, saved, now, repeat), None
     except state.StateError as exc:

@@ -27,9 +27,9 @@ from sidecar.ingest.peers import Peer
 from sidecar.ingest.pending import Pending
 from sidecar.ingest.resume import Claim, Lineage
 from sidecar.ingest.startup import note_startup
-from sidecar.ingest.stream import Stream
+from sidecar.ingest.stream import HOSTNAME, Stream
 from sidecar.model.aggregator import RankAggregator, RecordValues
-from sidecar.model.split import Split
+from sidecar.model.split import RankInfo, Split
 
 log = logging.getLogger("sidecar")
 
@@ -43,13 +43,14 @@ class Registry:
     knowledge as callables: ``resolve_out_dir(out_dir, cwd, owner)`` places a run's folder
     for the user ``owner`` (a Peer, or None when unknown; raises Refused),
     ``previous_activity(folder, split)`` tells when the split's last process was last
-    heard of (Unix s, from the run folder; None when unknown), ``claim(split_dir)`` takes
-    the split's folder for this sidecar (raises Refused when another live sidecar holds
-    it; None when the folder cannot be used now, the writes will say why), ``alive(stream)``
+    heard of (Unix s, from the run folder; None when unknown), ``claim(split_dir, rank)``
+    takes a rank of the split for this sidecar (raises Refused when another live sidecar
+    holds it; None when the folder cannot be used now, the writes will say why), ``alive(stream)``
     whether a stream's process still lives (False only when known to be gone).
 
-    One writer per split (docs/contract.md): a hello for a split and rank that a live run
-    of this sidecar feeds, or whose folder another sidecar claimed, is refused. A resume
+    One writer per split and rank (docs/contract.md): a hello for a split and rank that a
+    live run of this sidecar feeds, or that another sidecar claimed, is refused; other
+    ranks of the split may be served by other sidecars (docs/multi-node.md). A resume
     takes only a state of the lineage of the last run started on the split
     (``resume.Lineage``).
     """
@@ -58,7 +59,7 @@ class Registry:
                  on_stream: Callable[[Stream], None] = lambda stream: None,
                  on_records: Callable[[Stream, np.ndarray], None] = lambda stream, values: None,
                  previous_activity: Callable[[Path, int], float | None] = lambda f, s: None,
-                 claim: Callable[[Path], Claim | None] = lambda split_dir: None,
+                 claim: Callable[[Path, int], Claim | None] = lambda split_dir, rank: None,
                  alive: Callable[[Stream], bool] = lambda stream: True,
                  ) -> None:
         self.resolve_out_dir = resolve_out_dir
@@ -134,6 +135,7 @@ class Registry:
         if warning:
             log.warning("run %s: %s", header.run_id.hex(), warning)
         self.streams[header.run_id] = stream
+        split.rank_info[header.rank] = RankInfo(asked.host or HOSTNAME)
         self._hello_news(stream, body)
         self.lineage.record(stream, agg)
         split.dirty = True
@@ -186,8 +188,8 @@ class Registry:
                 continue
             raise Refused(f"split {key[1]} of {key[0]} (rank {rank}) is being written by "
                           f"run {other.key[:8]} (pid {other.pid} on {other.host}) under this "
-                          "sidecar; one writer per split: this run is not monitored")
-        self.lineage.take(key)
+                          "sidecar; one writer per split and rank: this run is not monitored")
+        self.lineage.take(key, rank)
 
     def release(self, split: Split) -> None:
         """Give up the claim on ``split``'s folder once none of its runs is live."""
@@ -310,6 +312,7 @@ class Registry:
         split = stream.split
         split.rank(stream.rank).end_session(end_ns)
         split.set_status(status, cause)
+        split.rank_info[stream.rank] = RankInfo(stream.host or HOSTNAME, status, cause)
         if all(s.finished for s in self.streams.values() if s.split is split):
             split.end_unix = now
 

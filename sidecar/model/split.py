@@ -8,6 +8,7 @@ from typing import Any
 
 from sidecar.model import state
 from sidecar.model.aggregator import RankAggregator, Settings
+from sidecar.model.stragglers import RankStanding
 
 # Two orders of the same four statuses, for two questions (later ones win in both):
 # - how a split's ranks ended: "running" until one ends, then the worst ending of its
@@ -27,6 +28,25 @@ def split_dir(out_dir: Path, split: int) -> Path:
 def logs_dir(out_dir: Path, split: int) -> Path:
     """``<out_dir>/training/split-<split>/logs``."""
     return split_dir(out_dir, split) / "logs"
+
+
+@dataclass
+class RankInfo:
+    """A rank served here: the host its process runs on, and how it stands."""
+
+    host: str
+    status: str = "running"
+    cause: str | None = None
+
+
+@dataclass(frozen=True)
+class LateNode:
+    """A node of the split whose final figures did not come in time: its host, the ranks
+    its last figures named, and the cause its ranks are written incomplete with."""
+
+    host: str
+    ranks: tuple[int, ...]
+    cause: str
 
 
 @dataclass(frozen=True)
@@ -67,6 +87,20 @@ class Split:
         self.waits_refreshed_monotonic = float("-inf")  # the live view's last refresh
         # The DataLoader settings of the latest train / validation loop (run.json).
         self.loaders: dict[str, dict[str, Any]] = {}
+        # Per rank this sidecar serves: its process's host, and its status and cause.
+        self.rank_info: dict[int, RankInfo] = {}
+        # Served with other sidecars (docs/multi-node.md): the nodes whose final figures
+        # did not come in time, and the seconds the end waited for them.
+        self.late_nodes: dict[str, LateNode] = {}  # by node id
+        self.nodes_waited_s: float | None = None
+        # The ranks compared at the last write of the summary (the sidecar serving rank 0)
+        self.standings: tuple[RankStanding, ...] = ()
+
+    @property
+    def world_size(self) -> int:
+        """The job's ranks as its processes said (``WORLD_SIZE``), at least those seen."""
+        said = self.info.get("world_size")
+        return max(said if isinstance(said, int) else 1, max(self.ranks, default=-1) + 1)
 
     @property
     def split_dir(self) -> Path:

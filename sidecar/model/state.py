@@ -142,6 +142,15 @@ def load_rank(agg: RankAggregator, saved: dict[str, Any], continue_run: str = ""
     }
 
 
+STATE_DIR = "state"  # state/<node-id>.json: the state of a node not serving rank 0
+
+
+def node_state_path(split_dir: Path, node_id: str) -> Path:
+    """The state file of the sidecar ``node_id`` when it does not serve rank 0 of a split
+    other sidecars serve too (docs/multi-node.md)."""
+    return split_dir / STATE_DIR / f"{node_id}.json"
+
+
 def state_path(split_dir: Path) -> Path:
     """Where the state of the split whose folder is ``split_dir`` lives."""
     return split_dir / FILE_NAME

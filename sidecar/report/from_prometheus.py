@@ -224,6 +224,9 @@ def from_prometheus(url: str, since: str) -> Report:
                      f"trainmon_goodput_wall_seconds[{since}])))").reindex(run).to_numpy()
     for column, values in jobs.goodput_columns(wall_s, parts["productive"], parts).items():
         table[column] = values
+    # the straggler figures come from the run folders' summaries (not exported per job)
+    table[["straggler rank", "straggler host", "straggler phase"]] = ""
+    table["waiting GPU-hours"] = np.nan
     table["flags"] = jobs.flags(table)
     job_table = jobs.typed(table, jobs.JOB_COLUMNS)
 

@@ -20,6 +20,7 @@ import pandas as pd
 from sidecar.model.goodput import CAUSES
 from sidecar.report.figures import Figures
 from sidecar.report.read import RunFolder
+from sidecar.report.stragglers import STRAGGLER_COLUMNS, straggler_frame
 
 JOB_COLUMNS = [
     "run_id", "folder", "host", "user", "slurm_job_id", "command", "start", "end", "status",
@@ -27,7 +28,7 @@ JOB_COLUMNS = [
     "GPU memory peak (MB)", "GPU memory peak (%)", "energy (kWh)", "power mean (W)",
     "train throughput (samples/s)", "val throughput (samples/s)", "data loading share (%)",
     "CPU mean (%)", "memory peak (MB)", "records dropped", "goodput (%)",
-    *(f"badput {cause} (s)" for cause in CAUSES), "flags",
+    *(f"badput {cause} (s)" for cause in CAUSES), *STRAGGLER_COLUMNS, "flags",
 ]
 GPU_COLUMNS = [
     "run_id", "folder", "host", "user", "gpu", "uuid", "GPU model",
@@ -35,7 +36,8 @@ GPU_COLUMNS = [
     "energy (kWh)", "power mean (W)", "flags",
 ]
 TEXT_COLUMNS = frozenset({"run_id", "folder", "host", "user", "slurm_job_id", "command",
-                          "start", "end", "status", "cause", "uuid", "GPU model", "flags"})
+                          "start", "end", "status", "cause", "uuid", "GPU model", "flags",
+                          "straggler rank", "straggler host", "straggler phase"})
 INT_COLUMNS = frozenset({"GPUs", "records dropped", "gpu"})
 FLAGS = ("idle-gpu", "input-bound", "memory-pressure", "failed", "incomplete")
 SUMMARY_GROUPS = (("host", "host"), ("user", "user"), ("GPU model", "GPU model"))
@@ -217,6 +219,7 @@ def tables(runs: Sequence[RunFolder], figures: Figures) -> tuple[pd.DataFrame, p
     jobs["records dropped"] = by_run["dropped"].sum().astype("int64")
     for column, values in _goodput(runs).items():
         jobs[column] = values
+    jobs[STRAGGLER_COLUMNS] = straggler_frame(runs, jobs["GPUs"])
     jobs["flags"] = flags(jobs)
 
     per_gpu = gpus.join(jobs[["run_id", "folder", "host", "user"]], on="run")

@@ -41,6 +41,7 @@ class SplitFiles:
     resources_columns: tuple[str, ...]  # its header: a file of an older or newer version
     # may lack optional columns or hold columns appended since; readers go by name
     summary: str  # summary.log
+    ranks: str = ""  # logs/ranks.tsv (several ranks compared; docs/multi-node.md), or ""
 
 
 @dataclass(frozen=True)
@@ -115,9 +116,13 @@ def _split_files(folder: Path, split: int, entry: Any) -> SplitFiles:
                                  _has_columns(fields.required_columns()))
     except FileNotFoundError:  # no sample was taken (a very short run)
         resources, names = b"", b"\t".join(c.encode() for c in fields.columns())
+    try:
+        ranks = (logs / layout.RANKS_FILE).read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:  # one rank, or a version before it
+        ranks = ""
     return SplitFiles(split, float(training_s) if isinstance(training_s, (int, float))
                       else 0.0, computational, header.count(b"\t") + 1, resources,
-                      tuple(names.decode().split("\t")), summary)
+                      tuple(names.decode().split("\t")), summary, ranks)
 
 
 def read_run_folder(folder: Path) -> RunFolder:

@@ -8,12 +8,16 @@ file names from this module; the columns are defined beside the text they head
 
     <out_dir>/run.json
     <out_dir>/.run.json.lock                                 (sidecar.sinks.locks)
-    <out_dir>/training/split-<k>/sidecar.lock                (sidecar.sinks.locks)
+    <out_dir>/training/split-<k>/claims/rank-<r>.lock         (sidecar.sinks.locks)
+    <out_dir>/training/split-<k>/nodes/<node-id>.json         (sidecar.sinks.nodes)
     <out_dir>/training/split-<k>/summary.log
     <out_dir>/training/split-<k>/sidecar-state.json      (sidecar.model.state)
     <out_dir>/training/split-<k>/logs/computational[-rank<r>].tsv
     <out_dir>/training/split-<k>/logs/phases[-rank<r>].tsv
-    <out_dir>/training/split-<k>/logs/resources.tsv
+    <out_dir>/training/split-<k>/logs/resources.tsv      (rank 0's node)
+    <out_dir>/training/split-<k>/logs/resources-<node-id>.tsv  (every other node)
+    <out_dir>/training/split-<k>/logs/ranks.tsv          (rank 0's node, several ranks)
+    <out_dir>/training/split-<k>/state/<node-id>.json    (resume state of another node)
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ from sidecar.model.split import split_dir as split_dir
 
 RUN_FILE = "run.json"
 RUN_LOCK_FILE = ".run.json.lock"  # held while run.json is read, merged and replaced
-SPLIT_LOCK_FILE = "sidecar.lock"  # held by the sidecar that writes the split
+CLAIMS_DIR = "claims"  # claims/rank-<r>.lock: held by the sidecar that writes rank r
+NODES_DIR = "nodes"  # nodes/<node-id>.json: each sidecar's figures of its ranks
+RANKS_FILE = "ranks.tsv"
 SUMMARY_FILE = "summary.log"
 RESOURCES_FILE = "resources.tsv"
 WIDTH = 106  # characters of the reference's summary block (its star and dash lines)
@@ -34,6 +40,16 @@ INDEX_LABEL = "measurement #"  # the first column of computational.tsv
 def rank_suffix(rank: int) -> str:
     """'' for rank 0 (the standard files), ``-rank<r>`` beside them for the others."""
     return "" if rank == 0 else f"-rank{rank}"
+
+
+def claim_file(rank: int) -> str:
+    """Path, relative to the split folder, of the lock file that claims ``rank``."""
+    return f"{CLAIMS_DIR}/rank-{rank}.lock"
+
+
+def node_resources_file(node_id: str) -> str:
+    """File name of the resource samples of a node that does not serve rank 0."""
+    return f"resources-{node_id}.tsv"
 
 
 def computational_file(rank: int) -> str:

@@ -1,8 +1,10 @@
 """Locks between sidecars that share a run folder: on one host, or on hosts that share a
 filesystem with working ``flock`` (local filesystems; NFS maps it to POSIX locks).
 
-* ``SplitClaim``: the sidecar that writes a split holds ``training/split-<k>/sidecar.lock``
-  with an exclusive ``flock`` while the split is live. The kernel drops the lock when the
+* ``SplitClaim``: the sidecar that writes a rank of a split holds
+  ``training/split-<k>/claims/rank-<r>.lock`` with an exclusive ``flock`` while the rank
+  is live (one writer per split and rank: the ranks of one split may be served by several
+  sidecars, one per node, docs/multi-node.md). The kernel drops the lock when the
   holder's process ends, however it ends, so a dead sidecar's claim is taken over at once
   (no pid file to go stale, no pid reuse to fool). The file holds one JSON object naming
   the holder (sidecar pid, host, run id, training pid, the run's lineage, its start); it
@@ -47,14 +49,15 @@ def _read_json(fd: int) -> dict[str, Any]:
 
 
 class SplitClaim:
-    """The exclusive claim on one split's folder; ``previous`` is what the last holder
-    wrote into the lock file ({} for none). Raises Busy when a live process holds it,
-    OSError when the folder cannot be created or the file opened.
+    """The exclusive claim on one rank of a split's folder; ``previous`` is what the last
+    holder wrote into the lock file ({} for none). Raises Busy when a live process holds
+    it, OSError when the folder cannot be created or the file opened.
     """
 
-    def __init__(self, split_dir: Path) -> None:
-        split_dir.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(split_dir / layout.SPLIT_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    def __init__(self, split_dir: Path, rank: int = 0) -> None:
+        path = split_dir / layout.claim_file(rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -71,7 +74,7 @@ class SplitClaim:
             os.pwrite(self._fd, data, 0)
 
     def release(self) -> None:
-        """Give the split up (the file stays, naming the last holder)."""
+        """Give the rank up (the file stays, naming the last holder)."""
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

@@ -43,8 +43,6 @@ ADDITIONS_LINE = _title_line(" Beyond the reference: training time, all measurem
 STARS = "*" * layout.WIDTH
 DASHES = "-" * layout.WIDTH
 RESOURCES = "Resources"
-# The iteration-level training phases compared across ranks (no Training, no Epoch).
-_RANK_ROWS = tuple(r for r in layout.TRAIN_ROWS if r.phase not in (wire.TRAINING, wire.EPOCH))
 
 
 def cell(values: Sequence[float] | np.ndarray) -> str:
@@ -179,24 +177,6 @@ def _custom_lines(agg: RankAggregator, on_gpu: bool) -> list[str]:
     return out
 
 
-def _rank_lines(ranks: Sequence[RankAggregator]) -> list[str]:
-    if len(ranks) < 2:
-        return []
-    widths = [max(10, len(row.summary_label)) for row in _RANK_ROWS]
-    out = ["Ranks (stored rows, mean s):",
-           " | ".join([f"{'rank':>6}", f"{'iterations':>10}",
-                       *(f"{row.summary_label:>{w}}" for row, w in zip(_RANK_ROWS, widths,
-                                                                        strict=True))])]
-    for agg in ranks:
-        means = []
-        for row, width in zip(_RANK_ROWS, widths, strict=True):
-            values = _stored(agg, row.phase, "wall_s").tolist()
-            means.append(f"{statistics.fmean(values):>{width}.2e}" if values else " " * width)
-        out.append(" | ".join([f"{agg.rank:>6}", f"{agg.stored_iterations[False]:>10}",
-                               *means]))
-    return out
-
-
 def time_lines(agg: RankAggregator, gaps: Sequence[tuple[float, float]]) -> list[str]:
     """The Training time account of rank ``agg``: the effective time (the Training row),
     the wall time including downtime between processes and work redone after a resume from
@@ -218,10 +198,12 @@ def time_lines(agg: RankAggregator, gaps: Sequence[tuple[float, float]]) -> list
 def computational_block(ranks: Sequence[RankAggregator], gpu_names: Sequence[str],
                         gaps: Sequence[tuple[float, float]],
                         resource_lines: Sequence[str],
+                        rank_lines: Sequence[str] = (),
                         goodput_lines: Sequence[str] = ()) -> list[str]:
     """All lines of our blocks (see the module docstring): the reference's block for
-    rank 0 (``ranks[0]``), our additions, ``goodput_lines`` (the Goodput block, with its
-    own title and star lines), then ``resource_lines`` (the resources block, which starts
+    rank 0 (``ranks[0]``), our additions (with ``rank_lines``: every rank of the split,
+    ``sinks/ranks_text.py``), ``goodput_lines`` (the Goodput block, with its own title and
+    star lines), then ``resource_lines`` (the resources block, which starts
     with the line ``Resources``) and a closing star line.
     """
     agg = ranks[0]
@@ -238,7 +220,7 @@ def computational_block(ranks: Sequence[RankAggregator], gpu_names: Sequence[str
                                      on_gpu), STARS]
     lines += ["", ADDITIONS_LINE]
     parts = [part for part in (time_lines(agg, gaps), _streaming_lines(agg),
-                               _custom_lines(agg, on_gpu), _rank_lines(ranks),
+                               _custom_lines(agg, on_gpu), list(rank_lines),
                                _worker_lines(ranks), _gpu_unfinished_lines(ranks)) if part]
     for i, part in enumerate(parts):
         lines += [*([""] if i else []), *part]

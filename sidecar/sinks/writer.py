@@ -8,12 +8,20 @@ with others and written differently (docs/across-processes.md):
   it is read, merged and replaced under the folder's lock (``sinks/locks.py``); its top
   level describes the whole run (the worst status of its splits, the earliest start, the
   latest end).
+
+A split whose ranks are served by several sidecars (one per node, docs/multi-node.md):
+each writes its own ranks' tables, its resources (``resources-<node-id>.tsv`` unless it
+serves rank 0), its node figures file (``sinks/nodes.py``) and its resume state
+(``state/<node-id>.json`` unless it serves rank 0), and its own node entry in run.json,
+whose split status is the worst of its nodes'. Only the sidecar serving rank 0 writes
+``summary.log`` and ``logs/ranks.tsv``, from every node's figures.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -21,12 +29,23 @@ from typing import Any
 from sidecar.model import state
 from sidecar.model.efficiency import split_accounts, split_mfu
 from sidecar.model.goodput import Account
+from sidecar.model.merge import RankFigures, SplitView, figures_of, merged
 from sidecar.model.peaks import Mfu
 from sidecar.model.split import RUN_STATUS_ORDER, RecordCounts, Split
 from sidecar.resources.monitor import ResourceFigures
-from sidecar.sinks import goodput_text, layout, resources_text, rowtext, summary, tables
+from sidecar.sinks import (
+    goodput_text,
+    layout,
+    nodes,
+    ranks_text,
+    resources_text,
+    rowtext,
+    summary,
+    tables,
+)
 from sidecar.sinks.atomic import WriteBytes, rewrite_in_place, write_atomic
 from sidecar.sinks.locks import folder_lock
+from sidecar.sinks.nodes import HOSTNAME
 
 Progress = Callable[[str], None]  # told what was just built or written
 
@@ -75,8 +94,9 @@ def _mfu(split: Split) -> Mfu | None:
                      split.gpus[0][1] if split.gpus else None)
 
 
-def _split_entry(split: Split, accounts: Mapping[int, Account]) -> dict[str, Any]:
-    """The ``run.json`` entry of one split: its own status, times and metadata."""
+def _node_entry(split: Split, accounts: Mapping[int, Account]) -> dict[str, Any]:
+    """This sidecar's part of a split's ``run.json`` entry: its ranks' status, times,
+    goodput and metadata, and which node it is."""
     info = split.info
     aggs = [a for a in split.ranks.values() if a.sessions]
     mfu = _mfu(split)
@@ -102,6 +122,91 @@ def _split_entry(split: Split, accounts: Mapping[int, Account]) -> dict[str, Any
         "goodput": goodput_text.goodput_entry(accounts),
         "loaders": split.loaders,
         "mfu": None if mfu is None else mfu.to_json(),
+        "node_id": nodes.NODE_ID,
+        "node_host": HOSTNAME,
+        "sidecar_pid": os.getpid(),
+        "hosts": _hosts(split),
+    }
+
+
+def _hosts(split: Split) -> dict[str, list[int]]:
+    """The hosts of the ranks this sidecar serves, with their ranks."""
+    hosts: dict[str, list[int]] = {}
+    for rank in sorted(split.ranks):
+        info = split.rank_info.get(rank)
+        hosts.setdefault(info.host if info else HOSTNAME, []).append(rank)
+    return hosts
+
+
+def _worst(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    return max(entries, key=lambda e: RUN_STATUS_ORDER.index(e.get("status"))
+               if e.get("status") in RUN_STATUS_ORDER else 0)
+
+
+_NODE_KEYS = ("node_id", "node_host", "sidecar_pid", "ranks", "status", "cause",
+              "start_unix", "end_unix", "last_unix", "training_s", "wall_s", "sessions",
+              "run_id", "hosts", "gpus")
+
+
+def _split_entry(split: Split, previous: Any,
+                 accounts: Mapping[int, Account]) -> dict[str, Any]:
+    """The ``run.json`` entry of one split: this sidecar's node entry merged with the
+    other nodes' entries of ``previous`` (the split's entry as found): ranks, hosts and
+    GPUs of every node, the worst status, the earliest start, the latest end (none while
+    a node runs), and each node under ``nodes`` (a node that sent no final figures in time
+    is written incomplete with the cause)."""
+    mine = _node_entry(split, accounts)
+    found = previous.get("nodes") if isinstance(previous, dict) else None
+    others = []
+    for node in found or []:
+        if not isinstance(node, dict) or node.get("node_id") == nodes.NODE_ID:
+            continue
+        # the ranks this sidecar claims now are no longer served there (a node restarted
+        # or replaced): an entry left with none is gone
+        left = [r for r in node.get("ranks") or [] if r not in split.ranks]
+        if left:
+            kept = {h: [r for r in rs if r in left]
+                     for h, rs in (node.get("hosts") or {}).items()}
+            others.append({**node, "ranks": left,
+                           "hosts": {h: rs for h, rs in kept.items() if rs}})
+    for node_id, late in split.late_nodes.items():
+        entry = next((n for n in others if n.get("node_id") == node_id), None)
+        if entry is None:  # it died before its first write of run.json
+            entry = {"node_id": node_id, "node_host": late.host, "ranks": list(late.ranks),
+                     "status": "running", "hosts": {late.host: list(late.ranks)}}
+            others.append(entry)
+        if entry.get("status") == "running":
+            entry.update(status="incomplete", cause=late.cause)
+    every = [{key: mine.get(key) for key in _NODE_KEYS}, *others]
+    if not others:
+        return {**mine, "nodes": every}
+    first = min(every, key=lambda n: min(n.get("ranks") or [1 << 31]))
+    worst = _worst(every)
+    hosts: dict[str, list[int]] = {}
+    for node in every:
+        for host, ranks in (node.get("hosts") or {}).items():
+            hosts[host] = sorted({*hosts.get(host, []), *ranks})
+    ends = [_number(n.get("end_unix")) for n in every]
+    numbers = {key: [v for v in (_number(n.get(key)) for n in every) if v is not None]
+               for key in ("start_unix", "last_unix", "training_s", "wall_s", "sessions")}
+    start_unix = min(numbers["start_unix"], default=None)
+    end_unix = max(e for e in ends if e is not None) if None not in ends else None
+    gpus = {g["uuid"]: g for n in every for g in n.get("gpus") or []
+            if isinstance(g, dict) and "uuid" in g}
+    return {
+        **mine,
+        "run_id": first.get("run_id"),
+        "status": worst.get("status"), "cause": worst.get("cause"),
+        "start": _iso(start_unix), "end": _iso(end_unix),
+        "start_unix": start_unix, "end_unix": end_unix,
+        "sessions": int(max(numbers["sessions"], default=0)),
+        "ranks": sorted({r for n in every for r in n.get("ranks") or []}),
+        "last_unix": max(numbers["last_unix"], default=None),
+        "training_s": max(numbers["training_s"], default=None),
+        "wall_s": max(numbers["wall_s"], default=None),
+        "gpus": list(gpus.values()),
+        "hosts": hosts,
+        "nodes": every,
     }
 
 
@@ -124,15 +229,14 @@ def run_json(split: Split, existing: str,
     previous = previous if isinstance(previous, dict) else {}
     found = previous.get("splits")
     splits: dict[str, Any] = found if isinstance(found, dict) else {}
-    splits[str(split.split)] = _split_entry(split, accounts)
+    splits[str(split.split)] = _split_entry(split, splits.get(str(split.split)), accounts)
     entries = [e for _, e in sorted((int(k), e) for k, e in splits.items()
                                     if k.isdigit() and isinstance(e, dict))]
     starts = [t for t in (_number(e.get("start_unix")) for e in entries) if t is not None]
     ends = [t for t in (_number(e.get("end_unix")) for e in entries) if t is not None]
     start_unix = min(starts, default=None)
     end_unix = max(ends) if len(ends) == len(entries) else None  # none while one runs
-    worst = max(entries, key=lambda e: RUN_STATUS_ORDER.index(e.get("status"))
-                if e.get("status") in RUN_STATUS_ORDER else 0)
+    worst = _worst(entries)
     gpus: dict[str, dict[str, Any]] = {}
     for entry in entries:
         for gpu in entry.get("gpus") or []:
@@ -159,12 +263,64 @@ def run_json(split: Split, existing: str,
     return json.dumps(document, indent=2) + "\n"
 
 
+def _own_figures(split: Split) -> list[RankFigures]:
+    """The figures of the ranks this sidecar serves."""
+    out = []
+    for rank in sorted(split.ranks):
+        info = split.rank_info.get(rank)
+        out.append(figures_of(split.ranks[rank], info.host if info else HOSTNAME,
+                              nodes.NODE_ID, info.status if info else split.status,
+                              info.cause if info else split.cause))
+    return out
+
+
+def _view(split: Split, own: list[RankFigures],
+          others: list[nodes.NodeFile]) -> SplitView:
+    """Every rank of the split: ours, and the other nodes' (a node that sent no final
+    figures in time has its running ranks written incomplete with the cause)."""
+    theirs = []
+    for node in others:
+        late = split.late_nodes.get(node.node_id)
+        for figures in node.ranks:
+            if late is not None and figures.status == "running":
+                figures.status, figures.cause = "incomplete", late.cause
+            theirs.append(figures)
+    return merged(own, theirs, split.world_size)
+
+
+def _node_text(split: Split, own: list[RankFigures], block_lines: list[str],
+               counts: RecordCounts) -> str:
+    """This sidecar's node file of ``split`` (``sinks/nodes.py``): the resources block
+    without its title and record lines."""
+    return nodes.node_text(split.end_unix is not None, split.status, split.cause,
+                           split.world_size, own, block_lines[2:-len(records_lines(counts)) - 1],
+                           counts.__dict__)
+
+
+def write_node_file(split: Split, resources: ResourceFigures, counts: RecordCounts) -> None:
+    """Replace only this sidecar's node file of ``split`` (between the writes of its
+    files, so that a node that dies leaves figures of its ranks not older than a few
+    seconds). Raises OSError when it cannot."""
+    block_lines = resources_text.resources_block(
+        resources.gpus, resources.host, resources.gpu_off_reason, resources.attribution,
+        records_lines(counts))
+    write_atomic(nodes.node_path(split.split_dir),
+                 _node_text(split, _own_figures(split), block_lines, counts))
+
+
+def multi_node(split: Split) -> bool:
+    """Whether other sidecars serve ranks of ``split``: this one lacks rank 0 or some of
+    the ranks the job said it has."""
+    return 0 not in split.ranks or split.world_size > len(split.ranks)
+
+
 def render(split: Split, resources: ResourceFigures, counts: RecordCounts,
            with_state: bool, on_progress: Progress = lambda what: None,
            ) -> tuple[dict[Path, str], list[str] | None]:
     """The files of ``split`` that are replaced whole, with their text, keyed by path, and
-    the lines of our summary block (None before any rank reported); nothing is written.
-    ``on_progress(file name)`` is called as each text is ready.
+    the lines of our summary block (None before any rank reported, or when another
+    sidecar serves rank 0); nothing is written. ``on_progress(file name)`` is called as
+    each text is ready.
     """
     files: dict[Path, str] = {}
     ranks = [split.ranks[r] for r in sorted(split.ranks)]
@@ -174,25 +330,41 @@ def render(split: Split, resources: ResourceFigures, counts: RecordCounts,
                 (split.logs_dir / layout.phases_file(agg.rank), tables.phases_text)):
             files[path] = table(agg)
             on_progress(path.name)
+    multi, leader = multi_node(split), 0 in split.ranks
+    own = _own_figures(split) if multi or len(ranks) > 1 else []
+    others = nodes.read_nodes(split.split_dir) if multi and leader else []
     block = None
     accounts = split_accounts(ranks, split.straggler_waits)
-    if ranks:
-        block_lines = resources_text.resources_block(
-            resources.gpus, resources.host, resources.gpu_off_reason, resources.attribution,
-            records_lines(counts))
+    block_lines = resources_text.resources_block(
+        resources.gpus, resources.host, resources.gpu_off_reason, resources.attribution,
+        records_lines(counts))
+    if ranks and leader:
+        view = _view(split, own, others)
+        split.standings = tuple(view.stragglers.standings) if view.stragglers else ()
+        if multi or len(ranks) > 1:
+            files[split.logs_dir / layout.RANKS_FILE] = ranks_text.ranks_tsv(view)
+        rank_lines = ranks_text.rank_lines(view, split.world_size, split.nodes_waited_s)
+        own_host = [f"Host {HOSTNAME} (ranks {', '.join(map(str, sorted(split.ranks)))}; "
+                    f"node {nodes.NODE_ID})"] if others else []
         block = summary.computational_block(
-            ranks, [name for _, name in split.gpus], split.gaps, block_lines,
-            goodput_text.goodput_lines(accounts, _mfu(split)))
+            ranks, [name for _, name in split.gpus], split.gaps,
+            [*block_lines[:2], *own_host, *block_lines[2:-len(records_lines(counts)) - 1],
+             *ranks_text.host_resource_lines(others), "", *records_lines(counts)],
+            rank_lines, goodput_text.goodput_lines(accounts, _mfu(split)))
+    if multi:
+        files[nodes.node_path(split.split_dir)] = _node_text(split, own, block_lines, counts)
     if resources.host_samples or resources.gpu_samples:
         frame = resources_text.resources_frame(resources.gpu_samples, resources.host_samples,
                                                resources.run_start_ns, resources.session_starts_ns)
-        files[split.logs_dir / layout.RESOURCES_FILE] = tables.to_tsv(frame, index=False)
-        on_progress(layout.RESOURCES_FILE)
+        name = layout.RESOURCES_FILE if leader else layout.node_resources_file(nodes.NODE_ID)
+        files[split.logs_dir / name] = tables.to_tsv(frame, index=False)
+        on_progress(name)
     if with_state:
         # the stored rows from the text kept since the last write (rowtext.py)
-        files[state.state_path(split.split_dir)] = state.dumps(
-            split.to_state(rowtext.state_rows))
-        on_progress(state.FILE_NAME)
+        path = state.state_path(split.split_dir) if leader else \
+            state.node_state_path(split.split_dir, nodes.NODE_ID)
+        files[path] = state.dumps(split.to_state(rowtext.state_rows))
+        on_progress(path.name)
     return files, block
 
 
@@ -217,6 +389,10 @@ def write_split(split: Split, resources: ResourceFigures, counts: RecordCounts,
     """
     seam = {} if write_bytes is None else {"write_bytes": write_bytes}
     files, block = render(split, resources, counts, with_state, on_progress)
+    if 0 in split.ranks:  # files of writes before rank 0 came here, now in the standard ones
+        for stale in (split.logs_dir / layout.node_resources_file(nodes.NODE_ID),
+                      state.node_state_path(split.split_dir, nodes.NODE_ID)):
+            stale.unlink(missing_ok=True)
     for path, text in files.items():
         write_atomic(path, text, **seam)
         on_progress(path.name)

@@ -94,7 +94,7 @@ def disk(request: pytest.FixtureRequest, short_tmp: Path) -> Iterator[Disk]:
             os.chmod(root, 0o755)
 
 
-LOCKS = (layout.RUN_LOCK_FILE, layout.SPLIT_LOCK_FILE)  # taken at hello, not output
+LOCKS = (layout.RUN_LOCK_FILE, layout.claim_file(0).split("/")[-1])  # taken at hello, not output
 
 
 def _files(folder: Path) -> list[str]:

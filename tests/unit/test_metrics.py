@@ -12,6 +12,7 @@ from markers import wire
 from sidecar.daemon.metrics import MetricsExporter
 from sidecar.daemon.snapshot import GpuView, PhaseStats, RankView, Snapshot, SplitView
 from sidecar.model.goodput import CAUSES, Account
+from sidecar.model.stragglers import RankStanding
 from sidecar.model.units import BYTES_PER_MIB as MIB
 
 RUN = ["run", "user", "host", "slurm_job_id"]
@@ -38,6 +39,9 @@ CONTRACT_METRICS = {  # name: (type, labels) as docs/contract.md lists them
     "trainmon_run_status": ("gauge", [*RUN, "status"]),
     "trainmon_run_start_timestamp_seconds": ("gauge", RUN),
     "trainmon_run_end_timestamp_seconds": ("gauge", RUN),
+    "trainmon_rank_slowest_ratio": ("gauge", ["run", "split", "rank", "host"]),
+    "trainmon_rank_over_median_seconds": ("gauge", ["run", "split", "rank", "host"]),
+    "trainmon_rank_waited_seconds": ("gauge", ["run", "split", "rank", "host"]),
 }
 
 
@@ -62,7 +66,9 @@ def _split(run_id: str, status: str = "running", end_unix: float | None = None
             "trainmon_gpu_job_memory_bytes": 512.0 * MIB, "trainmon_gpu_power_watts": 300.0,
             "trainmon_gpu_energy_joules": 900.0, "trainmon_gpu_temperature_celsius": 60.0}),),
         host_gauges={"trainmon_job_cpu_seconds": 3.5,
-                     "trainmon_job_memory_rss_bytes": 100.0 * MIB})
+                     "trainmon_job_memory_rss_bytes": 100.0 * MIB},
+        standings=(RankStanding(0, "node1", 0, 0.0, 0.0, None, 4.0),
+                   RankStanding(3, "node2", 9, 0.9, 0.02, "data loading", 0.0)))
 
 
 def _snapshot(*splits: SplitView, job_ids_dropped: int = 0) -> Snapshot:
@@ -122,6 +128,10 @@ def test_names_types_labels_and_forgotten_runs() -> None:
                 ] == [1.8e9, 1.8e9]
         ends = families["trainmon_run_end_timestamp_seconds"].samples
         assert [(s.labels["run"], s.value) for s in ends] == [("b" * 32, 1.8e9 + 60)]
+        slowest = {(s.labels["rank"], s.labels["host"]): s.value
+                   for s in families["trainmon_rank_slowest_ratio"].samples
+                   if s.labels["run"] == "a" * 32}
+        assert slowest == {("0", "node1"): 0.0, ("3", "node2"): 0.9}
         assert [s.value for s in families["trainmon_job_ids_dropped"].samples
                 if s.name.endswith("_total")] == [3]
 

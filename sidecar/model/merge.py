@@ -1,0 +1,126 @@
+"""One split served by several sidecars (one per node, or per task): each rank's figures in
+a form a reader on another node can merge, and the merged view of the whole split that the
+sidecar serving rank 0 writes the summary from (docs/multi-node.md).
+
+A rank's figures (``RankFigures``) are exact counts, the streaming moments of each phase
+(count, mean, M2: merged with Chan's formula they give the same figures as one stream),
+the means of its stored rows, and the straggler input: per stored training iteration its
+(epoch, iteration) and the seconds of data loading, forward, backward, optimization and the
+loop (``sidecar.model.stragglers``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from markers import wire
+from sidecar.model.aggregator import RankAggregator
+from sidecar.model.stragglers import RankIterations, Stragglers, stragglers
+
+# The training phases compared across ranks, in the order of ``stragglers.PHASES``.
+STRAGGLER_PHASES = (wire.TRAINING_DATA_LOADING, wire.FORWARD, wire.BACKWARD, wire.OPTIMIZATION)
+# The iteration-level training phases of the ranks table (no Training, no Epoch).
+TABLE_PHASES = tuple(p for p in wire.PHASES if not p.validation
+                     and p.phase not in (wire.TRAINING, wire.EPOCH))
+
+
+@dataclass
+class RankFigures:
+    """What one rank's sidecar tells of it, for a summary written on another node."""
+
+    rank: int
+    host: str
+    node_id: str
+    status: str
+    cause: str | None
+    iterations: int  # stored training iterations
+    measured: int  # every post-warmup training iteration (exact, past the cap too)
+    samples: int  # samples of every measured training iteration of known batch size
+    means_s: dict[str, float]  # phase label -> mean of its stored rows
+    moments: dict[str, list[float]]  # phase label -> [count, mean, M2] of every measurement
+    keys: list[list[int]] = field(default_factory=list)  # (epoch, iteration) per stored row
+    phase_s: list[list[float]] = field(default_factory=list)  # per row: STRAGGLER_PHASES
+    loop_s: list[float] = field(default_factory=list)  # per row: the Training loop
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict (``from_json`` reads it back)."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RankFigures:
+        """The figures a node file holds; KeyError/TypeError/ValueError when malformed."""
+        return cls(int(data["rank"]), str(data["host"]), str(data["node_id"]),
+                   str(data["status"]), data.get("cause"), int(data["iterations"]),
+                   int(data["measured"]), int(data["samples"]),
+                   {str(k): float(v) for k, v in data["means_s"].items()},
+                   {str(k): [float(x) for x in v] for k, v in data["moments"].items()},
+                   [[int(e), int(i)] for e, i in data["keys"]],
+                   [[float(x) for x in row] for row in data["phase_s"]],
+                   [float(x) for x in data["loop_s"]])
+
+    def iterations_view(self) -> RankIterations:
+        """The straggler input (``sidecar.model.stragglers``)."""
+        return RankIterations(self.host, np.array(self.keys, dtype=np.int64).reshape(-1, 2),
+                              np.array(self.phase_s, dtype=float).reshape(-1, 4),
+                              np.array(self.loop_s, dtype=float))
+
+
+def figures_of(agg: RankAggregator, host: str, node_id: str, status: str,
+               cause: str | None) -> RankFigures:
+    """The figures of a rank this sidecar serves (its aggregator)."""
+    means: dict[str, float] = {}
+    moments: dict[str, list[float]] = {}
+    rows_of: dict[int, dict[tuple[int, int], float]] = {}
+    for definition in TABLE_PHASES:
+        series = agg.series.get(definition.phase)
+        if series is None:
+            continue
+        stored = [row.wall_s for row in series.rows]
+        if stored:
+            means[definition.summary_label] = statistics.fmean(stored)
+        if series.wall.count:
+            moments[definition.summary_label] = [series.wall.count, series.wall.mean,
+                                                 series.wall.m2]
+        rows_of[definition.phase] = {(row.epoch, row.iteration): row.wall_s
+                                     for row in series.rows}
+    loop = rows_of.get(wire.TRAINING_LOOP, {})
+    keys = sorted(loop)
+    phase_s = [[rows_of.get(p, {}).get(key, 0.0) for p in STRAGGLER_PHASES] for key in keys]
+    loop_series = agg.series.get(wire.TRAINING_LOOP)
+    return RankFigures(
+        agg.rank, host, node_id, status, cause, agg.stored_iterations[False],
+        loop_series.wall.count if loop_series is not None else 0,
+        agg.samples[False] or 0,
+        means, moments, [list(k) for k in keys], phase_s, [loop[k] for k in keys])
+
+
+@dataclass(frozen=True)
+class SplitView:
+    """Every rank of a split as the summary shows it: ``ranks`` by rank (this sidecar's
+    and every other node's newest figures), ``missing`` the expected ranks (0 … world
+    size − 1) without figures, ``stragglers`` the comparison (None under two ranks)."""
+
+    ranks: list[RankFigures]
+    missing: list[int]
+    stragglers: Stragglers | None
+
+
+def merged(own: Iterable[RankFigures], others: Iterable[RankFigures],
+           world_size: int) -> SplitView:
+    """The view of a split from this sidecar's ranks (``own``, which win) and the figures
+    read from other nodes' files (``others``, the newest first: a rank served by several
+    nodes over time keeps the first one given)."""
+    ranks: dict[int, RankFigures] = {figures.rank: figures for figures in own}
+    for figures in others:
+        ranks.setdefault(figures.rank, figures)
+    expected = max(world_size, max(ranks, default=-1) + 1)
+    missing = [rank for rank in range(expected) if rank not in ranks]
+    ordered = [ranks[rank] for rank in sorted(ranks)]
+    view = stragglers({f.rank: f.iterations_view() for f in ordered}) \
+        if len(ordered) >= 2 else None
+    return SplitView(ordered, missing, view)

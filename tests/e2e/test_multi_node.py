@@ -1,0 +1,174 @@
+"""One split, many sidecars (docs/multi-node.md): every rank of a job is measured whichever
+sidecar serves it, each rank's rows match its own clock, and the sidecar serving rank 0
+writes one summary for the split, naming the straggler and the ranks that never came.
+
+Here on one host: two ``sidecar run`` for one 4-rank job (ranks 0-1 and 2-3), as two nodes
+would run it. The namespaces test (tests/e2e/test_multi_node_netns.py) does the same
+across two hosts with torchrun.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.helpers import SAME_PRIORITY, env, read_tsv, run_json, split_dir, wait_for
+
+JOB = Path(__file__).resolve().parents[1] / "support" / "jobs" / "ranks_job.py"
+WARMUP = 2
+ITERS = 20
+FORWARD_S = 0.002
+SLOW_S = 0.03
+SLOW_RANK = 2  # its data loading is slowed on purpose (rank 3's forward is the longest)
+
+
+def _node(cwd: Path, truth: Path, ranks: str, *extra: str) -> subprocess.Popen[str]:
+    """``sidecar run -- ranks_job.py --spawn RANKS`` (one node of the 4-rank job)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "sidecar", "run", *SAME_PRIORITY, *extra, "--",
+         sys.executable, str(JOB), "--spawn", ranks, "--world", "4", "--truth", str(truth),
+         "--iters", str(ITERS), "--warmup", str(WARMUP), "--forward-s", str(FORWARD_S),
+         "--slow-rank", str(SLOW_RANK), "--slow-s", str(SLOW_S)],
+        cwd=cwd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def check_ranks_match_their_clocks(folder: Path, truth: Path, ranks: range,
+                                   iters: int = ITERS) -> float:
+    """Every rank's stored Forward rows against the forward times it took itself; returns
+    the largest error (s)."""
+    worst = 0.0
+    for rank in ranks:
+        name = "computational.tsv" if rank == 0 else f"computational-rank{rank}.tsv"
+        rows = read_tsv(split_dir(folder) / "logs" / name)["Forward (s)"].dropna().tolist()
+        own = json.loads((truth / f"rank{rank}.json").read_text())["forward_s"][WARMUP:]
+        assert len(rows) == len(own) == iters - WARMUP, (rank, len(rows), len(own))
+        errors = [abs(a - b) for a, b in zip(rows, own, strict=True)]
+        # rank r's forward lasts (r + 1) × 2 ms: another rank's rows are off by 2 ms or more
+        assert max(errors) < FORWARD_S / 2, (rank, max(errors))
+        worst = max(worst, max(errors))
+    return worst
+
+
+def check_straggler(summary: str, host: str) -> float:
+    """The ``Straggler:`` line names SLOW_RANK on ``host`` in data loading; its margin (s)."""
+    match = re.search(rf"^Straggler: rank {SLOW_RANK} on (\S+), data loading, "
+                      r"\+([0-9.e+-]+) s", summary, re.M)
+    assert match, summary
+    assert match[1] == host
+    margin_s = float(match[2])
+    assert SLOW_S / 2 < margin_s < SLOW_S * 3, margin_s
+    return margin_s
+
+
+def test_two_sidecars_on_one_host_measure_every_rank_of_one_split(short_tmp: Path) -> None:
+    truth = short_tmp / "truth"
+    truth.mkdir()
+    nodes = [_node(short_tmp, truth, "0,1"), _node(short_tmp, truth, "2,3")]
+    outputs = [node.communicate(timeout=240)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs
+    assert "refused" not in "".join(outputs), outputs
+    folder = short_tmp / "maps"
+    error_s = check_ranks_match_their_clocks(folder, truth, range(4))
+    print(f"largest per-rank error against the ranks' own clocks: {error_s * 1e6:.0f} µs")
+    entry = run_json(folder)["splits"]["0"]
+    assert entry["ranks"] == [0, 1, 2, 3]
+    assert entry["status"] == "completed", entry
+    assert len(entry["nodes"]) == 2
+    assert sorted(sorted(n["ranks"]) for n in entry["nodes"]) == [[0, 1], [2, 3]]
+    assert entry["hosts"] == {socket.gethostname(): [0, 1, 2, 3]}
+    summary = (split_dir(folder) / "summary.log").read_text()
+    margin_s = check_straggler(summary, socket.gethostname())
+    print(f"straggler margin found: {margin_s:.4f} s (slowed by {SLOW_S} s)")
+    waited = re.search(r"^Nodes: waited ([0-9.]+) s", summary, re.M)
+    assert waited, summary
+    print(f"time the bounded wait added at the end: {waited[1]} s")
+    assert "Ranks missing" not in summary
+    table = read_tsv(split_dir(folder) / "logs" / "ranks.tsv")
+    assert table["rank"].tolist() == [0, 1, 2, 3]
+    assert table["iterations"].tolist() == [ITERS - WARMUP] * 4
+    assert table.set_index("rank").loc[SLOW_RANK, "phase"] == "data loading"
+    # the report: one job for the split of two sidecars, with its straggler
+    report = subprocess.run([sys.executable, "-m", "sidecar", "report", str(folder), "--out",
+                             str(short_tmp / "report")], env=env(), capture_output=True,
+                            text=True, timeout=120)
+    assert report.returncode == 0, report.stderr
+    jobs = read_tsv(short_tmp / "report" / "jobs.tsv")
+    assert len(jobs) == 1
+    assert (jobs.loc[0, "straggler rank"], jobs.loc[0, "straggler host"],
+            jobs.loc[0, "straggler phase"]) == (SLOW_RANK, socket.gethostname(),
+                                                "data loading")
+
+
+def test_a_node_that_never_wrote_is_named_and_the_wait_is_bounded(short_tmp: Path) -> None:
+    truth = short_tmp / "truth"
+    truth.mkdir()
+    node = _node(short_tmp, truth, "0,1", "--nodes-wait", "2")
+    output = node.communicate(timeout=240)[0]
+    assert node.returncode == 0, output
+    folder = short_tmp / "maps"
+    summary = (split_dir(folder) / "summary.log").read_text()
+    assert "Ranks missing: 2, 3 of 4 (no figures from their node)" in summary, summary
+    waited = float(re.search(r"^Nodes: waited ([0-9.]+) s", summary, re.M)[1])
+    assert 2.0 <= waited < 10.0, waited
+    entry = run_json(folder)["splits"]["0"]
+    assert entry["status"] == "incomplete"
+    assert "ranks 2, 3 sent no figures within 2 s" in entry["cause"]
+
+
+def test_the_same_rank_on_a_second_sidecar_is_refused(short_tmp: Path) -> None:
+    """One writer per split and rank: two sidecars may share a split, not a rank (the
+    first holds its ranks' claims through its bounded wait for ranks 2 and 3)."""
+    truth = short_tmp / "truth"
+    truth.mkdir()
+    nodes = [_node(short_tmp, truth, ranks, "--nodes-wait", "5") for ranks in ("0,1", "1")]
+    outputs = [node.communicate(timeout=240)[0] for node in nodes]
+    assert "one writer per split and rank" in "".join(outputs), outputs
+
+
+def test_a_resume_of_both_nodes_continues_every_rank(short_tmp: Path) -> None:
+    truth = short_tmp / "truth"
+    truth.mkdir()
+    for extra in ((), ("--resume",)):
+        nodes = [subprocess.Popen(
+            [sys.executable, "-m", "sidecar", "run", *SAME_PRIORITY, "--",
+             sys.executable, str(JOB), "--spawn", ranks, "--world", "4", "--truth",
+             str(truth), "--iters", "6", "--warmup", "1", *extra],
+            cwd=short_tmp, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True) for ranks in ("0,1", "2,3")]
+        outputs = [node.communicate(timeout=240)[0] for node in nodes]
+        assert [node.returncode for node in nodes] == [0, 0], outputs
+        assert "afresh" not in "".join(outputs), outputs
+    folder = short_tmp / "maps"
+    entry = run_json(folder)["splits"]["0"]
+    assert entry["ranks"] == [0, 1, 2, 3] and entry["sessions"] == 2, entry
+    for rank in range(4):
+        name = "phases.tsv" if rank == 0 else f"phases-rank{rank}.tsv"
+        phases = read_tsv(split_dir(folder) / "logs" / name)
+        assert set(phases["session"]) == {0, 1}, (rank, set(phases["session"]))
+        assert set(phases["rank"]) == {rank}
+
+
+def test_plain_processes_each_with_its_private_sidecar(short_tmp: Path) -> None:
+    """``python train.py`` per rank, no sidecar started: each process starts its own
+    private one, and the four of them make one split."""
+    truth = short_tmp / "truth"
+    truth.mkdir()
+    job = subprocess.run(
+        [sys.executable, str(JOB), "--spawn", "0,1,2,3", "--world", "4", "--truth",
+         str(truth), "--iters", str(ITERS), "--warmup", str(WARMUP), "--forward-s",
+         str(FORWARD_S), "--slow-rank", str(SLOW_RANK), "--slow-s", str(SLOW_S)],
+        cwd=short_tmp, env=env(), capture_output=True, text=True, timeout=240)
+    assert job.returncode == 0, job.stderr
+    folder = short_tmp / "maps"
+    summary_path = split_dir(folder) / "summary.log"
+    # rank 0's private sidecar writes the last summary once the other three are final
+    wait_for(lambda: summary_path.exists() and "Nodes: waited" in summary_path.read_text(),
+             60, "the final summary")
+    check_ranks_match_their_clocks(folder, truth, range(4))
+    entry = run_json(folder)["splits"]["0"]
+    assert entry["ranks"] == [0, 1, 2, 3] and len(entry["nodes"]) == 4, entry
+    check_straggler(summary_path.read_text(), socket.gethostname())
