@@ -208,6 +208,8 @@ class Server:
         try:
             self.access.take_hello(body, message.peer,
                                    known=message.header.run_id in self.registry.streams)
+            if self.access.shared:  # a finish writes within the block: import before it
+                writer.load_modules()
             with self.access.acting(message.peer):
                 reply = self.dispatcher.dispatch(message.header, body, now, message.peer)
         except wire.WireError as exc:
