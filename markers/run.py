@@ -218,6 +218,9 @@ class Run:
         if reply is None:
             warnings.warn("markers: the sidecar did not confirm writing the files "
                           f"({self._sender.last_failure})", RuntimeWarning, stacklevel=2)
+        elif not reply.get("ok"):
+            warnings.warn(f"markers: the sidecar did not write this run's files "
+                          f"({reply.get('error')})", RuntimeWarning, stacklevel=2)
         self._sender.close()
         self._buffer.children.close()
         if self._on_close is not None:

@@ -167,6 +167,7 @@ def start_run(out_dir: str | os.PathLike[str] = "maps",
         "host": socket.gethostname(), "pid": os.getpid(), "user": getpass.getuser(),
         "job_id": os.environ.get("SLURM_JOB_ID"), "command": [sys.executable, *sys.argv],
         "start_unix": time.time(), "start_ns": time.perf_counter_ns(), "versions": _versions(),
+        "token": os.urandom(16).hex(),
     }
     reply = sender.request(hello, timeout_s) if connected else None
     on_close = None

@@ -29,6 +29,7 @@ from sidecar.daemon.dispatch import Dispatcher
 from sidecar.daemon.job import DEFAULT_NICE, Job, lower_priority
 from sidecar.daemon.lifecycle import Lifecycle
 from sidecar.daemon.liveness import gone_cause, pid_alive
+from sidecar.daemon.ownership import Owners
 from sidecar.daemon.snapshot import Snapshot
 from sidecar.ingest.hello import Refused
 from sidecar.ingest.peers import Peer
@@ -85,6 +86,7 @@ class Server:
         self.job: Job | None = None
         self.hooks = list(hooks)
         self.access = Access(config.root, config.shared)
+        self.owners = Owners(config.root)  # run id -> its user and token, across restarts
         self._write_bytes = write_bytes
         self._waiting: tuple[bytes, Any] | None = None  # (identity, reply_to) being answered
         self.registry = Registry(self.access.policy.resolve, self._on_stream,
@@ -166,10 +168,22 @@ class Server:
             if split.write_error != error:
                 log.error("%s (data kept in memory, retried every %.0f s)", error, RETRY_S)
             split.write_error = self.registry.last_error = error
+            if split.end_unix is not None:
+                self._write_status_only(split, owner)
             return error
         if split.end_unix is not None:  # ended and written: another run may take it now
             self.registry.release(split)
         return None
+
+    def _write_status_only(self, split: Split, owner: Peer | None) -> None:
+        """An ended split whose files did not fit: its run.json alone (small), so that it
+        says how the run ended rather than ``running``; the rest is retried."""
+        try:
+            with self.access.acting(owner):
+                writer.write_run_file(split, self._write_bytes)
+        except OSError as exc:
+            log.error("cannot write %s either: %s", split.out_dir / layout.RUN_FILE,
+                      exc.strerror or exc)
 
     def _progress(self, what: str) -> None:
         """Tell the client whose request caused this write that it goes on: a finish
@@ -187,18 +201,24 @@ class Server:
 
     # -- messages -------------------------------------------------------------------
 
-    def _foreign(self, message: Incoming) -> str | None:
-        """Why the sender of ``message`` may not use this sidecar (``Access.foreign``)."""
-        return self.access.foreign(message.peer,
-                                   self.registry.streams.get(message.header.run_id))
+    def _foreign(self, message: Incoming) -> tuple[str, str] | None:
+        """(the reject kind, why) when the sender of ``message`` may not use this sidecar
+        (``Access.foreign``) or the run it names is not its own (``Owners.refusal``)."""
+        run_id = message.header.run_id
+        foreign = self.access.foreign(message.peer, self.registry.streams.get(run_id))
+        if foreign is not None:
+            return "foreign_user", foreign
+        body = message.control
+        hello = body if body is not None and body.get("type") == wire.HELLO else None
+        return self.owners.refusal(run_id, message.peer, hello)
 
     def handle(self, message: Incoming, now: float) -> None:
         """Dispatch one decoded message (refused when its sender may not use us)."""
         body = message.control or {}
         foreign = self._foreign(message)
         if foreign is not None:
-            self.registry.reject("foreign_user", foreign)
-            self._reply(message, body, {"ok": False, "error": foreign})
+            self.registry.reject(*foreign)
+            self._reply(message, body, {"ok": False, "error": foreign[1]})
             return
         if message.records is not None:
             self.registry.records(message.header, message.records, now)
@@ -212,6 +232,8 @@ class Server:
                 writer.load_modules()
             with self.access.acting(message.peer):
                 reply = self.dispatcher.dispatch(message.header, body, now, message.peer)
+            if body["type"] == wire.HELLO and reply is not None and reply.get("ok"):
+                self.owners.bind(message.header.run_id, message.peer, body)
         except wire.WireError as exc:
             self.registry.reject(exc.kind, str(exc))
             reply = {"ok": False, "error": str(exc)}
@@ -257,7 +279,7 @@ class Server:
         for message in batch:
             foreign = self._foreign(message)
             if foreign is not None:
-                self.registry.reject("foreign_user", foreign)
+                self.registry.reject(*foreign)
             elif message.records is not None:
                 taken.append((message.header, message.records))
         if not taken:
@@ -400,6 +422,7 @@ class Server:
                     self.write(split)
             for split in self.registry.prune(now, KEEP_ENDED_S):
                 self.monitor.forget(split)
+            self.owners.forget(self.registry.streams, now, KEEP_ENDED_S)
 
     def run(self) -> int:
         """Serve until stopped (signal, job or owner gone); write everything; return the
@@ -450,12 +473,21 @@ class Server:
             cause = gone_cause(owner)
         if cause is None and self._signal is not None:
             cause = f"sidecar stopped by {signal.Signals(self._signal).name}"
+            # The runs go on without us: leave the state a checkpoint leaves, taken
+            # before their sessions are cut, so the next sidecar continues each of them
+            # and only the time between the two is lost.
+            for split in {id(s.split): s.split for s in self.registry.live_streams()}.values():
+                self.write(split, with_state=True)
         for stream in self.registry.live_streams():
             self._end_stream(stream, cause or gone_cause(stream.pid), now)
         self.write_dirty()
-        pending = [s.write_error for s in self.registry.splits.values() if s.dirty]
-        for error in pending:
-            log.error("exiting with unwritten data: %s", error)
+        for split in self.registry.splits.values():
+            if split.dirty:
+                runs = sorted({s.key for s in self.registry.streams.values()
+                               if s.split is split})
+                log.error("exiting with unwritten data: run %s (%s, split %d) was not "
+                          "written: %s", ", ".join(runs) or "?", split.out_dir, split.split,
+                          split.write_error or "unknown error")
 
 
 def serve(config: Config, command: list[str] | None = None, **seams: Any) -> int:
