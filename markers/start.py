@@ -187,8 +187,8 @@ def start_run(out_dir: str | os.PathLike[str] = "maps",
         return _current[0]
     monitored = reply is not None
     if reply is None:
-        reason = sender.last_failure if connected else (f"none connected within "
-                                                        f"{timeout_s:.0f} s")
+        reason = sender.last_failure if connected else (
+            sender.refused or f"none connected within {timeout_s:.0f} s")
         warnings.warn(f"markers: no answer from a sidecar at {endpoint} ({reason}); records "
                       "are dropped and counted until one answers, training goes on",
                       RuntimeWarning, stacklevel=2)

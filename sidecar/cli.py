@@ -211,11 +211,13 @@ def _ask(command: str, endpoint: str, body: dict[str, Any]) -> dict[str, Any] | 
                     secret or os.environ.get(shared_secret.ENV))
     try:
         reply = sender.request(body, STATUS_TIMEOUT_S, connect_timeout_s=STATUS_TIMEOUT_S)
+        refused = sender.refused
     finally:
         sender.close()
     if reply is None:
-        print(f"sidecar {command}: no sidecar answered at {endpoint} within "
-              f"{STATUS_TIMEOUT_S:.0f} s", file=sys.stderr)
+        print(f"sidecar {command}: " + (f"{refused} ({endpoint})" if refused else
+              f"no sidecar answered at {endpoint} within {STATUS_TIMEOUT_S:.0f} s"),
+              file=sys.stderr)
         return None
     reply.pop("reply_to", None)
     return reply
