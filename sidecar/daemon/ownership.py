@@ -7,9 +7,10 @@ word, None over tcp) and to the token's SHA-256. From then on a hello carrying t
 id must come from the same uid with the same token, and every other message about it
 from the same uid; anything else is refused and changes nothing.
 
-A daemon with a ``--root`` keeps the bindings in ``ROOT/.sidecar-runs.json`` (root's,
-0600), rewritten whenever one is added or dropped: a daemon started after a crash or a
-watchdog restart knows every run it must keep for its user before any hello arrives.
+A shared daemon keeps the bindings in ``ROOT/.sidecar-runs.json`` (root's, 0600),
+rewritten whenever one is added or dropped: a daemon started after a crash or a watchdog
+restart knows every run it must keep for its user before any hello arrives. Other
+sidecars serve one user (and root) and keep them in memory.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ class Owners:
                 json.dump(self._bound, handle)
             os.replace(tmp, self.path)
         except OSError as exc:  # the bindings still hold in memory
+            tmp.unlink(missing_ok=True)
             log.error("cannot save the run owners in %s: %s", self.path, exc.strerror or exc)
 
     def refusal(self, run_id: bytes, peer: Peer | None, hello: dict[str, Any] | None,

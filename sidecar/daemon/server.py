@@ -31,6 +31,7 @@ from sidecar.daemon.lifecycle import Lifecycle
 from sidecar.daemon.liveness import gone_cause, pid_alive
 from sidecar.daemon.ownership import Owners
 from sidecar.daemon.snapshot import Snapshot
+from sidecar.daemon.viewers import Viewers
 from sidecar.ingest.hello import Refused
 from sidecar.ingest.peers import Peer
 from sidecar.ingest.receiver import HEARTBEAT_S, Incoming, Receiver
@@ -67,6 +68,8 @@ class Config:
     # One daemon for every local user (root, ipc): the kernel names each connection's
     # user, whose runs go under root/<user>/ and are written as that user.
     shared: bool = False
+    # Shared: roots under which a job's own folder is written in place (as its user).
+    allowed: tuple[Path, ...] = ()
     nice: int = DEFAULT_NICE  # added to the sidecar's CPU niceness (0: same as the job)
 
 
@@ -75,18 +78,21 @@ class Server:
 
     Test seams are constructor parameters: ``open_gpus`` opens NVML (a fake on machines
     without a GPU), ``write_bytes`` puts bytes into an open file (a fake full disk), and
-    ``hooks`` receive the lifecycle calls (sd_notify, exporters). ``job`` is the job of
+    ``hooks`` receive the lifecycle calls (sd_notify, exporters), ``viewers`` who sees which
+    runs in ``/metrics`` (the exporter's). ``job`` is the job of
     ``sidecar run`` once started (``serve``): the sidecar stops when it ends.
     """
 
     def __init__(self, config: Config, *, hooks: Sequence[Lifecycle] = (),
                  open_gpus: Callable[[str | None], Any] = open_nvml,
-                 write_bytes: WriteBytes | None = None) -> None:
+                 write_bytes: WriteBytes | None = None, viewers: Viewers | None = None,
+                 ) -> None:
         self.config = config
         self.job: Job | None = None
         self.hooks = list(hooks)
-        self.access = Access(config.root, config.shared)
-        self.owners = Owners(config.root)  # run id -> its user and token, across restarts
+        self.access = Access(config.root, config.shared, viewers, config.allowed)
+        # run id -> its user and token; a shared daemon keeps them across restarts
+        self.owners = Owners(config.root if config.shared else None)
         self._write_bytes = write_bytes
         self._waiting: tuple[bytes, Any] | None = None  # (identity, reply_to) being answered
         self.registry = Registry(self.access.policy.resolve, self._on_stream,
@@ -234,6 +240,7 @@ class Server:
                 reply = self.dispatcher.dispatch(message.header, body, now, message.peer)
             if body["type"] == wire.HELLO and reply is not None and reply.get("ok"):
                 self.owners.bind(message.header.run_id, message.peer, body)
+                self._say_where(body, reply)
         except wire.WireError as exc:
             self.registry.reject(exc.kind, str(exc))
             reply = {"ok": False, "error": str(exc)}
@@ -248,6 +255,17 @@ class Server:
                 action()
         finally:
             self._waiting = None
+
+    def _say_where(self, hello: dict[str, Any], reply: dict[str, Any]) -> None:
+        """On a shared daemon, tell a job whose run is written elsewhere than the folder
+        it named (relative to its working folder) where it goes, and why."""
+        if not self.access.shared or reply.get("warning") or hello.get("repeat"):
+            return
+        asked = os.path.normpath(os.path.join(hello.get("cwd", "/"), hello["out_dir"]))
+        if reply.get("out_dir") != asked:
+            reply["warning"] = (f"this run is written in {reply.get('out_dir')}: {asked} lies "
+                                "under no folder this daemon may write for you (its --allow "
+                                "roots)")
 
     def _reply(self, message: Incoming, body: dict[str, Any], reply: dict[str, Any] | None,
                ) -> None:

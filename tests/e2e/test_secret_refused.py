@@ -6,13 +6,13 @@ bad input).
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 from markers import secret as shared_secret
-from tests.support.helpers import JOB, env, progress, sidecar_command, status, wait_for
+from tests.support.helpers import env, progress, sidecar_command, status, wait_for
+from tests.support.own_sidecar import free_port, job_secret, run_job
 
 PROBE = """
 import warnings, markers
@@ -24,25 +24,13 @@ print("\\n".join(str(w.message) for w in caught))
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def test_a_refused_secret_is_said_and_counted_once(short_tmp: Path) -> None:
-    endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
     stop = short_tmp / "stop"
-    with (short_tmp / "sidecar.log").open("wb") as log:
-        sidecar = subprocess.Popen(
-            sidecar_command("run", "--endpoint", endpoint, "--", sys.executable, str(JOB),
-                            "--out-dir", "maps", "--stop-file", str(stop), "--progress",
-                            str(short_tmp / "p.json")),
-            cwd=short_tmp, env=env(), stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    sidecar = run_job(short_tmp, endpoint, stop)
     try:
         job = wait_for(lambda: progress(short_tmp / "p.json").get("pid"), 60, "the job")
-        raw = Path(f"/proc/{job}/environ").read_bytes().split(b"\0")
-        secret = dict(i.decode().split("=", 1) for i in raw if b"=" in i)[shared_secret.ENV]
+        secret = job_secret(job)
         wrong = shared_secret.new()
         said = {}
         for name, extra in (("wrong", {shared_secret.ENV: wrong}), ("missing", {})):

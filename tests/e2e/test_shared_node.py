@@ -8,8 +8,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import signal
 import subprocess
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ import pytest
 
 from tests.support import local_users
 from tests.support.helpers import Sidecar, run_json, split_dir, wait_for
+from tests.support.own_sidecar import free_port
 from tests.support.shared_node import prepare, start_shared, user_job
 
 WHY_NOT = local_users.unavailable() or local_users.user_python_unavailable()
@@ -95,3 +98,105 @@ def test_a_neighbour_cannot_take_a_run_over_after_a_restart(serve: Callable[...,
         meta = run_json(second.root / alice / "maps-a")
         assert meta.get("status") == "completed", second.log.read_text()[-3000:]
         assert not (second.root / bob).exists()
+
+
+RUNNING_2 = 'trainmon_runs{status="running"} 2.0'
+
+
+def _scrape(port: int, token: str | None = None) -> str:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers=headers)
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return response.read().decode()
+
+
+def _scrape_with(port: int, text: str) -> str | None:
+    """A plain scrape, when it holds ``text``."""
+    scraped = _scrape(port)
+    return scraped if text in scraped else None
+
+
+def test_metrics_show_each_viewer_what_is_theirs(serve: Callable[..., Sidecar],
+                                                 short_tmp: Path) -> None:
+    """A plain scrape (any local user's curl) sees the node-wide figures only; a user's
+    token, their own runs; the admin's token, every run."""
+    site = prepare(short_tmp)
+    admin_file = short_tmp / "admin-token"
+    admin_file.write_text("s3cret-of-the-admin\n")
+    admin_file.chmod(0o600)
+    port = free_port()
+    daemon = start_shared(serve, "--metrics-port", str(port), "--metrics-token-file",
+                          str(admin_file))
+    stop_file = short_tmp / "stop"
+    with local_users.local_users(2, tag="m") as (alice, bob):
+        jobs = [user_job(user, site, daemon.endpoint, short_tmp, "loop_job", "--out-dir",
+                         f"maps-{user}", "--stop-file", str(stop_file), "--sleep", "0.01")
+                for user in (alice, bob)]
+        try:
+            runs = wait_for(lambda: len(r := daemon.status()["runs"]) == 2 and r, 60,
+                            "both runs")
+            ids = {run["user"]: run["run_id"] for run in runs}
+            # the exporter's snapshot is the loop's latest, taken at most 0.2 s ago
+            plain = wait_for(lambda: _scrape_with(port, RUNNING_2), 30,
+                             "both runs counted in /metrics")
+            assert not any(ids[u] in plain or u in plain for u in ids), plain
+            token_file = daemon.root / bob / ".metrics-token"
+            info = token_file.stat()
+            assert (info.st_uid, info.st_mode & 0o777) == (pwd.getpwnam(bob).pw_uid, 0o600)
+            own = _scrape(port, token_file.read_text().strip())
+            assert ids[bob] in own and ids[alice] not in own and alice not in own
+            assert "trainmon_phase_duration_seconds" in own
+            everything = _scrape(port, "s3cret-of-the-admin")
+            assert ids[bob] in everything and ids[alice] in everything
+            assert ids[alice] not in _scrape(port, "a guess")
+        finally:
+            stop_file.touch()
+            for job in jobs:
+                job.communicate(timeout=120)
+
+
+def _own_folder(home: Path, user: str) -> Path:
+    """``home/<user>``, 0700 and the user's, as a home or scratch folder is."""
+    folder = home / user
+    folder.mkdir(mode=0o700)
+    account = pwd.getpwnam(user)
+    os.chown(folder, account.pw_uid, account.pw_gid)
+    return folder
+
+
+def test_a_run_goes_into_the_users_own_folder_under_an_allowed_root(
+        serve: Callable[..., Sidecar], short_tmp: Path) -> None:
+    """``--allow HOME``: alice's run is written where her job says, as her; bob cannot
+    name her folder, nor lead a link out of the allowed root; a job elsewhere is told
+    that its run goes under the daemon's root."""
+    site = prepare(short_tmp)
+    home = short_tmp / "home"
+    home.mkdir(mode=0o755)
+    daemon = start_shared(serve, "--allow", str(home))
+    quick = ("--epochs", "1", "--iters", "5", "--warmup", "0")
+    with local_users.local_users(2, tag="h") as (alice, bob):
+        mine, theirs = _own_folder(home, alice), _own_folder(home, bob)
+        (theirs / "link").symlink_to("/etc")
+        outcomes = {}
+        for name, user, cwd, out_dir in (
+                ("in place", alice, mine, "maps"),
+                ("her folder", bob, theirs, str(mine / "stolen")),
+                ("a link out", bob, theirs, "link/trainmon-test"),
+                ("elsewhere", bob, short_tmp, "maps-e")):
+            job = user_job(user, site, daemon.endpoint, cwd, "loop_job", "--out-dir",
+                           out_dir, *quick)
+            _out, err = job.communicate(timeout=120)
+            assert job.returncode == 0, err
+            outcomes[name] = err
+        uid = pwd.getpwnam(alice).pw_uid
+        assert run_json(mine / "maps").get("status") == "completed", outcomes["in place"]
+        assert {p.lstat().st_uid for p in (mine / "maps").rglob("*")} == {uid}
+        assert not (daemon.root / alice / "maps").exists()
+        assert "is written in" not in outcomes["in place"]
+        assert "refused this run" in outcomes["her folder"], outcomes["her folder"]
+        assert not (mine / "stolen").exists()
+        assert not Path("/etc/trainmon-test").exists()
+        for name, folder in (("a link out", "link/trainmon-test"), ("elsewhere", "maps-e")):
+            assert f"is written in {daemon.root / bob / folder}" in outcomes[name], \
+                outcomes[name]
+            assert run_json(daemon.root / bob / folder).get("status") == "completed"
