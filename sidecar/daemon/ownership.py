@@ -29,6 +29,9 @@ from sidecar.ingest.peers import Peer, user_name
 log = logging.getLogger("sidecar")
 
 FILE_NAME = ".sidecar-runs.json"
+# The run id of requests about no run (status, finish --job): never a run's, or one
+# user's hello could bind it and turn away everyone else's status requests.
+NO_RUN = bytes(16)
 
 
 def token_hash(token: Any) -> str | None:
@@ -83,6 +86,8 @@ class Owners:
         kernel's word; None over tcp) may not be taken: ``foreign_user`` from another
         user, ``foreign_run`` a hello without the run's token. ``hello`` is the body of a
         hello, None for any other message. None when it may."""
+        if hello is not None and run_id == NO_RUN:
+            return "malformed", "run id 0 names no run (requests about none use it)"
         bound = self._bound.get(run_id.hex())
         if bound is None:
             return None

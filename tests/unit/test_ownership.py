@@ -33,6 +33,12 @@ def test_a_bound_run_refuses_others_and_survives_a_restart(tmp_path: Path) -> No
     assert Owners(tmp_path).refusal(RUN, BOB, None) is None  # the drop was saved
 
 
+def test_no_hello_may_take_the_run_id_of_requests_about_no_run(tmp_path: Path) -> None:
+    owners = Owners(tmp_path)
+    assert (owners.refusal(bytes(16), BOB, {"token": "x"}) or ("",))[0] == "malformed"
+    assert owners.refusal(bytes(16), ALICE, None) is None  # alice's status request
+
+
 def test_a_scrape_sees_what_its_token_allows(tmp_path: Path) -> None:
     assert Viewers(shared=False).viewer(None) == ALL
     viewers = Viewers(shared=True, admin_token="adm")
