@@ -75,6 +75,18 @@ class Access:
             raise Refused(str(exc)) from None
         self.viewers.issue(folder, peer)
 
+    def say_where(self, hello: dict[str, Any], reply: dict[str, Any]) -> None:
+        """On a shared daemon, tell a job whose run is written elsewhere than the folder
+        it named (relative to its working folder) where it goes, and why (in the reply to
+        its first hello)."""
+        if not self.shared or reply.get("warning") or hello.get("repeat"):
+            return
+        asked = os.path.normpath(os.path.join(hello.get("cwd", "/"), hello["out_dir"]))
+        if reply.get("out_dir") != asked:
+            reply["warning"] = (f"this run is written in {reply.get('out_dir')}: {asked} lies "
+                                "under no folder this daemon may write for you (its --allow "
+                                "roots)")
+
     def acting(self, user: Peer | None) -> contextlib.AbstractContextManager[None]:
         """On a shared daemon, file access as ``user`` within the block."""
         if not self.shared or user is None:

@@ -240,7 +240,7 @@ class Server:
                 reply = self.dispatcher.dispatch(message.header, body, now, message.peer)
             if body["type"] == wire.HELLO and reply is not None and reply.get("ok"):
                 self.owners.bind(message.header.run_id, message.peer, body)
-                self._say_where(body, reply)
+                self.access.say_where(body, reply)
         except wire.WireError as exc:
             self.registry.reject(exc.kind, str(exc))
             reply = {"ok": False, "error": str(exc)}
@@ -255,17 +255,6 @@ class Server:
                 action()
         finally:
             self._waiting = None
-
-    def _say_where(self, hello: dict[str, Any], reply: dict[str, Any]) -> None:
-        """On a shared daemon, tell a job whose run is written elsewhere than the folder
-        it named (relative to its working folder) where it goes, and why."""
-        if not self.access.shared or reply.get("warning") or hello.get("repeat"):
-            return
-        asked = os.path.normpath(os.path.join(hello.get("cwd", "/"), hello["out_dir"]))
-        if reply.get("out_dir") != asked:
-            reply["warning"] = (f"this run is written in {reply.get('out_dir')}: {asked} lies "
-                                "under no folder this daemon may write for you (its --allow "
-                                "roots)")
 
     def _reply(self, message: Incoming, body: dict[str, Any], reply: dict[str, Any] | None,
                ) -> None:
