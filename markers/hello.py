@@ -49,6 +49,8 @@ FIELDS: dict[str, Field] = {
     "accumulation_steps": Field("int", low=1, high=INT32_MAX, default=1),
     "resume": Field("flag", default=False),
     "repeat": Field("flag", default=False),  # a re-announcement of a running run
+    # drawn per run and known only to its process: the run id stays its own
+    "token": Field("text", nullable=True, high=NAME_MAX),
     "host": Field("text", nullable=True, high=NAME_MAX),
     "pid": Field("int", high=PID_MAX),
     "user": Field("text", nullable=True, high=NAME_MAX),

@@ -188,6 +188,7 @@ def start_run(out_dir: str | os.PathLike[str] = "maps",
         "start_unix": time.time(), "start_ns": time.perf_counter_ns(), "versions": _versions(),
         "sidecar_wait_s": time.perf_counter() - began_s if private is not None else 0.0,
         "world_size": _world_size(),
+        "token": os.urandom(16).hex(),
     }
     reply = sender.request(hello, timeout_s) if connected else None
     on_close = None
@@ -207,8 +208,8 @@ def start_run(out_dir: str | os.PathLike[str] = "maps",
         return _current[0]
     monitored = reply is not None
     if reply is None:
-        reason = sender.last_failure if connected else (f"none connected within "
-                                                        f"{timeout_s:.0f} s")
+        reason = sender.last_failure if connected else (
+            sender.refused or f"none connected within {timeout_s:.0f} s")
         warnings.warn(f"markers: no answer from a sidecar at {endpoint} ({reason}); records "
                       "are dropped and counted until one answers, training goes on",
                       RuntimeWarning, stacklevel=2)

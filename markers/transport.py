@@ -46,6 +46,11 @@ HEARTBEAT_TIMEOUT_MS = 6000
 PROGRESS_LIMIT_S = 600.0
 _UP = zmq.EVENT_HANDSHAKE_SUCCEEDED
 _DOWN = zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED | zmq.EVENT_CONNECT_RETRIED
+# The sidecar there refused our key (a wrong secret) or our plain handshake (none). A
+# CURVE server that denies a key closes the connection without saying why: a connection
+# made (_CONNECTED) that ends before the handshake succeeded is that refusal.
+_REFUSED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+_CONNECTED = zmq.EVENT_CONNECTED
 
 
 class Sender:
@@ -74,8 +79,11 @@ class Sender:
             except ValueError:
                 self._socket.close(linger=0)
                 raise
-        self._monitor = self._socket.get_monitor_socket(_UP | _DOWN)
+        self._monitor = self._socket.get_monitor_socket(_UP | _DOWN | _REFUSED | _CONNECTED)
         self._connected = False
+        self._handshaking = False  # connected, handshake not done yet
+        self._has_secret = bool(secret)
+        self.refused = ""  # why the sidecar there refused our handshake, in words
         self._socket.connect(endpoint)
         self._pid = os.getpid()
         self.last_failure = ""  # why the latest request got no reply, in words
@@ -88,14 +96,29 @@ class Sender:
                 event = parse_monitor_message(self._monitor.recv_multipart(zmq.NOBLOCK))
             except (zmq.ZMQError, ValueError):
                 break
-            self._connected = event["event"] == _UP
+            kind = event["event"]
+            if kind == _CONNECTED:
+                self._handshaking = True
+                continue
+            refused = kind & _REFUSED or (self._handshaking and kind == zmq.EVENT_DISCONNECTED)
+            if refused:
+                self.refused = self._refusal()
+            self._handshaking = False
+            self._connected = kind == _UP
         return self._connected
+
+    def _refusal(self) -> str:
+        if self._has_secret:
+            return (f"the sidecar there refused this process's key: {shared_secret.ENV} is "
+                    "not the secret of that sidecar")
+        return (f"the sidecar there serves only holders of its secret and {shared_secret.ENV} "
+                "is not set")
 
     def wait_connected(self, timeout_s: float) -> bool:
         """Wait at most ``timeout_s`` seconds for a sidecar to be connected."""
         deadline = time.monotonic() + timeout_s
         while not self.connected:
-            if time.monotonic() >= deadline:
+            if self.refused or time.monotonic() >= deadline:  # a refusal is for good
                 return False
             time.sleep(CONNECT_POLL_S)
         return True
@@ -159,7 +182,7 @@ class Sender:
         if os.getpid() != self._pid:  # a forked child must not touch the parent's sockets
             return self._failed("a forked child cannot use its parent's connection")
         if not self.wait_connected(min(connect_timeout_s, timeout_s)):
-            return self._failed("no sidecar is connected")
+            return self._failed(self.refused or "no sidecar is connected")
         for offset in range(0, len(payload), wire.PART_BYTES):
             chunk = base64.b64encode(payload[offset:offset + wire.PART_BYTES]).decode()
             if not self._queue_waiting({"type": wire.PART, "data": chunk}, timeout_s, limit):

@@ -20,6 +20,7 @@ from markers import secret as shared_secret
 from sidecar.daemon.nodes_wait import DEFAULT_NODES_WAIT_S
 from sidecar.daemon.notify import SystemdNotifier, stall_s_for
 from sidecar.daemon.server import DEFAULT_NICE, Config, serve
+from sidecar.daemon.viewers import Viewers, read_token
 from sidecar.ingest.binding import EndpointError
 from sidecar.ingest.receiver import HEARTBEAT_S
 from sidecar.resources.samplers import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
@@ -137,6 +138,13 @@ def _parser() -> argparse.ArgumentParser:
                      "whose runs go under ROOT/<user>/, written as that user")
     _common(srv)
     _metrics(srv)
+    srv.add_argument("--allow", type=Path, action="append", default=[], metavar="DIR",
+                     help="with --shared, repeatable: a job's own folder under DIR is "
+                     "written in place, as the job's user (else under ROOT/<user>/)")
+    srv.add_argument("--metrics-token-file", type=Path, help="with --shared: a scrape "
+                     "showing the token in this file (Authorization: Bearer) sees every "
+                     "run; others see the node-wide figures, or their own runs with the "
+                     "token in ROOT/<user>/.metrics-token")
 
     default = "default: $SIDECAR_ENDPOINT, else the daemon's endpoint"
     status = commands.add_parser("status", help="live view of a running sidecar")
@@ -248,11 +256,13 @@ def _ask(command: str, endpoint: str, body: dict[str, Any]) -> dict[str, Any] | 
                     secret or os.environ.get(shared_secret.ENV))
     try:
         reply = sender.request(body, STATUS_TIMEOUT_S, connect_timeout_s=STATUS_TIMEOUT_S)
+        refused = sender.refused
     finally:
         sender.close()
     if reply is None:
-        print(f"sidecar {command}: no sidecar answered at {endpoint} within "
-              f"{STATUS_TIMEOUT_S:.0f} s", file=sys.stderr)
+        print(f"sidecar {command}: " + (f"{refused} ({endpoint})" if refused else
+              f"no sidecar answered at {endpoint} within {STATUS_TIMEOUT_S:.0f} s"),
+              file=sys.stderr)
         return None
     reply.pop("reply_to", None)
     return reply
@@ -321,7 +331,27 @@ def _serve_problem(args: argparse.Namespace) -> str | None:
         if args.endpoint is None or endpoints.ipc_path(args.endpoint) is None:
             return ("--shared needs an ipc:// --endpoint (the kernel names the user of an ipc "
                     "connection only), e.g. ipc:///run/sidecar/sidecar.sock")
+    for folder in args.allow:
+        if not args.shared:
+            return "--allow needs --shared"
+        if not folder.is_absolute() or not folder.is_dir() or len(folder.resolve().parts) < 2:
+            return f"--allow {folder}: give an absolute path of an existing folder, not /"
     return None
+
+
+def _viewers(args: argparse.Namespace) -> Viewers | None:
+    """Who sees which runs in /metrics; None, after one line on stderr, when the admin's
+    token file cannot be read."""
+    shared = getattr(args, "shared", False)
+    token_file = getattr(args, "metrics_token_file", None)
+    if token_file is None:
+        return Viewers(shared)
+    try:
+        return Viewers(shared, read_token(token_file))
+    except (OSError, ValueError) as exc:
+        print(f"sidecar {args.command}: cannot read --metrics-token-file: {exc}",
+              file=sys.stderr)
+        return None
 
 
 def _in_runtime_folder(make: Callable[[], str]) -> str:
@@ -354,7 +384,8 @@ def _serve(args: argparse.Namespace, seams: dict[str, Any]) -> int:
         config = Config(args.endpoint or _in_runtime_folder(endpoints.daemon_endpoint),
                         args.root, args.owner_pid, args.interval,
                         secret=os.environ.get(shared_secret.ENV), heartbeat_s=args.heartbeat,
-                        shared=args.shared, nice=args.nice, nodes_wait_s=args.nodes_wait)
+                        shared=args.shared, nice=args.nice, nodes_wait_s=args.nodes_wait,
+                        allowed=tuple(args.allow))
         # sd_notify for systemd (Type=notify, watchdog); sends nothing without NOTIFY_SOCKET
         notifier = SystemdNotifier(stall_s_for(args.interval))
         try:
@@ -395,8 +426,12 @@ def main(argv: list[str] | None = None, **seams: Any) -> int:
         if args.metrics_port is not None:
             from sidecar.daemon.metrics import MetricsExporter  # prometheus_client: only here
 
-            exporter = MetricsExporter(args.metrics_port, args.metrics_addr)
+            viewers = _viewers(args)
+            if viewers is None:
+                return USAGE_ERROR
+            exporter = MetricsExporter(args.metrics_port, args.metrics_addr, viewers)
             seams["hooks"] = [*seams.get("hooks", ()), exporter]
+            seams["viewers"] = viewers
         return _serve(args, seams)
     except EndpointError as exc:
         print(f"sidecar {args.command}: {exc}", file=sys.stderr)

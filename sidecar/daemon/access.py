@@ -21,6 +21,7 @@ from markers import wire
 from sidecar.daemon import slurm_jobs
 from sidecar.daemon.policy import OutDirPolicy
 from sidecar.daemon.users import ForeignFolder, acting_as, user_folder
+from sidecar.daemon.viewers import Viewers
 from sidecar.ingest.hello import Refused
 from sidecar.ingest.peers import Peer, user_name
 from sidecar.ingest.resume import Claim
@@ -34,10 +35,12 @@ class Access:
     """The access rules of one sidecar: ``root`` None is a job's own sidecar (writes
     where its job says), ``shared`` a daemon for every local user."""
 
-    def __init__(self, root: Path | None, shared: bool) -> None:
+    def __init__(self, root: Path | None, shared: bool, viewers: Viewers | None = None,
+                 allowed: tuple[Path, ...] = ()) -> None:
         self.root = root
         self.shared = shared
-        self.policy = OutDirPolicy(root, shared)
+        self.viewers = viewers or Viewers(shared)  # who sees which runs in /metrics
+        self.policy = OutDirPolicy(root, shared, allowed)  # allowed: users' own folders
         self.job_ids = slurm_jobs.JobIdCheck()  # the Slurm job ids of hellos (shared)
 
     def foreign(self, peer: Peer | None, stream: Stream | None) -> str | None:
@@ -59,8 +62,8 @@ class Access:
         """On a shared daemon: the kernel's user, pid and host replace what a hello
         claims, its Slurm job id is kept only when the process belongs to that job (checked
         once per run: a ``known`` run's repeated hellos change nothing), and the user's
-        folder is made (as root, before acting as the user). Raises Refused when that
-        folder cannot be used."""
+        folder is made (as root, before acting as the user) and holds the user's /metrics
+        token. Raises Refused when that folder cannot be used."""
         if not self.shared or peer is None or body.get("type") != wire.HELLO:
             return
         body.update(user=peer.name, pid=peer.pid, host=HOSTNAME)
@@ -68,9 +71,22 @@ class Access:
             body["job_id"] = self.job_ids.believed(body.get("job_id"), peer)
         assert self.root is not None  # a shared daemon always has its root
         try:
-            user_folder(self.root.resolve(), peer)
+            folder = user_folder(self.root.resolve(), peer)
         except (ForeignFolder, OSError) as exc:
             raise Refused(str(exc)) from None
+        self.viewers.issue(folder, peer)
+
+    def say_where(self, hello: dict[str, Any], reply: dict[str, Any]) -> None:
+        """On a shared daemon, tell a job whose run is written elsewhere than the folder
+        it named (relative to its working folder) where it goes, and why (in the reply to
+        its first hello)."""
+        if not self.shared or reply.get("warning") or hello.get("repeat"):
+            return
+        asked = os.path.normpath(os.path.join(hello.get("cwd", "/"), hello["out_dir"]))
+        if reply.get("out_dir") != asked:
+            reply["warning"] = (f"this run is written in {reply.get('out_dir')}: {asked} lies "
+                                "under no folder this daemon may write for you (its --allow "
+                                "roots)")
 
     def acting(self, user: Peer | None) -> contextlib.AbstractContextManager[None]:
         """On a shared daemon, file access as ``user`` within the block."""

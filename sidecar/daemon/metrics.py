@@ -4,26 +4,33 @@ Prometheus text format, through prometheus_client.
 The collector reads only the frozen ``Snapshot`` the loop publishes each tick (one
 reference, swapped atomically), never live state: the HTTP server runs on its own thread.
 A run the daemon forgot is absent from the next snapshot, so its series disappear.
+
+Each scrape sees what its bearer token allows (``sidecar.daemon.viewers``): on a shared
+daemon a scrape without one gets the node-wide figures only.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     Metric,
     SummaryMetricFamily,
 )
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from markers import wire
 from sidecar.daemon.snapshot import Snapshot, SplitView
+from sidecar.daemon.viewers import ALL, Viewers
 from sidecar.model.split import SPLIT_STATUS_ORDER
 from sidecar.resources import fields
 
@@ -53,15 +60,22 @@ def _families(table: Sequence[fields.Field], labels: list[str]) -> dict[str, Any
 
 
 class SnapshotCollector(Collector):
-    """Metric families of the snapshot ``source()`` returns (None: nothing yet)."""
+    """Metric families of the snapshot ``source()`` returns (None: nothing yet), as
+    ``viewer`` may see them (``sidecar.daemon.viewers``): ``ALL``, one user's runs, or
+    None (no run's series; the counts and the GPUs without a run label)."""
 
-    def __init__(self, source: Any) -> None:
+    def __init__(self, source: Any, viewer: str | None = ALL) -> None:
         self._source = source
+        self._viewer = viewer
+
+    def _sees(self, view: SplitView) -> bool:
+        return self._viewer == ALL or (self._viewer is not None and view.user == self._viewer)
 
     def collect(self) -> Iterator[Metric]:
         """Every family of docs/metrics.md from one snapshot (taken once per scrape)."""
         snapshot: Snapshot | None = self._source()
-        splits = snapshot.splits if snapshot is not None else ()
+        every = snapshot.splits if snapshot is not None else ()
+        splits = [view for view in every if self._sees(view)]
         wall = SummaryMetricFamily("trainmon_phase_duration_seconds", "wall time of every "
                                    "post-warmup measurement of the phase", labels=PHASE_LABEL_NAMES)
         gpu = SummaryMetricFamily("trainmon_phase_gpu_duration_seconds", "GPU time of every "
@@ -133,16 +147,18 @@ class SnapshotCollector(Collector):
                 goodput_wall.add_metric(where, rank.goodput.wall_s)
                 if rank.goodput.gpu_busy_s is not None:
                     gpu_busy.add_metric(where, rank.goodput.gpu_busy_s)
-            for g in view.gpus:
-                labels = [view.host, str(g.index), g.uuid, g.model, view.run_id]
-                for name, value in g.gauges.items():
-                    gpu_families[name].add_metric(labels, value)
+            _add_gpus(gpu_families, view, view.run_id)
             for name, value in view.host_gauges.items():
                 host_families[name].add_metric(run, value)
             for outcome, count in view.records.items():
                 records.add_metric([*run, outcome], count)
-        for status in SPLIT_STATUS_ORDER:
-            runs.add_metric([status], sum(1 for v in splits if v.status == status))
+        # the node's GPUs that the viewer's runs do not show, once each, without a run
+        shown = {g.uuid for view in splits for g in view.gpus}
+        for view in every:
+            if not self._sees(view):
+                _add_gpus(gpu_families, view, "", shown)
+        for status in SPLIT_STATUS_ORDER:  # node-wide: every run counts
+            runs.add_metric([status], sum(1 for v in every if v.status == status))
         job_ids = CounterMetricFamily("trainmon_job_ids_dropped", "Slurm job ids of hellos "
                                       "not believed: the process belongs to no such job")
         job_ids.add_metric([], snapshot.job_ids_dropped if snapshot is not None else 0)
@@ -151,23 +167,60 @@ class SnapshotCollector(Collector):
                     end, *ranks, job_ids)
 
 
+def _add_gpus(families: dict[str, Any], view: SplitView, run: str,
+              shown: set[str] | None = None) -> None:
+    """The GPU gauges of ``view`` labelled with ``run``; with ``shown``, only GPUs not in
+    it (each then added to it)."""
+    for g in view.gpus:
+        if shown is not None:
+            if g.uuid in shown:
+                continue
+            shown.add(g.uuid)
+        labels = [view.host, str(g.index), g.uuid, g.model, run]
+        for name, value in g.gauges.items():
+            families[name].add_metric(labels, value)
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """No line per scrape."""
+
+
 class MetricsExporter:
     """A lifecycle hook serving ``/metrics`` on ``addr:port`` from the snapshots the loop
-    hands it. A port that cannot be bound is said once; the sidecar runs on without."""
+    hands it, each scrape as ``viewers`` allows (default: every run). A port that cannot
+    be bound is said once; the sidecar runs on without."""
 
-    def __init__(self, port: int, addr: str) -> None:
+    def __init__(self, port: int, addr: str, viewers: Viewers | None = None) -> None:
         self.port = port
         self.addr = addr
+        self.viewers = viewers or Viewers(shared=False)
         self._snapshot: Snapshot | None = None
         self._server: Any = None
-        self.registry = CollectorRegistry()
+        self.registry = CollectorRegistry()  # every run: for tests and in-process readers
         self.registry.register(SnapshotCollector(lambda: self._snapshot))
+
+    def _app(self, environ: dict[str, Any], start_response: Callable[..., Any],
+             ) -> Iterable[bytes]:
+        """One scrape, as its ``Authorization`` header allows."""
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(SnapshotCollector(
+            lambda: self._snapshot, self.viewers.viewer(environ.get("HTTP_AUTHORIZATION"))))
+        return make_wsgi_app(registry)(environ, start_response)
+
+    def _serve(self) -> Any:
+        class Server(ThreadingWSGIServer):
+            address_family = socket.AF_INET6 if ":" in self.addr else socket.AF_INET
+
+        server = make_server(self.addr, self.port, self._app, Server, handler_class=_Quiet)
+        threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+        return server
 
     def ready(self, snapshot: Snapshot) -> None:
         """Start serving (the socket is bound and the samplers are up)."""
         self._snapshot = snapshot
         try:
-            self._server, _thread = start_http_server(self.port, self.addr, self.registry)
+            self._server = self._serve()
         except OSError as exc:
             log.error("metrics: cannot serve on %s:%d (%s); running on without /metrics",
                       self.addr, self.port, exc.strerror or exc)

@@ -29,7 +29,9 @@ from sidecar.daemon.dispatch import Dispatcher
 from sidecar.daemon.job import DEFAULT_NICE, Job, lower_priority
 from sidecar.daemon.lifecycle import Lifecycle
 from sidecar.daemon.liveness import gone_cause, pid_alive
+from sidecar.daemon.ownership import Owners
 from sidecar.daemon.snapshot import Snapshot
+from sidecar.daemon.viewers import Viewers
 from sidecar.ingest.hello import Refused
 from sidecar.ingest.peers import Peer
 from sidecar.ingest.receiver import HEARTBEAT_S, Incoming, Receiver
@@ -66,6 +68,8 @@ class Config:
     # One daemon for every local user (root, ipc): the kernel names each connection's
     # user, whose runs go under root/<user>/ and are written as that user.
     shared: bool = False
+    # Shared: roots under which a job's own folder is written in place (as its user).
+    allowed: tuple[Path, ...] = ()
     nice: int = DEFAULT_NICE  # added to the sidecar's CPU niceness (0: same as the job)
     # Serving rank 0 of a split whose other ranks other sidecars serve: how long its end
     # waits for their final figures (docs/multi-node.md).
@@ -77,17 +81,21 @@ class Server:
 
     Test seams are constructor parameters: ``open_gpus`` opens NVML (a fake on machines
     without a GPU), ``write_bytes`` puts bytes into an open file (a fake full disk), and
-    ``hooks`` receive the lifecycle calls (sd_notify, exporters). ``job`` is the job of
+    ``hooks`` receive the lifecycle calls (sd_notify, exporters), ``viewers`` who sees which
+    runs in ``/metrics`` (the exporter's). ``job`` is the job of
     ``sidecar run`` once started (``serve``): the sidecar stops when it ends.
     """
 
     def __init__(self, config: Config, *, hooks: Sequence[Lifecycle] = (),
                  open_gpus: Callable[[str | None], Any] = open_nvml,
-                 write_bytes: WriteBytes | None = None) -> None:
+                 write_bytes: WriteBytes | None = None, viewers: Viewers | None = None,
+                 ) -> None:
         self.config = config
         self.job: Job | None = None
         self.hooks = list(hooks)
-        self.access = Access(config.root, config.shared)
+        self.access = Access(config.root, config.shared, viewers, config.allowed)
+        # run id -> its user and token; a shared daemon keeps them across restarts
+        self.owners = Owners(config.root if config.shared else None)
         self._write_bytes = write_bytes
         self._waiting: tuple[bytes, Any] | None = None  # (identity, reply_to) being answered
         self.registry = Registry(self.access.policy.resolve, self._on_stream,
@@ -176,6 +184,8 @@ class Server:
             if split.write_error != error:
                 log.error("%s (data kept in memory, retried every %.0f s)", error, RETRY_S)
             split.write_error = self.registry.last_error = error
+            if split.end_unix is not None:
+                self._write_status_only(split, owner)
             return error
         if split.end_unix is not None and not nodes_wait.waiting(split):
             self.registry.release(split)  # ended and written: another run may take it now
@@ -194,6 +204,16 @@ class Server:
         except OSError as exc:
             log.debug("node file of %s not refreshed: %s", split.split_dir, exc)
 
+    def _write_status_only(self, split: Split, owner: Peer | None) -> None:
+        """An ended split whose files did not fit: its run.json alone (small), so that it
+        says how the run ended rather than ``running``; the rest is retried."""
+        try:
+            with self.access.acting(owner):
+                writer.write_run_file(split, self._write_bytes)
+        except OSError as exc:
+            log.error("cannot write %s either: %s", split.out_dir / layout.RUN_FILE,
+                      exc.strerror or exc)
+
     def _progress(self, what: str) -> None:
         """Tell the client whose request caused this write that it goes on: a finish
         waiting for it, or a run that checkpointed and may ask for more meanwhile (its
@@ -210,18 +230,24 @@ class Server:
 
     # -- messages -------------------------------------------------------------------
 
-    def _foreign(self, message: Incoming) -> str | None:
-        """Why the sender of ``message`` may not use this sidecar (``Access.foreign``)."""
-        return self.access.foreign(message.peer,
-                                   self.registry.streams.get(message.header.run_id))
+    def _foreign(self, message: Incoming) -> tuple[str, str] | None:
+        """(the reject kind, why) when the sender of ``message`` may not use this sidecar
+        (``Access.foreign``) or the run it names is not its own (``Owners.refusal``)."""
+        run_id = message.header.run_id
+        foreign = self.access.foreign(message.peer, self.registry.streams.get(run_id))
+        if foreign is not None:
+            return "foreign_user", foreign
+        body = message.control
+        hello = body if body is not None and body.get("type") == wire.HELLO else None
+        return self.owners.refusal(run_id, message.peer, hello)
 
     def handle(self, message: Incoming, now: float) -> None:
         """Dispatch one decoded message (refused when its sender may not use us)."""
         body = message.control or {}
         foreign = self._foreign(message)
         if foreign is not None:
-            self.registry.reject("foreign_user", foreign)
-            self._reply(message, body, {"ok": False, "error": foreign})
+            self.registry.reject(*foreign)
+            self._reply(message, body, {"ok": False, "error": foreign[1]})
             return
         if message.records is not None:
             self.registry.records(message.header, message.records, now)
@@ -231,8 +257,13 @@ class Server:
         try:
             self.access.take_hello(body, message.peer,
                                    known=message.header.run_id in self.registry.streams)
+            if self.access.shared:  # a finish writes within the block: import before it
+                writer.load_modules()
             with self.access.acting(message.peer):
                 reply = self.dispatcher.dispatch(message.header, body, now, message.peer)
+            if body["type"] == wire.HELLO and reply is not None and reply.get("ok"):
+                self.owners.bind(message.header.run_id, message.peer, body)
+                self.access.say_where(body, reply)
         except wire.WireError as exc:
             self.registry.reject(exc.kind, str(exc))
             reply = {"ok": False, "error": str(exc)}
@@ -278,7 +309,7 @@ class Server:
         for message in batch:
             foreign = self._foreign(message)
             if foreign is not None:
-                self.registry.reject("foreign_user", foreign)
+                self.registry.reject(*foreign)
             elif message.records is not None:
                 taken.append((message.header, message.records))
         if not taken:
@@ -422,6 +453,7 @@ class Server:
                     self.write(split)
             for split in self.registry.prune(now, KEEP_ENDED_S):
                 self.monitor.forget(split)
+            self.owners.forget(self.registry.streams, now, KEEP_ENDED_S)
 
     def run(self) -> int:
         """Serve until stopped (signal, job or owner gone); write everything; return the
@@ -472,13 +504,22 @@ class Server:
             cause = gone_cause(owner)
         if cause is None and self._signal is not None:
             cause = f"sidecar stopped by {signal.Signals(self._signal).name}"
+            # The runs go on without us: leave the state a checkpoint leaves, taken
+            # before their sessions are cut, so the next sidecar continues each of them
+            # and only the time between the two is lost.
+            for split in {id(s.split): s.split for s in self.registry.live_streams()}.values():
+                self.write(split, with_state=True)
         for stream in self.registry.live_streams():
             self._end_stream(stream, cause or gone_cause(stream.pid), now)
         self.nodes.wait(list(self.registry.splits.values()), TICK_S)
         self.write_dirty()
-        pending = [s.write_error for s in self.registry.splits.values() if s.dirty]
-        for error in pending:
-            log.error("exiting with unwritten data: %s", error)
+        for split in self.registry.splits.values():
+            if split.dirty:
+                runs = sorted({s.key for s in self.registry.streams.values()
+                               if s.split is split})
+                log.error("exiting with unwritten data: run %s (%s, split %d) was not "
+                          "written: %s", ", ".join(runs) or "?", split.out_dir, split.split,
+                          split.write_error or "unknown error")
 
 
 def serve(config: Config, command: list[str] | None = None, **seams: Any) -> int:

@@ -13,12 +13,19 @@ ends after its run's process died, or that was the only link to a remote run (th
 ends that run), is not counted.
 
 A failed handshake is reported without the connection's descriptor (the event carries
-the error code), and the connection's end follows it: that end is not counted again.
+the error code), and the connection's end follows it: the failure is counted when that
+end is judged, once per client (its process on ipc, its host on tcp, as the descriptor
+told when it was accepted): ZeroMQ reconnects a refused client every 100 ms, and each
+try is one more failed handshake of the same client.
 """
 
 from __future__ import annotations
 
+import os
+import socket as sockets
+import struct
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -34,6 +41,26 @@ JUDGE_AFTER_S = 0.5
 _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
                      | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 _EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | _HANDSHAKE_FAILED
+REFUSED_KEPT = 1024  # refused clients remembered, so that each counts once
+
+
+def client_of(fd: int) -> str | None:
+    """Who is at the other end of the accepted connection ``fd``: "pid N" on a unix
+    socket, the host's address on tcp; None when the descriptor tells nothing (gone)."""
+    try:
+        probe = sockets.socket(fileno=os.dup(fd))
+    except OSError:
+        return None
+    try:
+        if probe.family == sockets.AF_UNIX:
+            creds = probe.getsockopt(sockets.SOL_SOCKET, sockets.SO_PEERCRED,
+                                     struct.calcsize("3i"))
+            return f"pid {struct.unpack('3i', creds)[0]}"
+        return str(probe.getpeername()[0])
+    except OSError:
+        return None
+    finally:
+        probe.close()
 
 
 @dataclass
@@ -42,6 +69,7 @@ class _Peer:
     run_id: bytes | None = None
     said_goodbye: bool = False
     spoke: bool = False  # a message came on it (so its handshake succeeded)
+    client: str | None = None  # ``client_of`` its descriptor when accepted
 
 
 class ConnectionWatch:
@@ -64,6 +92,7 @@ class ConnectionWatch:
         self._peers: dict[int, _Peer] = {}
         self._ended: list[tuple[float, _Peer]] = []
         self._failed_handshakes = 0  # whose connection's end is still to come
+        self._refused: deque[str] = deque(maxlen=REFUSED_KEPT)  # clients counted already
 
     def message(self, fd: int, identity: bytes, run_id: bytes,
                 control_type: str | None) -> None:
@@ -105,21 +134,16 @@ class ConnectionWatch:
                 break
             kind, fd = event["event"], int(event["value"])
             if kind == zmq.EVENT_ACCEPTED:
-                self._peers[fd] = _Peer()
+                self._peers[fd] = _Peer(client=client_of(fd))
             elif kind == zmq.EVENT_DISCONNECTED:
                 self._ended.append((now, self._peers.setdefault(fd, _Peer())))
             else:
-                self._failed_handshakes += 1
-                if self._refuse:
-                    self._reject("unauthenticated", "a client without this job's secret "
-                                 "was refused at the handshake")
-                else:
-                    self._reject("handshake", "a peer failed the ZeroMQ handshake "
-                                 "(incompatible socket type or protocol)")
+                self._failed_handshakes += 1  # counted when its connection's end is judged
 
     def _judge(self, peer: _Peer) -> None:
         if not peer.spoke and self._failed_handshakes:
             self._failed_handshakes -= 1  # the end of a connection whose handshake failed
+            self._count_refused(peer.client)
             return
         if peer.said_goodbye:
             return
@@ -128,6 +152,20 @@ class ConnectionWatch:
         self._reject("connection_dropped", "a connection ended without a goodbye while its "
                      f"client lives: a message over {wire.MAX_MESSAGE_BYTES} bytes (the "
                      "socket's cap) or a protocol error")
+
+    def _count_refused(self, client: str | None) -> None:
+        """Count a failed handshake, once per client."""
+        if client is not None:
+            if client in self._refused:
+                return
+            self._refused.append(client)
+        if self._refuse:
+            who = client or "a client"
+            self._reject("unauthenticated", f"{who} without this job's secret was refused at "
+                         "the handshake")
+        else:
+            self._reject("handshake", "a peer failed the ZeroMQ handshake (incompatible "
+                         "socket type or protocol)")
 
     def close(self) -> None:
         """Stop monitoring."""

@@ -400,8 +400,16 @@ def write_split(split: Split, resources: ResourceFigures, counts: RecordCounts,
         rewrite_in_place(split.split_dir / layout.SUMMARY_FILE,
                          lambda existing: summary.replace_block(existing, block), **seam)
         on_progress(layout.SUMMARY_FILE)
+    write_run_file(split, write_bytes)
+    split.dirty = False
+    split.write_error = None
+
+
+def write_run_file(split: Split, write_bytes: WriteBytes | None = None) -> None:
+    """Merge ``split``'s entry into its folder's ``run.json`` (the last file a write
+    replaces; alone, where the others do not fit, so that an ended run never says
+    ``running``). Raises OSError when it cannot be written."""
+    seam = {} if write_bytes is None else {"write_bytes": write_bytes}
     run_path = split.out_dir / layout.RUN_FILE
     with folder_lock(split.out_dir):
         write_atomic(run_path, run_json(split, _read_text(run_path)), **seam)
-    split.dirty = False
-    split.write_error = None

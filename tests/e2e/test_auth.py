@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -34,17 +33,7 @@ from tests.support.helpers import (
     status,
     wait_for,
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _environ(pid: int) -> dict[str, str]:
-    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+from tests.support.own_sidecar import free_port, job_secret, run_job
 
 
 def _forger(endpoint: str, curve_server_key: bytes | None = None) -> zmq.Socket:
@@ -63,18 +52,13 @@ def test_a_jobs_own_sidecar_serves_only_its_job(short_tmp: Path) -> None:
     victim = short_tmp / "victim"
     victim.mkdir()
     (victim / "run.json").write_text("theirs")
-    endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
     stop = short_tmp / "stop"
-    with (short_tmp / "sidecar.log").open("wb") as log:
-        sidecar = subprocess.Popen(
-            sidecar_command("run", "--endpoint", endpoint, "--", sys.executable, str(JOB),
-                            "--out-dir", "maps", "--stop-file", str(stop), "--progress",
-                            str(short_tmp / "p.json")),
-            cwd=short_tmp, env=env(), stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    sidecar = run_job(short_tmp, endpoint, stop)
     try:
         job = wait_for(lambda: progress(short_tmp / "p.json").get("epochs"), 60,
                        "the job to train") and progress(short_tmp / "p.json")
-        secret = _environ(job["pid"])[shared_secret.ENV]
+        secret = job_secret(job["pid"])
         forgers = [_forger(endpoint),
                    _forger(endpoint, shared_secret.keys(secret, "server")[0])]
         for forger in forgers:

@@ -1,0 +1,46 @@
+"""A run whose final write never fits (a full disk) when the daemon stops: the stop names
+the run and why, and run.json, which still fits, says how the run ended, never
+``running`` (docs/contract.md, Faults and bad input). The full disk is
+``tests.support.disk_quota``'s, handed to the sidecar by the test launcher.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.support.disk_quota import DiskQuota
+from tests.support.helpers import Sidecar, progress, run_json, start_job, wait_for
+
+SIZE = 1024 * 1024
+ROOM = 3000  # bytes left: run.json (~1.5 KB) fits, the tables do not
+
+
+def test_a_run_never_written_is_named_and_not_left_running(
+        serve: Callable[..., Sidecar], short_tmp: Path) -> None:
+    root = short_tmp / "disk"
+    root.mkdir()
+    sidecar = serve(root=root, seams=["--disk-quota", f"{root}:{SIZE}"])
+    stop, path = short_tmp / "stop", short_tmp / "p.json"
+    job = start_job(sidecar.endpoint, short_tmp, "--out-dir", "run", "--iters", "30",
+                    "--cap", "20", "--stop-file", str(stop), "--progress", str(path))
+    folder = root / "run"
+    wait_for(lambda: run_json(folder).get("status") == "running"
+             and progress(path).get("checkpoints_ok", 0) >= 1, 60, "a first checkpoint")
+    (root / "filler").write_bytes(b"\0" * ((DiskQuota(root, SIZE).room(root) or 0) - ROOM))
+    stop.touch()
+    assert job.wait(60) == 0
+    run_id = sidecar.status()["runs"][0]["run_id"]
+    wait_for(lambda: sidecar.status()["runs"][0]["status"] == "completed", 30, "the finish")
+    sidecar.process.send_signal(signal.SIGTERM)
+    sidecar.process.wait(30)
+    log = sidecar.log.read_text()
+    named = [line for line in log.splitlines() if "was not written" in line]
+    assert len(named) == 1 and run_id in named[0] and str(folder) in named[0], log
+    assert "No space left on device" in named[0]
+    meta = json.loads((folder / "run.json").read_text())
+    assert meta["status"] == "completed", meta
+    assert not any(name.endswith(".tmp") for name in os.listdir(folder))
