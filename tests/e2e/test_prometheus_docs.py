@@ -49,7 +49,8 @@ def expressions() -> list[tuple[str, str]]:
 
 
 def _key(expression: str) -> str:
-    return re.sub(r"\s+", "", expression)
+    """The expression without its comments and whitespace."""
+    return re.sub(r"\s+", "", re.sub(r"#[^\n]*", "", expression))
 
 
 def _value(result: Result) -> float:
@@ -88,6 +89,32 @@ def _status(result: Result, files: dict[str, float]) -> None:
     assert result[0]["metric"]["status"] == "running" and _value(result) == 1
 
 
+def _goodput_share(result: Result, files: dict[str, float]) -> None:
+    # the live account from the process start: productive is the loop without its waits
+    # for data, so at most the loop's share that is not loading
+    assert result[0]["metric"]["rank"] == "0" and "part" not in result[0]["metric"]
+    assert 0.05 < _value(result) <= 1 - files["loading_share"] + 0.1, (result, files)
+
+
+def _badput_by_user(result: Result, files: dict[str, float]) -> None:
+    hours = {r["metric"]["part"]: float(r["value"][1]) for r in result}
+    assert {r["metric"]["user"] for r in result} == {files["user"]}
+    assert all(value >= 0 for value in hours.values()) and hours["data_stall"] > 0, hours
+
+
+def _phase_shares(result: Result, files: dict[str, float]) -> None:
+    shares = {r["metric"]["phase"]: float(r["value"][1]) for r in result}
+    assert set(shares) == {"train_loading", "forward", "backward"}, shares
+    assert abs(shares["train_loading"] - files["loading_share"]) <= 0.1, (shares, files)
+    assert sum(shares.values()) <= 1.05, shares
+
+
+def _gpu_hours_by_user(result: Result, files: dict[str, float]) -> None:
+    # two GPUs for the job's wall time so far (seconds to minutes)
+    assert result[0]["metric"]["user"] == files["user"]
+    assert 0 < _value(result) < 2 * 600 / 3600, result
+
+
 # what each expression of the docs returns, by its text without whitespace
 CHECKS: dict[str, Callable[[Result, dict[str, float]], None]] = {_key(e): check for e, check in (
     ('rate(trainmon_phase_duration_seconds_sum{phase="forward"}[5m]) '
@@ -101,6 +128,17 @@ CHECKS: dict[str, Callable[[Result, dict[str, float]], None]] = {_key(e): check 
      '> 0.3', _input_bound),
     ('irate(trainmon_samples_total{loop="train"}[1m])', _throughput),
     ("trainmon_run_status == 1", _status),
+    ('trainmon_goodput_seconds{part="productive"} / ignoring(part) '
+     'trainmon_goodput_wall_seconds', _goodput_share),
+    ('sum by (user, part) (trainmon_goodput_seconds{part!="productive"}) / 3600',
+     _badput_by_user),
+    ('sum by (phase) (rate(trainmon_phase_duration_seconds_sum'
+     '{phase=~"train_loading|forward|backward|optimization"}[5m])) / ignoring(phase) '
+     'group_left sum(rate(trainmon_phase_duration_seconds_sum{phase="train_loop"}[5m]))',
+     _phase_shares),
+    ("sum by (user) (max by (user, run) (trainmon_goodput_wall_seconds) * on (run) "
+     "group_left count by (run) (trainmon_gpu_utilization_ratio)) / 3600",
+     _gpu_hours_by_user),
 )}
 
 
@@ -161,7 +199,8 @@ def test_every_promql_expression_of_the_docs_returns_what_they_say(tmp_path: Pat
     files = {"forward_s": table["Forward (s)"].mean(),
              "loading_share": table["Training data loading (s)"].mean()
              / table["Training loop (s)"].mean(),
-             "throughput": row["train throughput (samples/s)"]}
+             "throughput": row["train throughput (samples/s)"],
+             "user": row["user"]}
     for doc, expression in shown:
         try:
             CHECKS[_key(expression)](results[expression], files)
