@@ -341,6 +341,9 @@ def render(split: Split, resources: ResourceFigures, counts: RecordCounts,
     if ranks and leader:
         view = _view(split, own, others)
         split.standings = tuple(view.stragglers.standings) if view.stragglers else ()
+        if others:  # the wait for the slowest rank, compared across every node's ranks
+            accounts = split_accounts(ranks, split.straggler_waits,
+                                      {f.rank: f.iterations_view() for f in view.ranks})
         if multi or len(ranks) > 1:
             files[split.logs_dir / layout.RANKS_FILE] = ranks_text.ranks_tsv(view)
         rank_lines = ranks_text.rank_lines(view, split.world_size, split.nodes_waited_s)
