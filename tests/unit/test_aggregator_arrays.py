@@ -1,8 +1,9 @@
 """The aggregator's array path (runs of iteration records, ``sidecar.model.blocks``) gives
 what its record-by-record path gives, on random streams of the loop shapes users write:
 accumulation, validation inside and between training iterations, epochs, iterations cut
-short or never closed, phases outside iterations, custom phases, GPU times, warmup, caps
-and batch sizes read from the batches; records fed in chunks of random sizes."""
+short or never closed (one by one and many in a row), phases outside iterations (one by
+one and in floods), custom phases (in one kind of iteration or both), GPU times, warmup,
+caps and batch sizes read from the batches; records fed in chunks of random sizes."""
 
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ def stream(rng: random.Random) -> list[list[int]]:
         out.append([wire.EPOCH, wire.FLAG_BEGIN, epoch, -1, batch, t, t, -1, -1, 0, 0])
         epoch_start = t
         iterations = rng.randint(5, 60)
+        cut_above = rng.choice([0.98, 0.98, 0.5, 0.0])  # some epochs cut many iterations
         for it in range(iterations):
             shape = rng.random()
             start = t
@@ -55,12 +57,18 @@ def stream(rng: random.Random) -> list[list[int]]:
                 t += 10**6
             if shape < 0.03:
                 continue  # its loop record never comes (lost)
-            flags = TRAIN | (wire.FLAG_INCOMPLETE if shape > 0.98 else 0)
+            flags = TRAIN | (wire.FLAG_INCOMPLETE if shape > cut_above else 0)
             out.append(record(wire.TRAINING_LOOP, flags, it, batch - accumulation, start, t,
                               rng, batches=rng.choice([0, accumulation]), epoch=epoch))
             if rng.random() < 0.03:  # a phase outside any iteration
                 out.append(record(rng.choice([wire.FORWARD, CUSTOM + 1]), 0, -1, batch, t,
                                   t + 50, rng, epoch=epoch))
+            if rng.random() < 0.02:  # a flood of phases outside any iteration
+                for _ in range(rng.randint(50, 400)):
+                    out.append(record(rng.choice([wire.FORWARD, wire.BACKWARD, CUSTOM,
+                                                  CUSTOM + 1]), 0, -1, batch, t, t + 50,
+                                      rng, epoch=epoch))
+                    t += 60
             t += 100
         if rng.random() < 0.5:  # validation between epochs
             out.append([wire.VALIDATION, wire.FLAG_BEGIN, epoch, -1, batch, t, t, -1, -1, 0, 0])
@@ -74,9 +82,11 @@ def stream(rng: random.Random) -> list[list[int]]:
 
 def validation(rng: random.Random, t: int, epoch: int) -> list[list[int]]:
     out = []
+    shared = rng.random() < 0.2  # a custom phase timed in both kinds of iteration
     for it in range(rng.randint(1, 12)):
         start = t
-        for phase in (wire.VALIDATION_DATA_LOADING, wire.EVALUATION, wire.METRICS):
+        for phase in (wire.VALIDATION_DATA_LOADING, wire.EVALUATION, wire.METRICS,
+                      *([CUSTOM + 1] if shared else [])):
             out.append(record(phase, VAL, it, it, t, t + 500, rng, epoch=epoch))
             t += 600
         out.append(record(wire.VALIDATION_LOOP, VAL, it, it, start, t, rng,
