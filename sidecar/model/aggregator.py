@@ -327,16 +327,27 @@ class RankAggregator:
             records = records[~span]
             if not len(records):
                 return
+        while len(records):
+            records = self._add_runs(records)
+
+    def _add_runs(self, records: np.ndarray) -> np.ndarray:
+        """Aggregate ``records`` run by run, each run of one kind (``_kinds``); returns the
+        records not taken yet (none, or those after a run that aligned a custom phase: their
+        kinds are to be read again)."""
         kinds = self._kinds(records)
         bounds = [0, *(np.flatnonzero(kinds[1:] != kinds[:-1]) + 1).tolist(), len(records)]
         for low, high in pairwise(bounds):
             run, kind = records[low:high], kinds[low]
             if high - low < MIN_ARRAY_RECORDS or kind == _OTHER:
+                aligned = len(self.aligned_custom)
                 self._one_by_one(run)
+                if len(self.aligned_custom) != aligned:
+                    return records[high:]
             elif kind == _OUTSIDE:
                 self._add_outside_run(run)
             elif not self._add_iterations(run):
                 self._add_kinds_apart(run)
+        return records[len(records):]
 
     def _kinds(self, records: np.ndarray) -> np.ndarray:
         """Per record (none an Epoch/Validation span): ``_INSIDE`` (inside an iteration, of
