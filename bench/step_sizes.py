@@ -3,9 +3,13 @@ model whose forward also spins the CPU up to the step's length), marked against 
 
     python bench/step_sizes.py [--pairs-scale 1.0] [--no-write]
 
-One torch thread, a real sidecar listening. Each figure is the median, over interleaved
-pairs of short blocks (each block summed up by its median step), of ``marked / unmarked
-- 1``; the noise floor is the same with an unmarked block in place of the marked one.
+One torch thread, a real sidecar listening. Steps are timed in the CPU time of the
+training thread (``time.thread_time``), the spin too: on a shared machine a step's wall
+time mostly says how long the thread waited for a core, its CPU time what it ran (what
+ZeroMQ's I/O thread and the sidecar do elsewhere is not counted). Each figure is the
+median, over interleaved pairs of short blocks (each block summed up by its median
+step), of ``marked / unmarked - 1``; the noise floor is the same with an unmarked block
+in place of the marked one.
 
 * *Plain loop*: ours (``run.train_batches`` + ``with run.phase(...)`` around forward,
   backward and optimization), ``markers.instrument()`` (its hooks put on and taken off
@@ -30,7 +34,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -45,18 +49,15 @@ import markers  # noqa: E402
 from bench.common import headline, load_line, sidecar  # noqa: E402
 from bench.end_to_end import (  # noqa: E402
     Block,
-    lightning_simple,
+    marked_step,
     median_interval,
-    ours,
     pair_ratios,
-    timed,
     traceml_report,
-    unmonitored,
 )
 from bench.models import Workload, _workload  # noqa: E402
 from bench.results import machine_line, write_section  # noqa: E402
 
-perf_counter = time.perf_counter
+thread_time = time.thread_time  # the training thread's CPU seconds
 STEP_MS = (1, 10, 100)
 # Per step size: steps per block (blocks of ~50-200 ms) and interleaved pairs.
 BLOCK_STEPS = {1: 50, 10: 8, 100: 2}
@@ -75,8 +76,8 @@ def spin_workload(step_ms: int) -> Workload:
     spin_s = [0.0]
 
     def forward() -> torch.Tensor:
-        until = perf_counter() + spin_s[0]
-        while perf_counter() < until:
+        until = thread_time() + spin_s[0]
+        while thread_time() < until:
             pass
         return model_forward()
 
@@ -87,15 +88,29 @@ def spin_workload(step_ms: int) -> Workload:
 
 
 def _seconds(step: Callable[[], None]) -> float:
-    start = perf_counter()
+    start = thread_time()
     step()
-    return perf_counter() - start
+    return thread_time() - start
+
+
+def cpu_timed(loop: Callable[[int], Iterable[object]], step: Callable[[], None]) -> Block:
+    """``bench.end_to_end.timed`` on the training thread's CPU clock."""
+    def block(n: int) -> list[float]:
+        times = []
+        last = thread_time()
+        for _ in loop(n):
+            step()
+            now = thread_time()
+            times.append(now - last)
+            last = now
+        return times
+    return block
 
 
 def instrumented(w: Workload, run: markers.Run) -> Block:
     """Blocks of the plain loop with instrument()'s hooks on (put on and taken off
     outside the timed steps)."""
-    plain = unmonitored(w)
+    plain = cpu_timed(range, w.step)
 
     def block(n: int) -> list[float]:
         hooks = markers.instrument(w.model, w.optimizer, run)
@@ -108,12 +123,17 @@ def instrumented(w: Workload, run: markers.Run) -> Block:
 
 def plain_loop(step_ms: int, run: markers.Run, scale: float) -> dict[str, list[float]]:
     """Per-pair ratios of each plain-loop variant against unmarked blocks."""
+    from lightning.pytorch.profilers import SimpleProfiler
+
     base, hooked = spin_workload(step_ms), spin_workload(step_ms)
-    variants = {"unmarked (noise floor)": unmonitored(base), "ours": ours(base, run),
+    variants = {"unmarked (noise floor)": cpu_timed(range, base.step),
+                "ours": cpu_timed(lambda n: run.train_batches(range(n)),
+                                  marked_step(base, run.phase)),
                 "instrument()": instrumented(hooked, run),
-                "Lightning SimpleProfiler": lightning_simple(base)}
+                "Lightning SimpleProfiler": cpu_timed(range, marked_step(
+                    base, SimpleProfiler().profile))}
     pairs = max(3, round(PAIRS[step_ms] * scale))
-    return {name: pair_ratios(unmonitored(base), block, BLOCK_STEPS[step_ms], pairs,
+    return {name: pair_ratios(cpu_timed(range, base.step), block, BLOCK_STEPS[step_ms], pairs,
                               statistics.median) for name, block in variants.items()}
 
 
@@ -128,7 +148,7 @@ def lightning_block(step_ms: int, steps: int, extra: dict[str, Any]) -> float:
 
     class Timing(pl.Callback):
         def on_train_batch_end(self, *args: Any) -> None:
-            ends.append(perf_counter())
+            ends.append(thread_time())
 
     class Module(pl.LightningModule):
         def __init__(self) -> None:
@@ -178,7 +198,7 @@ def traceml_worker(step_ms: int, pairs: int) -> None:
     torch.set_num_threads(1)
     w = spin_workload(step_ms)
     steps = BLOCK_STEPS[step_ms]
-    plain = unmonitored(w)
+    plain = cpu_timed(range, w.step)
     plain(steps)
     before = [statistics.median(plain(steps)) for _ in range(pairs)]
     traceml.init()
@@ -187,7 +207,7 @@ def traceml_worker(step_ms: int, pairs: int) -> None:
         with traceml.trace_step(w.model):
             w.step()
 
-    traced = timed(range, traced_step)
+    traced = cpu_timed(range, traced_step)
     traced(steps)
     after = [statistics.median(traced(steps)) for _ in range(pairs)]
     print("TRACEML " + json.dumps({"before": before, "traced": after}), flush=True)
@@ -220,8 +240,9 @@ def section(results: dict[int, dict[str, Any]], seconds: float) -> tuple[str, di
              f"{seconds / 60:.1f} minutes. One torch thread; each step a small MLP plus a "
              "CPU spin up to the step's length; a real sidecar listening. Cells: median "
              "over interleaved pairs of short blocks of `variant / unmarked - 1` (each "
-             "block its median step), a distribution-free ~95 % interval of that median "
-             "beside it. TraceML runs in its own process, before/after, not interleaved.",
+             "block its median step, in the training thread's CPU time), a "
+             "distribution-free ~95 % interval of that median beside it. TraceML runs in "
+             "its own process, before/after, not interleaved.",
              "", "| variant | " + " | ".join(f"{ms} ms step" for ms in STEP_MS) + " |",
              "|---|" + "---:|" * len(STEP_MS)]
     for row in rows:
@@ -253,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "traceml-worker":
         traceml_worker(args.step_ms, args.pairs)
         return 0
-    start = perf_counter()
+    start = time.perf_counter()
     torch.set_num_threads(1)
     results: dict[int, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-steps-") as tmp, \
@@ -268,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         run.finish()
     for ms in STEP_MS:
         results[ms]["traceml"] = traceml_ratio(ms, max(3, round(6 * args.pairs_scale)))
-    text, figures = section(results, perf_counter() - start)
+    text, figures = section(results, time.perf_counter() - start)
     print(text)
     if not args.no_write:
         write_section(text)
