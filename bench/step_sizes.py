@@ -52,6 +52,7 @@ from bench.end_to_end import (  # noqa: E402
     marked_step,
     median_interval,
     pair_ratios,
+    timed,
     traceml_report,
 )
 from bench.models import Workload, _workload  # noqa: E402
@@ -95,16 +96,7 @@ def _seconds(step: Callable[[], None]) -> float:
 
 def cpu_timed(loop: Callable[[int], Iterable[object]], step: Callable[[], None]) -> Block:
     """``bench.end_to_end.timed`` on the training thread's CPU clock."""
-    def block(n: int) -> list[float]:
-        times = []
-        last = thread_time()
-        for _ in loop(n):
-            step()
-            now = thread_time()
-            times.append(now - last)
-            last = now
-        return times
-    return block
+    return timed(loop, step, thread_time)
 
 
 def instrumented(w: Workload, run: markers.Run) -> Block:
