@@ -62,15 +62,17 @@ FINE_PAIRS = 120
 FINE_STEPS = 60
 
 
-def timed(loop: Callable[[int], Iterable[object]], step: Callable[[], None]) -> Block:
-    """A block: ``step`` once per item of ``loop(n)``, each step's time taken (the time
-    of the loop's own ``next`` included, as a user's clock would see it)."""
+def timed(loop: Callable[[int], Iterable[object]], step: Callable[[], None],
+          clock: Callable[[], float] = perf_counter) -> Block:
+    """A block: ``step`` once per item of ``loop(n)``, each step's time taken on
+    ``clock`` (seconds; the time of the loop's own ``next`` included, as a user's clock
+    would see it)."""
     def block(n: int) -> list[float]:
         times = []
-        last = perf_counter()
+        last = clock()
         for _ in loop(n):
             step()
-            now = perf_counter()
+            now = clock()
             times.append(now - last)
             last = now
         return times
@@ -153,14 +155,21 @@ def pair_ratios(first: Block, second: Block, steps: int, pairs: int,
 def traceml_rows(model: str, steps: int, repeats: int, threads: int) -> dict[str, object]:
     """TraceML's figures from a ``traceml run`` of this script's worker; a reason when it
     could not be measured."""
+    return traceml_report(__file__, ["traceml-worker", "--model", model, "--steps",
+                                     str(steps), "--repeats", str(repeats), "--threads",
+                                     str(threads)])
+
+
+def traceml_report(script: str, args: list[str]) -> dict[str, Any]:
+    """The JSON a worker (``script`` with ``args``) printed on its ``TRACEML`` line under
+    ``traceml run``; ``{"error": reason}`` when it could not run."""
     traceml = shutil.which("traceml") or str(Path(sys.executable).with_name("traceml"))
     if not Path(traceml).exists():
         return {"error": "traceml-ai is not installed (pip install traceml-ai==0.5.0 "
                          "torch==2.13.0)"}
     with tempfile.TemporaryDirectory(prefix="bench-traceml-") as logs:
-        command = [traceml, "run", "--mode", "summary", "--logs-dir", logs, __file__,
-                   "--args", "traceml-worker", "--model", model, "--steps", str(steps),
-                   "--repeats", str(repeats), "--threads", str(threads)]
+        command = [traceml, "run", "--mode", "summary", "--logs-dir", logs, script,
+                   "--args", *args]
         try:
             done = subprocess.run(command, capture_output=True, text=True,
                                   timeout=TRACEML_TIMEOUT_S,
@@ -169,7 +178,8 @@ def traceml_rows(model: str, steps: int, repeats: int, threads: int) -> dict[str
             return {"error": f"traceml run did not finish within {TRACEML_TIMEOUT_S} s"}
     for line in done.stdout.splitlines():
         if line.startswith("TRACEML "):
-            return json.loads(line[len("TRACEML "):])
+            found: dict[str, Any] = json.loads(line[len("TRACEML "):])
+            return found
     return {"error": f"traceml run exited {done.returncode}: "
                      f"{(done.stderr or done.stdout).strip().splitlines()[-1:]}"}
 

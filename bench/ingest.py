@@ -1,20 +1,23 @@
-"""Sidecar ingest: records per second from 1, 2 and 4 producers, none lost; the sidecar's
-memory over 10⁷ records at full rate; the markers' own queue with no sidecar.
+"""Sidecar ingest: records per second from 1, 2, 4 and 8 producers (the ranks of one
+node), none lost; the sidecar's memory over 10⁷ records from 8 producers at full rate;
+the markers' own queue with no sidecar.
 
     python bench/ingest.py [--records 3000000] [--rss-records 10000000] [--no-write]
 
-A real ``sidecar serve`` process; each producer is a process of its own with a DEALER
-socket that says hello like the markers, then sends well-formed RECORDS messages as the
+A real ``sidecar serve`` process; each producer is a process of its own, one rank of one
+split (as the ranks of a node share one sidecar), with a DEALER socket that says hello like
+the markers, then sends well-formed RECORDS messages as the
 markers' buffer makes them (``bench/synthetic.py``: 5-phase iterations, ~1024 slots a
 message) with *blocking* sends, so the sidecar's pace sets the rate and nothing is dropped.
 The clock runs from the moment every producer is told to go until the sidecar's status
 counts every record; the status also says how many were lost (sent, not received) and
-rejected. The memory run samples the sidecar's RSS every 0.1 s while 4 producers send
-10⁷ records. The queue row starts a run whose sidecar never listens and ends 10⁶ phases
+rejected. The memory run samples the sidecar's RSS at every status poll while 8
+producers send 10⁷ records, and gives its peak in each quarter of them (flat: no growth
+with the records taken). The queue row starts a run whose sidecar never listens and ends 10⁶ phases
 as fast as it can: the training process's RSS growth is bounded by the send queue.
 
 Writes ``## Sidecar ingest and memory``. Targets: ≥ 2 M records/s on one core, ≥ 1 M/s
-from 4 producers, none lost; sidecar RSS ≤ 100 MB after 10⁷ records.
+from 4 and from 8 producers, none lost; sidecar RSS ≤ 100 MB after 10⁷ records.
 """
 
 from __future__ import annotations
@@ -50,8 +53,9 @@ POLL_S = 0.05
 DONE_TIMEOUT_S = 600.0
 
 
-def producer(endpoint: str, split: int, records: int) -> None:
-    """One producer process: hello, wait for a line on stdin, send ``records`` records."""
+def producer(endpoint: str, rank: int, records: int) -> None:
+    """One producer process, rank ``rank`` of split 0: hello, wait for a line on stdin,
+    send ``records`` records."""
     import numpy as np
     import zmq
 
@@ -61,11 +65,11 @@ def producer(endpoint: str, split: int, records: int) -> None:
     socket.setsockopt(zmq.LINGER, -1)
     socket.connect(endpoint)
     run_id = uuid.uuid4().bytes
-    hello = {"type": wire.HELLO, "out_dir": "ingest", "cwd": "/", "split": split,
+    hello = {"type": wire.HELLO, "out_dir": "ingest", "cwd": "/", "split": 0,
              "warmup_iterations": 0, "num_measurements": 100, "pid": os.getpid(),
              "host": os.uname().nodename, "start_unix": time.time(),
              "start_ns": time.perf_counter_ns(), "reply_to": "hello"}
-    socket.send(wire.encode_control(wire.pack_header(wire.KIND_CONTROL, 0, 0, 0, 0, run_id),
+    socket.send(wire.encode_control(wire.pack_header(wire.KIND_CONTROL, rank, 0, 0, 0, run_id),
                                     hello))
     socket.recv()
     template = np.array([v for i in range(ITERATIONS_PER_MESSAGE) for v in iteration_slots(i)],
@@ -82,7 +86,7 @@ def producer(endpoint: str, split: int, records: int) -> None:
         slots[is_context, 1] += offset  # iteration
         slots[is_context, 2] += offset  # warmup gate (batches before)
         slots[~is_context, 1:] += offset * STEP_NS
-        header = wire.pack_header(wire.KIND_RECORDS, 0, seq, sent, 0, run_id)
+        header = wire.pack_header(wire.KIND_RECORDS, rank, seq, sent, 0, run_id)
         socket.send(header + slots.tobytes())
         sent += per_message
         seq += 1
@@ -94,9 +98,9 @@ def producer(endpoint: str, split: int, records: int) -> None:
 
 def _start_producers(endpoint: str, count: int, records: int) -> list[subprocess.Popen[str]]:
     processes = [subprocess.Popen(
-        [sys.executable, __file__, "producer", endpoint, str(split), str(records)],
+        [sys.executable, __file__, "producer", endpoint, str(rank), str(records)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": str(_ROOT)}) for split in range(count)]
+        env={**os.environ, "PYTHONPATH": str(_ROOT)}) for rank in range(count)]
     for process in processes:
         assert process.stdout is not None and process.stdout.readline().strip() == "ready"
     return processes
@@ -137,7 +141,7 @@ def ingest_once(count: int, records: int, sample_rss: bool = False,
         expected = each * count
         producers = _start_producers(endpoint, count, each)
         idle_mb = side.memory_info().rss / 2**20
-        peak_mb = idle_mb
+        quarters_mb = [idle_mb] * 4  # peak RSS while each quarter of the records came
         try:
             start = time.perf_counter()
             _go(producers)
@@ -146,9 +150,11 @@ def ingest_once(count: int, records: int, sample_rss: bool = False,
                 if time.perf_counter() - start > DONE_TIMEOUT_S:
                     raise RuntimeError(f"the sidecar took {view.get('records')} of "
                                        f"{expected} records in {DONE_TIMEOUT_S} s")
-                if sample_rss:
-                    peak_mb = max(peak_mb, side.memory_info().rss / 2**20)
                 view = status(endpoint, 30.0) or {}
+                if sample_rss:
+                    quarter = min(3, 4 * view.get("records", 0) // expected)
+                    quarters_mb[quarter] = max(quarters_mb[quarter],
+                                               side.memory_info().rss / 2**20)
                 time.sleep(POLL_S)
             elapsed = time.perf_counter() - start
             sent = _sent(producers)
@@ -158,8 +164,8 @@ def ingest_once(count: int, records: int, sample_rss: bool = False,
     return {"producers": count, "sent": sent, "received": view.get("records", 0),
             "lost": view.get("lost", 0), "rejected": view.get("rejected_by_kind", {}),
             "dropped": view.get("dropped", 0), "seconds": elapsed,
-            "rate": view.get("records", 0) / elapsed, "idle_mb": idle_mb, "peak_mb": peak_mb,
-            "after_mb": after_mb}
+            "rate": view.get("records", 0) / elapsed, "idle_mb": idle_mb,
+            "peak_mb": max(quarters_mb), "quarters_mb": quarters_mb, "after_mb": after_mb}
 
 
 def markers_queue(phases: int) -> dict[str, float]:
@@ -206,15 +212,22 @@ def section(rates: list[dict[str, float]], memory: dict[str, float],
                      f"{sum(r['rejected'].values())} {r['rejected'] or ''} | {r['dropped']} |")
     one = next(r for r in rates if r["producers"] == 1)["rate"]
     four = next(r for r in rates if r["producers"] == 4)["rate"]
+    eight = next(r for r in rates if r["producers"] == 8)["rate"]
+    quarters = " / ".join(f"{mb:.1f}" for mb in memory["quarters_mb"])
     lines += ["", f"- one producer: {one / 1e6:.2f} M records/s (target ≥ "
               f"{RATE_TARGET_ONE / 1e6:.0f} M: {'met' if one >= RATE_TARGET_ONE else 'missed'})"
               f"; four: {four / 1e6:.2f} M/s (target ≥ {RATE_TARGET_FOUR / 1e6:.0f} M: "
-              f"{'met' if four >= RATE_TARGET_FOUR else 'missed'})",
-              "", "| sidecar memory, 4 producers, full rate | RSS (MB) |", "|---|---:|",
+              f"{'met' if four >= RATE_TARGET_FOUR else 'missed'}); eight: "
+              f"{eight / 1e6:.2f} M/s (target ≥ {RATE_TARGET_FOUR / 1e6:.0f} M: "
+              f"{'met' if eight >= RATE_TARGET_FOUR else 'missed'})",
+              "", f"| sidecar memory, {memory['producers']} producers, full rate | RSS (MB) |",
+              "|---|---:|",
               f"| idle, before the first record | {memory['idle_mb']:.1f} |",
               f"| peak while {memory['received'] / 1e6:.0f} M records arrived "
               f"({memory['seconds']:.1f} s, {memory['lost']} lost) | "
               f"**{memory['peak_mb']:.1f}** |",
+              f"| peak in each quarter of the records (flat: no growth with them) | "
+              f"{quarters} |",
               f"| after them (before any write) | {memory['after_mb']:.1f} |",
               "", f"- target ≤ {RSS_TARGET_MB:.0f} MB: "
               f"{'met' if memory['peak_mb'] <= RSS_TARGET_MB else 'missed'}; what may wait "
@@ -224,7 +237,7 @@ def section(rates: list[dict[str, float]], memory: dict[str, float],
               f"- no sidecar listening, {queue['records']:,} records ended in a training "
               f"process: its RSS grew by {queue['growth_mb']:.1f} MB, {queue['dropped']:,} "
               "records dropped and counted", ""]
-    figures = {"rate_1": one, "rate_4": four, "rss_peak_mb": memory["peak_mb"],
+    figures = {"rate_1": one, "rate_4": four, "rate_8": eight, "rss_peak_mb": memory["peak_mb"],
                "rss_idle_mb": memory["idle_mb"]}
     return "\n".join(lines), figures
 
@@ -238,8 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rss-records", type=int, default=10_000_000)
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
-    rates = [ingest_once(count, args.records, nice=0) for count in (1, 2, 4)]
-    memory = ingest_once(4, args.rss_records, sample_rss=True)
+    rates = [ingest_once(count, args.records, nice=0) for count in (1, 2, 4, 8)]
+    memory = ingest_once(8, args.rss_records, sample_rss=True)
     queue = markers_queue(1_000_000)
     text, figures = section(rates, memory, queue)
     print(text)

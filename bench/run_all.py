@@ -41,6 +41,7 @@ BENCHMARKS: list[tuple[str, list[str]]] = [
     ("checkpoint_cost.py", []),
     ("sampler_cost.py", []),
     ("instrument_overhead.py", []),
+    ("step_sizes.py", []),
     ("curve_cost.py", []),
     ("report_scale.py", ["--repeats", "2"]),
     ("gpu_overhead.py", []),
@@ -124,9 +125,14 @@ def headline_rows(figures: dict[str, dict[str, Any]]) -> list[str]:
                      f"{_fmt(figures, 'end_to_end', f'fine:{threads}:ours', pct)} ("
                      f"{_fmt(figures, 'end_to_end', f'fine:{threads}:{FINE_NOISE}', pct)})",
                      "≤ 1 %"))
+    rows.append(("slowdown of a 1 / 10 / 100 ms step, `train_batches` + three phases "
+                 "(CPU time)", " / ".join(_fmt(figures, "step_sizes", f"ours_{ms}ms", pct)
+                                          for ms in (1, 10, 100)), ""))
     rows += [
         ("sidecar ingest, 1 producer", _fmt(figures, "ingest", "rate_1", rate), "≥ 2 M/s"),
         ("sidecar ingest, 4 producers", _fmt(figures, "ingest", "rate_4", rate), "≥ 1 M/s"),
+        ("sidecar ingest, 8 producers (one node's ranks)",
+         _fmt(figures, "ingest", "rate_8", rate), "≥ 1 M/s"),
         ("sidecar RSS: idle / peak over 10⁷ records",
          f"{_fmt(figures, 'ingest', 'rss_idle_mb', lambda v: f'{v:.0f} MB')} / "
          f"{_fmt(figures, 'ingest', 'rss_peak_mb', lambda v: f'{v:.0f} MB')}", "≤ 100 MB"),

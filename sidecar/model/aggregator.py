@@ -65,7 +65,8 @@ UNCAPPED = frozenset({wire.EPOCH, wire.VALIDATION})
 # Runs of ordinary iteration records shorter than this go record by record: the array
 # path costs a fixed ~0.1 ms however few records it takes.
 MIN_ARRAY_RECORDS = 64
-ARRAY_FLAGS_MASK = wire.FLAG_IN_ITERATION | wire.FLAG_INCOMPLETE | wire.FLAG_BEGIN
+# Kinds of records (``RankAggregator._kinds``): runs of one kind are taken together.
+_INSIDE, _OUTSIDE, _OTHER = 0, 1, 2
 RecordValues = np.ndarray | array | Sequence[int]
 LOOP_PHASES = wire.LOOP_ID
 OUTSIDE = "outside"  # flag of a row measured outside any iteration
@@ -322,9 +323,10 @@ class RankAggregator:
         records × width array, or flat values).
 
         The caller has checked the records and mapped custom phase ids to ``custom_key``.
-        Runs of ordinary iteration records go through ``_add_iterations`` (arrays, the
-        work per iteration), the rest record by record (``_add_one``); both give the same
-        result.
+        Runs of iteration records go through ``_add_iterations`` (arrays, the work per
+        iteration), runs of records outside iterations through ``_add_outside_run``
+        (arrays, the work per stored row), Epoch/Validation spans and short runs record
+        by record (``_add_one``); every path gives the same result.
         """
         records = np.asarray(values, dtype=np.int64).reshape(-1, wire.RECORD_WIDTH)
         if not len(records):
@@ -338,26 +340,96 @@ class RankAggregator:
             goodput.count(counters, records, self.settings.warmup_iterations,
                           [key for key, name in self.custom_names.items()
                            if name.lower() in goodput.CHECKPOINT_NAMES])
-        ordinary = self._ordinary(records)
-        bounds = [0, *(np.flatnonzero(ordinary[1:] != ordinary[:-1]) + 1).tolist(),
-                  len(records)]
-        for low, high in pairwise(bounds):
-            if ordinary[low] and high - low >= MIN_ARRAY_RECORDS \
-                    and self._add_iterations(records[low:high]):
-                continue
-            for record in records[low:high].tolist():
-                self._add_one(record)
+        span = (records[:, P_PHASE] == wire.EPOCH) | (records[:, P_PHASE] == wire.VALIDATION)
+        if span.any():
+            # An Epoch/Validation record touches only its own series and begun span, so it
+            # commutes with the others: taken apart, it does not cut their runs.
+            for record in records[span].tolist():
+                self._add_span(record[P_PHASE], record, record[P_FLAGS])
+            records = records[~span]
+            if not len(records):
+                return
+        while len(records):
+            records = self._add_runs(records)
 
-    def _ordinary(self, records: np.ndarray) -> np.ndarray:
-        """Per record: inside an iteration, whole (not incomplete, not a begin mark), of
-        a phase that is not an Epoch/Validation span and, if custom, already aligned."""
+    def _add_runs(self, records: np.ndarray) -> np.ndarray:
+        """Aggregate ``records`` run by run, each run of one kind (``_kinds``); returns the
+        records not taken yet (none, or those after a run that aligned a custom phase: their
+        kinds are to be read again)."""
+        kinds = self._kinds(records)
+        bounds = [0, *(np.flatnonzero(kinds[1:] != kinds[:-1]) + 1).tolist(), len(records)]
+        for low, high in pairwise(bounds):
+            run, kind = records[low:high], kinds[low]
+            if high - low < MIN_ARRAY_RECORDS or kind == _OTHER:
+                aligned = len(self.aligned_custom)
+                self._one_by_one(run)
+                if len(self.aligned_custom) != aligned:
+                    return records[high:]
+            elif kind == _OUTSIDE:
+                self._add_outside_run(run)
+            elif not self._add_iterations(run):
+                self._add_kinds_apart(run)
+        return records[len(records):]
+
+    def _kinds(self, records: np.ndarray) -> np.ndarray:
+        """Per record (none an Epoch/Validation span): ``_INSIDE`` (inside an iteration, of
+        a standard phase or an iteration-aligned custom one), ``_OUTSIDE`` (outside any
+        iteration) or ``_OTHER`` (a custom phase inside an iteration, not aligned yet: its
+        first measured iteration aligns it, which the record path decides)."""
         flags, phase = records[:, P_FLAGS], records[:, P_PHASE]
-        ordinary = (flags & ARRAY_FLAGS_MASK) == wire.FLAG_IN_ITERATION
-        ordinary &= (phase != wire.EPOCH) & (phase != wire.VALIDATION)
-        custom = phase >= wire.FIRST_CUSTOM_ID
-        if custom.any():
-            ordinary &= ~custom | np.isin(phase, list(self.aligned_custom))
-        return ordinary
+        inside = (flags & wire.FLAG_IN_ITERATION) != 0
+        kinds = np.where(inside, _INSIDE, _OUTSIDE).astype(np.int8)
+        unaligned = inside & (phase >= wire.FIRST_CUSTOM_ID)
+        if unaligned.any():
+            unaligned &= ~np.isin(phase, list(self.aligned_custom))
+            kinds[unaligned] = _OTHER
+        return kinds
+
+    def _one_by_one(self, records: np.ndarray) -> None:
+        for record in records.tolist():
+            self._add_one(record)
+
+    def _add_kinds_apart(self, records: np.ndarray) -> None:
+        """Iteration records the array path refused whole: validation iterations inside a
+        training iteration are taken as two runs, one per kind, when the kinds share no
+        phase (each kind's iterations, counters and series are then its own, so the order
+        between the kinds does not matter); else, or when a kind is refused, record by
+        record."""
+        validation = is_validation(records)
+        phase = records[:, P_PHASE]
+        if validation.all() or not validation.any() \
+                or np.intersect1d(phase[validation], phase[~validation]).size:
+            self._one_by_one(records)
+            return
+        for part in (records[~validation], records[validation]):
+            if not self._add_iterations(part):
+                self._one_by_one(part)
+
+    def _add_outside_run(self, records: np.ndarray) -> None:
+        """Records outside any iteration (no Epoch/Validation span), on arrays: each phase
+        is its own series, so they are taken phase by phase (``_add_outside``'s rule)."""
+        phase = records[:, P_PHASE]
+        for number in np.unique(phase).tolist():
+            mine = records[phase == number]
+            if number < wire.FIRST_CUSTOM_ID or number in self.aligned_custom:
+                room = self.settings.num_measurements - len(self._series(number).flagged)
+                for record in mine[:max(room, 0)].tolist():
+                    self._flag(number, record, record[P_END] - record[P_START], record[P_GPU],
+                               record[P_PEAK], OUTSIDE)
+                continue
+            seen = self._standalone_seen.get(number, 0)
+            self._standalone_seen[number] = seen + len(mine)
+            measured = mine[max(self.settings.warmup_iterations - seen, 0):]
+            if not len(measured):
+                continue
+            wall_ns = measured[:, P_END] - measured[:, P_START]
+            self._merge_moments(np.full(len(measured), number), wall_ns, measured[:, P_GPU])
+            series = self.series[number]
+            room = self.settings.num_measurements - len(series.rows)
+            for record in measured[:max(room, 0)].tolist():
+                series.rows.append(self._row(record, record[P_END] - record[P_START],
+                                             record[P_GPU], record[P_PEAK], None, None, 0,
+                                             OUTSIDE))
 
     def _add_one(self, record: list[int]) -> None:
         """Aggregate one record (the semantics ``_add_iterations`` reproduces on arrays)."""
@@ -372,14 +444,18 @@ class RankAggregator:
 
     def _add_iterations(self, records: np.ndarray) -> bool:
         """Aggregate a run of ordinary iteration records on arrays; False (nothing done)
-        when their shape needs the record-by-record path: interleaved iterations, or an
-        iteration left open earlier that these records do not continue first."""
+        when their shape needs the record-by-record path: interleaved iterations, an
+        iteration left open earlier that these records do not continue first, or one that
+        holds a custom phase not aligned yet."""
         validation = is_validation(records)
         present = (bool(validation.any()), not bool(validation.all()))  # (val, train)
         touched = [key for key in self._open if present[0 if key[0] else 1]]
         first_key = (bool(validation[0]), int(records[0, P_ITERATION]))
         if len(touched) > 1 or (touched and touched[0] != first_key):
             return False
+        if touched and any(p >= wire.FIRST_CUSTOM_ID and p not in self.aligned_custom
+                           for p in self._open[first_key][1]):
+            return False  # its close aligns a custom phase: the record path decides that
         context = None
         if touched:
             context, partials = self._open[first_key]
@@ -402,7 +478,9 @@ class RankAggregator:
         if not len(closed):
             return
         loops = records[blocks.last[closed]].tolist()
-        verdicts = list(map(self._decide, blocks.validation[closed].tolist(), loops))
+        cut = [bool(loop[P_FLAGS] & wire.FLAG_INCOMPLETE) for loop in loops]
+        verdicts = [None if short else self._decide(validation, loop) for short, validation,
+                    loop in zip(cut, blocks.validation[closed].tolist(), loops, strict=True)]
         # Per iteration: -1 left out by warmup, 0 measured, 1 measured and stored.
         outcome = np.fromiter((-1 if v is None else v[0] for v in verdicts), dtype=np.int8,
                               count=len(verdicts))
@@ -411,12 +489,37 @@ class RankAggregator:
         of_block[closed] = np.arange(len(closed))
         loop_of = of_block[blocks.block]  # per group: its loop's index in ``loops``, or -1
         taken = loop_of >= 0
+        if any(cut):
+            short = np.flatnonzero(taken)
+            short = short[np.asarray(cut)[loop_of[short]]]
+            self._flag_groups(blocks, short, loops, loop_of)
         taken[taken] = measured[loop_of[taken]]
         self._merge_moments(blocks.phase[taken], blocks.wall_ns[taken], blocks.gpu_ns[taken])
         kept = np.flatnonzero(taken)
         kept = kept[stored[loop_of[kept]]]
         if len(kept):
             self._store_rows(blocks, kept, loops, loop_of, verdicts)
+
+    def _flag_groups(self, blocks: Blocks, groups: np.ndarray, loops: list[list[int]],
+                     loop_of: np.ndarray) -> None:
+        """Flagged rows of ``groups`` (in block order), iterations cut short (their loop
+        record flagged incomplete), as ``_flag_iteration`` keeps them: the first ones of
+        each phase that fit under the cap, with no Python work for the rest."""
+        numbers, inverse = np.unique(blocks.phase[groups], return_inverse=True)
+        room = np.array([self.settings.num_measurements - len(self._series(number).flagged)
+                         for number in numbers.tolist()])
+        by_phase = np.argsort(inverse, kind="stable")
+        firsts = np.searchsorted(inverse[by_phase], np.arange(len(numbers)))
+        rank = np.empty(len(groups), dtype=np.int64)  # place among its phase's groups
+        rank[by_phase] = np.arange(len(groups)) - firsts[inverse[by_phase]]
+        groups = groups[rank < room[inverse]]
+        for number, index, start_ns, wall_ns, gpu_ns, peak_bytes in zip(
+                *(column[groups].tolist() for column in (
+                    blocks.phase, loop_of, blocks.start_ns, blocks.wall_ns, blocks.gpu_ns,
+                    blocks.peak_bytes)), strict=True):
+            loop = loops[index]
+            self._flag(number, loop, wall_ns, gpu_ns, peak_bytes, INCOMPLETE,
+                       start_ns=start_ns, batches=loop[P_BATCHES])
 
     def _merge_moments(self, phases: np.ndarray, wall_ns: np.ndarray,
                        gpu_ns: np.ndarray) -> None:

@@ -58,10 +58,11 @@ def closes(records: np.ndarray, validation: np.ndarray) -> np.ndarray:
 
 
 def split_blocks(records: np.ndarray, validation: np.ndarray) -> Blocks | None:
-    """The blocks and groups of ``records`` (in-iteration records, none flagged
-    incomplete or begin, no Epoch/Validation span); None when an iteration's records are
-    not together (another iteration's records come before its loop record) or an
-    iteration number is out of range. ``validation``: ``is_validation(records)``."""
+    """The blocks and groups of ``records`` (in-iteration records, no Epoch/Validation
+    span; a loop record flagged incomplete closes its block too); None when an
+    iteration's records are not together (another iteration's records come before its
+    loop record) or an iteration number is out of range. ``validation``:
+    ``is_validation(records)``."""
     iteration = records[:, P_ITERATION]
     if iteration.min() < 0 or iteration.max() >= MAX_ITERATION:
         return None

@@ -1,8 +1,9 @@
 """The aggregator's array path (runs of iteration records, ``sidecar.model.blocks``) gives
 what its record-by-record path gives, on random streams of the loop shapes users write:
 accumulation, validation inside and between training iterations, epochs, iterations cut
-short or never closed, phases outside iterations, custom phases, GPU times, warmup, caps
-and batch sizes read from the batches; records fed in chunks of random sizes."""
+short or never closed (one by one and many in a row), phases outside iterations (one by
+one and in floods), custom phases (in one kind of iteration or both), GPU times, warmup,
+caps and batch sizes read from the batches; records fed in chunks of random sizes."""
 
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ def stream(rng: random.Random) -> list[list[int]]:
         out.append([wire.EPOCH, wire.FLAG_BEGIN, epoch, -1, batch, t, t, -1, -1, 0, 0])
         epoch_start = t
         iterations = rng.randint(5, 60)
+        cut_above = rng.choice([0.98, 0.98, 0.5, 0.0])  # some epochs cut many iterations
         for it in range(iterations):
             shape = rng.random()
             start = t
@@ -55,12 +57,18 @@ def stream(rng: random.Random) -> list[list[int]]:
                 t += 10**6
             if shape < 0.03:
                 continue  # its loop record never comes (lost)
-            flags = TRAIN | (wire.FLAG_INCOMPLETE if shape > 0.98 else 0)
+            flags = TRAIN | (wire.FLAG_INCOMPLETE if shape > cut_above else 0)
             out.append(record(wire.TRAINING_LOOP, flags, it, batch - accumulation, start, t,
                               rng, batches=rng.choice([0, accumulation]), epoch=epoch))
             if rng.random() < 0.03:  # a phase outside any iteration
                 out.append(record(rng.choice([wire.FORWARD, CUSTOM + 1]), 0, -1, batch, t,
                                   t + 50, rng, epoch=epoch))
+            if rng.random() < 0.02:  # a flood of phases outside any iteration
+                for _ in range(rng.randint(50, 400)):
+                    out.append(record(rng.choice([wire.FORWARD, wire.BACKWARD, CUSTOM,
+                                                  CUSTOM + 1]), 0, -1, batch, t, t + 50,
+                                      rng, epoch=epoch))
+                    t += 60
             t += 100
         if rng.random() < 0.5:  # validation between epochs
             out.append([wire.VALIDATION, wire.FLAG_BEGIN, epoch, -1, batch, t, t, -1, -1, 0, 0])
@@ -74,9 +82,11 @@ def stream(rng: random.Random) -> list[list[int]]:
 
 def validation(rng: random.Random, t: int, epoch: int) -> list[list[int]]:
     out = []
+    shared = rng.random() < 0.2  # a custom phase timed in both kinds of iteration
     for it in range(rng.randint(1, 12)):
         start = t
-        for phase in (wire.VALIDATION_DATA_LOADING, wire.EVALUATION, wire.METRICS):
+        for phase in (wire.VALIDATION_DATA_LOADING, wire.EVALUATION, wire.METRICS,
+                      *([CUSTOM + 1] if shared else [])):
             out.append(record(phase, VAL, it, it, t, t + 500, rng, epoch=epoch))
             t += 600
         out.append(record(wire.VALIDATION_LOOP, VAL, it, it, start, t, rng,
@@ -161,3 +171,58 @@ def test_a_long_regular_run_takes_the_array_path() -> None:
     assert forward.wall.count == 10_000 and math.isclose(forward.wall.mean, mean)
     assert len(forward.rows) == 100 and agg.stored_iterations[False] == 100
     assert agg.samples[False] == 40_000
+
+
+def flood(kind: str, steps: int) -> list[int]:
+    """Records of ``steps`` repeats of one shape (flat values)."""
+    rng = random.Random(0)
+    out: list[list[int]] = []
+    for it in range(steps):
+        t = it * 10_000
+        if kind == "outside":
+            out.append(record(rng.choice([wire.FORWARD, CUSTOM + 1]), 0, -1, it, t, t + 5, rng))
+        elif kind == "cut_short":
+            out.append(record(wire.FORWARD, TRAIN, it, it, t, t + 5, rng))
+            out.append(record(wire.TRAINING_LOOP, TRAIN | wire.FLAG_INCOMPLETE, it, it, t,
+                              t + 9, rng, batches=1))
+        elif kind == "validation_inside":
+            out.append(record(wire.FORWARD, TRAIN, it, it, t, t + 5, rng))
+            out.append([wire.VALIDATION, wire.FLAG_BEGIN, 0, -1, it, t, t, -1, -1, 0, 0])
+            out += validation(random.Random(it), t + 10, 0)
+            out.append([wire.VALIDATION, 0, 0, -1, it, t, t + 9000, -1, -1, 0, 0])
+            out.append(record(wire.TRAINING_LOOP, TRAIN, it, it, t, t + 9999, rng, batches=1))
+        else:  # a custom phase in every iteration, aligned by the first measured one
+            out.append(record(CUSTOM, TRAIN, it, it, t, t + 5, rng))
+            out.append(record(wire.TRAINING_LOOP, TRAIN, it, it, t, t + 9, rng, batches=1))
+    return [v for r in out for v in r]
+
+
+@pytest.mark.parametrize("kind", ["outside", "cut_short", "validation_inside", "custom"])
+def test_a_flood_of_any_kind_takes_the_array_path(kind: str,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Floods of each kind in chunks of a message's size: only the few records that open
+    a run or align a custom phase go one by one (the record path costs ~2 µs a record)."""
+    agg = new_aggregator(Settings(warmup_iterations=3, num_measurements=50),
+                         random.Random(0))
+    expected = new_aggregator(Settings(warmup_iterations=3, num_measurements=50),
+                              random.Random(0))
+    values = flood(kind, 5000)
+    for record_values in [values[i:i + wire.RECORD_WIDTH]
+                          for i in range(0, len(values), wire.RECORD_WIDTH)]:
+        expected.add_records(record_values)
+    one_by_one = 0
+    add_one = RankAggregator._add_one
+
+    def counted(self: RankAggregator, values: list[int]) -> None:
+        nonlocal one_by_one
+        one_by_one += 1
+        add_one(self, values)
+
+    monkeypatch.setattr(RankAggregator, "_add_one", counted)
+    chunk = 1024 * wire.RECORD_WIDTH
+    for at in range(0, len(values), chunk):
+        agg.add_records(values[at:at + chunk])
+    total = len(values) // wire.RECORD_WIDTH
+    spans = 2 * 5000 if kind == "validation_inside" else 0  # begin and end: one by one
+    assert one_by_one - spans < total // 100
+    close(rank_state(agg), rank_state(expected))
