@@ -39,6 +39,11 @@ def one_of(*choices: str) -> Check:
     return lambda v: isinstance(v, str) and v in choices
 
 
+def flag(v: Any) -> bool:
+    """A bool."""
+    return isinstance(v, bool)
+
+
 def anything(v: Any) -> bool:
     """Any value: its handler checks it (a saved state, checked by its loader)."""
     return True
@@ -75,6 +80,11 @@ FIELDS: dict[str, Fields] = {
         "gpu_unfinished": (False, True, integer()),
     },
     wire.STATUS: {},
+    wire.LOADER: {
+        "kind": (True, False, one_of("train", "validation")),
+        "num_workers": (True, False, integer(0, 2**31 - 1)),
+        "pin_memory": (True, False, flag),
+    },
     wire.FINISH_JOB: {"job_id": (True, False, text(NAME_MAX, 1))},
 }
 
