@@ -72,8 +72,8 @@ class RunInterface(Protocol):
     def prefer_device(self, device: Any) -> None:
         """The CUDA device to time unless ``start_run(device=...)`` said which."""
 
-    def begin_epoch(self) -> None:
-        """An epoch starts now."""
+    def begin_epoch(self, number: int | None = None) -> None:
+        """An epoch starts now (numbered ``number`` when the framework says which)."""
 
     def end_epoch(self, failed: bool = ...) -> None:
         """The epoch ends now."""

@@ -99,13 +99,17 @@ class Iterations:
 
     # -- epochs and validation passes -------------------------------------------------
 
-    def begin_epoch(self) -> None:
-        """An epoch starts now (an epoch still open is cut short)."""
+    def begin_epoch(self, number: int | None = None) -> None:
+        """An epoch starts now (an epoch still open is cut short), numbered ``number``
+        when given."""
         self.settle_left_loops()
         now_ns = perf_counter_ns()
         if self._epoch_start_ns:
             self._record_in(self._context, wire.FLAG_INCOMPLETE, wire.EPOCH,
                             self._epoch_start_ns, now_ns)
+        if number is not None and number != self.epoch and self.open is None:
+            self.epoch = number
+            self.set_outside()
         self._epoch_start_ns = self.boundary_ns = now_ns
         self._record_in(self._context, wire.FLAG_BEGIN, wire.EPOCH, now_ns, now_ns)
 

@@ -246,9 +246,11 @@ class Run:
 
     # -- primitives: loop helpers, module hooks and framework callbacks drive these -----
 
-    def begin_epoch(self) -> None:
-        """An epoch starts now (an epoch still open is cut short)."""
-        self._iter.begin_epoch()
+    def begin_epoch(self, number: int | None = None) -> None:
+        """An epoch starts now (an epoch still open is cut short). ``number``: the
+        framework's own count (0 first), for a framework whose resume goes on from a
+        later epoch than the one open at its checkpoint; else the next after the last."""
+        self._iter.begin_epoch(number)
         self._epoch_iterations = sum(self._iter.counts)
 
     def end_epoch(self, failed: bool = False) -> None:

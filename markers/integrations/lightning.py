@@ -134,8 +134,9 @@ class MonitorCallback(Monitor, *_callback_bases()):  # type: ignore[misc]
 
     @never_raise
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
-        """An epoch starts."""
-        self.run.begin_epoch()
+        """An epoch starts, numbered as Lightning counts (a resume from a checkpoint saved
+        in the epoch's last validation goes on from the next epoch)."""
+        self.run.begin_epoch(int(trainer.current_epoch))
 
     @never_raise
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:

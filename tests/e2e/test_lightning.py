@@ -21,9 +21,11 @@ TRAINING = ["Training loop (s)", "Training data loading (s)", "Forward (s)", "Ba
             "Optimization (s)"]
 
 
-def fit(sidecar: Sidecar, *args: str) -> tuple[dict[str, list[float]], Path]:
+def fit(sidecar: Sidecar, *args: str, killed: bool = False
+        ) -> tuple[dict[str, list[float]], Path]:
     """Run the Lightning job in ``<root>/job`` (its default_root_dir, so the run folder)
-    against ``sidecar``; its truth and its run folder."""
+    against ``sidecar``; its truth (empty when ``killed``: the job SIGKILLs itself) and
+    its run folder."""
     folder = sidecar.root / "job"
     folder.mkdir(exist_ok=True)
     truth = folder / f"truth-{len(list(folder.glob('truth-*')))}.json"
@@ -31,6 +33,9 @@ def fit(sidecar: Sidecar, *args: str) -> tuple[dict[str, list[float]], Path]:
         [sys.executable, str(JOB), "--truth", str(truth), *args], cwd=folder,
         env=env(SIDECAR_ENDPOINT=sidecar.endpoint, OMP_NUM_THREADS="1"),
         capture_output=True, text=True, timeout=240)
+    if killed:
+        assert result.returncode == -9, result.stderr[-3000:]
+        return {}, folder
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(truth.read_text()), folder
 
@@ -114,6 +119,29 @@ def test_a_run_resumed_from_a_lightning_checkpoint_continues_the_split(
     assert sorted(epochs["epoch"]) == [0, 1]
     assert sorted(set(phases["session"])) == [0, 1]
     assert json.loads((folder / "run.json").read_text())["status"] == "completed"
+
+
+def test_resume_keeps_the_epoch_open_at_the_checkpoint(
+        serve: Callable[..., Sidecar]) -> None:
+    # 6 batches an epoch, a validation every 3: ModelCheckpoint saves at the end of each,
+    # the last one of epoch 1 (step 12) before the epoch ends. The job is killed inside
+    # epoch 2; Lightning resumes from step 12 at epoch 2.
+    first = serve()
+    args = ("--epochs", "3", "--ckpt-dir", "ckpt", "--val-check-interval", "0.5")
+    _truth, folder = fit(first, *args, "--kill-at-step", "14", killed=True)
+    first.stop()
+    second = serve()
+    fit(second, *args, "--resume", "ckpt/epoch=1-step=12.ckpt")
+    phases = read_tsv(split_dir(folder) / "logs" / "phases.tsv")
+    epochs = phases[phases["phase"] == "Epoch"].fillna({"flag": ""})
+    assert list(zip(epochs["epoch"], epochs["session"], epochs["flag"], strict=True)) == [
+        (0, 0, ""), (1, 0, "part"), (2, 1, "")]
+    part = epochs[epochs["flag"] == "part"].iloc[0]
+    validations = phases[(phases["phase"] == "Validation") & (phases["epoch"] == 1)]
+    # The part runs up to the checkpoint, taken at the end of epoch 1's last validation.
+    assert part["start (s)"] + part["wall (s)"] >= validations["start (s)"].max()
+    assert read_tsv(split_dir(folder) / "logs" / "computational.tsv")[
+        "Epoch (s)"].notna().sum() == 2
 
 
 def test_ddp_on_two_cpu_processes_writes_the_rank_files(sidecar: Sidecar) -> None:

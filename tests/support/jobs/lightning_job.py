@@ -3,7 +3,7 @@ writes what each part really took to ``--truth`` (one JSON file per rank).
 
     python tests/support/jobs/lightning_job.py --truth t.json [--accumulation N]
         [--epochs E] [--batches B] [--devices 2] [--val-check-interval F]
-        [--ckpt-dir D] [--resume CKPT]
+        [--ckpt-dir D] [--resume CKPT] [--kill-at-step N]
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -42,6 +44,18 @@ class SpinModule(pl.LightningModule):
         return SpinSGD(self.parameters(), self.truth, COSTS["optimization"])
 
 
+class KillAtStep(pl.Callback):
+    """SIGKILLs the process when a batch starts at ``step`` optimizer steps: after every
+    save of the step before (ModelCheckpoint saves at the end of batches and passes)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        if trainer.global_step >= self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--truth", required=True)
@@ -54,13 +68,17 @@ def main() -> None:
     parser.add_argument("--val-check-interval", type=float, default=1.0)
     parser.add_argument("--ckpt-dir")
     parser.add_argument("--resume")
+    parser.add_argument("--kill-at-step", type=int)
     args = parser.parse_args()
 
     torch.set_num_threads(1)
     truth = Truth()
     callbacks: list[pl.Callback] = [MonitorCallback(warmup_iterations=args.warmup)]
     if args.ckpt_dir:
-        callbacks.append(pl.callbacks.ModelCheckpoint(dirpath=args.ckpt_dir, save_last=True))
+        callbacks.append(pl.callbacks.ModelCheckpoint(dirpath=args.ckpt_dir, save_last=True,
+                                                      save_top_k=-1))
+    if args.kill_at_step:
+        callbacks.append(KillAtStep(args.kill_at_step))
     trainer = pl.Trainer(
         accelerator="cpu", devices=args.devices,
         strategy="ddp" if args.devices > 1 else "auto", max_epochs=args.epochs,
