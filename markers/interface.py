@@ -91,6 +91,9 @@ class RunInterface(Protocol):
     def exclude_since(self, start_ns: int) -> None:
         """The time since ``start_ns`` belongs to no iteration."""
 
+    def record_outside(self, name: str, start_ns: int, end_ns: int | None = ...) -> None:
+        """Custom phase ``name`` from ``start_ns`` to ``end_ns``, in no iteration."""
+
     def data_loaded(self, start_ns: int, end_ns: int | None = ...) -> None:
         """The open iteration's batch was fetched."""
 

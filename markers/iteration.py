@@ -306,6 +306,11 @@ class Iterations:
         if self.open is not None:
             self.open.excluded_ns += perf_counter_ns() - start_ns
 
+    def record_outside(self, phase_id: int, start_ns: int, end_ns: int) -> None:
+        """One phase from ``start_ns`` to ``end_ns`` in no iteration (a checkpoint save,
+        made while an iteration may be open or suspended)."""
+        self._record_in((0, self.epoch, -1, self.net_batches), 0, phase_id, start_ns, end_ns)
+
     # -- records and contexts ---------------------------------------------------------
 
     def set_outside(self) -> None:

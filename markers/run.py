@@ -316,6 +316,15 @@ class Run:
         belongs to no iteration: the open one's loop time leaves it out."""
         self._iter.exclude_since(start_ns)
 
+    def record_outside(self, name: str, start_ns: int, end_ns: int | None = None) -> None:
+        """Custom phase ``name`` from ``start_ns`` to ``end_ns`` (perf_counter_ns; None:
+        now), outside any iteration whatever is open (a framework's checkpoint save: its
+        own measurement, in phases.tsv and the summary)."""
+        marker = self._phases[name]
+        if isinstance(marker, Phase):
+            self._iter.record_outside(marker.phase_id, start_ns,
+                                      perf_counter_ns() if end_ns is None else end_ns)
+
     def _tell_if_no_iterations(self, since: int) -> None:
         """Warn once when phases were stamped but no iteration was measured since
         ``since`` (iterations counted at an epoch's begin, or 0 for the run): the natural
@@ -482,6 +491,9 @@ class NullRun:
         """Does nothing."""
 
     def exclude_since(self, start_ns: int) -> None:
+        """Does nothing."""
+
+    def record_outside(self, name: str, start_ns: int, end_ns: int | None = None) -> None:
         """Does nothing."""
 
     def data_loaded(self, start_ns: int, end_ns: int | None = None) -> None:

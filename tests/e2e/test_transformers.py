@@ -145,14 +145,19 @@ def test_an_epoch_open_at_the_checkpoint_is_kept_as_two_parts(
     second = serve()
     train(second, *args, "--resume")
     phases = read_tsv(split_dir(out) / "logs" / "phases.tsv")
-    epochs = phases[phases["phase"] == "Epoch"].fillna({"flag": ""})
-    assert list(zip(epochs["epoch"], epochs["session"], epochs["flag"], strict=True)) == [
+    epochs = phases[phases["phase"] == "Epoch"]
+    flags = [flag if isinstance(flag, str) else "" for flag in epochs["flag"]]
+    assert list(zip(epochs["epoch"], epochs["session"], flags, strict=True)) == [
         (0, 0, "part"), (0, 1, "part"), (1, 1, "")]
     loops = phases[(phases["phase"] == "Training loop") & (phases["session"] == 0)]
     first_part = epochs.iloc[0]
     # The first part runs up to the checkpoint (after step 4), not past the kill.
     assert first_part["start (s)"] + first_part["wall (s)"] >= loops["start (s)"].max()
     assert computational(out)["Epoch (s)"].notna().sum() == 1
+    # The saves are the checkpoint phase: the second process saves at steps 8, 12 and
+    # 16, the first of them is warmup.
+    saves = phases[phases["phase"] == "checkpoint"]
+    assert list(saves["session"]) == [1, 1] and set(saves["flag"]) == {"outside"}
 
 
 def test_an_epochs_short_last_step_counts_its_real_samples(sidecar: Sidecar) -> None:
