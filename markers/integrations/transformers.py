@@ -31,8 +31,9 @@ with the callback's keyword arguments (those of ``markers.start_run``); not give
 state is written into the checkpoint folder (``trainmon-state.json``); a run resumed with
 ``trainer.train(resume_from_checkpoint=...)`` reads it back from
 ``args.resume_from_checkpoint`` when that names a folder, else from
-``<output_dir>/checkpoint-<global_step>``, and continues the split. The run ends at
-``on_train_end``.
+``<output_dir>/checkpoint-<global_step>``, and continues the split (an epoch open at the
+checkpoint is kept as two flagged parts). The save, from the step's or the evaluation's
+end to ``on_save``, is the custom phase ``checkpoint``. The run ends at ``on_train_end``.
 """
 
 from __future__ import annotations
