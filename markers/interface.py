@@ -72,8 +72,8 @@ class RunInterface(Protocol):
     def prefer_device(self, device: Any) -> None:
         """The CUDA device to time unless ``start_run(device=...)`` said which."""
 
-    def begin_epoch(self) -> None:
-        """An epoch starts now."""
+    def begin_epoch(self, number: int | None = None) -> None:
+        """An epoch starts now (numbered ``number`` when the framework says which)."""
 
     def end_epoch(self, failed: bool = ...) -> None:
         """The epoch ends now."""
@@ -90,6 +90,9 @@ class RunInterface(Protocol):
 
     def exclude_since(self, start_ns: int) -> None:
         """The time since ``start_ns`` belongs to no iteration."""
+
+    def record_outside(self, name: str, start_ns: int, end_ns: int | None = ...) -> None:
+        """Custom phase ``name`` from ``start_ns`` to ``end_ns``, in no iteration."""
 
     def data_loaded(self, start_ns: int, end_ns: int | None = ...) -> None:
         """The open iteration's batch was fetched."""

@@ -99,13 +99,17 @@ class Iterations:
 
     # -- epochs and validation passes -------------------------------------------------
 
-    def begin_epoch(self) -> None:
-        """An epoch starts now (an epoch still open is cut short)."""
+    def begin_epoch(self, number: int | None = None) -> None:
+        """An epoch starts now (an epoch still open is cut short), numbered ``number``
+        when given."""
         self.settle_left_loops()
         now_ns = perf_counter_ns()
         if self._epoch_start_ns:
             self._record_in(self._context, wire.FLAG_INCOMPLETE, wire.EPOCH,
                             self._epoch_start_ns, now_ns)
+        if number is not None and number != self.epoch and self.open is None:
+            self.epoch = number
+            self.set_outside()
         self._epoch_start_ns = self.boundary_ns = now_ns
         self._record_in(self._context, wire.FLAG_BEGIN, wire.EPOCH, now_ns, now_ns)
 
@@ -304,6 +308,11 @@ class Iterations:
         which hooks compare, stay the same)."""
         if self.open is not None:
             self.open.excluded_ns += perf_counter_ns() - start_ns
+
+    def record_outside(self, phase_id: int, start_ns: int, end_ns: int) -> None:
+        """One phase from ``start_ns`` to ``end_ns`` in no iteration (a checkpoint save,
+        made while an iteration may be open or suspended)."""
+        self._record_in((0, self.epoch, -1, self.net_batches), 0, phase_id, start_ns, end_ns)
 
     # -- records and contexts ---------------------------------------------------------
 

@@ -44,6 +44,11 @@ class Phase:
         self._slot = -1  # the GPU timer slot of the current entry (GpuPhase)
         self._depth = 0  # entries inside the open one
 
+    @property
+    def phase_id(self) -> int:
+        """The phase's id on the wire."""
+        return self._id
+
     def __enter__(self) -> Phase:
         if self._start:  # entered again inside itself: the outer entry measures
             self._depth += 1
@@ -85,6 +90,11 @@ class GpuPhase(Phase):
     """A phase marker that also records CUDA events (``markers.gpu``); never waits."""
 
     __slots__ = ()
+
+    @property
+    def phase_id(self) -> int:
+        """The phase's id on the wire."""
+        return self._id
 
     def __enter__(self) -> Phase:
         if self._start:

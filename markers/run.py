@@ -252,9 +252,11 @@ class Run:
 
     # -- primitives: loop helpers, module hooks and framework callbacks drive these -----
 
-    def begin_epoch(self) -> None:
-        """An epoch starts now (an epoch still open is cut short)."""
-        self._iter.begin_epoch()
+    def begin_epoch(self, number: int | None = None) -> None:
+        """An epoch starts now (an epoch still open is cut short). ``number``: the
+        framework's own count (0 first), for a framework whose resume goes on from a
+        later epoch than the one open at its checkpoint; else the next after the last."""
+        self._iter.begin_epoch(number)
         self._epoch_iterations = sum(self._iter.counts)
 
     def end_epoch(self, failed: bool = False) -> None:
@@ -319,6 +321,15 @@ class Run:
         """The time since ``start_ns`` (perf_counter_ns; a framework's checkpoint save)
         belongs to no iteration: the open one's loop time leaves it out."""
         self._iter.exclude_since(start_ns)
+
+    def record_outside(self, name: str, start_ns: int, end_ns: int | None = None) -> None:
+        """Custom phase ``name`` from ``start_ns`` to ``end_ns`` (perf_counter_ns; None:
+        now), outside any iteration whatever is open (a framework's checkpoint save: its
+        own measurement, in phases.tsv and the summary)."""
+        marker = self._phases[name]
+        if isinstance(marker, Phase):
+            self._iter.record_outside(marker.phase_id, start_ns,
+                                      perf_counter_ns() if end_ns is None else end_ns)
 
     def _tell_if_no_iterations(self, since: int) -> None:
         """Warn once when phases were stamped but no iteration was measured since
@@ -489,6 +500,9 @@ class NullRun:
         """Does nothing."""
 
     def exclude_since(self, start_ns: int) -> None:
+        """Does nothing."""
+
+    def record_outside(self, name: str, start_ns: int, end_ns: int | None = None) -> None:
         """Does nothing."""
 
     def data_loaded(self, start_ns: int, end_ns: int | None = None) -> None:

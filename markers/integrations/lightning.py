@@ -24,8 +24,8 @@ micro-batch) → ``on_before_backward`` → ``on_after_backward`` →
   validation inside an accumulation window (``val_check_interval`` not a multiple of
   ``accumulate_grad_batches``) is its own Validation too: the training iteration is
   suspended, and its loop time leaves the pass out;
-* checkpoint saves (``trainer.save_checkpoint``, what ModelCheckpoint calls) are cut out:
-  in no iteration's loop time and no batch's data loading.
+* checkpoint saves (``trainer.save_checkpoint``, what ModelCheckpoint calls) are the
+  custom phase ``checkpoint``: in no iteration's loop time and no batch's data loading.
 
 With manual optimization, a second optimizer's forward falls into the first one's
 Optimization (the hooks cannot tell it apart); use ``markers.instrument`` there.
@@ -35,8 +35,9 @@ The run starts in ``setup`` for fitting, with the callback's keyword arguments (
 ``accumulation_steps`` = ``accumulate_grad_batches``, ``rank`` = ``global_rank``, batch
 sizes from the first batches. ``on_save_checkpoint`` puts the monitor's state into the
 checkpoint (key ``"trainmon"``) and ``on_load_checkpoint`` continues the split from it, so
-``trainer.fit(..., ckpt_path=...)`` continues the measurements. The run ends in
-``teardown`` (failed after ``on_exception``). Under DDP, start the job with
+``trainer.fit(..., ckpt_path=...)`` continues the measurements; epochs are numbered as
+Lightning counts them, and one open at the checkpoint keeps its part up to it (flagged).
+The run ends in ``teardown`` (failed after ``on_exception``). Under DDP, start the job with
 ``sidecar run`` so that all ranks share one sidecar (rank r > 0 writes its own files).
 
 The class derives from ``lightning.pytorch.Callback`` and, when that package is there
@@ -134,8 +135,9 @@ class MonitorCallback(Monitor, *_callback_bases()):  # type: ignore[misc]
 
     @never_raise
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
-        """An epoch starts."""
-        self.run.begin_epoch()
+        """An epoch starts, numbered as Lightning counts (a resume from a checkpoint saved
+        in the epoch's last validation goes on from the next epoch)."""
+        self.run.begin_epoch(int(trainer.current_epoch))
 
     @never_raise
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:

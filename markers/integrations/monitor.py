@@ -23,6 +23,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 # The callbacks take exactly start_run's keyword arguments: read from it, never copied.
 START_RUN_KEYWORDS = frozenset(inspect.signature(start_run).parameters)
+CHECKPOINT_PHASE = "checkpoint"  # the custom phase of a framework's checkpoint saves
 
 
 def never_raise(method: F) -> F:
@@ -105,8 +106,9 @@ class Monitor:
 
     def cut_out(self, start_ns: int) -> None:
         """The time since ``start_ns`` (a checkpoint save) belongs to no iteration and to
-        no batch's data loading."""
+        no batch's data loading: it is its own phase, ``checkpoint``."""
         self.run.exclude_since(start_ns)
+        self.run.record_outside(CHECKPOINT_PHASE, start_ns)
         self.mark()
 
     def mark(self) -> None:

@@ -31,8 +31,9 @@ with the callback's keyword arguments (those of ``markers.start_run``); not give
 state is written into the checkpoint folder (``trainmon-state.json``); a run resumed with
 ``trainer.train(resume_from_checkpoint=...)`` reads it back from
 ``args.resume_from_checkpoint`` when that names a folder, else from
-``<output_dir>/checkpoint-<global_step>``, and continues the split. The run ends at
-``on_train_end``.
+``<output_dir>/checkpoint-<global_step>``, and continues the split (an epoch open at the
+checkpoint is kept as two flagged parts). The save, from the step's or the evaluation's
+end to ``on_save``, is the custom phase ``checkpoint``. The run ends at ``on_train_end``.
 """
 
 from __future__ import annotations
@@ -102,14 +103,17 @@ class MonitorCallback(Monitor, TrainerCallback):
 
     @never_raise
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Write the monitor's state into the checkpoint folder just written."""
+        """Write the monitor's state into the checkpoint folder just written; the save
+        (since the step's or the evaluation's end, the state included) is the
+        ``checkpoint`` phase."""
+        start_ns = max(self._last_end_ns, self.run.last_boundary_ns)
         saved = self.run.state_dict()
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if saved and args.should_save and folder.is_dir():
             temporary = folder / f".{STATE_FILE}.{os.getpid()}"
             temporary.write_text(json.dumps(saved))
             temporary.replace(folder / STATE_FILE)
-        self.mark()  # the checkpoint write is no one's data loading
+        self.cut_out(start_ns)  # no one's data loading
 
     @never_raise
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

@@ -204,6 +204,10 @@ def state_of(stream: Stream) -> dict[str, Any]:
 
 
 def next_epoch(agg: RankAggregator) -> int:
-    """The epoch a process continuing ``agg`` goes on from (0 when none was seen)."""
+    """The epoch a process continuing ``agg`` goes on from: the one open at the
+    checkpoint (its second part), else the one after the last stored (0 when none)."""
+    open_epochs = [epoch for phase, epoch in agg.continued if phase == wire.EPOCH]
+    if open_epochs:
+        return open_epochs[0]
     epochs = agg.series.get(wire.EPOCH)
     return max((r.epoch for r in epochs.rows), default=-1) + 1 if epochs else 0

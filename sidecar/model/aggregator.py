@@ -71,6 +71,9 @@ RecordValues = np.ndarray | array | Sequence[int]
 LOOP_PHASES = wire.LOOP_ID
 OUTSIDE = "outside"  # flag of a row measured outside any iteration
 INCOMPLETE = "incomplete"  # flag of a row cut short: kept, never a measurement
+# Flag of one part of an Epoch or Validation open at a checkpoint: the part up to the
+# checkpoint, and (when the resumed process goes on in it) the part after the resume.
+PART = "part"
 # What ``RankAggregator._decide`` says of a closed iteration: None (warmup), else (rows
 # stored, batches, batch size or None).
 Verdict = tuple[bool, int, int | None] | None
@@ -101,7 +104,7 @@ class Row:
     start_s: float  # since the run (first session) started
     batch_size: int | None = None  # samples per batch of the iteration (loop rows only)
     batches: int = 0  # batches of the row's iteration (0 outside iterations)
-    flag: str = ""  # "", OUTSIDE or INCOMPLETE (phases.tsv's flag column)
+    flag: str = ""  # "", OUTSIDE, INCOMPLETE or PART (phases.tsv's flag column)
 
 
 ROW_FIELDS = tuple(f.name for f in fields(Row))
@@ -199,6 +202,9 @@ class RankAggregator:
         # Open iterations: their phases' sums and the context record of each.
         self._open: dict[tuple[bool, int], tuple[list[int], dict[int, _Partial]]] = {}
         self._spans: dict[int, list[int]] = {}  # Epoch/Validation begun, not ended: begin record
+        # (phase, epoch) of the spans open at the checkpoint this aggregator resumed from:
+        # their end in this session closes their second part.
+        self.continued: set[tuple[int, int]] = set()
         self._standalone_seen: dict[int, int] = {}
         # Batch sizes read from the batches in this session, by "is validation": (first
         # iteration, size or None when the batches could not tell), in order.
@@ -260,6 +266,21 @@ class RankAggregator:
             self._flag(phase, begin, max(current.last_ns, begin[P_START]) - begin[P_START],
                        -1, -1, INCOMPLETE)
         self._spans.clear()
+
+    def open_span_parts(self) -> dict[int, Row]:
+        """Each Epoch or Validation open now, as the row of its part so far (up to the
+        session's last record), flagged PART: what a state taken now keeps of it."""
+        session = self.sessions[-1] if self.sessions else None
+        return {phase: self._row(begin, max(session.last_ns, begin[P_START]) - begin[P_START],
+                                 -1, -1, None, None, 0, PART)
+                for phase, begin in self._spans.items() if session is not None}
+
+    def continue_parts(self, parts: dict[int, Row]) -> None:
+        """Resume from a state that kept ``parts`` (``open_span_parts``): each is a flagged
+        row, and the same span's end in the next session is its second part."""
+        self.continued = {(phase, row.epoch) for phase, row in parts.items()}
+        for phase, row in parts.items():
+            self._series(phase).flagged.append(row)
 
     def training_s(self) -> float:
         """Effective Training time in seconds: earlier sessions plus the current one."""
@@ -582,6 +603,9 @@ class RankAggregator:
         wall_ns = record[P_END] - record[P_START]
         if flags & wire.FLAG_INCOMPLETE:
             self._flag(phase, record, wall_ns, record[P_GPU], record[P_PEAK], INCOMPLETE)
+        elif (phase, record[P_EPOCH]) in self.continued:
+            self.continued.discard((phase, record[P_EPOCH]))
+            self._flag(phase, record, wall_ns, record[P_GPU], record[P_PEAK], PART)
         else:
             self._measure(phase, record, wall_ns, record[P_GPU], record[P_PEAK], store=True)
 

@@ -12,8 +12,9 @@ a series' ``rows`` and ``flagged`` as columns (one list per Row field,
 ``row_columns``) instead of one object per row: a third of the size at 10⁵
 stored rows (the field names are no longer repeated per row), which a checkpoint writes
 and flushes to disk each time. Within 4, each session also keeps its ``gpu_unfinished``,
-``pre_run_s`` and ``sidecar_wait_s``, and each rank its ``goodput`` counters per session
-(absent: none, not counted). Older documents are upgraded on reading.
+``pre_run_s`` and ``sidecar_wait_s``, each rank its ``goodput`` counters per session and
+its ``open_spans``: the Epoch or Validation open when the state was taken, as the row of
+its part so far (absent: none, not counted). Older documents are upgraded on reading.
 
 The *lineage* of a state is the run id of its first session: a fresh run starts a
 lineage, a resume continues the lineage of the state it loaded.
@@ -87,6 +88,8 @@ def rank_state(agg: RankAggregator, rows_state: RowsState | None = None) -> dict
         "aligned_custom": sorted(agg.aligned_custom),
         "sessions": [asdict(s) for s in agg.sessions],
         "goodput": [None if c is None else c.to_state() for c in agg.goodput],
+        "open_spans": {str(phase): row_columns([row])
+                       for phase, row in agg.open_span_parts().items()},
         "series": {
             str(phase): {"rows": rows_of(phase, "rows"),
                          "wall": s.wall.to_list(),
@@ -126,7 +129,8 @@ def load_rank(agg: RankAggregator, saved: dict[str, Any], continue_run: str = ""
     for s in agg.sessions:  # the state's sessions are over: their time is in training_s
         s.end_ns = s.end_ns if s.end_ns is not None else s.last_ns
     last = agg.sessions[-1] if agg.sessions else None
-    if continue_run and last is not None and last.run_id == continue_run:
+    going_on = bool(continue_run) and last is not None and last.run_id == continue_run
+    if going_on and last is not None:
         ended_ns = last.end_ns if last.end_ns is not None else last.last_ns
         agg.training_before_s -= (ended_ns - last.start_ns) / NS_PER_S
         last.end_ns = None
@@ -140,6 +144,11 @@ def load_rank(agg: RankAggregator, saved: dict[str, Any], continue_run: str = ""
                                 Welford.from_list(s["gpu"]), rows_from_columns(s["flagged"]))
         for phase, s in saved["series"].items()
     }
+    # A process that goes on (a new sidecar took it over) ends its open spans whole;
+    # a resumed one keeps their part up to the checkpoint (added within schema 4).
+    agg.continue_parts({} if going_on else {
+        int(phase): rows_from_columns(columns)[0]
+        for phase, columns in saved.get("open_spans", {}).items()})
 
 
 STATE_DIR = "state"  # state/<node-id>.json: the state of a node not serving rank 0

@@ -23,14 +23,19 @@ TRAINING = ["Training loop (s)", "Training data loading (s)", "Forward (s)", "Ba
 BATCH = 4  # per_device_train_batch_size of the job
 
 
-def train(sidecar: Sidecar, *args: str) -> tuple[dict[str, list[float]], Path]:
-    """Run the Trainer job with its output_dir (the run folder) under the sidecar's root."""
+def train(sidecar: Sidecar, *args: str, killed: bool = False
+          ) -> tuple[dict[str, list[float]], Path]:
+    """Run the Trainer job with its output_dir (the run folder) under the sidecar's root;
+    its truth (empty when ``killed``: the job SIGKILLs itself) and output_dir."""
     out = sidecar.root / "hf"
     truth = sidecar.root / f"truth-{len(list(sidecar.root.glob('truth-*')))}.json"
     result = subprocess.run(
         [sys.executable, str(JOB), "--truth", str(truth), "--out", str(out), *args],
         cwd=sidecar.root, capture_output=True, text=True, timeout=300,
         env=env(SIDECAR_ENDPOINT=sidecar.endpoint, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1"))
+    if killed:
+        assert result.returncode == -9, result.stderr[-3000:]
+        return {}, out
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(truth.read_text()), out
 
@@ -127,6 +132,32 @@ def test_resume_from_checkpoint_continues_the_split(serve: Callable[..., Sidecar
     phases = read_tsv(split_dir(out) / "logs" / "phases.tsv")
     assert sorted(set(phases["session"])) == [0, 1]
     assert json.loads((out / "run.json").read_text())["status"] == "completed"
+
+
+def test_an_epoch_open_at_the_checkpoint_is_kept_as_two_parts(
+        serve: Callable[..., Sidecar]) -> None:
+    # 8 steps an epoch, a checkpoint every 4: the first process is killed at step 6, the
+    # second resumes from checkpoint-4 inside epoch 0.
+    first = serve()
+    args = ("--model", "spin", "--samples", "32", "--save-steps", "4")
+    _truth, out = train(first, *args, "--kill-at-step", "6", killed=True)
+    first.stop()
+    second = serve()
+    train(second, *args, "--resume")
+    phases = read_tsv(split_dir(out) / "logs" / "phases.tsv")
+    epochs = phases[phases["phase"] == "Epoch"]
+    flags = [flag if isinstance(flag, str) else "" for flag in epochs["flag"]]
+    assert list(zip(epochs["epoch"], epochs["session"], flags, strict=True)) == [
+        (0, 0, "part"), (0, 1, "part"), (1, 1, "")]
+    loops = phases[(phases["phase"] == "Training loop") & (phases["session"] == 0)]
+    first_part = epochs.iloc[0]
+    # The first part runs up to the checkpoint (after step 4), not past the kill.
+    assert first_part["start (s)"] + first_part["wall (s)"] >= loops["start (s)"].max()
+    assert computational(out)["Epoch (s)"].notna().sum() == 1
+    # The saves are the checkpoint phase: the second process saves at steps 8, 12 and
+    # 16, the first of them is warmup.
+    saves = phases[phases["phase"] == "checkpoint"]
+    assert list(saves["session"]) == [1, 1] and set(saves["flag"]) == {"outside"}
 
 
 def test_an_epochs_short_last_step_counts_its_real_samples(sidecar: Sidecar) -> None:

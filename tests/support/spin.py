@@ -8,6 +8,7 @@ happened, whatever the load on the machine.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -40,6 +41,19 @@ class Truth:
         """The cost of the next call of ``part``: 1, 2 or 3 times ``base_s`` in turn, so
         that a row given another iteration's time cannot pass for its own."""
         return base_s * (1 + len(self.seconds[part]) % 3)
+
+    @contextlib.contextmanager
+    def around(self, part: str) -> Iterator[None]:
+        """The script's own clock around a whole call, recorded under ``outer_<part>``:
+        what a row of ``part`` may hold at most (see ``assert_between``)."""
+        start = time.perf_counter()
+        yield
+        self.seconds[f"outer_{part}"].append(time.perf_counter() - start)
+
+    def since(self, part: str, start: float) -> None:
+        """Record the script's clock from ``start`` (perf_counter) to now under
+        ``outer_<part>``."""
+        self.seconds[f"outer_{part}"].append(time.perf_counter() - start)
 
     def spin(self, part: str, seconds: float) -> None:
         """Busy-wait ``seconds`` and record the time it really took under ``part``."""
@@ -151,3 +165,21 @@ def assert_close(measured: list[float], truth: list[float], what: str,
     assert not below, f"{what}: rows {below} below their truth (measured/true ms: {text})"
     assert 3 * len(above) <= len(rows), \
         f"{what}: rows {above} above their truth (measured/true ms: {text})"
+
+
+def assert_between(measured: list[float], inner: list[float], outer: list[float], what: str,
+                   rel: float = 0.15, slack_s: float = 0.4e-3) -> None:
+    """Each stored row between the script's clock inside the work (``inner``: the part's
+    own spin, less ``rel`` or ``slack_s``) and around the whole window the row should
+    hold (``outer``, plus ``slack_s``). A pause anywhere inside the window (the scheduler,
+    the garbage collector) widens both the row and its outer bound, so this holds on a
+    busy machine; a row missing a batch, or holding another iteration's (whose costs
+    differ by a third or more), falls outside.
+    """
+    assert len(measured) == len(inner) == len(outer), \
+        f"{what}: {len(measured)} rows for {len(inner)} inner, {len(outer)} outer times"
+    rows = list(zip(measured, inner, outer, strict=True))
+    text = [f"{got * 1e3:.3f} in [{low * 1e3:.3f}, {high * 1e3:.3f}]" for got, low, high in rows]
+    wrong = [i for i, (got, low, high) in enumerate(rows)
+             if not low - max(rel * low, slack_s) <= got <= high + slack_s]
+    assert not wrong, f"{what}: rows {wrong} outside their bounds (ms: {text})"

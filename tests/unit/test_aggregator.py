@@ -232,3 +232,31 @@ def test_training_time_adds_sessions_and_state_round_trips() -> None:
     assert copy.training_s() == pytest.approx(0.75)
     assert walls(copy, wire.FORWARD) == [2.0, 2.0]
     assert [r.session for r in copy.series[wire.FORWARD].rows] == [0, 1]
+
+
+def test_an_epoch_open_at_a_state_is_two_flagged_parts_on_resume() -> None:
+    agg = RankAggregator(0, Settings(warmup_iterations=0), 1000.0)
+    agg.begin_session(1000.0, 0, "first")
+    begin = wire.FLAG_BEGIN
+    agg.add_records(array("q", record(wire.EPOCH, 0, 0, flags=begin) + iteration(0, 0.0, 0)
+                          + record(wire.EPOCH, 0, 10, flags=0)
+                          + record(wire.EPOCH, 10, 10, flags=begin, epoch=1)
+                          + iteration(1, 10.0, 1)))
+    saved = state.rank_state(agg)  # epoch 1 open, its last record at 13 ms
+    agg.add_records(array("q", record(wire.EPOCH, 10, 40, flags=0, epoch=1)))
+    assert walls(agg, wire.EPOCH) == [10.0, 30.0]  # the process went on: whole
+    resumed = RankAggregator(0, agg.settings, 0.0)
+    state.load_rank(resumed, saved)
+    resumed.begin_session(2000.0, 0)
+    resumed.add_records(array("q", record(wire.EPOCH, 0, 0, flags=begin, epoch=1)
+                              + record(wire.EPOCH, 0, 25, flags=0, epoch=1)
+                              + record(wire.EPOCH, 25, 25, flags=begin, epoch=2)
+                              + record(wire.EPOCH, 25, 45, flags=0, epoch=2)))
+    assert flagged(resumed, wire.EPOCH) == [(3.0, "part"), (25.0, "part")]
+    assert walls(resumed, wire.EPOCH) == [10.0, 20.0]
+    # A new sidecar taking over the same process: its epoch goes on and ends whole.
+    taken_over = RankAggregator(0, agg.settings, 0.0)
+    state.load_rank(taken_over, saved, continue_run="first")
+    taken_over.add_records(array("q", record(wire.EPOCH, 10, 40, flags=0, epoch=1)))
+    assert flagged(taken_over, wire.EPOCH) == []
+    assert walls(taken_over, wire.EPOCH) == [10.0, 30.0]

@@ -4,7 +4,7 @@ part really took to ``--truth``.
 
     python tests/support/jobs/transformers_job.py --truth t.json --out OUT
         [--model spin|bert] [--accumulation N] [--max-steps S] [--eval-steps E]
-        [--eval-epochs] [--save-steps S] [--resume]
+        [--eval-epochs] [--save-steps S] [--resume] [--kill-at-step N]
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import time
 from typing import Any
 
@@ -24,6 +25,7 @@ from transformers import (
     BertConfig,
     BertForSequenceClassification,
     Trainer,
+    TrainerCallback,
     TrainingArguments,
 )
 
@@ -90,6 +92,18 @@ class TimedCallback(MonitorCallback):
         self.begin_s = time.perf_counter() - start
 
 
+class KillAtStep(TrainerCallback):
+    """SIGKILLs the process when a step begins at ``step`` steps (after the save of the
+    step before)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step >= self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--truth", required=True)
@@ -103,6 +117,7 @@ def main() -> None:
     parser.add_argument("--eval-epochs", action="store_true", help="evaluate at epoch ends")
     parser.add_argument("--save-steps", type=int, default=0)
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--kill-at-step", type=int)
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -129,7 +144,9 @@ def main() -> None:
         disable_tqdm=True, seed=0)
     callback = TimedCallback(warmup_iterations=1)
     trainer = Trainer(model=model, args=training_args, train_dataset=train,
-                      eval_dataset=evaluation, optimizers=optimizers, callbacks=[callback])
+                      eval_dataset=evaluation, optimizers=optimizers,
+                      callbacks=[callback, *([KillAtStep(args.kill_at_step)]
+                                             if args.kill_at_step else [])])
     trainer.train(resume_from_checkpoint=True if args.resume else None)
     with open(args.truth, "w") as handle:
         json.dump({**truth.seconds, "on_train_begin": callback.begin_s}, handle)
