@@ -81,7 +81,7 @@ def test_the_page_reads_well_from_a_few_jobs_to_thousands(tmp_path: Path, jobs: 
         assert check["gpu_notes"] == 0
         assert check["dom"].count('<div class="uplot') == min(jobs, 20)
     # status, wall time and flags beside the job's name, the long command folded
-    head = re.search(r"<thead><tr>(.*?)</tr>", check["dom"])
+    head = re.search(r'id="jobs".*?<thead><tr>(.*?)</tr>', check["dom"], re.S)
     assert head and re.findall(r"<th[^>]*>([^<]*)</th>", head[1])[:4] == [
         "job", "status", "wall (s)", "flags"]
     assert 'class="text fold" title="python train.py --option-0' in check["dom"]
