@@ -47,8 +47,13 @@ def _status_wait_s(endpoint: str) -> float:
 
 
 def _round(endpoint: str, root: Path, cap: int) -> dict[str, float]:
-    run = markers.start_run(out_dir=str(root / f"cap{cap}"), warmup_iterations=0,
-                            num_measurements=cap, train_batch_size=8, endpoint=endpoint)
+    run = markers.start_run(
+        out_dir=str(root / f"cap{cap}"),
+        warmup_iterations=0,
+        num_measurements=cap,
+        train_batch_size=8,
+        endpoint=endpoint,
+    )
     with run.epoch():
         for _ in run.train_batches(range(cap)):
             with run.phase("forward"):
@@ -62,8 +67,11 @@ def _round(endpoint: str, root: Path, cap: int) -> dict[str, float]:
     caught_up_s = time.perf_counter() - begin
     begin = time.perf_counter()
     assert run.checkpoint(TIMEOUT_S)
-    figures = {"checkpoint_s": time.perf_counter() - begin, "write_s": _status_wait_s(endpoint),
-               "catch_up_s": caught_up_s}
+    figures = {
+        "checkpoint_s": time.perf_counter() - begin,
+        "write_s": _status_wait_s(endpoint),
+        "catch_up_s": caught_up_s,
+    }
     begin = time.perf_counter()
     saved = run.state_dict(TIMEOUT_S)
     figures["state_dict_s"] = time.perf_counter() - begin
@@ -83,35 +91,56 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="ckpt-", dir="/tmp"))
     endpoint = f"ipc://{folder}/s.sock"
     sidecar = subprocess.Popen(
-        [sys.executable, "-m", "sidecar", "serve", "--quiet", "--endpoint", endpoint,
-         "--root", str(folder / "root")], env={**os.environ, "PYTHONPATH": str(ROOT)})
+        [
+            sys.executable,
+            "-m",
+            "sidecar",
+            "serve",
+            "--quiet",
+            "--endpoint",
+            endpoint,
+            "--root",
+            str(folder / "root"),
+        ],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     try:
         rows = []
         for cap in CAPS:
             rounds = [_round(endpoint, folder / "root" / f"r{i}", cap) for i in range(REPEATS)]
             best = {key: min(r[key] for r in rounds) for key in rounds[0]}
-            rows.append(f"| {cap:,} | {best['catch_up_s']:.2f} s | "
-                        f"{best['checkpoint_s'] * 1e3:.1f} ms | "
-                        f"{best['write_s']:.2f} s | {best['state_dict_s']:.2f} s | "
-                        f"{best['state_mb']:.1f} MB | {best['load_s']:.2f} s | "
-                        f"{best['finish_s']:.2f} s |")
+            rows.append(
+                f"| {cap:,} | {best['catch_up_s']:.2f} s | "
+                f"{best['checkpoint_s'] * 1e3:.1f} ms | "
+                f"{best['write_s']:.2f} s | {best['state_dict_s']:.2f} s | "
+                f"{best['state_mb']:.1f} MB | {best['load_s']:.2f} s | "
+                f"{best['finish_s']:.2f} s |"
+            )
     finally:
         sidecar.terminate()
         sidecar.wait(30)
-    text = "\n".join([
-        "## Checkpoint cost", "",
-        machine_line("python bench/checkpoint_cost.py") + " Best of "
-        f"{REPEATS} rounds; one phase per iteration, the cap filled.", "",
-        "| cap (iterations) | sidecar catching up with the empty loop | checkpoint() in the "
-        "loop | sidecar's write after it | state_dict() | state | load_state_dict() (in "
-        "parts) | finish() |",
-        "|---|---|---|---|---|---|---|---|", *rows, "",
-        "The empty loop sends records faster than the sidecar aggregates them (about "
-        "4 µs per record on a 2-core VM); a checkpoint called right after such a loop "
-        "first waits for that backlog (second column), a real training step leaves none.",
-        "Before checkpoint() answered ahead of the write, it waited for the whole write "
-        "(0.15-0.24 s at 1 000, 1.3-1.9 s at 10 000, a 5 s time-out at 40 000) and "
-        "load_state_dict() failed above a cap of about 2 500.", ""])
+    text = "\n".join(
+        [
+            "## Checkpoint cost",
+            "",
+            machine_line("python bench/checkpoint_cost.py") + " Best of "
+            f"{REPEATS} rounds; one phase per iteration, the cap filled.",
+            "",
+            "| cap (iterations) | sidecar catching up with the empty loop | checkpoint() in the "
+            "loop | sidecar's write after it | state_dict() | state | load_state_dict() (in "
+            "parts) | finish() |",
+            "|---|---|---|---|---|---|---|---|",
+            *rows,
+            "",
+            "The empty loop sends records faster than the sidecar aggregates them (about "
+            "4 µs per record on a 2-core VM); a checkpoint called right after such a loop "
+            "first waits for that backlog (second column), a real training step leaves none.",
+            "Before checkpoint() answered ahead of the write, it waited for the whole write "
+            "(0.15-0.24 s at 1 000, 1.3-1.9 s at 10 000, a 5 s time-out at 40 000) and "
+            "load_state_dict() failed above a cap of about 2 500.",
+            "",
+        ]
+    )
     write_section(text)
     print(text)
 

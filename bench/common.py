@@ -26,9 +26,21 @@ def sidecar(folder: Path, *args: str) -> Iterator[tuple[str, subprocess.Popen[by
     socket_file = folder / "sidecar.sock"
     endpoint = f"ipc://{socket_file}"
     process = subprocess.Popen(
-        [sys.executable, "-m", "sidecar", "serve", "--quiet", "--endpoint", endpoint,
-         "--root", str(folder), *args],
-        env={**os.environ, "PYTHONPATH": str(ROOT)}, stdin=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "sidecar",
+            "serve",
+            "--quiet",
+            "--endpoint",
+            endpoint,
+            "--root",
+            str(folder),
+            *args,
+        ],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdin=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 30
         while not socket_file.exists():

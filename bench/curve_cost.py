@@ -47,8 +47,20 @@ def measure(folder: Path, secret: str | None, messages: int) -> float:
     environment.pop(shared_secret.ENV, None)
     if secret:
         environment[shared_secret.ENV] = secret
-    sidecar = subprocess.Popen([sys.executable, "-m", "sidecar", "serve", "--quiet", "--root",
-                                str(folder), "--endpoint", endpoint], env=environment)
+    sidecar = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sidecar",
+            "serve",
+            "--quiet",
+            "--root",
+            str(folder),
+            "--endpoint",
+            endpoint,
+        ],
+        env=environment,
+    )
     sender = Sender(endpoint, os.urandom(16), 0, secret)
     try:
         hello = {"type": wire.HELLO, "out_dir": "bench", "cwd": "/", "num_measurements": 10}
@@ -82,8 +94,7 @@ def main() -> None:
     plain_us, curve_us = statistics.median(plain) * 1e6, statistics.median(curve) * 1e6
     extra_ns = (curve_us - plain_us) * 1000 / RECORDS
     text = (
-        "## CURVE cost\n\n"
-        + machine_line("python bench/curve_cost.py") + "\n\n"
+        "## CURVE cost\n\n" + machine_line("python bench/curve_cost.py") + "\n\n"
         f"CPU time of the training process (all threads) per message of {RECORDS} records, sent "
         "to a real sidecar, with and without the job's secret (CurveZMQ); medians of "
         f"{args.repeats} interleaved runs of {args.messages} messages.\n\n"
@@ -91,7 +102,8 @@ def main() -> None:
         f"| plain | {plain_us:.1f} | — |\n"
         f"| CURVE | {curve_us:.1f} | {extra_ns:.0f} |\n\n"
         "The encryption runs in ZeroMQ's I/O thread, not in the loop's `send`: compare the "
-        "extra per record with a marker's own cost in Marker overhead.\n")
+        "extra per record with a marker's own cost in Marker overhead.\n"
+    )
     print(text)
     if not args.no_write:
         write_section(text)

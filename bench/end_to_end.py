@@ -62,11 +62,15 @@ FINE_PAIRS = 120
 FINE_STEPS = 60
 
 
-def timed(loop: Callable[[int], Iterable[object]], step: Callable[[], None],
-          clock: Callable[[], float] = perf_counter) -> Block:
+def timed(
+    loop: Callable[[int], Iterable[object]],
+    step: Callable[[], None],
+    clock: Callable[[], float] = perf_counter,
+) -> Block:
     """A block: ``step`` once per item of ``loop(n)``, each step's time taken on
     ``clock`` (seconds; the time of the loop's own ``next`` included, as a user's clock
     would see it)."""
+
     def block(n: int) -> list[float]:
         times = []
         last = clock()
@@ -76,6 +80,7 @@ def timed(loop: Callable[[int], Iterable[object]], step: Callable[[], None],
             times.append(now - last)
             last = now
         return times
+
     return block
 
 
@@ -91,6 +96,7 @@ def unmonitored(w: Workload) -> Block:
 def marked_step(w: Workload, phase: Callable[[str], Any]) -> Callable[[], None]:
     """One step marked forward / backward / optimization with ``phase(name)`` context
     managers, the name looked up inside the step as users write it."""
+
     def step() -> None:
         with phase("forward"):
             loss = w.forward()
@@ -98,6 +104,7 @@ def marked_step(w: Workload, phase: Callable[[str], Any]) -> Callable[[], None]:
             w.backward(loss)
         with phase("optimization"):
             w.optimize()
+
     return step
 
 
@@ -136,8 +143,13 @@ def interleaved(blocks: dict[str, Block], steps: int, repeats: int) -> dict[str,
     return out
 
 
-def pair_ratios(first: Block, second: Block, steps: int, pairs: int,
-                statistic: Callable[[list[float]], float] = per_step) -> list[float]:
+def pair_ratios(
+    first: Block,
+    second: Block,
+    steps: int,
+    pairs: int,
+    statistic: Callable[[list[float]], float] = per_step,
+) -> list[float]:
     """``second / first - 1`` per pair of blocks (each block summed up by ``statistic``,
     the mean step by default), the order inside a pair alternating."""
     first(max(1, steps // 10))
@@ -155,9 +167,20 @@ def pair_ratios(first: Block, second: Block, steps: int, pairs: int,
 def traceml_rows(model: str, steps: int, repeats: int, threads: int) -> dict[str, object]:
     """TraceML's figures from a ``traceml run`` of this script's worker; a reason when it
     could not be measured."""
-    return traceml_report(__file__, ["traceml-worker", "--model", model, "--steps",
-                                     str(steps), "--repeats", str(repeats), "--threads",
-                                     str(threads)])
+    return traceml_report(
+        __file__,
+        [
+            "traceml-worker",
+            "--model",
+            model,
+            "--steps",
+            str(steps),
+            "--repeats",
+            str(repeats),
+            "--threads",
+            str(threads),
+        ],
+    )
 
 
 def traceml_report(script: str, args: list[str]) -> dict[str, Any]:
@@ -165,23 +188,29 @@ def traceml_report(script: str, args: list[str]) -> dict[str, Any]:
     ``traceml run``; ``{"error": reason}`` when it could not run."""
     traceml = shutil.which("traceml") or str(Path(sys.executable).with_name("traceml"))
     if not Path(traceml).exists():
-        return {"error": "traceml-ai is not installed (pip install traceml-ai==0.5.0 "
-                         "torch==2.13.0)"}
+        return {
+            "error": "traceml-ai is not installed (pip install traceml-ai==0.5.0 torch==2.13.0)"
+        }
     with tempfile.TemporaryDirectory(prefix="bench-traceml-") as logs:
-        command = [traceml, "run", "--mode", "summary", "--logs-dir", logs, script,
-                   "--args", *args]
+        command = [traceml, "run", "--mode", "summary", "--logs-dir", logs, script, "--args", *args]
         try:
-            done = subprocess.run(command, capture_output=True, text=True,
-                                  timeout=TRACEML_TIMEOUT_S,
-                                  env={**os.environ, "PYTHONPATH": str(ROOT)})
+            done = subprocess.run(
+                command,
+                capture_output=True,
+                text=True,
+                timeout=TRACEML_TIMEOUT_S,
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+            )
         except subprocess.TimeoutExpired:
             return {"error": f"traceml run did not finish within {TRACEML_TIMEOUT_S} s"}
     for line in done.stdout.splitlines():
         if line.startswith("TRACEML "):
-            found: dict[str, Any] = json.loads(line[len("TRACEML "):])
+            found: dict[str, Any] = json.loads(line[len("TRACEML ") :])
             return found
-    return {"error": f"traceml run exited {done.returncode}: "
-                     f"{(done.stderr or done.stdout).strip().splitlines()[-1:]}"}
+    return {
+        "error": f"traceml run exited {done.returncode}: "
+        f"{(done.stderr or done.stdout).strip().splitlines()[-1:]}"
+    }
 
 
 def traceml_worker(model: str, steps: int, repeats: int, threads: int) -> None:
@@ -211,26 +240,30 @@ def cnn_steps(mlp_steps: int) -> int:
     return max(10, mlp_steps // 8)
 
 
-def fine(w: Workload, run: markers.Run, unheard: markers.Run,
-         attribution: bool) -> dict[str, list[float]]:
+def fine(
+    w: Workload, run: markers.Run, unheard: markers.Run, attribution: bool
+) -> dict[str, list[float]]:
     """Per-pair ratios against unmarked steps of the fine comparison (``FINE_PAIRS``
     pairs of ``FINE_STEPS``-step blocks, each block's median step): ours, the noise floor
     and, with ``attribution``, where ours' cost comes from."""
     plain = unmonitored(w)
     variants = {"unmarked (noise floor)": unmonitored(w), "ours": ours(w, run)}
     if attribution:
-        variants |= {"ours, no sidecar listening": ours(w, unheard),
-                     "train_batches alone (no phases)":
-                         timed(lambda n: run.train_batches(range(n)), w.step),
-                     "three phases alone (no train_batches)":
-                         timed(range, marked_step(w, run.phase)),
-                     "Lightning SimpleProfiler": lightning_simple(w)}
-    return {name: pair_ratios(plain, block, FINE_STEPS, FINE_PAIRS, statistics.median)
-            for name, block in variants.items()}
+        variants |= {
+            "ours, no sidecar listening": ours(w, unheard),
+            "train_batches alone (no phases)": timed(lambda n: run.train_batches(range(n)), w.step),
+            "three phases alone (no train_batches)": timed(range, marked_step(w, run.phase)),
+            "Lightning SimpleProfiler": lightning_simple(w),
+        }
+    return {
+        name: pair_ratios(plain, block, FINE_STEPS, FINE_PAIRS, statistics.median)
+        for name, block in variants.items()
+    }
 
 
-def split_step(w: Workload, loop: Iterable[object],
-               phase: Callable[[str], Any]) -> tuple[float, float]:
+def split_step(
+    w: Workload, loop: Iterable[object], phase: Callable[[str], Any]
+) -> tuple[float, float]:
     """Median ns per step of one block: the three torch calls themselves, and the rest of
     the step (the loop's ``next`` and the markers around the calls)."""
     work, rest = [], []
@@ -278,9 +311,10 @@ def in_situ(w: Workload, run: markers.Run) -> dict[str, tuple[float, float]]:
             plain_, ours_ = unmarked(), marked()
         plain.append(plain_)
         extra.append((ours_[0] - plain_[0], ours_[1] - plain_[1]))
-    return {name: (statistics.median(p[0] for p in pairs),
-                   statistics.median(p[1] for p in pairs))
-            for name, pairs in (("unmarked", plain), ("ours minus unmarked", extra))}
+    return {
+        name: (statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs))
+        for name, pairs in (("unmarked", plain), ("ours minus unmarked", extra))
+    }
 
 
 def median_interval(ratios: list[float]) -> tuple[float, float]:
@@ -297,22 +331,27 @@ def measure(steps: int, repeats: int) -> dict[str, object]:
     """Every figure of this benchmark."""
     results: dict[str, object] = {"tools": {}, "slowdown": {}, "fine": {}, "traceml": {}}
     default_threads = torch.get_num_threads()
-    with tempfile.TemporaryDirectory(prefix="bench-e2e-") as tmp, \
-            sidecar(Path(tmp)) as (endpoint, _):
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-e2e-") as tmp,
+        sidecar(Path(tmp)) as (endpoint, _),
+    ):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            run = markers.start_run(out_dir="e2e", warmup_iterations=0,
-                                    endpoint=endpoint)
+            run = markers.start_run(out_dir="e2e", warmup_iterations=0, endpoint=endpoint)
             # The same markers with nobody listening: what the training process itself
             # pays, sending included (each send fails at once, its records counted).
-            unheard = markers.start_run(out_dir="e2e-unheard", warmup_iterations=0,
-                                        endpoint=f"ipc://{tmp}/nobody.sock")
+            unheard = markers.start_run(
+                out_dir="e2e-unheard", warmup_iterations=0, endpoint=f"ipc://{tmp}/nobody.sock"
+            )
         torch.set_num_threads(1)
         for key, make in WORKLOADS.items():
             w = make()
-            blocks = {"unmonitored": unmonitored(w), "ours": ours(w, run),
-                      "Lightning SimpleProfiler": lightning_simple(w),
-                      "torch.profiler": torch_profiler(w)}
+            blocks = {
+                "unmonitored": unmonitored(w),
+                "ours": ours(w, run),
+                "Lightning SimpleProfiler": lightning_simple(w),
+                "torch.profiler": torch_profiler(w),
+            }
             model_steps = steps if key == "mlp" else cnn_steps(steps)
             results["tools"][key] = (w.name, interleaved(blocks, model_steps, repeats))
         w = WORKLOADS["mlp"]()
@@ -324,7 +363,8 @@ def measure(steps: int, repeats: int) -> dict[str, object]:
             pair_steps = steps * 2 if threads == 1 else steps // 2
             results["slowdown"][threads] = {
                 "marked": pair_ratios(plain, marked, pair_steps, 7),
-                "noise": pair_ratios(plain, unmonitored(w), pair_steps, 7)}
+                "noise": pair_ratios(plain, unmonitored(w), pair_steps, 7),
+            }
             results["fine"][threads] = fine(w, run, unheard, attribution=threads == 1)
             if threads == 1:
                 results["in_situ"] = in_situ(w, run)
@@ -336,17 +376,24 @@ def measure(steps: int, repeats: int) -> dict[str, object]:
     torch.set_num_threads(default_threads)
     for key in WORKLOADS:
         results["traceml"][key] = traceml_rows(
-            key, steps if key == "mlp" else cnn_steps(steps), repeats, 1)
+            key, steps if key == "mlp" else cnn_steps(steps), repeats, 1
+        )
     return results
 
 
 def section(results: dict[str, object], steps: int, repeats: int) -> tuple[str, dict]:
     """The ``## End to end`` section and the headline figures."""
-    lines = ["## End to end", "",
-             machine_line("python bench/end_to_end.py") + f" {load_line()} at the end.", "",
-             f"### Tools (one torch thread; µs per step, median (min–max) of {repeats} "
-             "interleaved blocks)", "",
-             "| model | tool | step (µs) | vs unmonitored |", "|---|---|---:|---:|"]
+    lines = [
+        "## End to end",
+        "",
+        machine_line("python bench/end_to_end.py") + f" {load_line()} at the end.",
+        "",
+        f"### Tools (one torch thread; µs per step, median (min–max) of {repeats} "
+        "interleaved blocks)",
+        "",
+        "| model | tool | step (µs) | vs unmonitored |",
+        "|---|---|---:|---:|",
+    ]
     figures: dict[str, float] = {}
     for key, (name, times) in results["tools"].items():
         base = statistics.median(times["unmonitored"])
@@ -360,64 +407,91 @@ def section(results: dict[str, object], steps: int, repeats: int) -> tuple[str, 
         else:
             ratio = statistics.median(tml["traced"]) / statistics.median(tml["before"])
             figures[f"{key}:TraceML"] = ratio
-            lines.append(f"| {name} | TraceML 0.5 (own process; unmonitored there: "
-                         f"{spread(tml['before'], 1e6)}) | {spread(tml['traced'], 1e6)} | "
-                         f"{ratio:.3f}× |")
-    lines += ["", "### Slowdown of the MLP step (median of 7 interleaved pairs)", "",
-              "| torch threads | ours vs unmarked | noise floor (unmarked vs unmarked) |",
-              "|---:|---:|---:|"]
+            lines.append(
+                f"| {name} | TraceML 0.5 (own process; unmonitored there: "
+                f"{spread(tml['before'], 1e6)}) | {spread(tml['traced'], 1e6)} | "
+                f"{ratio:.3f}× |"
+            )
+    lines += [
+        "",
+        "### Slowdown of the MLP step (median of 7 interleaved pairs)",
+        "",
+        "| torch threads | ours vs unmarked | noise floor (unmarked vs unmarked) |",
+        "|---:|---:|---:|",
+    ]
     for threads, pair in results["slowdown"].items():
         marked = statistics.median(pair["marked"])
         noise = statistics.median(pair["noise"])
         figures[f"slowdown:{threads}"] = marked
         figures[f"noise:{threads}"] = noise
-        lines.append(f"| {threads} | **{marked * 100:+.2f} %** (pairs "
-                     f"{min(pair['marked']) * 100:+.1f}…{max(pair['marked']) * 100:+.1f} %) | "
-                     f"{noise * 100:+.2f} % (pairs {min(pair['noise']) * 100:+.1f}…"
-                     f"{max(pair['noise']) * 100:+.1f} %) |")
-    met = all(abs(v) <= SLOWDOWN_TARGET for k, v in figures.items()
-              if k.startswith("slowdown:"))
-    lines += ["", f"- target ≤ {SLOWDOWN_TARGET * 100:.0f} %: "
-              f"{'met' if met else 'missed'} (a figure inside the noise floor's pair range "
-              "is not distinguishable from it)",
-              f"- records the markers could not send during this benchmark: "
-              f"{results['dropped']}", "",
-              f"### Fine comparison of the MLP step ({FINE_PAIRS} interleaved pairs of "
-              f"{FINE_STEPS}-step blocks, each block's median step)", "",
-              "Seven pairs of long blocks cannot resolve 1 % on a shared 2-core VM: a "
-              "neighbour's burst moves a block's mean by several percent. Many short "
-              "pairs, each block summed up by its median step, can; the interval is a "
-              "distribution-free ~95 % interval of the median pair.", "",
-              "| torch threads | variant | vs unmarked, median pair | ~95 % interval | "
-              "pairs' interquartile range |", "|---:|---|---:|---:|---:|"]
+        lines.append(
+            f"| {threads} | **{marked * 100:+.2f} %** (pairs "
+            f"{min(pair['marked']) * 100:+.1f}…{max(pair['marked']) * 100:+.1f} %) | "
+            f"{noise * 100:+.2f} % (pairs {min(pair['noise']) * 100:+.1f}…"
+            f"{max(pair['noise']) * 100:+.1f} %) |"
+        )
+    met = all(abs(v) <= SLOWDOWN_TARGET for k, v in figures.items() if k.startswith("slowdown:"))
+    lines += [
+        "",
+        f"- target ≤ {SLOWDOWN_TARGET * 100:.0f} %: "
+        f"{'met' if met else 'missed'} (a figure inside the noise floor's pair range "
+        "is not distinguishable from it)",
+        f"- records the markers could not send during this benchmark: {results['dropped']}",
+        "",
+        f"### Fine comparison of the MLP step ({FINE_PAIRS} interleaved pairs of "
+        f"{FINE_STEPS}-step blocks, each block's median step)",
+        "",
+        "Seven pairs of long blocks cannot resolve 1 % on a shared 2-core VM: a "
+        "neighbour's burst moves a block's mean by several percent. Many short "
+        "pairs, each block summed up by its median step, can; the interval is a "
+        "distribution-free ~95 % interval of the median pair.",
+        "",
+        "| torch threads | variant | vs unmarked, median pair | ~95 % interval | "
+        "pairs' interquartile range |",
+        "|---:|---|---:|---:|---:|",
+    ]
     for threads, variants in results["fine"].items():
         for name, ratios in variants.items():
             ordered = sorted(ratios)
             low, high = median_interval(ratios)
             median = statistics.median(ratios)
             figures[f"fine:{threads}:{name}"] = median
-            lines.append(f"| {threads} | {name} | **{median * 100:+.2f} %** | "
-                         f"{low * 100:+.2f}…{high * 100:+.2f} % | "
-                         f"{ordered[len(ordered) // 4] * 100:+.1f}…"
-                         f"{ordered[3 * len(ordered) // 4] * 100:+.1f} % |")
-    fine_met = all(v <= SLOWDOWN_TARGET for k, v in figures.items()
-                   if k.startswith("fine:") and k.endswith(":ours"))
-    lines += ["", f"- target ≤ {SLOWDOWN_TARGET * 100:.0f} % on the fine comparison: "
-              f"{'met' if fine_met else 'missed'}", ""]
+            lines.append(
+                f"| {threads} | {name} | **{median * 100:+.2f} %** | "
+                f"{low * 100:+.2f}…{high * 100:+.2f} % | "
+                f"{ordered[len(ordered) // 4] * 100:+.1f}…"
+                f"{ordered[3 * len(ordered) // 4] * 100:+.1f} % |"
+            )
+    fine_met = all(
+        v <= SLOWDOWN_TARGET
+        for k, v in figures.items()
+        if k.startswith("fine:") and k.endswith(":ours")
+    )
+    lines += [
+        "",
+        f"- target ≤ {SLOWDOWN_TARGET * 100:.0f} % on the fine comparison: "
+        f"{'met' if fine_met else 'missed'}",
+        "",
+    ]
     (plain_work, plain_rest), (extra_work, extra_rest) = results["in_situ"].values()
     figures["in_situ:direct_us"] = extra_rest / 1e3
     figures["in_situ:indirect_us"] = extra_work / 1e3
-    lines += [f"### Inside the MLP step (one thread, {FINE_PAIRS // 2} interleaved pairs of "
-              f"{FINE_STEPS}-step blocks; µs per step, medians)", "",
-              "| | the three torch calls | the rest of the step (loop, markers) |",
-              "|---|---:|---:|",
-              f"| unmarked (`with` a free lock per phase) | {plain_work / 1e3:.1f} | "
-              f"{plain_rest / 1e3:.2f} |",
-              f"| ours (`train_batches` and three phases) minus unmarked, median pair | "
-              f"{extra_work / 1e3:+.1f} | {extra_rest / 1e3:+.2f} |", "",
-              f"- our code's own time in the step: **{figures['in_situ:direct_us']:.1f} µs**; "
-              f"the torch calls' change beside it: {figures['in_situ:indirect_us']:+.1f} µs "
-              "(the same code costs a few µs in a tight loop: bench Marker overhead)", ""]
+    lines += [
+        f"### Inside the MLP step (one thread, {FINE_PAIRS // 2} interleaved pairs of "
+        f"{FINE_STEPS}-step blocks; µs per step, medians)",
+        "",
+        "| | the three torch calls | the rest of the step (loop, markers) |",
+        "|---|---:|---:|",
+        f"| unmarked (`with` a free lock per phase) | {plain_work / 1e3:.1f} | "
+        f"{plain_rest / 1e3:.2f} |",
+        f"| ours (`train_batches` and three phases) minus unmarked, median pair | "
+        f"{extra_work / 1e3:+.1f} | {extra_rest / 1e3:+.2f} |",
+        "",
+        f"- our code's own time in the step: **{figures['in_situ:direct_us']:.1f} µs**; "
+        f"the torch calls' change beside it: {figures['in_situ:indirect_us']:+.1f} µs "
+        "(the same code costs a few µs in a tight loop: bench Marker overhead)",
+        "",
+    ]
     return "\n".join(lines), figures
 
 

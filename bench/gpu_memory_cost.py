@@ -62,9 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     nested = per_call_us(lambda: cuda.memory_stats_as_nested_dict(device), args.reads)
     peak = per_call_us(lambda: cuda.max_memory_allocated(device), args.reads)
     flat = per_call_us(lambda: cuda.memory_stats(device), args.reads)
-    print(f"{phase_us:.1f} µs per phase (2 reads); per call: memory_stats_as_nested_dict "
-          f"{nested:.1f} µs, max_memory_allocated {peak:.1f} µs, memory_stats {flat:.1f} µs "
-          f"({label})")
+    print(
+        f"{phase_us:.1f} µs per phase (2 reads); per call: memory_stats_as_nested_dict "
+        f"{nested:.1f} µs, max_memory_allocated {peak:.1f} µs, memory_stats {flat:.1f} µs "
+        f"({label})"
+    )
     return 0
 
 

@@ -61,8 +61,11 @@ class BasicBlock(nn.Module):
         self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
         self.bn2 = nn.BatchNorm2d(cout)
         self.relu = nn.ReLU(inplace=True)
-        self.short = nn.Identity() if stride == 1 and cin == cout else nn.Sequential(
-            nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+        self.short = (
+            nn.Identity()
+            if stride == 1 and cin == cout
+            else nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.relu(self.bn1(self.conv1(x)))
@@ -75,9 +78,9 @@ class SmallResNet(nn.Module):
     def __init__(self, classes: int = 100, width: int = 64, stem_stride: int = 1) -> None:
         super().__init__()
         w = width
-        self.stem = nn.Sequential(nn.Conv2d(3, w, 3, stem_stride, 1, bias=False),
-                                  nn.BatchNorm2d(w),
-                                  nn.ReLU(inplace=True))
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, w, 3, stem_stride, 1, bias=False), nn.BatchNorm2d(w), nn.ReLU(inplace=True)
+        )
         layers, cin = [], w
         for i, cout in enumerate((w, 2 * w, 4 * w, 8 * w)):
             layers += [BasicBlock(cin, cout, 1 if i == 0 else 2), BasicBlock(cout, cout, 1)]
@@ -93,8 +96,9 @@ class SmallResNet(nn.Module):
 class TransformerModel(nn.Module):
     def __init__(self, d: int, heads: int, vocab: int = 1000) -> None:
         super().__init__()
-        self.block = nn.TransformerEncoderLayer(d, heads, 4 * d, dropout=0.0,
-                                                batch_first=True, norm_first=True)
+        self.block = nn.TransformerEncoderLayer(
+            d, heads, 4 * d, dropout=0.0, batch_first=True, norm_first=True
+        )
         self.head = nn.Linear(d, vocab)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -150,8 +154,12 @@ class Ours:
     """The product's path: a Run on a private sidecar, its loop helper and its phases."""
 
     def __init__(self, out_dir: Path) -> None:
-        self.run = markers.start_run(out_dir=str(out_dir), warmup_iterations=0,
-                                     num_measurements=1_000_000, train_batch_size=1)
+        self.run = markers.start_run(
+            out_dir=str(out_dir),
+            warmup_iterations=0,
+            num_measurements=1_000_000,
+            train_batch_size=1,
+        )
         self.phases = [self.run.phase(name) for name in PHASES]
         self.out_dir = out_dir
         for _ in self.run.train_batches(()):  # a loop start opens the GPU timer
@@ -185,8 +193,7 @@ class Ours:
         self.run.finish()
         table = self.out_dir / "training" / "split-0" / "logs" / "computational.tsv"
         frame = pd.read_csv(table, sep="\t")
-        return {name: float(frame[f"{name.capitalize()} GPU (s)"].median())
-                for name in PHASES}
+        return {name: float(frame[f"{name.capitalize()} GPU (s)"].median()) for name in PHASES}
 
 
 class SyncMonitor:
@@ -248,9 +255,16 @@ def run_case(name: str, repeats: int, steps: int, rng: random.Random, work: Path
     spread = {k: (max(v) - min(v)) / med[k] for k, v in per_step.items()}
     del model, opt, x, y
     torch.cuda.empty_cache()
-    return {"label": label, "median": med, "spread": spread, "dropped": dropped,
-            "inexact": inexact, "gpu_s": gpu_s, "sync_s": sync_s,
-            "records_dropped": ours.run.dropped}
+    return {
+        "label": label,
+        "median": med,
+        "spread": spread,
+        "dropped": dropped,
+        "inexact": inexact,
+        "gpu_s": gpu_s,
+        "sync_s": sync_s,
+        "records_dropped": ours.run.dropped,
+    }
 
 
 def host_cost_per_phase(n: int = 2000) -> float:
@@ -315,7 +329,8 @@ def table(results: list[dict], args, host_us: float, wall_s: float) -> str:
             f"| {r['label']} | {base * 1e3:.3f} | {m['ours'] * 1e3:.3f} | {pct('ours')} | "
             f"{m['sync monitor'] * 1e3:.3f} | {pct('sync monitor')} | "
             f"{agreement(r) * 100:.1f} % | {r['spread']['unmarked'] * 100:.1f} % | "
-            f"{r['dropped']} |")
+            f"{r['dropped']} |"
+        )
     lines += [
         "",
         f"Host cost of one marked phase on the whole path (enter + exit, flushes, sends, "
@@ -352,9 +367,11 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(folder)
         if not torch.cuda.is_available():
             smoke_on_cpu(work)
-            print("gpu_overhead: CUDA is not available here, so there is nothing to measure; "
-                  "skipped (the models and the marked path ran 2 CPU steps as a smoke "
-                  "check). No numbers written.")
+            print(
+                "gpu_overhead: CUDA is not available here, so there is nothing to measure; "
+                "skipped (the models and the marked path ran 2 CPU steps as a smoke "
+                "check). No numbers written."
+            )
             return 0
         t_start = time.perf_counter()
         torch.backends.cudnn.benchmark = True
@@ -365,19 +382,27 @@ def main(argv: list[str] | None = None) -> int:
             r = run_case(name, args.repeats, args.steps, rng, work)
             results.append(r)
             m = r["median"]
-            print(f"{r['label']}: " + ", ".join(
-                f"{k} {v * 1e3:.3f} ms ({(v / m['unmarked'] - 1) * 100:+.2f} %)"
-                for k, v in m.items()) + f"; ours vs sync {agreement(r) * 100:.1f} %; "
+            print(
+                f"{r['label']}: "
+                + ", ".join(
+                    f"{k} {v * 1e3:.3f} ms ({(v / m['unmarked'] - 1) * 100:+.2f} %)"
+                    for k, v in m.items()
+                )
+                + f"; ours vs sync {agreement(r) * 100:.1f} %; "
                 f"GPU times dropped {r['dropped']}, records dropped {r['records_dropped']}",
-                flush=True)
+                flush=True,
+            )
         host_us = host_cost_per_phase()
         print(f"host cost per marked phase: {host_us:.1f} µs")
         text = table(results, args, host_us, time.perf_counter() - t_start)
     print(text)
     bad = [r["label"] for r in results if agreement(r) > AGREEMENT]
     if bad:
-        print(f"gpu_overhead: ours and the sync monitor disagree by more than "
-              f"{AGREEMENT:.0%} on: {', '.join(bad)}; RESULTS.md left alone", file=sys.stderr)
+        print(
+            f"gpu_overhead: ours and the sync monitor disagree by more than "
+            f"{AGREEMENT:.0%} on: {', '.join(bad)}; RESULTS.md left alone",
+            file=sys.stderr,
+        )
         return 1
     if not args.no_write:
         write_section(text)

@@ -65,15 +65,26 @@ def producer(endpoint: str, rank: int, records: int) -> None:
     socket.setsockopt(zmq.LINGER, -1)
     socket.connect(endpoint)
     run_id = uuid.uuid4().bytes
-    hello = {"type": wire.HELLO, "out_dir": "ingest", "cwd": "/", "split": 0,
-             "warmup_iterations": 0, "num_measurements": 100, "pid": os.getpid(),
-             "host": os.uname().nodename, "start_unix": time.time(),
-             "start_ns": time.perf_counter_ns(), "reply_to": "hello"}
-    socket.send(wire.encode_control(wire.pack_header(wire.KIND_CONTROL, rank, 0, 0, 0, run_id),
-                                    hello))
+    hello = {
+        "type": wire.HELLO,
+        "out_dir": "ingest",
+        "cwd": "/",
+        "split": 0,
+        "warmup_iterations": 0,
+        "num_measurements": 100,
+        "pid": os.getpid(),
+        "host": os.uname().nodename,
+        "start_unix": time.time(),
+        "start_ns": time.perf_counter_ns(),
+        "reply_to": "hello",
+    }
+    socket.send(
+        wire.encode_control(wire.pack_header(wire.KIND_CONTROL, rank, 0, 0, 0, run_id), hello)
+    )
     socket.recv()
-    template = np.array([v for i in range(ITERATIONS_PER_MESSAGE) for v in iteration_slots(i)],
-                        dtype="<i8").reshape(-1, 3)
+    template = np.array(
+        [v for i in range(ITERATIONS_PER_MESSAGE) for v in iteration_slots(i)], dtype="<i8"
+    ).reshape(-1, 3)
     is_context = (template[:, 0] & wire.TAG_MASK) == wire.TAG_CONTEXT
     per_message = ITERATIONS_PER_MESSAGE * RECORDS_PER_ITERATION
     sys.stdout.write("ready\n")
@@ -97,10 +108,16 @@ def producer(endpoint: str, rank: int, records: int) -> None:
 
 
 def _start_producers(endpoint: str, count: int, records: int) -> list[subprocess.Popen[str]]:
-    processes = [subprocess.Popen(
-        [sys.executable, __file__, "producer", endpoint, str(rank), str(records)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": str(_ROOT)}) for rank in range(count)]
+    processes = [
+        subprocess.Popen(
+            [sys.executable, __file__, "producer", endpoint, str(rank), str(records)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(_ROOT)},
+        )
+        for rank in range(count)
+    ]
     for process in processes:
         assert process.stdout is not None and process.stdout.readline().strip() == "ready"
     return processes
@@ -128,13 +145,16 @@ def _stop(processes: list[subprocess.Popen[str]]) -> None:
         process.wait(30)
 
 
-def ingest_once(count: int, records: int, sample_rss: bool = False,
-                nice: int | None = None) -> dict[str, Any]:
+def ingest_once(
+    count: int, records: int, sample_rss: bool = False, nice: int | None = None
+) -> dict[str, Any]:
     """``count`` producers sending ``records`` in all to a fresh sidecar (``nice``: its
     ``--nice``, default its own)."""
     args = () if nice is None else ("--nice", str(nice))
-    with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp, \
-            sidecar(Path(tmp), *args) as (endpoint, process):
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp,
+        sidecar(Path(tmp), *args) as (endpoint, process),
+    ):
         side = psutil.Process(process.pid)
         per_message = ITERATIONS_PER_MESSAGE * RECORDS_PER_ITERATION
         each = -(-(records // count) // per_message) * per_message  # whole messages
@@ -148,24 +168,34 @@ def ingest_once(count: int, records: int, sample_rss: bool = False,
             view: dict = {}
             while view.get("records", 0) + view.get("rejected", 0) < expected:
                 if time.perf_counter() - start > DONE_TIMEOUT_S:
-                    raise RuntimeError(f"the sidecar took {view.get('records')} of "
-                                       f"{expected} records in {DONE_TIMEOUT_S} s")
+                    raise RuntimeError(
+                        f"the sidecar took {view.get('records')} of "
+                        f"{expected} records in {DONE_TIMEOUT_S} s"
+                    )
                 view = status(endpoint, 30.0) or {}
                 if sample_rss:
                     quarter = min(3, 4 * view.get("records", 0) // expected)
-                    quarters_mb[quarter] = max(quarters_mb[quarter],
-                                               side.memory_info().rss / 2**20)
+                    quarters_mb[quarter] = max(quarters_mb[quarter], side.memory_info().rss / 2**20)
                 time.sleep(POLL_S)
             elapsed = time.perf_counter() - start
             sent = _sent(producers)
             after_mb = side.memory_info().rss / 2**20
         finally:
             _stop(producers)
-    return {"producers": count, "sent": sent, "received": view.get("records", 0),
-            "lost": view.get("lost", 0), "rejected": view.get("rejected_by_kind", {}),
-            "dropped": view.get("dropped", 0), "seconds": elapsed,
-            "rate": view.get("records", 0) / elapsed, "idle_mb": idle_mb,
-            "peak_mb": max(quarters_mb), "quarters_mb": quarters_mb, "after_mb": after_mb}
+    return {
+        "producers": count,
+        "sent": sent,
+        "received": view.get("records", 0),
+        "lost": view.get("lost", 0),
+        "rejected": view.get("rejected_by_kind", {}),
+        "dropped": view.get("dropped", 0),
+        "seconds": elapsed,
+        "rate": view.get("records", 0) / elapsed,
+        "idle_mb": idle_mb,
+        "peak_mb": max(quarters_mb),
+        "quarters_mb": quarters_mb,
+        "after_mb": after_mb,
+    }
 
 
 def markers_queue(phases: int) -> dict[str, float]:
@@ -185,60 +215,77 @@ for _ in run.train_batches(range({phases})):
         pass
 print(before, me.memory_info().rss, run.dropped)
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=300, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    ).stdout.split()
     before, after, dropped = map(int, out[-3:])
-    return {"growth_mb": (after - before) / 2**20, "dropped": dropped,
-            "records": phases * 3}
+    return {"growth_mb": (after - before) / 2**20, "dropped": dropped, "records": phases * 3}
 
 
-def section(rates: list[dict[str, float]], memory: dict[str, float],
-            queue: dict[str, float]) -> tuple[str, dict[str, float]]:
+def section(
+    rates: list[dict[str, float]], memory: dict[str, float], queue: dict[str, float]
+) -> tuple[str, dict[str, float]]:
     """The ``## Sidecar ingest and memory`` section and the headline figures."""
     from markers.transport import SEND_QUEUE_BYTES
     from sidecar.ingest.receiver import RECEIVE_QUEUE_BYTES
 
-    lines = ["## Sidecar ingest and memory", "",
-             machine_line("python bench/ingest.py") + f" {load_line()} at the end. "
-             "Producers are separate processes sending with blocking sends. The rates are "
-             "measured with the sidecar at the job's priority (`--nice 0`): at its default "
-             "(+10) any other work on the machine takes the CPU first; the "
-             "memory run uses the default.", "",
-             "| producers | records | seconds | records/s | lost | rejected | dropped |",
-             "|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "## Sidecar ingest and memory",
+        "",
+        machine_line("python bench/ingest.py") + f" {load_line()} at the end. "
+        "Producers are separate processes sending with blocking sends. The rates are "
+        "measured with the sidecar at the job's priority (`--nice 0`): at its default "
+        "(+10) any other work on the machine takes the CPU first; the "
+        "memory run uses the default.",
+        "",
+        "| producers | records | seconds | records/s | lost | rejected | dropped |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rates:
-        lines.append(f"| {r['producers']} | {r['received']:,} of {r['sent']:,} | "
-                     f"{r['seconds']:.2f} | **{r['rate'] / 1e6:.2f} M** | {r['lost']} | "
-                     f"{sum(r['rejected'].values())} {r['rejected'] or ''} | {r['dropped']} |")
+        lines.append(
+            f"| {r['producers']} | {r['received']:,} of {r['sent']:,} | "
+            f"{r['seconds']:.2f} | **{r['rate'] / 1e6:.2f} M** | {r['lost']} | "
+            f"{sum(r['rejected'].values())} {r['rejected'] or ''} | {r['dropped']} |"
+        )
     one = next(r for r in rates if r["producers"] == 1)["rate"]
     four = next(r for r in rates if r["producers"] == 4)["rate"]
     eight = next(r for r in rates if r["producers"] == 8)["rate"]
     quarters = " / ".join(f"{mb:.1f}" for mb in memory["quarters_mb"])
-    lines += ["", f"- one producer: {one / 1e6:.2f} M records/s (target ≥ "
-              f"{RATE_TARGET_ONE / 1e6:.0f} M: {'met' if one >= RATE_TARGET_ONE else 'missed'})"
-              f"; four: {four / 1e6:.2f} M/s (target ≥ {RATE_TARGET_FOUR / 1e6:.0f} M: "
-              f"{'met' if four >= RATE_TARGET_FOUR else 'missed'}); eight: "
-              f"{eight / 1e6:.2f} M/s (target ≥ {RATE_TARGET_FOUR / 1e6:.0f} M: "
-              f"{'met' if eight >= RATE_TARGET_FOUR else 'missed'})",
-              "", f"| sidecar memory, {memory['producers']} producers, full rate | RSS (MB) |",
-              "|---|---:|",
-              f"| idle, before the first record | {memory['idle_mb']:.1f} |",
-              f"| peak while {memory['received'] / 1e6:.0f} M records arrived "
-              f"({memory['seconds']:.1f} s, {memory['lost']} lost) | "
-              f"**{memory['peak_mb']:.1f}** |",
-              f"| peak in each quarter of the records (flat: no growth with them) | "
-              f"{quarters} |",
-              f"| after them (before any write) | {memory['after_mb']:.1f} |",
-              "", f"- target ≤ {RSS_TARGET_MB:.0f} MB: "
-              f"{'met' if memory['peak_mb'] <= RSS_TARGET_MB else 'missed'}; what may wait "
-              f"is bounded in bytes: {SEND_QUEUE_BYTES >> 20} MiB in each training "
-              f"process's send queue, {RECEIVE_QUEUE_BYTES >> 20} MiB per connection in the "
-              "sidecar's receive queue; past it the markers drop and count",
-              f"- no sidecar listening, {queue['records']:,} records ended in a training "
-              f"process: its RSS grew by {queue['growth_mb']:.1f} MB, {queue['dropped']:,} "
-              "records dropped and counted", ""]
-    figures = {"rate_1": one, "rate_4": four, "rate_8": eight, "rss_peak_mb": memory["peak_mb"],
-               "rss_idle_mb": memory["idle_mb"]}
+    lines += [
+        "",
+        f"- one producer: {one / 1e6:.2f} M records/s (target ≥ "
+        f"{RATE_TARGET_ONE / 1e6:.0f} M: {'met' if one >= RATE_TARGET_ONE else 'missed'})"
+        f"; four: {four / 1e6:.2f} M/s (target ≥ {RATE_TARGET_FOUR / 1e6:.0f} M: "
+        f"{'met' if four >= RATE_TARGET_FOUR else 'missed'}); eight: "
+        f"{eight / 1e6:.2f} M/s (target ≥ {RATE_TARGET_FOUR / 1e6:.0f} M: "
+        f"{'met' if eight >= RATE_TARGET_FOUR else 'missed'})",
+        "",
+        f"| sidecar memory, {memory['producers']} producers, full rate | RSS (MB) |",
+        "|---|---:|",
+        f"| idle, before the first record | {memory['idle_mb']:.1f} |",
+        f"| peak while {memory['received'] / 1e6:.0f} M records arrived "
+        f"({memory['seconds']:.1f} s, {memory['lost']} lost) | "
+        f"**{memory['peak_mb']:.1f}** |",
+        f"| peak in each quarter of the records (flat: no growth with them) | {quarters} |",
+        f"| after them (before any write) | {memory['after_mb']:.1f} |",
+        "",
+        f"- target ≤ {RSS_TARGET_MB:.0f} MB: "
+        f"{'met' if memory['peak_mb'] <= RSS_TARGET_MB else 'missed'}; what may wait "
+        f"is bounded in bytes: {SEND_QUEUE_BYTES >> 20} MiB in each training "
+        f"process's send queue, {RECEIVE_QUEUE_BYTES >> 20} MiB per connection in the "
+        "sidecar's receive queue; past it the markers drop and count",
+        f"- no sidecar listening, {queue['records']:,} records ended in a training "
+        f"process: its RSS grew by {queue['growth_mb']:.1f} MB, {queue['dropped']:,} "
+        "records dropped and counted",
+        "",
+    ]
+    figures = {
+        "rate_1": one,
+        "rate_4": four,
+        "rate_8": eight,
+        "rss_peak_mb": memory["peak_mb"],
+        "rss_idle_mb": memory["idle_mb"],
+    }
     return "\n".join(lines), figures
 
 

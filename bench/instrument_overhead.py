@@ -69,8 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
 
-    with tempfile.TemporaryDirectory(prefix="bench-") as tmp, \
-            sidecar(Path(tmp)) as (endpoint, _):
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp, sidecar(Path(tmp)) as (endpoint, _):
         run = markers.start_run(out_dir="bench", warmup_iterations=0, endpoint=endpoint)
         workload = mlp()
         model, optimizer = workload.model, workload.optimizer
@@ -82,9 +81,12 @@ def main(argv: list[str] | None = None) -> int:
 
         tiny_model, tiny_optimizer, tiny = tiny_case(args.steps)
 
-        def hooked(module: nn.Module, opt: torch.optim.Optimizer,
-                   block: Callable[[], None],
-                   target: markers.Run | markers.NullRun = run) -> tuple[float, float]:
+        def hooked(
+            module: nn.Module,
+            opt: torch.optim.Optimizer,
+            block: Callable[[], None],
+            target: markers.Run | markers.NullRun = run,
+        ) -> tuple[float, float]:
             hooks = markers.instrument(module, opt, target)
             try:
                 return timed(block, args.steps)
@@ -95,8 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             "unmarked": lambda: timed(plain, args.steps),
             "marked by hand": lambda: timed(lambda: marked_block(args.steps), args.steps),
             "instrumented": lambda: hooked(model, optimizer, plain),
-            "instrumented, markers off": lambda: hooked(model, optimizer, plain,
-                                                        markers.NullRun()),
+            "instrumented, markers off": lambda: hooked(model, optimizer, plain, markers.NullRun()),
             "unmarked again": lambda: timed(plain, args.steps),
             "tiny unmarked": lambda: timed(tiny, args.steps),
             "tiny instrumented": lambda: hooked(tiny_model, tiny_optimizer, tiny),
@@ -115,23 +116,33 @@ def main(argv: list[str] | None = None) -> int:
         return f"{(step[name] / step['unmarked'] - 1) * 100:+.2f} %"
 
     def extra(name: str, base: str) -> str:
-        return (f"{(step[name] - step[base]) * 1e6:.1f} µs wall, "
-                f"{(cpu[name] - cpu[base]) * 1e6:.1f} µs CPU")
+        return (
+            f"{(step[name] - step[base]) * 1e6:.1f} µs wall, "
+            f"{(cpu[name] - cpu[base]) * 1e6:.1f} µs CPU"
+        )
 
     lines = [
-        "## instrument() overhead", "",
+        "## instrument() overhead",
+        "",
         machine_line("python bench/instrument_overhead.py") + f" Blocks of {args.steps} "
         f"steps, medians of {args.repeats} interleaved repeats, one torch thread; "
-        f"{load_line()} at the end.", "",
+        f"{load_line()} at the end.",
+        "",
         "| MLP 784-256-10, batch 64, CPU | per step (µs) | against unmarked | "
         "thread CPU per step (µs) |",
         "|---|---:|---:|---:|",
-        *(f"| {name} | {step[name] * 1e6:.0f} | {share(name)} | {cpu[name] * 1e6:.0f} |"
-          for name in ("unmarked", "unmarked again", "marked by hand", "instrumented",
-                       "instrumented, markers off")),
+        *(
+            f"| {name} | {step[name] * 1e6:.0f} | {share(name)} | {cpu[name] * 1e6:.0f} |"
+            for name in (
+                "unmarked",
+                "unmarked again",
+                "marked by hand",
+                "instrumented",
+                "instrumented, markers off",
+            )
+        ),
         "",
-        f"- instrumented against unmarked, MLP: **{extra('instrumented', 'unmarked')}** "
-        "per step",
+        f"- instrumented against unmarked, MLP: **{extra('instrumented', 'unmarked')}** per step",
         f"- the hooks alone (a 1x1 linear model, whose step costs "
         f"{step['tiny unmarked'] * 1e6:.0f} µs): "
         f"**{extra('tiny instrumented', 'tiny unmarked')} per step** (a forward pre-hook "

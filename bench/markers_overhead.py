@@ -100,32 +100,41 @@ def variants(run: Any) -> dict[str, tuple[Callable[[int, Any], float], Any]]:
         "empty loop": (_loop("pass"), None),
         "`with` a no-op object": (_loop(WITH.format("m")), Nothing()),
         "bare in-process timer": (_loop(WITH.format("m")), BareTimer(10**9)),
-        "ours, natural `with run.phase(\"forward\")`": (
-            _loop(WITH.format('m.phase("forward")')), run),
+        'ours, natural `with run.phase("forward")`': (
+            _loop(WITH.format('m.phase("forward")')),
+            run,
+        ),
         "ours, reused marker object": (_loop(WITH.format("m")), run.phase("forward")),
-        "record_function(\"forward\")": (
-            _loop(WITH.format('m("forward")')), torch.autograd.profiler.record_function),
+        'record_function("forward")': (
+            _loop(WITH.format('m("forward")')),
+            torch.autograd.profiler.record_function,
+        ),
     }
     try:
         import nvtx
 
-        out["nvtx.annotate(\"forward\")"] = (_loop(WITH.format('m("forward")')), nvtx.annotate)
+        out['nvtx.annotate("forward")'] = (_loop(WITH.format('m("forward")')), nvtx.annotate)
         out["nvtx push_range + pop_range"] = (
-            _loop('m.push_range("forward")\n        m.pop_range()'), nvtx)
+            _loop('m.push_range("forward")\n        m.pop_range()'),
+            nvtx,
+        )
     except ImportError:
         pass
     try:
         from lightning.pytorch.profilers import SimpleProfiler
 
-        out["Lightning SimpleProfiler.profile(\"forward\")"] = (
-            _loop(WITH.format('m.profile("forward")')), SimpleProfiler())
+        out['Lightning SimpleProfiler.profile("forward")'] = (
+            _loop(WITH.format('m.profile("forward")')),
+            SimpleProfiler(),
+        )
     except ImportError:
         pass
     return out
 
 
-def measure(run: Any, n: int, repeats: int,
-            names: list[str] | None = None) -> dict[str, list[float]]:
+def measure(
+    run: Any, n: int, repeats: int, names: list[str] | None = None
+) -> dict[str, list[float]]:
     """ns per start+stop of each variant in each repeat (the bare timer's list cleared)."""
     table = variants(run)
     if names is not None:
@@ -150,7 +159,7 @@ def connected_run(endpoint: str) -> Any:
         return markers.start_run(out_dir="overhead", warmup_iterations=0, endpoint=endpoint)
 
 
-NATURAL = "ours, natural `with run.phase(\"forward\")`"
+NATURAL = 'ours, natural `with run.phase("forward")`'
 BARE = "bare in-process timer"
 EMPTY = "empty loop"
 
@@ -174,23 +183,33 @@ def _layouts(endpoint: str, n: int, repeats: int) -> dict[str, dict[str, list[fl
             "    def begin(self) -> None:",
             "    def extra_one(self) -> int:\n        return 1\n\n"
             "    def extra_two(self) -> int:\n        return 2\n\n"
-            "    def begin(self) -> None:", 1),
-        "a PhaseTable method renamed": lambda text: text.replace("._new(", "._new_marker(")
-        .replace("def _new(", "def _new_marker("),
+            "    def begin(self) -> None:",
+            1,
+        ),
+        "a PhaseTable method renamed": lambda text: text.replace("._new(", "._new_marker(").replace(
+            "def _new(", "def _new_marker("
+        ),
     }
     out = {}
     for name, edit in edits.items():
         with tempfile.TemporaryDirectory(prefix="bench-layout-") as tmp:
-            shutil.copytree(ROOT / "markers", Path(tmp) / "markers",
-                            ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copytree(
+                ROOT / "markers",
+                Path(tmp) / "markers",
+                ignore=shutil.ignore_patterns("__pycache__"),
+            )
             phase_py = Path(tmp) / "markers" / "phase.py"
             phase_py.write_text(edit(phase_py.read_text()))
             done = subprocess.run(
-                [sys.executable, __file__, "layout-worker", tmp, endpoint, str(n),
-                 str(repeats)], capture_output=True, text=True, timeout=300, check=True,
-                env={**os.environ, "PYTHONPATH": f"{tmp}{os.pathsep}{ROOT}"})
+                [sys.executable, __file__, "layout-worker", tmp, endpoint, str(n), str(repeats)],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=True,
+                env={**os.environ, "PYTHONPATH": f"{tmp}{os.pathsep}{ROOT}"},
+            )
         line = next(x for x in done.stdout.splitlines() if x.startswith("LAYOUT "))
-        out[name] = json.loads(line[len("LAYOUT "):])
+        out[name] = json.loads(line[len("LAYOUT ") :])
     return out
 
 
@@ -203,51 +222,73 @@ def _ratio(times: dict[str, list[float]], name: str) -> float:
     """Median over repeats of ``name``'s net cost over the bare timer's in the same repeat
     (a load burst from other work on the machine hits both of a repeat alike)."""
     return statistics.median(
-        (v - e) / (b - e) for v, b, e in zip(times[name], times[BARE], times[EMPTY],
-                                              strict=True))
+        (v - e) / (b - e) for v, b, e in zip(times[name], times[BARE], times[EMPTY], strict=True)
+    )
 
 
-def section(times: dict[str, list[float]], layouts: dict[str, dict[str, list[float]]],
-            n: int, repeats: int, dropped: int) -> tuple[str, dict[str, float]]:
+def section(
+    times: dict[str, list[float]],
+    layouts: dict[str, dict[str, list[float]]],
+    n: int,
+    repeats: int,
+    dropped: int,
+) -> tuple[str, dict[str, float]]:
     """The ``## Marker overhead`` section and the headline figures."""
     from bench.common import load_line, spread
     from bench.results import machine_line
 
     net = _net(times)
-    lines = ["## Marker overhead", "",
-             machine_line("python bench/markers_overhead.py") + f" {load_line()} at the "
-             f"end. torch imported; {n} start+stops per block, {repeats} interleaved "
-             "repeats; per start+stop: median (min–max); 'net' subtracts the empty loop's "
-             "median; a real sidecar listening.", "",
-             "| variant | per start+stop (ns) | net (ns) | net / bare timer |",
-             "|---|---:|---:|---:|"]
+    lines = [
+        "## Marker overhead",
+        "",
+        machine_line("python bench/markers_overhead.py") + f" {load_line()} at the "
+        f"end. torch imported; {n} start+stops per block, {repeats} interleaved "
+        "repeats; per start+stop: median (min–max); 'net' subtracts the empty loop's "
+        "median; a real sidecar listening.",
+        "",
+        "| variant | per start+stop (ns) | net (ns) | net / bare timer |",
+        "|---|---:|---:|---:|",
+    ]
     for name, values in times.items():
         if name == EMPTY:
             lines.append(f"| {name} | {spread(values)} | | |")
         else:
-            lines.append(f"| {name} | {spread(values)} | {net[name]:.0f} | "
-                         f"{_ratio(times, name):.2f}× |")
+            lines.append(
+                f"| {name} | {spread(values)} | {net[name]:.0f} | {_ratio(times, name):.2f}× |"
+            )
     natural = _ratio(times, NATURAL)
-    lines += ["", f"- ours, natural / bare timer: **{natural:.2f}×** (target ≤ {TARGET:.0f}×: "
-              f"{'met' if natural <= TARGET else 'missed'}); reused: "
-              f"{_ratio(times, 'ours, reused marker object'):.2f}× (ratios: median over repeats of "
-              "the net cost over the bare timer's in the same repeat)",
-              f"- records the markers could not send during this benchmark: {dropped}",
-              "", "Layouts (fresh processes, torch imported, copies of `markers` with "
-              "unrelated edits):", "",
-              "| layout | natural (net ns) | bare (net ns) | natural / bare |",
-              "|---|---:|---:|---:|"]
+    lines += [
+        "",
+        f"- ours, natural / bare timer: **{natural:.2f}×** (target ≤ {TARGET:.0f}×: "
+        f"{'met' if natural <= TARGET else 'missed'}); reused: "
+        f"{_ratio(times, 'ours, reused marker object'):.2f}× (ratios: median over repeats of "
+        "the net cost over the bare timer's in the same repeat)",
+        f"- records the markers could not send during this benchmark: {dropped}",
+        "",
+        "Layouts (fresh processes, torch imported, copies of `markers` with unrelated edits):",
+        "",
+        "| layout | natural (net ns) | bare (net ns) | natural / bare |",
+        "|---|---:|---:|---:|",
+    ]
     ratios = []
     for name, layout_times in layouts.items():
         layout_net = _net(layout_times)
         ratio = _ratio(layout_times, NATURAL)
         ratios.append(ratio)
-        lines.append(f"| {name} | {layout_net[NATURAL]:.0f} | {layout_net[BARE]:.0f} | "
-                     f"{ratio:.2f}× |")
-    lines += ["", f"- natural / bare across layouts: {min(ratios):.2f}…{max(ratios):.2f}× "
-              "(a flip would show as one layout near 3×)", ""]
-    return "\n".join(lines), {"natural_vs_bare": natural,
-                              "layouts_max": max(ratios), "layouts_min": min(ratios)}
+        lines.append(
+            f"| {name} | {layout_net[NATURAL]:.0f} | {layout_net[BARE]:.0f} | {ratio:.2f}× |"
+        )
+    lines += [
+        "",
+        f"- natural / bare across layouts: {min(ratios):.2f}…{max(ratios):.2f}× "
+        "(a flip would show as one layout near 3×)",
+        "",
+    ]
+    return "\n".join(lines), {
+        "natural_vs_bare": natural,
+        "layouts_max": max(ratios),
+        "layouts_min": min(ratios),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -266,8 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench.common import headline, sidecar
     from bench.results import write_section
 
-    with tempfile.TemporaryDirectory(prefix="bench-") as tmp, \
-            sidecar(Path(tmp)) as (endpoint, _):
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp, sidecar(Path(tmp)) as (endpoint, _):
         run = connected_run(endpoint)
         times = measure(run, args.n, args.repeats)
         run.finish()

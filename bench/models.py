@@ -39,8 +39,9 @@ def _workload(name: str, model: nn.Module, inputs: torch.Tensor) -> Workload:
         optimizer.zero_grad()
         loss.backward()
 
-    return Workload(name, lambda: loss_fn(model(inputs), labels), backward, optimizer.step,
-                    model, optimizer)
+    return Workload(
+        name, lambda: loss_fn(model(inputs), labels), backward, optimizer.step, model, optimizer
+    )
 
 
 def mlp() -> Workload:
@@ -54,9 +55,15 @@ def cnn() -> Workload:
     """A small CNN (conv 1→16→32, two poolings, a linear head) at batch 64 on 28×28."""
     torch.manual_seed(0)
     model = nn.Sequential(
-        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(32 * 7 * 7, 10))
+        nn.Conv2d(1, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * 7 * 7, 10),
+    )
     return _workload("small CNN", model, torch.randn(64, 1, 28, 28))
 
 

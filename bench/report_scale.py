@@ -44,8 +44,9 @@ ROWS = 100
 
 
 def _computational(rng: np.random.Generator) -> str:
-    frame = pd.DataFrame(rng.gamma(2.0, 0.01, (ROWS, len(COLUMNS))),
-                         columns=[label for label, _, _ in COLUMNS])
+    frame = pd.DataFrame(
+        rng.gamma(2.0, 0.01, (ROWS, len(COLUMNS))), columns=[label for label, _, _ in COLUMNS]
+    )
     frame.index.name = INDEX_LABEL
     return to_tsv(frame, index=True)
 
@@ -53,39 +54,65 @@ def _computational(rng: np.random.Generator) -> str:
 def _resources(rng: np.random.Generator, gpus: int, rounds: int) -> str:
     t = np.repeat(np.arange(rounds, dtype=float), gpus) + 0.0123
     n = len(t)
-    frame = pd.DataFrame({
-        "time (s)": t, "session": 0, "gpu index": np.tile(np.arange(gpus), rounds),
-        "gpu name": "NVIDIA H100 80GB HBM3",
-        "gpu uuid": [f"GPU-{i:08x}-0000-0000-0000-000000000000" for i in range(gpus)] * rounds,
-        "utilization (%)": rng.integers(0, 101, n).astype(float),
-        "memory utilization (%)": rng.integers(0, 101, n).astype(float),
-        "memory used (MB)": rng.uniform(1000, 80000, n), "memory total (MB)": 81559.0,
-        "power (W)": rng.uniform(80, 700, n), "power source": "instant",
-        "energy (J)": np.cumsum(rng.uniform(80, 700, n)), "temperature (C)": 60.0,
-        "sm clock (MHz)": 1980.0, "sm activity (%)": np.nan,
-        "job gpu memory (MB)": rng.uniform(1000, 80000, n), "job sm utilization (%)": np.nan,
-        "host cpu (%)": rng.uniform(50, 400, n), "job memory rss (MB)": rng.uniform(1e3, 3e4, n),
-        "job memory uss (MB)": rng.uniform(1e3, 3e4, n), "system memory used (%)": 40.0,
-    })
+    frame = pd.DataFrame(
+        {
+            "time (s)": t,
+            "session": 0,
+            "gpu index": np.tile(np.arange(gpus), rounds),
+            "gpu name": "NVIDIA H100 80GB HBM3",
+            "gpu uuid": [f"GPU-{i:08x}-0000-0000-0000-000000000000" for i in range(gpus)] * rounds,
+            "utilization (%)": rng.integers(0, 101, n).astype(float),
+            "memory utilization (%)": rng.integers(0, 101, n).astype(float),
+            "memory used (MB)": rng.uniform(1000, 80000, n),
+            "memory total (MB)": 81559.0,
+            "power (W)": rng.uniform(80, 700, n),
+            "power source": "instant",
+            "energy (J)": np.cumsum(rng.uniform(80, 700, n)),
+            "temperature (C)": 60.0,
+            "sm clock (MHz)": 1980.0,
+            "sm activity (%)": np.nan,
+            "job gpu memory (MB)": rng.uniform(1000, 80000, n),
+            "job sm utilization (%)": np.nan,
+            "host cpu (%)": rng.uniform(50, 400, n),
+            "job memory rss (MB)": rng.uniform(1e3, 3e4, n),
+            "job memory uss (MB)": rng.uniform(1e3, 3e4, n),
+            "system memory used (%)": 40.0,
+        }
+    )
     return to_tsv(frame[list(columns())], index=False)
 
 
 def _summary(rng: np.random.Generator) -> str:
-    lines = [TITLE_LINE, "", "GPU: 'NVIDIA H100 80GB HBM3'", "",
-             *(f"{'phase':<22} | 1.00e-01 ± 1.00e-02 [100]" for _ in range(12)),
-             f"Throughput: {rng.uniform(100, 5000):.2f} images/s", "-" * 106,
-             f"Throughput: {rng.uniform(100, 5000):.2f} images/s", STARS, "", "Resources",
-             *("  resource line" for _ in range(20)),
-             "Records: received 123456, dropped 0 (not sent), lost 0 (sent, never received), "
-             "rejected 0", STARS]
+    lines = [
+        TITLE_LINE,
+        "",
+        "GPU: 'NVIDIA H100 80GB HBM3'",
+        "",
+        *(f"{'phase':<22} | 1.00e-01 ± 1.00e-02 [100]" for _ in range(12)),
+        f"Throughput: {rng.uniform(100, 5000):.2f} images/s",
+        "-" * 106,
+        f"Throughput: {rng.uniform(100, 5000):.2f} images/s",
+        STARS,
+        "",
+        "Resources",
+        *("  resource line" for _ in range(20)),
+        "Records: received 123456, dropped 0 (not sent), lost 0 (sent, never received), rejected 0",
+        STARS,
+    ]
     return "\n".join(lines) + "\n"
 
 
 def generate(root: Path, folders: int, gpus: int, rounds: int) -> None:
     """``folders`` run folders under ``root/<user>/<job>``."""
     rng = np.random.default_rng(0)
-    templates = [(_computational(rng).encode(), _resources(rng, gpus, rounds).encode(),
-                  _summary(rng).encode()) for _ in range(TEMPLATES)]
+    templates = [
+        (
+            _computational(rng).encode(),
+            _resources(rng, gpus, rounds).encode(),
+            _summary(rng).encode(),
+        )
+        for _ in range(TEMPLATES)
+    ]
     start = 1.8e9
     for i in range(folders):
         computational, resources, summary = templates[i % TEMPLATES]
@@ -95,12 +122,21 @@ def generate(root: Path, folders: int, gpus: int, rounds: int) -> None:
         (logs / "computational.tsv").write_bytes(computational)
         (logs / "resources.tsv").write_bytes(resources)
         (folder / "training" / "split-0" / "summary.log").write_bytes(summary)
-        meta = {"run_id": f"{i:032x}", "host": f"node{i % 64:03d}", "user": f"user{i % 37}",
-                "job_id": str(100000 + i), "command": ["python", "train.py"],
-                "start": "2027-01-15T08:00:00+00:00", "end": "2027-01-15T09:00:00+00:00",
-                "start_unix": start, "end_unix": start + rounds, "status": "completed",
-                "cause": None, "gpus": [], "splits": {"0": {"status": "completed",
-                                                            "training_s": float(rounds)}}}
+        meta = {
+            "run_id": f"{i:032x}",
+            "host": f"node{i % 64:03d}",
+            "user": f"user{i % 37}",
+            "job_id": str(100000 + i),
+            "command": ["python", "train.py"],
+            "start": "2027-01-15T08:00:00+00:00",
+            "end": "2027-01-15T09:00:00+00:00",
+            "start_unix": start,
+            "end_unix": start + rounds,
+            "status": "completed",
+            "cause": None,
+            "gpus": [],
+            "splits": {"0": {"status": "completed", "training_s": float(rounds)}},
+        }
         (folder / "run.json").write_text(json.dumps(meta))
 
 
@@ -109,8 +145,22 @@ def _timed(work: Path, folders: int) -> tuple[float, float]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     began = time.perf_counter()
     result = subprocess.run(
-        ["taskset", "-c", "0", sys.executable, "-m", "sidecar", "report", str(work / "runs"),
-         "--out", str(work / "out")], cwd=ROOT, capture_output=True, text=True)
+        [
+            "taskset",
+            "-c",
+            "0",
+            sys.executable,
+            "-m",
+            "sidecar",
+            "report",
+            str(work / "runs"),
+            "--out",
+            str(work / "out"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     wall_s = time.perf_counter() - began
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if result.returncode != 0:
@@ -140,18 +190,26 @@ def main() -> None:
         html_mb = (work / "out" / "report.html").stat().st_size / 1e6
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    text = "\n".join([
-        "## Report scale", "",
-        machine_line("python bench/report_scale.py"), "",
-        f"`sidecar report` over {args.folders} generated run folders ({size_mb:.0f} MB: "
-        f"computational.tsv of {ROWS} rows, resources.tsv of {args.gpus} GPUs × "
-        f"{args.rounds} rounds, run.json, summary.log), one core (`taskset -c 0`), page "
-        f"cache warm; best of {args.repeats} runs, load average {load:.1f} when they began:",
-        "",
-        "| folders | wall (s) | CPU (s) | report.html (MB) |", "|---|---|---|---|",
-        f"| {args.folders} | {wall_s:.1f} | {cpu_s:.1f} | {html_mb:.1f} |", "",
-        f"Generating the folders took {generated_s:.0f} s (not counted). Budget "
-        "(docs/contract.md, Cluster report): under 60 s.", ""])
+    text = "\n".join(
+        [
+            "## Report scale",
+            "",
+            machine_line("python bench/report_scale.py"),
+            "",
+            f"`sidecar report` over {args.folders} generated run folders ({size_mb:.0f} MB: "
+            f"computational.tsv of {ROWS} rows, resources.tsv of {args.gpus} GPUs × "
+            f"{args.rounds} rounds, run.json, summary.log), one core (`taskset -c 0`), page "
+            f"cache warm; best of {args.repeats} runs, load average {load:.1f} when they began:",
+            "",
+            "| folders | wall (s) | CPU (s) | report.html (MB) |",
+            "|---|---|---|---|",
+            f"| {args.folders} | {wall_s:.1f} | {cpu_s:.1f} | {html_mb:.1f} |",
+            "",
+            f"Generating the folders took {generated_s:.0f} s (not counted). Budget "
+            "(docs/contract.md, Cluster report): under 60 s.",
+            "",
+        ]
+    )
     print(text)
     if not args.no_write:
         write_section(text)

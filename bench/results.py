@@ -12,8 +12,10 @@ RESULTS = Path(__file__).resolve().with_name("RESULTS.md")
 
 def machine_line(command: str) -> str:
     """Where and when a table was measured, for the line under a section heading."""
-    return (f"`{command}` on {platform.node()} ({os.cpu_count()} CPUs, Python "
-            f"{platform.python_version()}), {time.strftime('%Y-%m-%d')}.")
+    return (
+        f"`{command}` on {platform.node()} ({os.cpu_count()} CPUs, Python "
+        f"{platform.python_version()}), {time.strftime('%Y-%m-%d')}."
+    )
 
 
 def write_section(text: str, path: Path = RESULTS, first: bool = False) -> None:
@@ -32,8 +34,9 @@ def write_section(text: str, path: Path = RESULTS, first: bool = False) -> None:
     elif start is None:
         new = old.rstrip("\n") + "\n\n" + text
     else:
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")),
-                   len(lines))
+        end = next(
+            (i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines)
+        )
         rest = "".join(lines[end:])
         new = "".join(lines[:start]) + text.rstrip("\n") + "\n" + ("\n" + rest if rest else "")
     tmp = path.with_suffix(".tmp")

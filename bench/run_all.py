@@ -52,8 +52,12 @@ FINE_NOISE = "unmarked (noise floor)"  # the noise-floor row of end_to_end.py's 
 
 def cuda_available() -> bool:
     """Whether torch sees a CUDA device (asked in a child: this process stays light)."""
-    done = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return done.stdout.strip() == "True"
 
 
@@ -62,10 +66,15 @@ def run_one(script: str, args: list[str]) -> tuple[int | str, float, dict[str, A
     start = time.monotonic()
     # Its own process group: a benchmark that runs over its time is stopped together with
     # the sidecars and producers it started.
-    process = subprocess.Popen([sys.executable, str(ROOT / "bench" / script), *args],
-                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, start_new_session=True,
-                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "bench" / script), *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     try:
         stdout, stderr = process.communicate(timeout=BENCH_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -75,20 +84,22 @@ def run_one(script: str, args: list[str]) -> tuple[int | str, float, dict[str, A
     figures: dict[str, Any] = {}
     for line in stdout.splitlines():
         if line.startswith(HEADLINE):
-            figures = json.loads(line[len(HEADLINE):])
+            figures = json.loads(line[len(HEADLINE) :])
     if process.returncode:
         sys.stderr.write(stdout[-4000:] + stderr[-4000:])
     return process.returncode, time.monotonic() - start, figures
 
 
-def _fmt(figures: dict[str, dict[str, Any]], bench: str, key: str,
-         show: Callable[[float], str]) -> str:
+def _fmt(
+    figures: dict[str, dict[str, Any]], bench: str, key: str, show: Callable[[float], str]
+) -> str:
     value = figures.get(bench, {}).get(key)
     return show(value) if isinstance(value, (int, float)) else "not measured"
 
 
 def headline_rows(figures: dict[str, dict[str, Any]]) -> list[str]:
     """The headline table: figure, measured, target."""
+
     def ratio(v: float) -> str:
         return f"{v:.2f}×"
 
@@ -99,50 +110,94 @@ def headline_rows(figures: dict[str, dict[str, Any]]) -> list[str]:
         return f"{v / 1e6:.2f} M records/s"
 
     rows = [
-        ("natural marker (`with run.phase(\"forward\")`) / bare timer",
-         _fmt(figures, "markers_overhead", "natural_vs_bare", ratio), "≤ 2×"),
-        ("the same across three code layouts (min…max)",
-         f"{_fmt(figures, 'markers_overhead', 'layouts_min', ratio)}…"
-         f"{_fmt(figures, 'markers_overhead', 'layouts_max', ratio)}", "≤ 2×"),
-        ("MLP step: ours vs unmonitored (one thread, tools table)",
-         _fmt(figures, "end_to_end", "mlp:ours", ratio), ""),
-        ("MLP step: TraceML 0.5 vs unmonitored",
-         _fmt(figures, "end_to_end", "mlp:TraceML", ratio), ""),
-        ("MLP step: Lightning SimpleProfiler / torch.profiler vs unmonitored",
-         f"{_fmt(figures, 'end_to_end', 'mlp:Lightning SimpleProfiler', ratio)} / "
-         f"{_fmt(figures, 'end_to_end', 'mlp:torch.profiler', ratio)}", ""),
-        ("small CNN step: ours / TraceML vs unmonitored",
-         f"{_fmt(figures, 'end_to_end', 'cnn:ours', ratio)} / "
-         f"{_fmt(figures, 'end_to_end', 'cnn:TraceML', ratio)}", ""),
+        (
+            'natural marker (`with run.phase("forward")`) / bare timer',
+            _fmt(figures, "markers_overhead", "natural_vs_bare", ratio),
+            "≤ 2×",
+        ),
+        (
+            "the same across three code layouts (min…max)",
+            f"{_fmt(figures, 'markers_overhead', 'layouts_min', ratio)}…"
+            f"{_fmt(figures, 'markers_overhead', 'layouts_max', ratio)}",
+            "≤ 2×",
+        ),
+        (
+            "MLP step: ours vs unmonitored (one thread, tools table)",
+            _fmt(figures, "end_to_end", "mlp:ours", ratio),
+            "",
+        ),
+        (
+            "MLP step: TraceML 0.5 vs unmonitored",
+            _fmt(figures, "end_to_end", "mlp:TraceML", ratio),
+            "",
+        ),
+        (
+            "MLP step: Lightning SimpleProfiler / torch.profiler vs unmonitored",
+            f"{_fmt(figures, 'end_to_end', 'mlp:Lightning SimpleProfiler', ratio)} / "
+            f"{_fmt(figures, 'end_to_end', 'mlp:torch.profiler', ratio)}",
+            "",
+        ),
+        (
+            "small CNN step: ours / TraceML vs unmonitored",
+            f"{_fmt(figures, 'end_to_end', 'cnn:ours', ratio)} / "
+            f"{_fmt(figures, 'end_to_end', 'cnn:TraceML', ratio)}",
+            "",
+        ),
     ]
-    for threads in sorted(k.split(":")[1] for k in figures.get("end_to_end", {})
-                          if k.startswith("slowdown:")):
-        rows.append((f"MLP slowdown, {threads} torch thread(s), median of 7 pairs (noise floor)",
-                     f"{_fmt(figures, 'end_to_end', f'slowdown:{threads}', pct)} "
-                     f"({_fmt(figures, 'end_to_end', f'noise:{threads}', pct)})", "≤ 1 %"))
-        rows.append((f"MLP slowdown, {threads} torch thread(s), fine comparison: 120 short "
-                     "pairs (noise floor)",
-                     f"{_fmt(figures, 'end_to_end', f'fine:{threads}:ours', pct)} ("
-                     f"{_fmt(figures, 'end_to_end', f'fine:{threads}:{FINE_NOISE}', pct)})",
-                     "≤ 1 %"))
-    rows.append(("slowdown of a 1 / 10 / 100 ms step, `train_batches` + three phases "
-                 "(CPU time)", " / ".join(_fmt(figures, "step_sizes", f"ours_{ms}ms", pct)
-                                          for ms in (1, 10, 100)), ""))
+    for threads in sorted(
+        k.split(":")[1] for k in figures.get("end_to_end", {}) if k.startswith("slowdown:")
+    ):
+        rows.append(
+            (
+                f"MLP slowdown, {threads} torch thread(s), median of 7 pairs (noise floor)",
+                f"{_fmt(figures, 'end_to_end', f'slowdown:{threads}', pct)} "
+                f"({_fmt(figures, 'end_to_end', f'noise:{threads}', pct)})",
+                "≤ 1 %",
+            )
+        )
+        rows.append(
+            (
+                f"MLP slowdown, {threads} torch thread(s), fine comparison: 120 short "
+                "pairs (noise floor)",
+                f"{_fmt(figures, 'end_to_end', f'fine:{threads}:ours', pct)} ("
+                f"{_fmt(figures, 'end_to_end', f'fine:{threads}:{FINE_NOISE}', pct)})",
+                "≤ 1 %",
+            )
+        )
+    rows.append(
+        (
+            "slowdown of a 1 / 10 / 100 ms step, `train_batches` + three phases (CPU time)",
+            " / ".join(_fmt(figures, "step_sizes", f"ours_{ms}ms", pct) for ms in (1, 10, 100)),
+            "",
+        )
+    )
     rows += [
         ("sidecar ingest, 1 producer", _fmt(figures, "ingest", "rate_1", rate), "≥ 2 M/s"),
         ("sidecar ingest, 4 producers", _fmt(figures, "ingest", "rate_4", rate), "≥ 1 M/s"),
-        ("sidecar ingest, 8 producers (one node's ranks)",
-         _fmt(figures, "ingest", "rate_8", rate), "≥ 1 M/s"),
-        ("sidecar RSS: idle / peak over 10⁷ records",
-         f"{_fmt(figures, 'ingest', 'rss_idle_mb', lambda v: f'{v:.0f} MB')} / "
-         f"{_fmt(figures, 'ingest', 'rss_peak_mb', lambda v: f'{v:.0f} MB')}", "≤ 100 MB"),
-        ("checkpoint write, num_measurements = 10⁵ (first write of a split, every row "
-         "formatted)",
-         f"{_fmt(figures, 'write_cap', 'seconds_top', lambda v: f'{v:.2f} s')} "
-         f"({_fmt(figures, 'write_cap', 'first_top', lambda v: f'{v:.2f} s')})", "< 1 s"),
+        (
+            "sidecar ingest, 8 producers (one node's ranks)",
+            _fmt(figures, "ingest", "rate_8", rate),
+            "≥ 1 M/s",
+        ),
+        (
+            "sidecar RSS: idle / peak over 10⁷ records",
+            f"{_fmt(figures, 'ingest', 'rss_idle_mb', lambda v: f'{v:.0f} MB')} / "
+            f"{_fmt(figures, 'ingest', 'rss_peak_mb', lambda v: f'{v:.0f} MB')}",
+            "≤ 100 MB",
+        ),
+        (
+            "checkpoint write, num_measurements = 10⁵ (first write of a split, every row "
+            "formatted)",
+            f"{_fmt(figures, 'write_cap', 'seconds_top', lambda v: f'{v:.2f} s')} "
+            f"({_fmt(figures, 'write_cap', 'first_top', lambda v: f'{v:.2f} s')})",
+            "< 1 s",
+        ),
     ]
-    return ["| figure | measured | target |", "|---|---:|---|",
-            *(f"| {name} | {value} | {target} |" for name, value, target in rows)]
+    return [
+        "| figure | measured | target |",
+        "|---|---:|---|",
+        *(f"| {name} | {value} | {target} |" for name, value, target in rows),
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,11 +214,13 @@ def main(argv: list[str] | None = None) -> int:
         if wanted is not None and script not in wanted:
             continue
         if script == "gpu_overhead.py" and not gpu:
-            write_section(f"{GPU_SECTION}\n\nNot run: no GPU "
-                          f"(`python bench/run_all.py`, {time.strftime('%Y-%m-%d')}: torch "
-                          "sees no CUDA device). On a GPU machine `python bench/run_all.py` "
-                          "(or `python bench/gpu_overhead.py` alone, 1–2 minutes on an H200) "
-                          "fills this section.\n")
+            write_section(
+                f"{GPU_SECTION}\n\nNot run: no GPU "
+                f"(`python bench/run_all.py`, {time.strftime('%Y-%m-%d')}: torch "
+                "sees no CUDA device). On a GPU machine `python bench/run_all.py` "
+                "(or `python bench/gpu_overhead.py` alone, 1–2 minutes on an H200) "
+                "fills this section.\n"
+            )
             statuses.append(f"| {script} | not run (no CUDA) | |")
             continue
         print(f"run_all: {script} ...", flush=True)
@@ -174,16 +231,25 @@ def main(argv: list[str] | None = None) -> int:
         statuses.append(f"| {script} | {state} | {seconds:.0f} |")
         print(f"run_all: {script} {state} in {seconds:.0f} s", flush=True)
     total_s = time.monotonic() - started
-    text = "\n".join([
-        "## Summary", "",
-        f"`python bench/run_all.py` on {platform.node()} ({os.cpu_count()} CPUs, "
-        f"{platform.processor() or platform.machine()}, Python {platform.python_version()}, "
-        f"{platform.system()} {platform.release()}), {time.strftime('%Y-%m-%d %H:%M %Z')}; "
-        f"{total_s / 60:.1f} minutes in all. Other work ran on the machine meanwhile: "
-        f"{load_before} before, {load_line()} after. Compare ratios "
-        "measured side by side, not absolute times.", "",
-        *headline_rows(figures), "",
-        "| benchmark | status | seconds |", "|---|---|---:|", *statuses, ""])
+    text = "\n".join(
+        [
+            "## Summary",
+            "",
+            f"`python bench/run_all.py` on {platform.node()} ({os.cpu_count()} CPUs, "
+            f"{platform.processor() or platform.machine()}, Python {platform.python_version()}, "
+            f"{platform.system()} {platform.release()}), {time.strftime('%Y-%m-%d %H:%M %Z')}; "
+            f"{total_s / 60:.1f} minutes in all. Other work ran on the machine meanwhile: "
+            f"{load_before} before, {load_line()} after. Compare ratios "
+            "measured side by side, not absolute times.",
+            "",
+            *headline_rows(figures),
+            "",
+            "| benchmark | status | seconds |",
+            "|---|---|---:|",
+            *statuses,
+            "",
+        ]
+    )
     write_section(text, first=True)
     print(text)
     return 0 if all("FAILED" not in s for s in statuses) else 1

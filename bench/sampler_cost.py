@@ -48,8 +48,12 @@ def median_us(fn: Callable[[], object], repeats: int = REPEATS) -> float:
 
 
 def start_tree() -> subprocess.Popen[str]:
-    root = subprocess.Popen([sys.executable, str(ROOT / "tests" / "support" / "proc_tree.py")],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    root = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "support" / "proc_tree.py")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert root.stdin is not None and root.stdout is not None
     for _ in range(N_CHILDREN):
         root.stdin.write("alloc 20\n")
@@ -59,10 +63,16 @@ def start_tree() -> subprocess.Popen[str]:
 
 
 def fake_sampler(job_pid: int) -> NvmlSampler:
-    gpus = [FakeGpu(uuid=f"GPU-{i:08x}-0000-0000-0000-000000000000", gpm=True,
-                    compute_procs=[(job_pid, 1000 * MIB), (1, 10 * MIB)],
-                    graphics_procs=[], proc_samples=[(job_pid, 2**62, 50)])
-            for i in range(N_GPUS)]
+    gpus = [
+        FakeGpu(
+            uuid=f"GPU-{i:08x}-0000-0000-0000-000000000000",
+            gpm=True,
+            compute_procs=[(job_pid, 1000 * MIB), (1, 10 * MIB)],
+            graphics_procs=[],
+            proc_samples=[(job_pid, 2**62, 50)],
+        )
+        for i in range(N_GPUS)
+    ]
     sampler = open_nvml(None, api=FakeNvml(gpus))
     assert isinstance(sampler, NvmlSampler)
     return sampler
@@ -107,10 +117,14 @@ def measure() -> list[tuple[str, str]]:
         (f"host round, {N_CHILDREN + 1} processes, no tree rescan", f"{host_us:.0f} µs"),
         ("host round with tree rescan and USS (every 5 s)", f"{refresh_us:.0f} µs"),
         ("one round (NVML + host), median", f"{round_us:.0f} µs"),
-        (f"CPU share at {DEFAULT_INTERVAL_S:g} s, computed (rescan amortised)",
-         f"{100 * amortised_us / 1e6 / DEFAULT_INTERVAL_S:.3f} % of a core"),
-        (f"CPU share at {DEFAULT_INTERVAL_S:g} s, measured over {LOOP_S:g} s",
-         f"{measured:.3f} % of a core"),
+        (
+            f"CPU share at {DEFAULT_INTERVAL_S:g} s, computed (rescan amortised)",
+            f"{100 * amortised_us / 1e6 / DEFAULT_INTERVAL_S:.3f} % of a core",
+        ),
+        (
+            f"CPU share at {DEFAULT_INTERVAL_S:g} s, measured over {LOOP_S:g} s",
+            f"{measured:.3f} % of a core",
+        ),
     ]
     real = open_nvml(os.environ.get("CUDA_VISIBLE_DEVICES"))
     if isinstance(real, NvmlSampler):

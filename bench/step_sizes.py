@@ -83,8 +83,7 @@ def spin_workload(step_ms: int) -> Workload:
         return model_forward()
 
     w.forward = forward
-    spin_s[0] = max(0.0, step_ms / 1e3 - statistics.median(_seconds(w.step)
-                                                              for _ in range(50)))
+    spin_s[0] = max(0.0, step_ms / 1e3 - statistics.median(_seconds(w.step) for _ in range(50)))
     return w
 
 
@@ -110,6 +109,7 @@ def instrumented(w: Workload, run: markers.Run) -> Block:
             return plain(n)
         finally:
             hooks.remove()
+
     return block
 
 
@@ -118,15 +118,19 @@ def plain_loop(step_ms: int, run: markers.Run, scale: float) -> dict[str, list[f
     from lightning.pytorch.profilers import SimpleProfiler
 
     base, hooked = spin_workload(step_ms), spin_workload(step_ms)
-    variants = {"unmarked (noise floor)": cpu_timed(range, base.step),
-                "ours": cpu_timed(lambda n: run.train_batches(range(n)),
-                                  marked_step(base, run.phase)),
-                "instrument()": instrumented(hooked, run),
-                "Lightning SimpleProfiler": cpu_timed(range, marked_step(
-                    base, SimpleProfiler().profile))}
+    variants = {
+        "unmarked (noise floor)": cpu_timed(range, base.step),
+        "ours": cpu_timed(lambda n: run.train_batches(range(n)), marked_step(base, run.phase)),
+        "instrument()": instrumented(hooked, run),
+        "Lightning SimpleProfiler": cpu_timed(range, marked_step(base, SimpleProfiler().profile)),
+    }
     pairs = max(3, round(PAIRS[step_ms] * scale))
-    return {name: pair_ratios(cpu_timed(range, base.step), block, BLOCK_STEPS[step_ms], pairs,
-                              statistics.median) for name, block in variants.items()}
+    return {
+        name: pair_ratios(
+            cpu_timed(range, base.step), block, BLOCK_STEPS[step_ms], pairs, statistics.median
+        )
+        for name, block in variants.items()
+    }
 
 
 def lightning_block(step_ms: int, steps: int, extra: dict[str, Any]) -> float:
@@ -153,11 +157,17 @@ def lightning_block(step_ms: int, steps: int, extra: dict[str, Any]) -> float:
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
-    trainer = pl.Trainer(max_steps=steps, accelerator="cpu", logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, num_sanity_val_steps=0,
-                         callbacks=[Timing(), *extra.get("callbacks", [])],
-                         profiler=extra.get("profiler"))
+    trainer = pl.Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[Timing(), *extra.get("callbacks", [])],
+        profiler=extra.get("profiler"),
+    )
     trainer.fit(Module(), DataLoader(TensorDataset(torch.zeros(steps, 1)), batch_size=1))
     return statistics.median(b - a for a, b in pairwise(ends[1:]))
 
@@ -168,16 +178,23 @@ def lightning_loop(step_ms: int, endpoint: str, scale: float) -> dict[str, list[
     from markers.integrations.lightning import MonitorCallback
 
     variants: dict[str, Callable[[], dict[str, Any]]] = {
-        "plain": dict, "Lightning, no callback (noise floor)": dict,
-        "ours: MonitorCallback": lambda: {"callbacks": [MonitorCallback(
-            out_dir="lightning", warmup_iterations=0, endpoint=endpoint)]},
-        "Lightning profiler=\"simple\"": lambda: {"profiler": "simple"}}
+        "plain": dict,
+        "Lightning, no callback (noise floor)": dict,
+        "ours: MonitorCallback": lambda: {
+            "callbacks": [
+                MonitorCallback(out_dir="lightning", warmup_iterations=0, endpoint=endpoint)
+            ]
+        },
+        'Lightning profiler="simple"': lambda: {"profiler": "simple"},
+    }
     names = list(variants)
     out: dict[str, list[float]] = {name: [] for name in names[1:]}
     for round_ in range(max(2, round(LIGHTNING_ROUNDS * scale))):
         shift = round_ % len(names)
-        step_s = {name: lightning_block(step_ms, LIGHTNING_STEPS[step_ms], variants[name]())
-                  for name in names[shift:] + names[:shift]}
+        step_s = {
+            name: lightning_block(step_ms, LIGHTNING_STEPS[step_ms], variants[name]())
+            for name in names[shift:] + names[:shift]
+        }
         for name in out:
             out[name].append(step_s[name] / step_s["plain"] - 1)
     return out
@@ -207,12 +224,12 @@ def traceml_worker(step_ms: int, pairs: int) -> None:
 
 def traceml_ratio(step_ms: int, pairs: int) -> dict[str, Any]:
     """TraceML's slowdown from its own process (medians), or the reason it is missing."""
-    found = traceml_report(__file__, ["traceml-worker", "--step-ms", str(step_ms),
-                                      "--pairs", str(pairs)])
+    found = traceml_report(
+        __file__, ["traceml-worker", "--step-ms", str(step_ms), "--pairs", str(pairs)]
+    )
     if "error" in found:
         return found
-    return {"ratio": statistics.median(found["traced"]) / statistics.median(found["before"])
-            - 1}
+    return {"ratio": statistics.median(found["traced"]) / statistics.median(found["before"]) - 1}
 
 
 def _cell(ratios: list[float] | None) -> str:
@@ -224,33 +241,50 @@ def _cell(ratios: list[float] | None) -> str:
 
 def section(results: dict[int, dict[str, Any]], seconds: float) -> tuple[str, dict]:
     """The ``## Slowdown per step size`` section and its headline figures."""
-    rows = ["unmarked (noise floor)", "ours", "instrument()", "Lightning SimpleProfiler",
-            "Lightning, no callback (noise floor)", "ours: MonitorCallback",
-            "Lightning profiler=\"simple\"", "TraceML 0.5"]
-    lines = ["## Slowdown per step size", "",
-             machine_line("python bench/step_sizes.py") + f" {load_line()} at the end; "
-             f"{seconds / 60:.1f} minutes. One torch thread; each step a small MLP plus a "
-             "CPU spin up to the step's length; a real sidecar listening. Cells: median "
-             "over interleaved pairs of short blocks of `variant / unmarked - 1` (each "
-             "block its median step, in the training thread's CPU time), a "
-             "distribution-free ~95 % interval of that median beside it. TraceML runs in "
-             "its own process, before/after, not interleaved.",
-             "", "| variant | " + " | ".join(f"{ms} ms step" for ms in STEP_MS) + " |",
-             "|---|" + "---:|" * len(STEP_MS)]
+    rows = [
+        "unmarked (noise floor)",
+        "ours",
+        "instrument()",
+        "Lightning SimpleProfiler",
+        "Lightning, no callback (noise floor)",
+        "ours: MonitorCallback",
+        'Lightning profiler="simple"',
+        "TraceML 0.5",
+    ]
+    lines = [
+        "## Slowdown per step size",
+        "",
+        machine_line("python bench/step_sizes.py") + f" {load_line()} at the end; "
+        f"{seconds / 60:.1f} minutes. One torch thread; each step a small MLP plus a "
+        "CPU spin up to the step's length; a real sidecar listening. Cells: median "
+        "over interleaved pairs of short blocks of `variant / unmarked - 1` (each "
+        "block its median step, in the training thread's CPU time), a "
+        "distribution-free ~95 % interval of that median beside it. TraceML runs in "
+        "its own process, before/after, not interleaved.",
+        "",
+        "| variant | " + " | ".join(f"{ms} ms step" for ms in STEP_MS) + " |",
+        "|---|" + "---:|" * len(STEP_MS),
+    ]
     for row in rows:
         cells = []
         for ms in STEP_MS:
             if row == "TraceML 0.5":
                 found = results[ms]["traceml"]
-                cells.append(f"{found['ratio'] * 100:+.2f} %" if "ratio" in found
-                             else f"not measured: {found['error']}")
+                cells.append(
+                    f"{found['ratio'] * 100:+.2f} %"
+                    if "ratio" in found
+                    else f"not measured: {found['error']}"
+                )
             else:
                 cells.append(_cell(results[ms]["ratios"].get(row)))
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
-    lines += ["", "- what the markers add is a few µs per step whatever its length: a "
-              "figure inside its noise floor's interval cannot be told from it", ""]
-    figures = {f"ours_{ms}ms": statistics.median(results[ms]["ratios"]["ours"])
-               for ms in STEP_MS}
+    lines += [
+        "",
+        "- what the markers add is a few µs per step whatever its length: a "
+        "figure inside its noise floor's interval cannot be told from it",
+        "",
+    ]
+    figures = {f"ours_{ms}ms": statistics.median(results[ms]["ratios"]["ours"]) for ms in STEP_MS}
     return "\n".join(lines), figures
 
 
@@ -259,8 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("mode", nargs="?", default="bench", choices=["bench", "traceml-worker"])
     parser.add_argument("--step-ms", type=int, default=1)
     parser.add_argument("--pairs", type=int, default=6)
-    parser.add_argument("--pairs-scale", type=float, default=1.0,
-                        help="multiply every pair count (shorter or steadier runs)")
+    parser.add_argument(
+        "--pairs-scale",
+        type=float,
+        default=1.0,
+        help="multiply every pair count (shorter or steadier runs)",
+    )
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
     if args.mode == "traceml-worker":
@@ -269,8 +307,11 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     torch.set_num_threads(1)
     results: dict[int, dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory(prefix="bench-steps-") as tmp, \
-            sidecar(Path(tmp)) as (endpoint, _), warnings.catch_warnings():
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-steps-") as tmp,
+        sidecar(Path(tmp)) as (endpoint, _),
+        warnings.catch_warnings(),
+    ):
         warnings.simplefilter("ignore")
         run = markers.start_run(out_dir="steps", warmup_iterations=0, endpoint=endpoint)
         assert isinstance(run, markers.Run)  # a sidecar listens: not the no-op run

@@ -106,25 +106,35 @@ def measure(caps: list[int]) -> list[CapTimes]:
 
 def section(results: list[CapTimes]) -> str:
     """The ``## Write time vs cap`` section."""
-    lines = ["## Write time vs cap", "",
-             machine_line("python bench/write_cap.py") + " Every file of a split with its "
-             "resume state (a checkpoint), every stored iteration filled (5 phases each). "
-             f"First write: the split {STEP:,} iterations short of the cap (half the cap "
-             "below 2,000) written for the first time, every row formatted (as after a "
-             f"resume); cap fills: {STEP:,} more iterations, the cap full, written; past the "
-             f"cap: {STEP:,} more (nothing stored); repeated: best of 3 more writes. Each "
-             "row's text is formatted once and kept (`sidecar/sinks/rowtext.py`).", "",
-             "| num_measurements | rows in phases.tsv | first write (s) | cap fills (s) | "
-             "past the cap (s) | repeated (s) |",
-             "|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "## Write time vs cap",
+        "",
+        machine_line("python bench/write_cap.py") + " Every file of a split with its "
+        "resume state (a checkpoint), every stored iteration filled (5 phases each). "
+        f"First write: the split {STEP:,} iterations short of the cap (half the cap "
+        "below 2,000) written for the first time, every row formatted (as after a "
+        f"resume); cap fills: {STEP:,} more iterations, the cap full, written; past the "
+        f"cap: {STEP:,} more (nothing stored); repeated: best of 3 more writes. Each "
+        "row's text is formatted once and kept (`sidecar/sinks/rowtext.py`).",
+        "",
+        "| num_measurements | rows in phases.tsv | first write (s) | cap fills (s) | "
+        "past the cap (s) | repeated (s) |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in results:
-        lines.append(f"| {r.cap:,} | {r.rows:,} | {r.first_s:.3f} | {r.fills_s:.3f} | "
-                     f"{r.past_s:.3f} | {r.repeated_s:.3f} |")
+        lines.append(
+            f"| {r.cap:,} | {r.rows:,} | {r.first_s:.3f} | {r.fills_s:.3f} | "
+            f"{r.past_s:.3f} | {r.repeated_s:.3f} |"
+        )
     top = results[-1]
     verdict = "met" if top.checkpoint_s < TARGET_S else "missed"
-    lines += ["", f"- cap {top.cap:,}: checkpoints **{top.checkpoint_s:.2f} s** at most "
-              f"(target < {TARGET_S:.0f} s: {verdict}); the first write of the split "
-              f"(every row formatted) {top.first_s:.2f} s", ""]
+    lines += [
+        "",
+        f"- cap {top.cap:,}: checkpoints **{top.checkpoint_s:.2f} s** at most "
+        f"(target < {TARGET_S:.0f} s: {verdict}); the first write of the split "
+        f"(every row formatted) {top.first_s:.2f} s",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -139,8 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_write:
         write_section(text)
     top = results[-1]
-    headline("write_cap", {"seconds_top": top.checkpoint_s, "first_top": top.first_s,
-                           "cap_top": top.cap})
+    headline(
+        "write_cap", {"seconds_top": top.checkpoint_s, "first_top": top.first_s, "cap_top": top.cap}
+    )
     return 0
 
 

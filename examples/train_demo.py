@@ -27,8 +27,10 @@ def make_loaders(n_train: int, n_val: int, batch_size: int) -> tuple[DataLoader,
         features = centers[labels] + 9.0 * torch.randn(n, 784, generator=generator)
         return TensorDataset(features, labels)
 
-    return (DataLoader(dataset(n_train), batch_size=batch_size, shuffle=True),
-            DataLoader(dataset(n_val), batch_size=batch_size))
+    return (
+        DataLoader(dataset(n_train), batch_size=batch_size, shuffle=True),
+        DataLoader(dataset(n_val), batch_size=batch_size),
+    )
 
 
 def main() -> None:
@@ -40,16 +42,23 @@ def main() -> None:
     args = parser.parse_args()
 
     torch.manual_seed(0)
-    train_loader, val_loader = make_loaders(args.train_samples, args.train_samples // 4,
-                                            args.batch_size)
-    model = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(),
-                          nn.Linear(256, 10))
+    train_loader, val_loader = make_loaders(
+        args.train_samples, args.train_samples // 4, args.batch_size
+    )
+    model = nn.Sequential(
+        nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 10)
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
 
-    run = markers.start_run(out_dir=args.out_dir, split=0, warmup_iterations=10,
-                            num_measurements=100, train_batch_size=args.batch_size,
-                            val_batch_size=args.batch_size)
+    run = markers.start_run(
+        out_dir=args.out_dir,
+        split=0,
+        warmup_iterations=10,
+        num_measurements=100,
+        train_batch_size=args.batch_size,
+        val_batch_size=args.batch_size,
+    )
     with run:
         for epoch in range(args.epochs):
             with run.epoch():
@@ -70,14 +79,18 @@ def main() -> None:
                             predictions = model(features).argmax(dim=1)
                         with run.phase("metrics"):
                             correct += int((predictions == labels).sum())
-            print(f"epoch {epoch}: validation accuracy "
-                  f"{correct / len(val_loader.dataset):.3f}", flush=True)
+            print(
+                f"epoch {epoch}: validation accuracy {correct / len(val_loader.dataset):.3f}",
+                flush=True,
+            )
             run.checkpoint()
     if run.out_dir is not None:
         split = run.out_dir / "training" / "split-0"
-        print(f"\nfiles written by the sidecar: {split / 'summary.log'}, "
-              f"{split / 'logs'}/{{computational,phases,resources}}.tsv, "
-              f"{run.out_dir / 'run.json'}")
+        print(
+            f"\nfiles written by the sidecar: {split / 'summary.log'}, "
+            f"{split / 'logs'}/{{computational,phases,resources}}.tsv, "
+            f"{run.out_dir / 'run.json'}"
+        )
 
 
 if __name__ == "__main__":

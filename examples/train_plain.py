@@ -23,10 +23,12 @@ def main() -> None:
     args = parser.parse_args()
 
     torch.manual_seed(0)
-    train_loader, val_loader = make_loaders(args.train_samples, args.train_samples // 4,
-                                            args.batch_size)
-    model = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(),
-                          nn.Linear(256, 10))
+    train_loader, val_loader = make_loaders(
+        args.train_samples, args.train_samples // 4, args.batch_size
+    )
+    model = nn.Sequential(
+        nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 10)
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
 
@@ -42,8 +44,10 @@ def main() -> None:
         with torch.no_grad():
             for features, labels in val_loader:
                 correct += int((model(features).argmax(dim=1) == labels).sum())
-        print(f"epoch {epoch}: validation accuracy {correct / len(val_loader.dataset):.3f}",
-              flush=True)
+        print(
+            f"epoch {epoch}: validation accuracy {correct / len(val_loader.dataset):.3f}",
+            flush=True,
+        )
     Path(args.out_dir).mkdir(parents=True, exist_ok=True)
     torch.save(model.state_dict(), Path(args.out_dir) / "model.pt")
 

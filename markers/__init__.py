@@ -20,6 +20,14 @@ from markers.phase import Phase
 from markers.run import NullRun, Run
 from markers.start import VERSION, current_run, start_run
 
-__all__ = ["Instrumentation", "NullRun", "Phase", "Run", "RunInterface", "current_run",
-           "instrument", "start_run"]
+__all__ = [
+    "Instrumentation",
+    "NullRun",
+    "Phase",
+    "Run",
+    "RunInterface",
+    "current_run",
+    "instrument",
+    "start_run",
+]
 __version__ = VERSION

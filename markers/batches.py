@@ -35,8 +35,11 @@ def first_dims(batch: Any, depth: int = 3) -> set[int] | None:
         scalars = isinstance(batch, list) and all(isinstance(i, (int, float)) for i in items)
         if items and (texts or scalars):
             return {len(items)}  # texts, or scalar samples
-        if isinstance(batch, list) and items and all(
-                isinstance(item, (list, tuple, Mapping)) for item in items):
+        if (
+            isinstance(batch, list)
+            and items
+            and all(isinstance(item, (list, tuple, Mapping)) for item in items)
+        ):
             return None  # samples, not fields: the batch size is ambiguous
     else:
         return None
@@ -68,8 +71,9 @@ class BatchSizes:
         self._sender = sender
         # The last size sent (0: the batches cannot tell), None before the first batch,
         # -1 when given to start_run (never read).
-        self._read: list[int | None] = [None if hello.get(key) is None else -1
-                                        for key in ("train_batch_size", "val_batch_size")]
+        self._read: list[int | None] = [
+            None if hello.get(key) is None else -1 for key in ("train_batch_size", "val_batch_size")
+        ]
         self._sized = [-1, -1]  # the iteration whose size was read last
 
     def seen(self, validation: bool, iteration: int, batch: Any) -> None:
@@ -85,11 +89,15 @@ class BatchSizes:
         first = self._read[validation] is None
         self._read[validation] = size
         kind = "validation" if validation else "train"
-        self._sender.send_control({"type": wire.BATCH_SIZE, "kind": kind, "value": size or None,
-                                   "iteration": iteration})
+        self._sender.send_control(
+            {"type": wire.BATCH_SIZE, "kind": kind, "value": size or None, "iteration": iteration}
+        )
         if not size and first:
             given = "val_batch_size" if validation else "train_batch_size"
-            warnings.warn(f"markers: the {kind} batch size cannot be read from a batch of "
-                          f"type {type(batch).__name__} (ambiguous: give {given}= to "
-                          "start_run); its throughput is reported as unknown",
-                          RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"markers: the {kind} batch size cannot be read from a batch of "
+                f"type {type(batch).__name__} (ambiguous: give {given}= to "
+                "start_run); its throughput is reported as unknown",
+                RuntimeWarning,
+                stacklevel=3,
+            )

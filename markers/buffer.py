@@ -47,9 +47,24 @@ class RecordBuffer:
 
     # Slots keep every attribute access of the hot path a specialized slot load, whatever
     # else the interpreter's caches hold (see docs/architecture.md, "The hot path").
-    __slots__ = ("_contexts", "_next_hello_ns", "_pending", "_sent_since_context",
-                 "_undeclared", "children", "deadline_ns", "flush_at", "flushes", "gpu",
-                 "gpu_unfinished", "hello", "in_child", "n", "sender", "slots")
+    __slots__ = (
+        "_contexts",
+        "_next_hello_ns",
+        "_pending",
+        "_sent_since_context",
+        "_undeclared",
+        "children",
+        "deadline_ns",
+        "flush_at",
+        "flushes",
+        "gpu",
+        "gpu_unfinished",
+        "hello",
+        "in_child",
+        "n",
+        "sender",
+        "slots",
+    )
 
     def __init__(self, sender: Sender, hello: dict[str, Any], now_ns: int) -> None:
         self.sender = sender
@@ -123,9 +138,9 @@ class RecordBuffer:
         """Append one phase and its GPU slot, pending until ``timer_slot`` resolves
         (-1: no measurement could be started, the slot says so at once)."""
         n = self.n
-        self.slots[n:n + 2 * _SLOTS] = array(
-            "q", (phase_id, start_ns, end_ns, _NO_GPU if timer_slot < 0 else wire.TAG_GPU,
-                  -1, -1))
+        self.slots[n : n + 2 * _SLOTS] = array(
+            "q", (phase_id, start_ns, end_ns, _NO_GPU if timer_slot < 0 else wire.TAG_GPU, -1, -1)
+        )
         if timer_slot >= 0:
             self._pending.append((n + _SLOTS, timer_slot))
         self.n = n + 2 * _SLOTS
@@ -166,8 +181,11 @@ class RecordBuffer:
         if not self._pending:
             return
         slots = self.slots
-        results = self.gpu.drain([slot for _, slot in self._pending], timeout_s=GPU_DRAIN_S,
-                                 host_starts=[slots[o - 2] for o, _ in self._pending])
+        results = self.gpu.drain(
+            [slot for _, slot in self._pending],
+            timeout_s=GPU_DRAIN_S,
+            host_starts=[slots[o - 2] for o, _ in self._pending],
+        )
         for (offset, _), result in zip(self._pending, results, strict=True):
             self._fill_gpu(offset, result if result is not None else _NOT_MEASURED)
         self.gpu_unfinished += sum(result is None for result in results)
@@ -229,9 +247,9 @@ class RecordBuffer:
     def _keep_from(self, ready: int) -> None:
         """Drop the sent slots; the rest starts after the context it was recorded under."""
         context_at = max(c for c in self._contexts if c < ready)  # slot 0 is one
-        kept = self.slots[context_at:context_at + _SLOTS] + self.slots[ready:self.n]
+        kept = self.slots[context_at : context_at + _SLOTS] + self.slots[ready : self.n]
         shift = ready - _SLOTS
-        self.slots[:len(kept)] = kept
+        self.slots[: len(kept)] = kept
         self.n = len(kept)
         self._contexts = [0] + [c - shift for c in self._contexts if c > ready]
         self._pending = [(offset - shift, slot) for offset, slot in self._pending]

@@ -64,11 +64,14 @@ def check_device_spec(spec: Any) -> None:
         return
     if isinstance(spec, int) and not isinstance(spec, bool) and spec >= 0:
         return
-    if isinstance(spec, str) and (spec == "cuda" or (spec.startswith("cuda:")
-                                                     and spec[5:].isdigit())):
+    if isinstance(spec, str) and (
+        spec == "cuda" or (spec.startswith("cuda:") and spec[5:].isdigit())
+    ):
         return
-    raise ValueError(f"start_run: device must be a CUDA device index, 'cuda:N', a "
-                     f"torch.device, a tensor or a module, got {spec!r}")
+    raise ValueError(
+        f"start_run: device must be a CUDA device index, 'cuda:N', a "
+        f"torch.device, a tensor or a module, got {spec!r}"
+    )
 
 
 def device_index(spec: Any) -> int | None:
@@ -143,8 +146,9 @@ class TorchCudaBackend:
         # public wrapper's is_initialized() and device-index checks (timing opens only
         # once CUDA is initialized, on a device index).
         c_module = getattr(torch, "_C", None)
-        self._stats = getattr(c_module, "_cuda_memoryStats", None) \
-            or cuda.memory_stats_as_nested_dict
+        self._stats = (
+            getattr(c_module, "_cuda_memoryStats", None) or cuda.memory_stats_as_nested_dict
+        )
 
     def new_event(self) -> Any:
         """A timing event; torch creates the CUDA event at its first record."""

@@ -31,8 +31,9 @@ def runtime_dir() -> Path:
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     info = folder.lstat()
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-        raise UnsafeFolder(f"{folder} is not a folder owned by uid {os.getuid()}; remove it "
-                           "or set XDG_RUNTIME_DIR")
+        raise UnsafeFolder(
+            f"{folder} is not a folder owned by uid {os.getuid()}; remove it or set XDG_RUNTIME_DIR"
+        )
     if stat.S_IMODE(info.st_mode) != 0o700:
         os.chmod(folder, 0o700)
     return folder
@@ -49,13 +50,15 @@ def check(endpoint: str) -> str:
     """
     usage = "give ipc:///path/to/socket or tcp://HOST:PORT"
     if endpoint.startswith("ipc://"):
-        path = endpoint[len("ipc://"):]
+        path = endpoint[len("ipc://") :]
         if not path or len(os.fsencode(path)) > IPC_PATH_MAX or "\0" in path:
-            raise ValueError(f"ipc endpoint {endpoint!r}: the socket path must be 1 to "
-                             f"{IPC_PATH_MAX} bytes; choose a shorter path")
+            raise ValueError(
+                f"ipc endpoint {endpoint!r}: the socket path must be 1 to "
+                f"{IPC_PATH_MAX} bytes; choose a shorter path"
+            )
         return endpoint
     if endpoint.startswith("tcp://"):
-        _host, colon, port = endpoint[len("tcp://"):].rpartition(":")
+        _host, colon, port = endpoint[len("tcp://") :].rpartition(":")
         if colon and (port == "*" or (port.isdigit() and 0 < int(port) < 65536)):
             return endpoint
         raise ValueError(f"tcp endpoint {endpoint!r} needs a port 1-65535 (or *): {usage}")
@@ -66,7 +69,7 @@ def check(endpoint: str) -> str:
 
 def ipc_path(endpoint: str) -> Path | None:
     """The socket file of an ipc endpoint, None for other transports."""
-    return Path(endpoint[len("ipc://"):]) if endpoint.startswith("ipc://") else None
+    return Path(endpoint[len("ipc://") :]) if endpoint.startswith("ipc://") else None
 
 
 def daemon_endpoint() -> str:
@@ -86,7 +89,7 @@ def bind_address(endpoint: str) -> str:
     interface binds there, as asked. Other transports are returned unchanged.
     """
     if endpoint.startswith("tcp://:"):
-        return f"tcp://{LOOPBACK}:" + endpoint[len("tcp://:"):]
+        return f"tcp://{LOOPBACK}:" + endpoint[len("tcp://:") :]
     return endpoint
 
 
@@ -96,5 +99,5 @@ def connect_address(endpoint: str) -> str:
     loopback.
     """
     if endpoint.startswith("tcp://*:"):
-        return f"tcp://{LOOPBACK}:" + endpoint[len("tcp://*:"):]
+        return f"tcp://{LOOPBACK}:" + endpoint[len("tcp://*:") :]
     return bind_address(endpoint)

@@ -9,8 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 
-def count_flops_per_batch(model: Any, batch: Any,
-                          loss: Callable[[Any], Any] | None = None) -> int:
+def count_flops_per_batch(model: Any, batch: Any, loss: Callable[[Any], Any] | None = None) -> int:
     """FLOPs of ``model`` on ``batch`` (a tensor, or a tuple/list/dict of them), forward and
     backward, as ``torch.utils.flop_counter.FlopCounterMode`` counts them on meta-device
     copies; ``loss`` maps the output to the scalar the backward starts from (default: its

@@ -66,7 +66,6 @@ class ChildCounts:
                 return self.total
             self.total += sum(n for (n,) in _COUNT.iter_unpack(data))
 
-
     def close(self) -> None:
         """In the parent, once the run is over: no more counts are read."""
         for fd in (self._read_fd, self._write_fd):

@@ -154,8 +154,9 @@ class GpuTimer:
     slot whose measurement failed, and slot -1, poll as ``NOT_MEASURED``.
     """
 
-    def __init__(self, backend: EventBackend, pool_size: int = 256,
-                 peak_memory: str = "bound") -> None:
+    def __init__(
+        self, backend: EventBackend, pool_size: int = 256, peak_memory: str = "bound"
+    ) -> None:
         if pool_size < 1:
             raise ValueError("pool_size must be at least 1")
         if peak_memory not in PEAK_MODES:
@@ -310,7 +311,8 @@ class GpuTimer:
         # it would compound, and in a loop that never lets the GPU idle (every bound
         # below) the lag would collapse to 0.
         floor = self._anchor_bound_ns - int(
-            max(0, host_start_ns - self._anchor_seen_ns) * DRIFT_PER_NS)
+            max(0, host_start_ns - self._anchor_seen_ns) * DRIFT_PER_NS
+        )
         bound = host_start_ns - offset_ns
         if bound >= floor:
             self._anchor_ns = self._anchor_bound_ns = bound
@@ -319,8 +321,9 @@ class GpuTimer:
             self._anchor_ns = floor
         return max(0, self._anchor_ns + offset_ns - host_start_ns)
 
-    def drain(self, slots: Sequence[int], timeout_s: float,
-              host_starts: Sequence[int] | None = None) -> list[tuple[int, int, int] | None]:
+    def drain(
+        self, slots: Sequence[int], timeout_s: float, host_starts: Sequence[int] | None = None
+    ) -> list[tuple[int, int, int] | None]:
         """At finish only: wait up to ``timeout_s`` for ``slots``, then give up on the rest.
 
         Training is over, so waiting is allowed here; it is bounded all the same, by
@@ -373,8 +376,12 @@ class GpuTimer:
             self.dropped += 1
 
 
-def open_gpu_timer(pool_size: int = 256, backend: EventBackend | None = None,
-                   peak_memory: str = "bound", device: Any = None) -> GpuTimer | None:
+def open_gpu_timer(
+    pool_size: int = 256,
+    backend: EventBackend | None = None,
+    peak_memory: str = "bound",
+    device: Any = None,
+) -> GpuTimer | None:
     """A GpuTimer for the training's CUDA device, or None when there is nothing to time.
 
     Without ``backend``: None unless the script has already imported torch (this function

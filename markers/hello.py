@@ -70,8 +70,13 @@ FIELDS: dict[str, Field] = {
 }
 
 # The fields that are aggregation settings (``start_run``'s arguments of the same names).
-SETTINGS = ("warmup_iterations", "num_measurements", "train_batch_size", "val_batch_size",
-            "accumulation_steps")
+SETTINGS = (
+    "warmup_iterations",
+    "num_measurements",
+    "train_batch_size",
+    "val_batch_size",
+    "accumulation_steps",
+)
 
 
 def accepts(field: Field, value: Any) -> bool:
@@ -80,8 +85,11 @@ def accepts(field: Field, value: Any) -> bool:
         return field.nullable
     kind = field.kind
     if kind == "int":
-        return (isinstance(value, int) and not isinstance(value, bool)
-                and field.low <= value <= field.high)
+        return (
+            isinstance(value, int)
+            and not isinstance(value, bool)
+            and field.low <= value <= field.high
+        )
     if kind == "text":
         return isinstance(value, str) and field.low <= len(value) <= field.high
     if kind == "flag":
@@ -91,12 +99,23 @@ def accepts(field: Field, value: Any) -> bool:
     if kind == "choice":
         return value in field.choices
     if kind == "words":
-        return isinstance(value, list) and len(value) <= field.high and all(
-            isinstance(w, str) and len(w) <= TEXT_MAX for w in value)
+        return (
+            isinstance(value, list)
+            and len(value) <= field.high
+            and all(isinstance(w, str) and len(w) <= TEXT_MAX for w in value)
+        )
     if kind == "names":
-        return isinstance(value, dict) and len(value) <= 64 and all(
-            isinstance(k, str) and isinstance(x, str) and len(k) <= field.high
-            and len(x) <= field.high for k, x in value.items())
+        return (
+            isinstance(value, dict)
+            and len(value) <= 64
+            and all(
+                isinstance(k, str)
+                and isinstance(x, str)
+                and len(k) <= field.high
+                and len(x) <= field.high
+                for k, x in value.items()
+            )
+        )
     return kind == "any"
 
 

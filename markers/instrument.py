@@ -98,9 +98,11 @@ class Instrumentation:
         self.remove()
 
 
-def instrument(model: torch.nn.Module | Iterable[torch.nn.Module],
-               optimizer: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] | None = None,
-               run: Run | NullRun | None = None) -> Instrumentation:
+def instrument(
+    model: torch.nn.Module | Iterable[torch.nn.Module],
+    optimizer: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] | None = None,
+    run: Run | NullRun | None = None,
+) -> Instrumentation:
     """Stamp Forward, Backward, Optimization, Evaluation, data loading and the iteration
     boundaries of ``run`` (default: the run ``start_run`` returned last) through hooks on
     ``model`` (a module or several) and ``optimizer`` (one, several in stepping order,
@@ -120,8 +122,7 @@ def instrument(model: torch.nn.Module | Iterable[torch.nn.Module],
     if run is None:
         run = current_run()
         if run is None:
-            raise RuntimeError("markers.instrument: call markers.start_run() first, or pass "
-                               "run=")
+            raise RuntimeError("markers.instrument: call markers.start_run() first, or pass run=")
     modules = [model] if isinstance(model, torch.nn.Module) else list(model)
     for module in modules:
         if not isinstance(module, torch.nn.Module):
@@ -146,8 +147,12 @@ class _Hooks:
     iterations itself).
     """
 
-    def __init__(self, run: Run, modules: list[torch.nn.Module],
-                 optimizers: list[torch.optim.Optimizer] | None) -> None:
+    def __init__(
+        self,
+        run: Run,
+        modules: list[torch.nn.Module],
+        optimizers: list[torch.optim.Optimizer] | None,
+    ) -> None:
         import torch
         from torch.optim.optimizer import (
             register_optimizer_step_post_hook,
@@ -188,8 +193,9 @@ class _Hooks:
 
         safe = self._safe
         for module in modules:
-            self._handles.append(module.register_forward_pre_hook(safe(self._forward_pre),
-                                                                  with_kwargs=True))
+            self._handles.append(
+                module.register_forward_pre_hook(safe(self._forward_pre), with_kwargs=True)
+            )
             self._handles.append(module.register_forward_hook(safe(self._forward_post)))
         if optimizers is None:
             self._handles.append(register_optimizer_step_pre_hook(safe(self._global_pre)))
@@ -197,8 +203,9 @@ class _Hooks:
         else:
             for opt in optimizers:
                 self._ours[opt] = True
-                self._unwrap.append(wraps.wrap_step(opt, safe(self._step_begin),
-                                                    safe(self._step_end)))
+                self._unwrap.append(
+                    wraps.wrap_step(opt, safe(self._step_begin), safe(self._step_end))
+                )
         self.backward_begin = safe(self._backward_begin)
         self.backward_end = safe(self._backward_end)
         self.scaler_step_begin = safe(self._scaler_step_begin)
@@ -233,9 +240,12 @@ class _Hooks:
         if self._owned is not None and self._run.iteration == self._owned:
             self._run.leave_iteration()
         self._owned = None
-        warnings.warn(f"markers.instrument: a hook failed ({type(exc).__name__}: {exc}); "
-                      "the hooks stop measuring, training goes on", RuntimeWarning,
-                      stacklevel=2)
+        warnings.warn(
+            f"markers.instrument: a hook failed ({type(exc).__name__}: {exc}); "
+            "the hooks stop measuring, training goes on",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
     def remove(self) -> None:
         """Take every hook off; an iteration still open is left unmeasured."""
@@ -255,8 +265,9 @@ class _Hooks:
 
     # -- forward --------------------------------------------------------------------
 
-    def _forward_pre(self, module: torch.nn.Module, args: tuple[Any, ...],
-                     kwargs: dict[str, Any]) -> None:
+    def _forward_pre(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
         self._depth += 1
         if self._depth > 1:
             return
@@ -277,8 +288,7 @@ class _Hooks:
             self._marker = self._evaluation
         self._marker.begin()
 
-    def _forward_post(self, module: torch.nn.Module, args: tuple[Any, ...],
-                      output: Any) -> None:
+    def _forward_post(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
         self._depth -= 1
         if self._depth:
             return
@@ -309,8 +319,11 @@ class _Hooks:
         run = self._run
         boundary = run.last_boundary_ns
         owned = self._owned
-        if owned is not None and (owned[0] or boundary > owned[1] or (
-                self._pending_backward and self._gradients_cleared())):
+        if owned is not None and (
+            owned[0]
+            or boundary > owned[1]
+            or (self._pending_backward and self._gradients_cleared())
+        ):
             # An epoch or validation boundary inside it, or its step was skipped
             # (GradScaler): never measured. Its batches still went through the network.
             self._leave()
@@ -429,14 +442,18 @@ class _Hooks:
         if ours is None:
             mine = {id(p) for p in self._parameters}
             ours = self._ours[optimizer] = any(
-                id(p) in mine for group in optimizer.param_groups for p in group["params"])
+                id(p) in mine for group in optimizer.param_groups for p in group["params"]
+            )
             if ours:
                 self._stepping.add(id(optimizer))
                 if len(self._stepping) == 2:
-                    warnings.warn("markers.instrument: several optimizers step the model; "
-                                  "each step ends an iteration. Pass them to instrument() "
-                                  "in the order they step: the last one ends the iteration",
-                                  RuntimeWarning, stacklevel=3)
+                    warnings.warn(
+                        "markers.instrument: several optimizers step the model; "
+                        "each step ends an iteration. Pass them to instrument() "
+                        "in the order they step: the last one ends the iteration",
+                        RuntimeWarning,
+                        stacklevel=3,
+                    )
         return ours
 
     def _global_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:

@@ -84,8 +84,9 @@ class RunInterface(Protocol):
     def end_validation(self, failed: bool = ...) -> None:
         """The validation pass ends now."""
 
-    def begin_iteration(self, validation: bool = ..., start_ns: int | None = ...,
-                        explicit_end: bool = ...) -> None:
+    def begin_iteration(
+        self, validation: bool = ..., start_ns: int | None = ..., explicit_end: bool = ...
+    ) -> None:
         """An iteration starts."""
 
     def exclude_since(self, start_ns: int) -> None:
@@ -112,6 +113,7 @@ class RunInterface(Protocol):
     def __enter__(self) -> RunInterface:
         """The run itself."""
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 traceback: object) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: object
+    ) -> None:
         """Finish the run (failed when an exception leaves the block)."""

@@ -36,11 +36,19 @@ class OpenIteration:
     """An iteration begun and not yet ended: where it started, its context slot, the
     batches it held and the time it was suspended (a validation inside it)."""
 
-    __slots__ = ("batches", "context", "excluded_ns", "explicit_end", "recorded", "start_ns",
-                 "validation")
+    __slots__ = (
+        "batches",
+        "context",
+        "excluded_ns",
+        "explicit_end",
+        "recorded",
+        "start_ns",
+        "validation",
+    )
 
-    def __init__(self, validation: bool, start_ns: int, context: Context,
-                 explicit_end: bool = False) -> None:
+    def __init__(
+        self, validation: bool, start_ns: int, context: Context, explicit_end: bool = False
+    ) -> None:
         self.validation = validation
         self.explicit_end = explicit_end  # whole only through end_iteration
         self.start_ns = start_ns
@@ -72,12 +80,24 @@ class Iterations:
     ``perf_counter_ns``. ``check_gpu`` is called every ``GPU_CHECK_EVERY`` training
     iterations until GPU timing started (the script may start using CUDA late)."""
 
-    __slots__ = ("_buffer", "_check_gpu", "_context", "_epoch_start_ns", "_left",
-                 "_suspended", "_validation_start_ns", "boundary_ns", "counts", "epoch",
-                 "net_batches", "open")
+    __slots__ = (
+        "_buffer",
+        "_check_gpu",
+        "_context",
+        "_epoch_start_ns",
+        "_left",
+        "_suspended",
+        "_validation_start_ns",
+        "boundary_ns",
+        "counts",
+        "epoch",
+        "net_batches",
+        "open",
+    )
 
-    def __init__(self, buffer: RecordBuffer, first_epoch: int,
-                 check_gpu: Callable[[], None]) -> None:
+    def __init__(
+        self, buffer: RecordBuffer, first_epoch: int, check_gpu: Callable[[], None]
+    ) -> None:
         self._buffer = buffer
         self._check_gpu = check_gpu
         self.epoch = first_epoch  # epochs continue across resumes
@@ -105,8 +125,9 @@ class Iterations:
         self.settle_left_loops()
         now_ns = perf_counter_ns()
         if self._epoch_start_ns:
-            self._record_in(self._context, wire.FLAG_INCOMPLETE, wire.EPOCH,
-                            self._epoch_start_ns, now_ns)
+            self._record_in(
+                self._context, wire.FLAG_INCOMPLETE, wire.EPOCH, self._epoch_start_ns, now_ns
+            )
         if number is not None and number != self.epoch and self.open is None:
             self.epoch = number
             self.set_outside()
@@ -120,8 +141,13 @@ class Iterations:
         end_ns = self.boundary_ns = perf_counter_ns()
         self._close_at_boundary(failed, end_ns)
         if self._epoch_start_ns:
-            self._record_in(self._context, wire.FLAG_INCOMPLETE if failed else 0, wire.EPOCH,
-                            self._epoch_start_ns, end_ns)
+            self._record_in(
+                self._context,
+                wire.FLAG_INCOMPLETE if failed else 0,
+                wire.EPOCH,
+                self._epoch_start_ns,
+                end_ns,
+            )
         self._epoch_start_ns = 0
         self.epoch += 1
         self.set_outside()
@@ -132,8 +158,13 @@ class Iterations:
         self.settle_left_loops()
         now_ns = perf_counter_ns()
         if self._validation_start_ns:
-            self._record_in(self._context, wire.FLAG_INCOMPLETE, wire.VALIDATION,
-                            self._validation_start_ns, now_ns)
+            self._record_in(
+                self._context,
+                wire.FLAG_INCOMPLETE,
+                wire.VALIDATION,
+                self._validation_start_ns,
+                now_ns,
+            )
         self.suspend(now_ns)
         self._validation_start_ns = self.boundary_ns = now_ns
         self._record_in(self._context, wire.FLAG_BEGIN, wire.VALIDATION, now_ns, now_ns)
@@ -146,8 +177,13 @@ class Iterations:
         if self.open is not None and self.open.validation:
             self._close_at_boundary(failed, end_ns)
         if self._validation_start_ns:
-            self._record_in(self._context, wire.FLAG_INCOMPLETE if failed else 0,
-                            wire.VALIDATION, self._validation_start_ns, end_ns)
+            self._record_in(
+                self._context,
+                wire.FLAG_INCOMPLETE if failed else 0,
+                wire.VALIDATION,
+                self._validation_start_ns,
+                end_ns,
+            )
         self._validation_start_ns = 0
         self.resume(end_ns)
         self._buffer.flush()
@@ -157,8 +193,9 @@ class Iterations:
 
     # -- iterations -------------------------------------------------------------------
 
-    def begin_iteration(self, validation: bool = False, start_ns: int | None = None,
-                        explicit_end: bool = False) -> OpenIteration:
+    def begin_iteration(
+        self, validation: bool = False, start_ns: int | None = None, explicit_end: bool = False
+    ) -> OpenIteration:
         """An iteration starts at ``start_ns`` (default now); returns it (the open one).
         One of the same kind still open is cut short; a validation iteration inside a
         training one suspends it. With ``explicit_end`` only ``end_iteration`` ends it
@@ -175,8 +212,12 @@ class Iterations:
         elif not validation and self._suspended is not None:
             self.resume(start_ns)  # the suspended one was never ended: cut it short
             self.cut_open(start_ns)
-        context = (wire.FLAG_IN_ITERATION | (wire.FLAG_VALIDATION if validation else 0),
-                   self.epoch, self.counts[validation], self.net_batches)
+        context = (
+            wire.FLAG_IN_ITERATION | (wire.FLAG_VALIDATION if validation else 0),
+            self.epoch,
+            self.counts[validation],
+            self.net_batches,
+        )
         self.open = iteration = OpenIteration(validation, start_ns, context, explicit_end)
         self._set_context(*context)
         return iteration
@@ -185,9 +226,11 @@ class Iterations:
         """The open iteration's batch was fetched from ``start_ns`` to ``end_ns`` (default
         now): one Training (or Validation) data loading phase."""
         validation = self.open.validation if self.open is not None else False
-        self._buffer.record(wire.VALIDATION_DATA_LOADING if validation
-                            else wire.TRAINING_DATA_LOADING, start_ns,
-                            perf_counter_ns() if end_ns is None else end_ns)
+        self._buffer.record(
+            wire.VALIDATION_DATA_LOADING if validation else wire.TRAINING_DATA_LOADING,
+            start_ns,
+            perf_counter_ns() if end_ns is None else end_ns,
+        )
 
     def batch_done(self) -> None:
         """A batch went through the network (warmup; the open iteration's batches)."""
@@ -230,8 +273,11 @@ class Iterations:
         if iteration is None:
             return
         self.open = None
-        if iteration.batches or iteration.recorded or (
-                iteration.context == self._context and self._buffer.recorded_since_context()):
+        if (
+            iteration.batches
+            or iteration.recorded
+            or (iteration.context == self._context and self._buffer.recorded_since_context())
+        ):
             self._send_loop_record(iteration, end_ns, wire.FLAG_INCOMPLETE)
         self.set_outside()
 
@@ -260,8 +306,10 @@ class Iterations:
         if self.open is not None and self.open.validation:
             self._close_at_boundary(failed, end_ns)
         self._close_at_boundary(failed, end_ns)
-        for phase, start_ns in ((wire.VALIDATION, self._validation_start_ns),
-                                (wire.EPOCH, self._epoch_start_ns)):
+        for phase, start_ns in (
+            (wire.VALIDATION, self._validation_start_ns),
+            (wire.EPOCH, self._epoch_start_ns),
+        ):
             if start_ns:
                 self._record_in(self._context, wire.FLAG_INCOMPLETE, phase, start_ns, end_ns)
         self._validation_start_ns = self._epoch_start_ns = 0
@@ -324,8 +372,9 @@ class Iterations:
         self._context = (flags, epoch, iteration, batch)
         self._buffer.set_context(flags, epoch, iteration, batch)
 
-    def _record_in(self, context: Context, flags: int, tag: int, start_ns: int,
-                   end_ns: int) -> None:
+    def _record_in(
+        self, context: Context, flags: int, tag: int, start_ns: int, end_ns: int
+    ) -> None:
         """Record one slot under ``context`` with ``flags`` added, then go back to the
         current context (epoch spans, flagged and late loop records)."""
         buffer = self._buffer
@@ -347,6 +396,9 @@ class Iterations:
         else:
             self._record_in(iteration.context, flags, tag, iteration.start_ns, end_ns)
         self.counts[validation] += 1
-        if not validation and self._buffer.gpu is None \
-                and self.counts[False] % GPU_CHECK_EVERY == 0:
+        if (
+            not validation
+            and self._buffer.gpu is None
+            and self.counts[False] % GPU_CHECK_EVERY == 0
+        ):
             self._check_gpu()

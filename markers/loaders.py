@@ -15,8 +15,15 @@ def loader_control(loader: Any, validation: bool) -> dict[str, Any] | None:
     iterable."""
     workers = getattr(loader, "num_workers", None)
     pin_memory = getattr(loader, "pin_memory", None)
-    if not isinstance(workers, int) or isinstance(workers, bool) \
-            or not isinstance(pin_memory, bool):
+    if (
+        not isinstance(workers, int)
+        or isinstance(workers, bool)
+        or not isinstance(pin_memory, bool)
+    ):
         return None
-    return {"type": wire.LOADER, "kind": "validation" if validation else "train",
-            "num_workers": workers, "pin_memory": pin_memory}
+    return {
+        "type": wire.LOADER,
+        "kind": "validation" if validation else "train",
+        "num_workers": workers,
+        "pin_memory": pin_memory,
+    }

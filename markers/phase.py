@@ -168,16 +168,22 @@ class PhaseTable(dict[str, "Phase | NullPhase"]):
             clean = wire.custom_phase_name(str(name))
         except ValueError as exc:
             # stacklevel 3: this, __missing__, the script's run.phase(...)
-            warnings.warn(f"markers: phase {name!r} refused ({exc}); it is not measured",
-                          RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"markers: phase {name!r} refused ({exc}); it is not measured",
+                RuntimeWarning,
+                stacklevel=3,
+            )
             return NULL_PHASE
         same = self.get(clean)  # "a\tb" is the phase "a b"
         if same is not None:
             return same
         if self._next_custom - wire.FIRST_CUSTOM_ID >= wire.MAX_CUSTOM_PHASES:
-            warnings.warn(f"markers: phase {name!r} refused (more than "
-                          f"{wire.MAX_CUSTOM_PHASES} custom phases); it is not measured",
-                          RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"markers: phase {name!r} refused (more than "
+                f"{wire.MAX_CUSTOM_PHASES} custom phases); it is not measured",
+                RuntimeWarning,
+                stacklevel=3,
+            )
             return NULL_PHASE
         phase_id = self._next_custom
         self._next_custom += 1

@@ -60,9 +60,15 @@ class Run:
     same object is returned each time.
     """
 
-    def __init__(self, sender: Sender, hello: dict[str, Any], monitored: bool,
-                 on_close: Callable[[], None] | None = None, first_epoch: int = 0,
-                 device: Any = None) -> None:
+    def __init__(
+        self,
+        sender: Sender,
+        hello: dict[str, Any],
+        monitored: bool,
+        on_close: Callable[[], None] | None = None,
+        first_epoch: int = 0,
+        device: Any = None,
+    ) -> None:
         self._sender = sender
         self._device = device  # start_run's device=: what GPU timing should time
         self.monitored = monitored
@@ -144,13 +150,13 @@ class Run:
         if not isinstance(state, dict):
             if self.monitored:  # an empty dict means nothing was saved: say why
                 reason = reply.get("error") if reply else self._sender.last_failure
-                warnings.warn(f"markers: state_dict() got no state ({reason})",
-                              RuntimeWarning, stacklevel=2)
+                warnings.warn(
+                    f"markers: state_dict() got no state ({reason})", RuntimeWarning, stacklevel=2
+                )
             return {}
         return state
 
-    def load_state_dict(self, state: dict[str, Any],
-                        timeout_s: float = STATE_TIMEOUT_S) -> bool:
+    def load_state_dict(self, state: dict[str, Any], timeout_s: float = STATE_TIMEOUT_S) -> bool:
         """Continue this split from ``state`` (from ``state_dict()`` of an earlier process):
         the same as ``start_run(resume=True)`` with the state kept by the user. Call it
         before the first epoch. Epochs continue from the saved ones. A state of any size
@@ -167,12 +173,14 @@ class Run:
         except (TypeError, ValueError) as exc:
             reply: dict[str, Any] | None = {"error": f"the state is not JSON-compatible: {exc}"}
         else:  # any size: it travels in parts (``wire.PART_BYTES``)
-            reply = self._sender.request({"type": wire.LOAD_STATE, "payload_bytes": len(payload)},
-                                         timeout_s, payload=payload)
+            reply = self._sender.request(
+                {"type": wire.LOAD_STATE, "payload_bytes": len(payload)}, timeout_s, payload=payload
+            )
         if not (reply and reply.get("ok")):
             reason = reply.get("error") if reply else self._sender.last_failure
-            warnings.warn(f"markers: saved state not loaded ({reason})", RuntimeWarning,
-                          stacklevel=2)
+            warnings.warn(
+                f"markers: saved state not loaded ({reason})", RuntimeWarning, stacklevel=2
+            )
             return False
         epoch = reply.get("epoch")
         if isinstance(epoch, int):
@@ -209,24 +217,47 @@ class Run:
         self._send_buffered(FINISH_TIMEOUT_S)
         worker_phases = self._buffer.children.collect()
         if worker_phases:
-            warnings.warn(f"markers: {worker_phases} phases inside DataLoader workers were not "
-                          "measured (a worker process cannot send; time them in the main "
-                          "process)", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"markers: {worker_phases} phases inside DataLoader workers were not "
+                "measured (a worker process cannot send; time them in the main "
+                "process)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         unfinished = self._buffer.gpu_unfinished
         if unfinished:
-            warnings.warn(f"markers: {unfinished} phases have no GPU time: the GPU was still "
-                          f"running earlier work when the wait at finish ended "
-                          f"({GPU_DRAIN_S:g} s)", RuntimeWarning, stacklevel=2)
-        reply = self._sender.request({"type": wire.FINISH, "status": status, "error": error,
-                                      "end_ns": end_ns, "worker_phases": worker_phases,
-                                      "gpu_unfinished": unfinished}, FINISH_TIMEOUT_S)
+            warnings.warn(
+                f"markers: {unfinished} phases have no GPU time: the GPU was still "
+                f"running earlier work when the wait at finish ended "
+                f"({GPU_DRAIN_S:g} s)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        reply = self._sender.request(
+            {
+                "type": wire.FINISH,
+                "status": status,
+                "error": error,
+                "end_ns": end_ns,
+                "worker_phases": worker_phases,
+                "gpu_unfinished": unfinished,
+            },
+            FINISH_TIMEOUT_S,
+        )
         if reply is None:
-            warnings.warn("markers: the sidecar did not confirm writing the files "
-                          f"({self._sender.last_failure})", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                "markers: the sidecar did not confirm writing the files "
+                f"({self._sender.last_failure})",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         elif not reply.get("ok"):  # it answered, but its files are not there: say so here
-            warnings.warn(f"markers: the sidecar could not write the files ({reply.get('error')}"
-                          "); its log and `sidecar status` say more", RuntimeWarning,
-                          stacklevel=2)
+            warnings.warn(
+                f"markers: the sidecar could not write the files ({reply.get('error')}"
+                "); its log and `sidecar status` say more",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         self._sender.close()
         self._buffer.children.close()
         if self._on_close is not None:
@@ -237,14 +268,17 @@ class Run:
         exception, which the interpreter records in ``sys.last_value``)."""
         if not self._finished:
             last = getattr(sys, "last_value", None)
-            self.finish("failed" if last is not None else "completed",
-                        describe(last) if last is not None else None)
+            self.finish(
+                "failed" if last is not None else "completed",
+                describe(last) if last is not None else None,
+            )
 
     def __enter__(self) -> Run:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 _tb: object) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, _tb: object
+    ) -> None:
         if exc is None or (isinstance(exc, SystemExit) and exc.code in (0, None)):
             self.finish("completed")  # sys.exit(0) is a normal end
         else:
@@ -279,8 +313,9 @@ class Run:
         it) suspended goes on."""
         self._iter.end_validation(failed)
 
-    def begin_iteration(self, validation: bool = False, start_ns: int | None = None,
-                        explicit_end: bool = False) -> None:
+    def begin_iteration(
+        self, validation: bool = False, start_ns: int | None = None, explicit_end: bool = False
+    ) -> None:
         """A training (or validation) iteration starts at ``start_ns`` (perf_counter_ns;
         default now): the phases that follow belong to it. With accumulation, one training
         iteration is one optimization step. An iteration of the same kind still open is cut
@@ -328,8 +363,9 @@ class Run:
         own measurement, in phases.tsv and the summary)."""
         marker = self._phases[name]
         if isinstance(marker, Phase):
-            self._iter.record_outside(marker.phase_id, start_ns,
-                                      perf_counter_ns() if end_ns is None else end_ns)
+            self._iter.record_outside(
+                marker.phase_id, start_ns, perf_counter_ns() if end_ns is None else end_ns
+            )
 
     def _tell_if_no_iterations(self, since: int) -> None:
         """Warn once when phases were stamped but no iteration was measured since
@@ -337,15 +373,22 @@ class Run:
         first try of ``run.phase`` inside ``run.epoch()`` without a loop driver writes an
         empty table. A warning rather than rows guessed from the phase sequence: where a
         batch's fetch begins and what ends an iteration are the script's to say."""
-        if self._told_no_iterations or sum(self._iter.counts) != since or not any(
-                isinstance(marker, Phase) for marker in self._phases.values()):
+        if (
+            self._told_no_iterations
+            or sum(self._iter.counts) != since
+            or not any(isinstance(marker, Phase) for marker in self._phases.values())
+        ):
             return
         self._told_no_iterations = True
-        warnings.warn("markers: phases were stamped but no iteration was measured: wrap the "
-                      "loader in run.train_batches(...) (run.val_batches(...) for "
-                      "evaluation), or call markers.instrument(model, optimizer). Until "
-                      "then the phases are only in phases.tsv, flagged outside, and the "
-                      "table is empty", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            "markers: phases were stamped but no iteration was measured: wrap the "
+            "loader in run.train_batches(...) (run.val_batches(...) for "
+            "evaluation), or call markers.instrument(model, optimizer). Until "
+            "then the phases are only in phases.tsv, flagged outside, and the "
+            "table is empty",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
     # -- what hooks and callbacks read to agree with the loop drivers -----------------
 
@@ -461,8 +504,9 @@ class Run:
         if timer is not None:
             self._buffer.use_gpu(timer)
             self._phases.use_gpu()
-            self._sender.send_control({"type": wire.GPU, "uuid": timer.device_uuid,
-                                       "name": timer.device_name})
+            self._sender.send_control(
+                {"type": wire.GPU, "uuid": timer.device_uuid, "name": timer.device_name}
+            )
 
 
 class NullRun:
@@ -495,8 +539,9 @@ class NullRun:
 
     val_batches = train_batches
 
-    def begin_iteration(self, validation: bool = False, start_ns: int | None = None,
-                        explicit_end: bool = False) -> None:
+    def begin_iteration(
+        self, validation: bool = False, start_ns: int | None = None, explicit_end: bool = False
+    ) -> None:
         """Does nothing."""
 
     def exclude_since(self, start_ns: int) -> None:
@@ -528,8 +573,7 @@ class NullRun:
         """No state: an empty dict (loading it later is a no-op)."""
         return {}
 
-    def load_state_dict(self, state: dict[str, Any],
-                        timeout_s: float = STATE_TIMEOUT_S) -> bool:
+    def load_state_dict(self, state: dict[str, Any], timeout_s: float = STATE_TIMEOUT_S) -> bool:
         """Nothing is loaded: False."""
         return False
 

@@ -41,8 +41,10 @@ def keys(secret: str, role: str) -> tuple[bytes, bytes]:
     except ValueError:
         raw = b""
     if len(raw) != _BYTES:
-        raise ValueError(f"{ENV} must be {2 * _BYTES} hex digits (as sidecar run sets it), "
-                         f"got {len(secret)} characters")
+        raise ValueError(
+            f"{ENV} must be {2 * _BYTES} hex digits (as sidecar run sets it), "
+            f"got {len(secret)} characters"
+        )
     secret_key = z85.encode(hashlib.sha256(b"trainmon " + role.encode() + raw).digest())
     return zmq.curve_public(secret_key), secret_key
 

@@ -73,9 +73,19 @@ def _start_private_sidecar(secret: str) -> tuple[str, subprocess.Popen[bytes]]:
     stops when we finish or die."""
     endpoint = private_endpoint()
     process = subprocess.Popen(
-        [sys.executable, "-m", "sidecar", "serve", "--quiet", "--endpoint", endpoint,
-         "--owner-pid", str(os.getpid())],
-        stdin=subprocess.DEVNULL, env={**os.environ, shared_secret.ENV: secret},
+        [
+            sys.executable,
+            "-m",
+            "sidecar",
+            "serve",
+            "--quiet",
+            "--endpoint",
+            endpoint,
+            "--owner-pid",
+            str(os.getpid()),
+        ],
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, shared_secret.ENV: secret},
         start_new_session=True,  # a Ctrl-C to the job must not kill it before it writes
     )
     return endpoint, process
@@ -93,8 +103,7 @@ def _stop_private_sidecar(endpoint: str, process: subprocess.Popen[bytes]) -> No
             socket_file.parent.rmdir()
 
 
-def _endpoint(given: str | None) -> tuple[str, str | None, subprocess.Popen[bytes] | None,
-                                         float]:
+def _endpoint(given: str | None) -> tuple[str, str | None, subprocess.Popen[bytes] | None, float]:
     """Where to connect, the secret to show there (None: none), the private sidecar
     started for it (or None) and how long to wait for it. Raises ValueError for an
     endpoint that cannot be used, OSError or UnsafeFolder (a RuntimeError) for an unusable
@@ -111,18 +120,21 @@ def _endpoint(given: str | None) -> tuple[str, str | None, subprocess.Popen[byte
     return endpoint, secret, private, PRIVATE_START_TIMEOUT_S
 
 
-def start_run(out_dir: str | os.PathLike[str] = "maps",
-              split: int = FIELDS["split"].default,
-              warmup_iterations: int = FIELDS["warmup_iterations"].default,
-              num_measurements: int = FIELDS["num_measurements"].default,
-              train_batch_size: int | None = FIELDS["train_batch_size"].default,
-              val_batch_size: int | None = FIELDS["val_batch_size"].default,
-              accumulation_steps: int = FIELDS["accumulation_steps"].default,
-              resume: bool = FIELDS["resume"].default,
-              endpoint: str | None = None, rank: int | None = None,
-              device: Any = None,
-              flops_per_batch: float | None = FIELDS["flops_per_batch"].default,
-              flops_dtype: str = FIELDS["flops_dtype"].default) -> Run | NullRun:
+def start_run(
+    out_dir: str | os.PathLike[str] = "maps",
+    split: int = FIELDS["split"].default,
+    warmup_iterations: int = FIELDS["warmup_iterations"].default,
+    num_measurements: int = FIELDS["num_measurements"].default,
+    train_batch_size: int | None = FIELDS["train_batch_size"].default,
+    val_batch_size: int | None = FIELDS["val_batch_size"].default,
+    accumulation_steps: int = FIELDS["accumulation_steps"].default,
+    resume: bool = FIELDS["resume"].default,
+    endpoint: str | None = None,
+    rank: int | None = None,
+    device: Any = None,
+    flops_per_batch: float | None = FIELDS["flops_per_batch"].default,
+    flops_dtype: str = FIELDS["flops_dtype"].default,
+) -> Run | NullRun:
     """Start monitoring one split of a training run and return its ``Run``.
 
     Connects to the sidecar at ``endpoint``, else ``$SIDECAR_ENDPOINT``, else starts a
@@ -152,11 +164,17 @@ def start_run(out_dir: str | os.PathLike[str] = "maps",
     that is not a bool, an unknown ``flops_dtype``), FLOPs that are not a positive
     number, a negative rank, or a ``device`` that cannot name a CUDA device.
     """
-    settings = {"split": split, "warmup_iterations": warmup_iterations,
-                "num_measurements": num_measurements, "train_batch_size": train_batch_size,
-                "val_batch_size": val_batch_size, "accumulation_steps": accumulation_steps,
-                "resume": resume, "flops_per_batch": flops_per_batch,
-                "flops_dtype": flops_dtype}
+    settings = {
+        "split": split,
+        "warmup_iterations": warmup_iterations,
+        "num_measurements": num_measurements,
+        "train_batch_size": train_batch_size,
+        "val_batch_size": val_batch_size,
+        "accumulation_steps": accumulation_steps,
+        "resume": resume,
+        "flops_per_batch": flops_per_batch,
+        "flops_dtype": flops_dtype,
+    }
     for name, value in settings.items():
         try:
             check_field(name, value)
@@ -165,8 +183,9 @@ def start_run(out_dir: str | os.PathLike[str] = "maps",
     if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 0):
         raise ValueError(f"start_run: rank must be an integer >= 0 or None, got {rank!r}")
     if flops_per_batch is not None and not 0 < flops_per_batch < float("inf"):
-        raise ValueError(f"start_run: flops_per_batch must be a positive number, got "
-                         f"{flops_per_batch!r}")
+        raise ValueError(
+            f"start_run: flops_per_batch must be a positive number, got {flops_per_batch!r}"
+        )
     check_device_spec(device)
     began_s = time.perf_counter()  # a private sidecar's start: start-up, not training
     try:
@@ -174,18 +193,29 @@ def start_run(out_dir: str | os.PathLike[str] = "maps",
         sender = Sender(endpoint, os.urandom(16), _rank(rank), secret)
     except (OSError, RuntimeError, ValueError, zmq.ZMQError) as exc:
         # A configuration we cannot use must never stop the training script.
-        warnings.warn(f"markers: unusable sidecar configuration ({type(exc).__name__}: "
-                      f"{exc}); this run is not monitored, training goes on", RuntimeWarning,
-                      stacklevel=2)
+        warnings.warn(
+            f"markers: unusable sidecar configuration ({type(exc).__name__}: "
+            f"{exc}); this run is not monitored, training goes on",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         _current[:] = [NullRun()]
         return _current[0]
     # Training time starts when the run is ready: a private sidecar's start-up is not training.
     connected = sender.wait_connected(timeout_s)
     hello = {
-        "type": wire.HELLO, "out_dir": os.fspath(out_dir), "cwd": os.getcwd(), **settings,
-        "host": socket.gethostname(), "pid": os.getpid(), "user": getpass.getuser(),
-        "job_id": os.environ.get("SLURM_JOB_ID"), "command": [sys.executable, *sys.argv],
-        "start_unix": time.time(), "start_ns": time.perf_counter_ns(), "versions": _versions(),
+        "type": wire.HELLO,
+        "out_dir": os.fspath(out_dir),
+        "cwd": os.getcwd(),
+        **settings,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "user": getpass.getuser(),
+        "job_id": os.environ.get("SLURM_JOB_ID"),
+        "command": [sys.executable, *sys.argv],
+        "start_unix": time.time(),
+        "start_ns": time.perf_counter_ns(),
+        "versions": _versions(),
         "sidecar_wait_s": time.perf_counter() - began_s if private is not None else 0.0,
         "world_size": _world_size(),
         "token": os.urandom(16).hex(),
@@ -193,31 +223,48 @@ def start_run(out_dir: str | os.PathLike[str] = "maps",
     reply = sender.request(hello, timeout_s) if connected else None
     on_close = None
     if private is not None:
+
         def on_close() -> None:
             _stop_private_sidecar(endpoint, private)
+
     if reply is not None and not reply.get("ok"):
         # Refused (an out_dir it may not write, a malformed hello): nothing this run sends
         # would be kept, so it sends nothing more.
         sender.close()
         if on_close is not None:
             on_close()
-        warnings.warn(f"markers: the sidecar at {endpoint} refused this run "
-                      f"({reply.get('error')}); this run is not monitored, training goes on",
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"markers: the sidecar at {endpoint} refused this run "
+            f"({reply.get('error')}); this run is not monitored, training goes on",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         _current[:] = [NullRun()]
         return _current[0]
     monitored = reply is not None
     if reply is None:
-        reason = sender.last_failure if connected else (
-            sender.refused or f"none connected within {timeout_s:.0f} s")
-        warnings.warn(f"markers: no answer from a sidecar at {endpoint} ({reason}); records "
-                      "are dropped and counted until one answers, training goes on",
-                      RuntimeWarning, stacklevel=2)
+        reason = (
+            sender.last_failure
+            if connected
+            else (sender.refused or f"none connected within {timeout_s:.0f} s")
+        )
+        warnings.warn(
+            f"markers: no answer from a sidecar at {endpoint} ({reason}); records "
+            "are dropped and counted until one answers, training goes on",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     elif reply.get("warning"):
         warnings.warn(f"markers: {reply['warning']}", RuntimeWarning, stacklevel=2)
     first_epoch = reply.get("epoch") if reply is not None else 0
-    run = Run(sender, hello, monitored, on_close,
-              first_epoch if isinstance(first_epoch, int) else 0, device)
+    run = Run(
+        sender,
+        hello,
+        monitored,
+        on_close,
+        first_epoch if isinstance(first_epoch, int) else 0,
+        device,
+    )
     folder = reply.get("out_dir") if reply is not None else None
     run.out_dir = Path(folder) if isinstance(folder, str) else None
     atexit.register(run.close_at_exit)

@@ -60,8 +60,7 @@ class Sender:
     endpoint ZeroMQ cannot use.
     """
 
-    def __init__(self, endpoint: str, run_id: bytes, rank: int,
-                 secret: str | None = None) -> None:
+    def __init__(self, endpoint: str, run_id: bytes, rank: int, secret: str | None = None) -> None:
         self.run_id = run_id
         self.rank = rank
         self.seq = 0
@@ -109,10 +108,14 @@ class Sender:
 
     def _refusal(self) -> str:
         if self._has_secret:
-            return (f"the sidecar there refused this process's key: {shared_secret.ENV} is "
-                    "not the secret of that sidecar")
-        return (f"the sidecar there serves only holders of its secret and {shared_secret.ENV} "
-                "is not set")
+            return (
+                f"the sidecar there refused this process's key: {shared_secret.ENV} is "
+                "not the secret of that sidecar"
+            )
+        return (
+            f"the sidecar there serves only holders of its secret and {shared_secret.ENV} "
+            "is not set"
+        )
 
     def wait_connected(self, timeout_s: float) -> bool:
         """Wait at most ``timeout_s`` seconds for a sidecar to be connected."""
@@ -124,8 +127,9 @@ class Sender:
         return True
 
     def _header(self, kind: int) -> bytes:
-        return wire.pack_header(kind, self.rank, self.seq, self.records_sent, self.dropped,
-                                self.run_id)
+        return wire.pack_header(
+            kind, self.rank, self.seq, self.records_sent, self.dropped, self.run_id
+        )
 
     def _send(self, frame: bytes) -> bool:
         if os.getpid() != self._pid:  # a forked child (data-loader worker) must not share it
@@ -164,8 +168,13 @@ class Sender:
         self.wait_for_room(min(timeout_s, limit - time.monotonic()))
         return self.send_control(body)
 
-    def request(self, body: dict[str, Any], timeout_s: float,
-                connect_timeout_s: float = 0.0, payload: bytes = b"") -> dict[str, Any] | None:
+    def request(
+        self,
+        body: dict[str, Any],
+        timeout_s: float,
+        connect_timeout_s: float = 0.0,
+        payload: bytes = b"",
+    ) -> dict[str, Any] | None:
         """Send a control message that asks for a reply and wait for it. ``payload`` (any
         size) goes first as ``part`` messages; the sidecar hands it to the request.
 
@@ -184,15 +193,19 @@ class Sender:
         if not self.wait_connected(min(connect_timeout_s, timeout_s)):
             return self._failed(self.refused or "no sidecar is connected")
         for offset in range(0, len(payload), wire.PART_BYTES):
-            chunk = base64.b64encode(payload[offset:offset + wire.PART_BYTES]).decode()
+            chunk = base64.b64encode(payload[offset : offset + wire.PART_BYTES]).decode()
             if not self._queue_waiting({"type": wire.PART, "data": chunk}, timeout_s, limit):
-                return self._failed(f"part {offset // wire.PART_BYTES + 1} of "
-                                    f"{-(-len(payload) // wire.PART_BYTES)} could not be queued "
-                                    f"(the sidecar took no message within {timeout_s:g} s)")
+                return self._failed(
+                    f"part {offset // wire.PART_BYTES + 1} of "
+                    f"{-(-len(payload) // wire.PART_BYTES)} could not be queued "
+                    f"(the sidecar took no message within {timeout_s:g} s)"
+                )
         request_id = f"{self.seq}-{os.getpid()}"
         if not self._queue_waiting({**body, "reply_to": request_id}, timeout_s, limit):
-            return self._failed("the request could not be queued (the sidecar took no message "
-                                f"within {timeout_s:g} s)")
+            return self._failed(
+                "the request could not be queued (the sidecar took no message "
+                f"within {timeout_s:g} s)"
+            )
         deadline = time.monotonic() + timeout_s  # queued: the wait for the reply starts
         poller = zmq.Poller()
         poller.register(self._socket, zmq.POLLIN)

@@ -58,8 +58,19 @@ RECORD_FIELDS = (
 )
 RECORD_WIDTH = len(RECORD_FIELDS)
 # Offsets of the fields within one decoded record (the order of RECORD_FIELDS).
-(P_PHASE, P_FLAGS, P_EPOCH, P_ITERATION, P_BATCH, P_START, P_END, P_GPU, P_PEAK,
- P_BATCHES, P_LAG) = range(RECORD_WIDTH)
+(
+    P_PHASE,
+    P_FLAGS,
+    P_EPOCH,
+    P_ITERATION,
+    P_BATCH,
+    P_START,
+    P_END,
+    P_GPU,
+    P_PEAK,
+    P_BATCHES,
+    P_LAG,
+) = range(RECORD_WIDTH)
 
 FLAG_IN_ITERATION = 1  # part of a training or validation iteration (summed per iteration)
 FLAG_VALIDATION = 2  # recorded during validation
@@ -122,30 +133,120 @@ class PhaseDef:
 PHASES: tuple[PhaseDef, ...] = (
     #        id, column, summary label, indent, metric, api,
     #        gpu, network, validation, loop, capped
-    PhaseDef(TRAINING, "Training", "Training", 0, "training", None,
-             False, False, False, False, False),
-    PhaseDef(EPOCH, "Epoch", "Epoch", 1, "epoch", None,
-             False, False, False, False, False),
-    PhaseDef(TRAINING_LOOP, "Training loop", "Iteration", 2, "train_loop", None,
-             False, False, False, True, True),
-    PhaseDef(TRAINING_DATA_LOADING, "Training data loading", "Data loading", 3,
-             "train_loading", None, False, False, False, False, True),
-    PhaseDef(FORWARD, "Forward", "Forward", 3, "forward", "forward",
-             True, True, False, False, True),
-    PhaseDef(BACKWARD, "Backward", "Backward", 3, "backward", "backward",
-             True, True, False, False, True),
-    PhaseDef(OPTIMIZATION, "Optimization", "Optimization", 3, "optimization", "optimization",
-             True, True, False, False, True),
-    PhaseDef(VALIDATION, "Validation", "Validation", 0, "validation", None,
-             False, False, True, False, False),
-    PhaseDef(VALIDATION_LOOP, "Validation loop", "Iteration", 1, "val_loop", None,
-             False, False, True, True, True),
-    PhaseDef(VALIDATION_DATA_LOADING, "Validation data loading", "Data loading", 2,
-             "val_loading", None, False, False, True, False, True),
-    PhaseDef(EVALUATION, "Evaluation", "Evaluation", 2, "evaluation", "evaluation",
-             True, True, True, False, True),
-    PhaseDef(METRICS, "Metrics computation", "Metrics computation", 2, "metrics", "metrics",
-             True, False, True, False, True),
+    PhaseDef(
+        TRAINING, "Training", "Training", 0, "training", None, False, False, False, False, False
+    ),
+    PhaseDef(EPOCH, "Epoch", "Epoch", 1, "epoch", None, False, False, False, False, False),
+    PhaseDef(
+        TRAINING_LOOP,
+        "Training loop",
+        "Iteration",
+        2,
+        "train_loop",
+        None,
+        False,
+        False,
+        False,
+        True,
+        True,
+    ),
+    PhaseDef(
+        TRAINING_DATA_LOADING,
+        "Training data loading",
+        "Data loading",
+        3,
+        "train_loading",
+        None,
+        False,
+        False,
+        False,
+        False,
+        True,
+    ),
+    PhaseDef(
+        FORWARD, "Forward", "Forward", 3, "forward", "forward", True, True, False, False, True
+    ),
+    PhaseDef(
+        BACKWARD, "Backward", "Backward", 3, "backward", "backward", True, True, False, False, True
+    ),
+    PhaseDef(
+        OPTIMIZATION,
+        "Optimization",
+        "Optimization",
+        3,
+        "optimization",
+        "optimization",
+        True,
+        True,
+        False,
+        False,
+        True,
+    ),
+    PhaseDef(
+        VALIDATION,
+        "Validation",
+        "Validation",
+        0,
+        "validation",
+        None,
+        False,
+        False,
+        True,
+        False,
+        False,
+    ),
+    PhaseDef(
+        VALIDATION_LOOP,
+        "Validation loop",
+        "Iteration",
+        1,
+        "val_loop",
+        None,
+        False,
+        False,
+        True,
+        True,
+        True,
+    ),
+    PhaseDef(
+        VALIDATION_DATA_LOADING,
+        "Validation data loading",
+        "Data loading",
+        2,
+        "val_loading",
+        None,
+        False,
+        False,
+        True,
+        False,
+        True,
+    ),
+    PhaseDef(
+        EVALUATION,
+        "Evaluation",
+        "Evaluation",
+        2,
+        "evaluation",
+        "evaluation",
+        True,
+        True,
+        True,
+        False,
+        True,
+    ),
+    PhaseDef(
+        METRICS,
+        "Metrics computation",
+        "Metrics computation",
+        2,
+        "metrics",
+        "metrics",
+        True,
+        False,
+        True,
+        False,
+        True,
+    ),
 )
 
 # Derived views of PHASES.
@@ -159,8 +260,8 @@ LAST_STANDARD_ID = max(p.phase for p in PHASES)
 # Column stems a custom name may not take, in lower case: each standard label and the
 # "<label> GPU" stem of the GPU columns ("<name> (s)" would shadow a standard column).
 _RESERVED_NAMES = frozenset(
-    [p.column.casefold() for p in PHASES]
-    + [f"{p.column} GPU".casefold() for p in PHASES if p.gpu])
+    [p.column.casefold() for p in PHASES] + [f"{p.column} GPU".casefold() for p in PHASES if p.gpu]
+)
 
 
 def custom_phase_name(name: str) -> str:
@@ -194,8 +295,20 @@ FINISH_JOB = "finish_job"  # end every run of a Slurm job (``sidecar finish --jo
 LOADER = "loader"  # a loop's DataLoader settings (num_workers, pin_memory)
 # The dtypes a hello's ``flops_dtype`` may name (the MFU estimate's peak is per dtype).
 FLOPS_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
-CONTROL_TYPES = (HELLO, PHASE, GPU, BATCH_SIZE, PART, CHECKPOINT, STATE, LOAD_STATE, FINISH,
-                 STATUS, FINISH_JOB, LOADER)
+CONTROL_TYPES = (
+    HELLO,
+    PHASE,
+    GPU,
+    BATCH_SIZE,
+    PART,
+    CHECKPOINT,
+    STATE,
+    LOAD_STATE,
+    FINISH,
+    STATUS,
+    FINISH_JOB,
+    LOADER,
+)
 
 # Upper bound the sidecar enforces at the socket (ZMQ_MAXMSGSIZE).
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
@@ -231,11 +344,13 @@ class Header:
     run_id: bytes
 
 
-def pack_header(kind: int, rank: int, seq: int, records_before: int, dropped: int,
-                run_id: bytes) -> bytes:
+def pack_header(
+    kind: int, rank: int, seq: int, records_before: int, dropped: int, run_id: bytes
+) -> bytes:
     """Header bytes for one message. ``run_id`` is 16 bytes; counters must fit their fields."""
-    return HEADER.pack(MAGIC, VERSION, kind, rank, seq & 0xFFFFFFFF, records_before,
-                       dropped, run_id)
+    return HEADER.pack(
+        MAGIC, VERSION, kind, rank, seq & 0xFFFFFFFF, records_before, dropped, run_id
+    )
 
 
 def context_slot(flags: int, epoch: int, iteration: int, batch: int) -> tuple[int, int, int]:
@@ -286,10 +401,11 @@ def decode_records(frame: bytes) -> array:
     Raises WireError("truncated") when the body is not whole slots, "malformed" when it
     does not begin with a context slot or a GPU slot follows no phase slot.
     """
-    body = memoryview(frame)[HEADER.size:]
+    body = memoryview(frame)[HEADER.size :]
     if len(body) % SLOT_BYTES:
-        raise WireError("truncated", f"body of {len(body)} bytes is not whole {SLOT_BYTES}-byte "
-                        "slots")
+        raise WireError(
+            "truncated", f"body of {len(body)} bytes is not whole {SLOT_BYTES}-byte slots"
+        )
     slots = array("q")
     slots.frombytes(body)
     if sys.byteorder != "little":
@@ -317,8 +433,9 @@ def decode_records(frame: bytes) -> array:
             last_phase = len(records)
             flags, epoch, iteration, batch = context
             # Above the id: a loop slot's batch count; the sidecar rejects it elsewhere.
-            records.extend((kind, flags, epoch, iteration, batch, a, b, -1, -1,
-                            tag >> BATCHES_SHIFT, 0))
+            records.extend(
+                (kind, flags, epoch, iteration, batch, a, b, -1, -1, tag >> BATCHES_SHIFT, 0)
+            )
     return records
 
 
@@ -330,22 +447,23 @@ def decode_control(frame: bytes) -> dict[str, Any]:
     else that is not such an object, whatever its content (nesting too deep for the JSON
     parser included).
     """
-    body = frame[HEADER.size:]
+    body = frame[HEADER.size :]
     if len(body) > MAX_CONTROL_BYTES:
         raise WireError("oversized", f"control body of {len(body)} bytes")
     try:
         obj = json.loads(body)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         # json.loads raises RecursionError, not ValueError, on deeply nested input
-        raise WireError("malformed", f"control body is not JSON: {type(exc).__name__}: "
-                        f"{str(exc)[:200]}") from None
+        raise WireError(
+            "malformed", f"control body is not JSON: {type(exc).__name__}: {str(exc)[:200]}"
+        ) from None
     if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
         raise WireError("malformed", "control body must be an object with a string 'type'")
     reply_to = obj.get("reply_to")
-    if reply_to is not None and not (isinstance(reply_to, str)
-                                     and len(reply_to) <= MAX_REPLY_TO):
-        raise WireError("malformed", f"'reply_to' must be a string of at most {MAX_REPLY_TO} "
-                        "characters")
+    if reply_to is not None and not (isinstance(reply_to, str) and len(reply_to) <= MAX_REPLY_TO):
+        raise WireError(
+            "malformed", f"'reply_to' must be a string of at most {MAX_REPLY_TO} characters"
+        )
     return obj
 
 

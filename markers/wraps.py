@@ -35,9 +35,12 @@ class _Patch:
     """``owner.name`` replaced by a wrapper while listeners are registered; the original
     comes back when the last one leaves (unless someone patched over ours since)."""
 
-    def __init__(self, owner: Any, name: str,
-                 make: Callable[[Callable[..., Any], list[Listener]], Callable[..., Any]]
-                 ) -> None:
+    def __init__(
+        self,
+        owner: Any,
+        name: str,
+        make: Callable[[Callable[..., Any], list[Listener]], Callable[..., Any]],
+    ) -> None:
         self._owner = owner
         self._name = name
         self._make = make
@@ -62,8 +65,9 @@ class _Patch:
             self._wrapper = self._original = None
 
 
-def _backward_wrapper(original: Callable[..., Any],
-                      listeners: list[Listener]) -> Callable[..., Any]:
+def _backward_wrapper(
+    original: Callable[..., Any], listeners: list[Listener]
+) -> Callable[..., Any]:
     def backward(*args: Any, **kwargs: Any) -> Any:
         if not listeners:
             return original(*args, **kwargs)
@@ -78,8 +82,9 @@ def _backward_wrapper(original: Callable[..., Any],
     return backward
 
 
-def _scaler_step_wrapper(original: Callable[..., Any],
-                         listeners: list[Listener]) -> Callable[..., Any]:
+def _scaler_step_wrapper(
+    original: Callable[..., Any], listeners: list[Listener]
+) -> Callable[..., Any]:
     def step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
         if not listeners:
             return original(scaler, optimizer, *args, **kwargs)
@@ -116,8 +121,9 @@ def stop_listening(listener: Listener) -> None:
         patch.discard(listener)
 
 
-def wrap_step(optimizer: Any, begin: Callable[[Any], None],
-              end: Callable[[Any], None]) -> Callable[[], None]:
+def wrap_step(
+    optimizer: Any, begin: Callable[[Any], None], end: Callable[[Any], None]
+) -> Callable[[], None]:
     """Wrap ``optimizer.step`` (this instance only) between ``begin(optimizer)`` and
     ``end(optimizer)``; returns the function that unwraps it.
 

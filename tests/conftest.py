@@ -12,8 +12,7 @@ __all__ = ["serve", "short_tmp"]
 
 
 @pytest.fixture
-def sidecar(serve: Callable[..., Sidecar],
-            monkeypatch: pytest.MonkeyPatch) -> Iterator[Sidecar]:
+def sidecar(serve: Callable[..., Sidecar], monkeypatch: pytest.MonkeyPatch) -> Iterator[Sidecar]:
     """One sidecar serving ``short_tmp/root``; SIDECAR_ENDPOINT points at it, so runs
     started in this process report to it."""
     server = serve()

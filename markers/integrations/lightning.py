@@ -63,8 +63,9 @@ def _callback_bases() -> tuple[type, ...]:
         except ImportError:
             continue
     if not bases:
-        raise ImportError("markers.integrations.lightning needs lightning: "
-                          "pip install 'trainmon[lightning]'")
+        raise ImportError(
+            "markers.integrations.lightning needs lightning: pip install 'trainmon[lightning]'"
+        )
     return tuple(bases)
 
 
@@ -83,9 +84,11 @@ class MonitorCallback(Monitor, *_callback_bases()):  # type: ignore[misc]
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         """Start the run when fitting begins."""
         if stage == "fit":
-            self.start(out_dir=trainer.default_root_dir,
-                       accumulation_steps=trainer.accumulate_grad_batches,
-                       rank=trainer.global_rank)
+            self.start(
+                out_dir=trainer.default_root_dir,
+                accumulation_steps=trainer.accumulate_grad_batches,
+                rank=trainer.global_rank,
+            )
             self._cut_out_saves(trainer)
 
     def _cut_out_saves(self, trainer: Any) -> None:
@@ -107,14 +110,12 @@ class MonitorCallback(Monitor, *_callback_bases()):  # type: ignore[misc]
         trainer.save_checkpoint = save_checkpoint
 
     @never_raise
-    def on_save_checkpoint(self, trainer: Any, pl_module: Any,
-                           checkpoint: dict[str, Any]) -> None:
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         """Keep the monitor's state in the checkpoint."""
         checkpoint[STATE_KEY] = self.run.state_dict()
 
     @never_raise
-    def on_load_checkpoint(self, trainer: Any, pl_module: Any,
-                           checkpoint: dict[str, Any]) -> None:
+    def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         """Continue the split from the state a checkpoint kept."""
         state = checkpoint.get(STATE_KEY)
         if state:
@@ -145,8 +146,9 @@ class MonitorCallback(Monitor, *_callback_bases()):  # type: ignore[misc]
         self.run.end_epoch()
 
     @never_raise
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
-                             batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+    ) -> None:
         """Data loading ends, Forward begins."""
         self.begin_batch(False, batch)
         self.switch("forward")
@@ -168,13 +170,13 @@ class MonitorCallback(Monitor, *_callback_bases()):  # type: ignore[misc]
         self.switch("optimization")
 
     @never_raise
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         """The batch ends; the iteration too when the optimizer stepped."""
         stepped, self._stepped = self._stepped, False
         accumulate = max(int(trainer.accumulate_grad_batches), 1)
-        self.end_batch(stepped or (batch_idx + 1) % accumulate == 0
-                       or bool(trainer.is_last_batch))
+        self.end_batch(stepped or (batch_idx + 1) % accumulate == 0 or bool(trainer.is_last_batch))
 
     # -- validation -----------------------------------------------------------------
 
@@ -186,16 +188,24 @@ class MonitorCallback(Monitor, *_callback_bases()):  # type: ignore[misc]
             self.run.begin_validation()
 
     @never_raise
-    def on_validation_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
-                                  batch_idx: int, dataloader_idx: int = 0) -> None:
+    def on_validation_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
         """Validation data loading ends, Evaluation begins."""
         if self._validating:
             self.begin_batch(True, batch)
             self.switch("evaluation")
 
     @never_raise
-    def on_validation_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
-                                batch_idx: int, dataloader_idx: int = 0) -> None:
+    def on_validation_batch_end(
+        self,
+        trainer: Any,
+        pl_module: Any,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
         """The validation batch (an iteration) ends."""
         if self._validating:
             self.end_batch(True)

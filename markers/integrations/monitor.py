@@ -29,6 +29,7 @@ CHECKPOINT_PHASE = "checkpoint"  # the custom phase of a framework's checkpoint 
 def never_raise(method: F) -> F:
     """A callback method that never raises into the trainer: the first error is logged
     (with its traceback) and the monitor stops measuring; training goes on."""
+
     @functools.wraps(method)
     def guarded(self: Monitor, *args: Any, **kwargs: Any) -> Any:
         if self.broken:
@@ -37,8 +38,11 @@ def never_raise(method: F) -> F:
             return method(self, *args, **kwargs)
         except Exception:
             self.broken = True
-            log.exception("markers: the %s callback failed in %s; monitoring stops, training "
-                          "goes on", type(self).__name__, method.__name__)
+            log.exception(
+                "markers: the %s callback failed in %s; monitoring stops, training goes on",
+                type(self).__name__,
+                method.__name__,
+            )
             return None
 
     return guarded  # type: ignore[return-value]
@@ -54,8 +58,10 @@ class Monitor:
     def __init__(self, **start_run_kwargs: Any) -> None:
         unknown = set(start_run_kwargs) - START_RUN_KEYWORDS
         if unknown:
-            raise TypeError(f"MonitorCallback: unknown keyword arguments {sorted(unknown)}; "
-                            f"it takes those of markers.start_run: {sorted(START_RUN_KEYWORDS)}")
+            raise TypeError(
+                f"MonitorCallback: unknown keyword arguments {sorted(unknown)}; "
+                f"it takes those of markers.start_run: {sorted(START_RUN_KEYWORDS)}"
+            )
         self.start_run_kwargs = start_run_kwargs
         self.run: Run | NullRun = NullRun()
         self.broken = False

@@ -73,12 +73,16 @@ class MonitorCallback(Monitor, TrainerCallback):
     def _start(self, args: Any) -> None:
         # Batch sizes are read from the model's inputs (instrument()'s hooks): an epoch's
         # short last step holds fewer samples than per_device_train_batch_size.
-        self.start(out_dir=args.output_dir, rank=args.process_index,
-                   accumulation_steps=args.gradient_accumulation_steps)
+        self.start(
+            out_dir=args.output_dir,
+            rank=args.process_index,
+            accumulation_steps=args.gradient_accumulation_steps,
+        )
 
     @never_raise
-    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
-                       **kwargs: Any) -> None:
+    def on_train_begin(
+        self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any
+    ) -> None:
         """Continue the run from a checkpoint's state, hook the model (and start the run
         if the callback was added after the Trainer was built)."""
         self._start(args)
@@ -97,9 +101,12 @@ class MonitorCallback(Monitor, TrainerCallback):
             if path.is_file():
                 self.run.load_state_dict(json.loads(path.read_text()))
                 return
-        warnings.warn(f"markers: resumed at step {state.global_step} but no {STATE_FILE} in "
-                      f"{', '.join(map(str, candidates))}; the split starts afresh",
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"markers: resumed at step {state.global_step} but no {STATE_FILE} in "
+            f"{', '.join(map(str, candidates))}; the split starts afresh",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
     @never_raise
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -156,8 +163,7 @@ class MonitorCallback(Monitor, TrainerCallback):
         self.run.batch_done()
 
     @never_raise
-    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any,
-                              **kwargs: Any) -> None:
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Optimization begins."""
         self.switch("optimization")
 

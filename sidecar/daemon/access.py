@@ -35,8 +35,13 @@ class Access:
     """The access rules of one sidecar: ``root`` None is a job's own sidecar (writes
     where its job says), ``shared`` a daemon for every local user."""
 
-    def __init__(self, root: Path | None, shared: bool, viewers: Viewers | None = None,
-                 allowed: tuple[Path, ...] = ()) -> None:
+    def __init__(
+        self,
+        root: Path | None,
+        shared: bool,
+        viewers: Viewers | None = None,
+        allowed: tuple[Path, ...] = (),
+    ) -> None:
         self.root = root
         self.shared = shared
         self.viewers = viewers or Viewers(shared)  # who sees which runs in /metrics
@@ -49,13 +54,14 @@ class Access:
         if self.shared:
             if peer is None:
                 return "a shared daemon serves only clients of its ipc socket"
-            if stream is not None and stream.owner is not None \
-                    and stream.owner.uid != peer.uid:
+            if stream is not None and stream.owner is not None and stream.owner.uid != peer.uid:
                 return f"run {stream.key} belongs to {stream.owner.name}, not {peer.name}"
             return None
         if peer is not None and peer.uid not in (os.geteuid(), 0):
-            return (f"user {peer.name} may not use the sidecar of {user_name(os.geteuid())}; "
-                    "use your own or the node's shared one")
+            return (
+                f"user {peer.name} may not use the sidecar of {user_name(os.geteuid())}; "
+                "use your own or the node's shared one"
+            )
         return None
 
     def take_hello(self, body: dict[str, Any], peer: Peer | None, known: bool) -> None:
@@ -84,9 +90,11 @@ class Access:
             return
         asked = os.path.normpath(os.path.join(hello.get("cwd", "/"), hello["out_dir"]))
         if reply.get("out_dir") != asked:
-            reply["warning"] = (f"this run is written in {reply.get('out_dir')}: {asked} lies "
-                                "under no folder this daemon may write for you (its --allow "
-                                "roots)")
+            reply["warning"] = (
+                f"this run is written in {reply.get('out_dir')}: {asked} lies "
+                "under no folder this daemon may write for you (its --allow "
+                "roots)"
+            )
 
     def acting(self, user: Peer | None) -> contextlib.AbstractContextManager[None]:
         """On a shared daemon, file access as ``user`` within the block."""
@@ -107,8 +115,7 @@ class Access:
         """Whether ``caller`` may end ``stream`` (``sidecar finish --job``)."""
         if self.sees_all(caller):
             return True
-        return caller is not None and stream.owner is not None \
-            and stream.owner.uid == caller.uid
+        return caller is not None and stream.owner is not None and stream.owner.uid == caller.uid
 
     def write_refusal(self, folder: Path, owner: Peer | None) -> str | None:
         """Why ``folder`` may not be written now for ``owner`` (``OutDirPolicy.refusal``)."""
@@ -125,12 +132,21 @@ def claim_split(split_dir: Path, rank: int) -> Claim | None:
         holder = exc.holder
         known = holder.get("ranks")
         runs: dict[str, Any] = known if isinstance(known, dict) else {}
-        names = ", ".join(f"run {str(r.get('run_id'))[:8]} (pid {r.get('pid')})"
-                          for r in runs.values() if isinstance(r, dict)) or "another run"
-        raise Refused(f"{split_dir} (rank {rank}) is being written by {names} under the "
-                      f"sidecar pid {holder.get('sidecar_pid')} on {holder.get('host')}; "
-                      "one writer per split and rank: this run is not monitored") from None
+        names = (
+            ", ".join(
+                f"run {str(r.get('run_id'))[:8]} (pid {r.get('pid')})"
+                for r in runs.values()
+                if isinstance(r, dict)
+            )
+            or "another run"
+        )
+        raise Refused(
+            f"{split_dir} (rank {rank}) is being written by {names} under the "
+            f"sidecar pid {holder.get('sidecar_pid')} on {holder.get('host')}; "
+            "one writer per split and rank: this run is not monitored"
+        ) from None
     except OSError as exc:  # the writes will say it, and retry
-        log.warning("cannot claim %s (%s); writing it anyway when possible", split_dir,
-                    exc.strerror or exc)
+        log.warning(
+            "cannot claim %s (%s); writing it anyway when possible", split_dir, exc.strerror or exc
+        )
         return None

@@ -34,9 +34,14 @@ class Dispatcher:
     ``finish_job(job_id, caller)`` ends a job's runs; ``caller`` is the kernel's word on
     the sender (a Peer) or None."""
 
-    def __init__(self, registry: Registry, monitor: ResourceMonitor, write: Write,
-                 status: Callable[[Peer | None], dict[str, Any]],
-                 finish_job: Callable[[str, Peer | None], dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        monitor: ResourceMonitor,
+        write: Write,
+        status: Callable[[Peer | None], dict[str, Any]],
+        finish_job: Callable[[str, Peer | None], dict[str, Any]],
+    ) -> None:
         self.registry = registry
         self.monitor = monitor
         self.write = write
@@ -55,8 +60,9 @@ class Dispatcher:
             wire.FINISH: self._finish,
         }
 
-    def dispatch(self, header: wire.Header, body: dict[str, Any], now: float,
-                 caller: Peer | None = None) -> Reply:
+    def dispatch(
+        self, header: wire.Header, body: dict[str, Any], now: float, caller: Peer | None = None
+    ) -> Reply:
         """Handle one control body from ``caller``. Raises WireError (malformed,
         unknown_control) and Refused; the caller counts them."""
         kind = body["type"]
@@ -86,8 +92,9 @@ class Dispatcher:
         return None
 
     def _batch_size(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
-        stream.split.rank(stream.rank).note_batch_size(body["kind"] == "validation",
-                                                       body["iteration"], body.get("value"))
+        stream.split.rank(stream.rank).note_batch_size(
+            body["kind"] == "validation", body["iteration"], body.get("value")
+        )
         return None
 
     def _loader(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
@@ -112,8 +119,10 @@ class Dispatcher:
         except state.StateError as exc:
             return {"ok": False, "error": str(exc)}
         if not schema.finite(saved):  # a body is checked whole; a payload is checked here
-            return {"ok": False, "error": "the state sent holds a NaN, an infinite or an "
-                    "over-64-bit number"}
+            return {
+                "ok": False,
+                "error": "the state sent holds a NaN, an infinite or an over-64-bit number",
+            }
         return self.registry.load_state(stream, saved)
 
     def _checkpoint(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
@@ -124,8 +133,7 @@ class Dispatcher:
     def _finish(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
         self.registry.note_worker_phases(stream, body.get("worker_phases"))
         self.registry.note_gpu_unfinished(stream, body.get("gpu_unfinished"))
-        self.registry.finish(stream, body["status"], body.get("error"), body.get("end_ns"),
-                             now)
+        self.registry.finish(stream, body["status"], body.get("error"), body.get("end_ns"), now)
         return self._written(stream.split)
 
     def _written(self, split: Split, with_state: bool = False) -> dict[str, Any]:

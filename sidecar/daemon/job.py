@@ -35,15 +35,15 @@ class Job:
         self.shares_group = shares_group
 
     @classmethod
-    def start(cls, command: list[str], endpoint: str, secret: str | None,
-              shares_group: bool) -> Job:
+    def start(
+        cls, command: list[str], endpoint: str, secret: str | None, shares_group: bool
+    ) -> Job:
         """Start ``command`` with SIDECAR_ENDPOINT (and SIDECAR_SECRET when ``secret``)
         set; raises OSError when it cannot be started."""
         env = {**os.environ, "SIDECAR_ENDPOINT": endpoint}
         if secret:
             env[shared_secret.ENV] = secret
-        process = subprocess.Popen(command, env=env,
-                                   process_group=None if shares_group else 0)
+        process = subprocess.Popen(command, env=env, process_group=None if shares_group else 0)
         return cls(process, shares_group)
 
     def ended(self) -> bool:

@@ -29,5 +29,7 @@ def describe_exit(returncode: int) -> str:
 def gone_cause(pid: int) -> str:
     """The cause of a run whose process ended without finishing it (no exit status known:
     not our child)."""
-    return (f"process {pid} ended without finish() (killed, e.g. by SIGKILL or the "
-            "out-of-memory killer, or it exited without closing the run)")
+    return (
+        f"process {pid} ended without finish() (killed, e.g. by SIGKILL or the "
+        "out-of-memory killer, or it exited without closing the run)"
+    )

@@ -76,54 +76,96 @@ class SnapshotCollector(Collector):
         snapshot: Snapshot | None = self._source()
         every = snapshot.splits if snapshot is not None else ()
         splits = [view for view in every if self._sees(view)]
-        wall = SummaryMetricFamily("trainmon_phase_duration_seconds", "wall time of every "
-                                   "post-warmup measurement of the phase", labels=PHASE_LABEL_NAMES)
-        gpu = SummaryMetricFamily("trainmon_phase_gpu_duration_seconds", "GPU time of every "
-                                  "post-warmup measurement of the phase", labels=PHASE_LABEL_NAMES)
-        samples = CounterMetricFamily("trainmon_samples", "samples of the measured "
-                                      "iterations (batch x accumulation per step)",
-                                      labels=[*RUN_LABELS, "split", "rank", "loop"])
+        wall = SummaryMetricFamily(
+            "trainmon_phase_duration_seconds",
+            "wall time of every post-warmup measurement of the phase",
+            labels=PHASE_LABEL_NAMES,
+        )
+        gpu = SummaryMetricFamily(
+            "trainmon_phase_gpu_duration_seconds",
+            "GPU time of every post-warmup measurement of the phase",
+            labels=PHASE_LABEL_NAMES,
+        )
+        samples = CounterMetricFamily(
+            "trainmon_samples",
+            "samples of the measured iterations (batch x accumulation per step)",
+            labels=[*RUN_LABELS, "split", "rank", "loop"],
+        )
         gpu_families = _families(fields.GPU_FIELDS, GPU_LABELS)
         host_families = _families(fields.HOST_FIELDS, RUN_LABELS)
-        records = CounterMetricFamily("trainmon_records", "record accounting",
-                                      labels=[*RUN_LABELS, "outcome"])
+        records = CounterMetricFamily(
+            "trainmon_records", "record accounting", labels=[*RUN_LABELS, "outcome"]
+        )
         goodput = GaugeMetricFamily(
-            "trainmon_goodput_seconds", "the rank's wall time from its process start, by "
+            "trainmon_goodput_seconds",
+            "the rank's wall time from its process start, by "
             "part: productive or a badput cause (docs/goodput.md)",
-            labels=[*RUN_LABELS, "split", "rank", "part"])
-        goodput_wall = GaugeMetricFamily("trainmon_goodput_wall_seconds", "the wall time "
-                                         "the goodput parts add up to",
-                                         labels=[*RUN_LABELS, "split", "rank"])
-        gpu_busy = GaugeMetricFamily("trainmon_goodput_gpu_busy_seconds", "GPU time of "
-                                     "Forward, Backward and Optimization in the productive "
-                                     "iterations", labels=[*RUN_LABELS, "split", "rank"])
-        running = GaugeMetricFamily("trainmon_run_running", "1 while the split runs, 0 "
-                                    "once it ended (completed, incomplete, failed)",
-                                    labels=[*RUN_LABELS, "split"])
-        runs = GaugeMetricFamily("trainmon_runs", "runs the sidecar knows, by status",
-                                 labels=["status"])
+            labels=[*RUN_LABELS, "split", "rank", "part"],
+        )
+        goodput_wall = GaugeMetricFamily(
+            "trainmon_goodput_wall_seconds",
+            "the wall time the goodput parts add up to",
+            labels=[*RUN_LABELS, "split", "rank"],
+        )
+        gpu_busy = GaugeMetricFamily(
+            "trainmon_goodput_gpu_busy_seconds",
+            "GPU time of Forward, Backward and Optimization in the productive iterations",
+            labels=[*RUN_LABELS, "split", "rank"],
+        )
+        running = GaugeMetricFamily(
+            "trainmon_run_running",
+            "1 while the split runs, 0 once it ended (completed, incomplete, failed)",
+            labels=[*RUN_LABELS, "split"],
+        )
+        runs = GaugeMetricFamily(
+            "trainmon_runs", "runs the sidecar knows, by status", labels=["status"]
+        )
         # a state set: every status of a run, 1 for the one it has now, so a run that ends
         # keeps the same series and its last scrape says how it ended
-        state = GaugeMetricFamily("trainmon_run_status", "1 for the run's status, 0 for "
-                                   "the others", labels=[*RUN_LABELS, "status"])
-        start = GaugeMetricFamily("trainmon_run_start_timestamp_seconds", "when the run "
-                                  "started, Unix time", labels=RUN_LABELS)
-        end = GaugeMetricFamily("trainmon_run_end_timestamp_seconds", "when the run ended, "
-                                "Unix time (absent while it runs)", labels=RUN_LABELS)
-        ranks = [GaugeMetricFamily(name, text, labels=RANK_LABELS) for name, text in (
-            ("trainmon_rank_slowest_ratio", "share of the aligned iterations in which the "
-             "rank was the slowest before the sync, by the straggler rule's margin"),
-            ("trainmon_rank_over_median_seconds", "the rank's mean excess over the median "
-             "across ranks before the sync, in the iterations it was the slowest"),
-            ("trainmon_rank_waited_seconds", "time the rank spent waiting for the slowest "
-             "rank, summed over the aligned stored iterations"))]
+        state = GaugeMetricFamily(
+            "trainmon_run_status",
+            "1 for the run's status, 0 for the others",
+            labels=[*RUN_LABELS, "status"],
+        )
+        start = GaugeMetricFamily(
+            "trainmon_run_start_timestamp_seconds",
+            "when the run started, Unix time",
+            labels=RUN_LABELS,
+        )
+        end = GaugeMetricFamily(
+            "trainmon_run_end_timestamp_seconds",
+            "when the run ended, Unix time (absent while it runs)",
+            labels=RUN_LABELS,
+        )
+        ranks = [
+            GaugeMetricFamily(name, text, labels=RANK_LABELS)
+            for name, text in (
+                (
+                    "trainmon_rank_slowest_ratio",
+                    "share of the aligned iterations in which the "
+                    "rank was the slowest before the sync, by the straggler rule's margin",
+                ),
+                (
+                    "trainmon_rank_over_median_seconds",
+                    "the rank's mean excess over the median "
+                    "across ranks before the sync, in the iterations it was the slowest",
+                ),
+                (
+                    "trainmon_rank_waited_seconds",
+                    "time the rank spent waiting for the slowest "
+                    "rank, summed over the aligned stored iterations",
+                ),
+            )
+        ]
         for view in splits:
             run = _run_labels(view)
             for standing in view.standings:
                 labels = [view.run_id, str(view.split), str(standing.rank), standing.host]
-                for family, value in zip(ranks, (standing.slowest_share,
-                                                 standing.over_median_s, standing.waited_s),
-                                         strict=True):
+                for family, value in zip(
+                    ranks,
+                    (standing.slowest_share, standing.over_median_s, standing.waited_s),
+                    strict=True,
+                ):
                     family.add_metric(labels, value)
             for name in SPLIT_STATUS_ORDER:
                 state.add_metric([*run, name], float(name == view.status))
@@ -159,16 +201,34 @@ class SnapshotCollector(Collector):
                 _add_gpus(gpu_families, view, "", shown)
         for status in SPLIT_STATUS_ORDER:  # node-wide: every run counts
             runs.add_metric([status], sum(1 for v in every if v.status == status))
-        job_ids = CounterMetricFamily("trainmon_job_ids_dropped", "Slurm job ids of hellos "
-                                      "not believed: the process belongs to no such job")
+        job_ids = CounterMetricFamily(
+            "trainmon_job_ids_dropped",
+            "Slurm job ids of hellos not believed: the process belongs to no such job",
+        )
         job_ids.add_metric([], snapshot.job_ids_dropped if snapshot is not None else 0)
-        yield from (wall, gpu, samples, *gpu_families.values(), *host_families.values(),
-                    records, goodput, goodput_wall, gpu_busy, running, runs, state, start,
-                    end, *ranks, job_ids)
+        yield from (
+            wall,
+            gpu,
+            samples,
+            *gpu_families.values(),
+            *host_families.values(),
+            records,
+            goodput,
+            goodput_wall,
+            gpu_busy,
+            running,
+            runs,
+            state,
+            start,
+            end,
+            *ranks,
+            job_ids,
+        )
 
 
-def _add_gpus(families: dict[str, Any], view: SplitView, run: str,
-              shown: set[str] | None = None) -> None:
+def _add_gpus(
+    families: dict[str, Any], view: SplitView, run: str, shown: set[str] | None = None
+) -> None:
     """The GPU gauges of ``view`` labelled with ``run``; with ``shown``, only GPUs not in
     it (each then added to it)."""
     for g in view.gpus:
@@ -200,12 +260,18 @@ class MetricsExporter:
         self.registry = CollectorRegistry()  # every run: for tests and in-process readers
         self.registry.register(SnapshotCollector(lambda: self._snapshot))
 
-    def _app(self, environ: dict[str, Any], start_response: Callable[..., Any],
-             ) -> Iterable[bytes]:
+    def _app(
+        self,
+        environ: dict[str, Any],
+        start_response: Callable[..., Any],
+    ) -> Iterable[bytes]:
         """One scrape, as its ``Authorization`` header allows."""
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(SnapshotCollector(
-            lambda: self._snapshot, self.viewers.viewer(environ.get("HTTP_AUTHORIZATION"))))
+        registry.register(
+            SnapshotCollector(
+                lambda: self._snapshot, self.viewers.viewer(environ.get("HTTP_AUTHORIZATION"))
+            )
+        )
         return make_wsgi_app(registry)(environ, start_response)
 
     def _serve(self) -> Any:
@@ -222,8 +288,12 @@ class MetricsExporter:
         try:
             self._server = self._serve()
         except OSError as exc:
-            log.error("metrics: cannot serve on %s:%d (%s); running on without /metrics",
-                      self.addr, self.port, exc.strerror or exc)
+            log.error(
+                "metrics: cannot serve on %s:%d (%s); running on without /metrics",
+                self.addr,
+                self.port,
+                exc.strerror or exc,
+            )
             return
         log.info("metrics on http://%s:%d/metrics", self.addr, self.bound_port)
 
@@ -241,8 +311,9 @@ class MetricsExporter:
         loop notices within its 0.5 s poll; the loop thread does not wait for it."""
         server, self._server = self._server, None
         if server is not None:
-            threading.Thread(target=_close, args=(server,), name="metrics-stop",
-                             daemon=True).start()
+            threading.Thread(
+                target=_close, args=(server,), name="metrics-stop", daemon=True
+            ).start()
 
 
 def _close(server: Any) -> None:

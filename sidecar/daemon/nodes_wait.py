@@ -27,8 +27,12 @@ NODE_FILE_S = 2.0  # a split shared with other sidecars: its node file is refres
 
 def waiting(split: Split) -> bool:
     """Whether ``split`` ended here, is led from here (rank 0) and its wait is not over."""
-    return (split.end_unix is not None and 0 in split.ranks and multi_node(split)
-            and split.nodes_waited_s is None)
+    return (
+        split.end_unix is not None
+        and 0 in split.ranks
+        and multi_node(split)
+        and split.nodes_waited_s is None
+    )
 
 
 def settle(split: Split, now: float, wait_s: float) -> bool:
@@ -39,8 +43,9 @@ def settle(split: Split, now: float, wait_s: float) -> bool:
         return True
     assert split.end_unix is not None  # waiting() says so
     found = nodes.read_nodes(split.split_dir)
-    since_unix = min((agg.sessions[-1].start_unix for agg in split.ranks.values()
-                      if agg.sessions), default=0.0)
+    since_unix = min(
+        (agg.sessions[-1].start_unix for agg in split.ranks.values() if agg.sessions), default=0.0
+    )
     missing = nodes.uncovered(range(split.world_size), set(split.ranks), found, since_unix)
     if missing and now < split.end_unix + wait_s:
         return False
@@ -48,19 +53,29 @@ def settle(split: Split, now: float, wait_s: float) -> bool:
     reported: set[int] = set()
     for node in found:
         if any(f.rank in missing for f in node.ranks) and node.node_id not in split.late_nodes:
-            cause = (f"node {node.host} sent no final figures within {wait_s:g} s (its "
-                     "sidecar or job stopped)")
+            cause = (
+                f"node {node.host} sent no final figures within {wait_s:g} s (its "
+                "sidecar or job stopped)"
+            )
             split.late_nodes[node.node_id] = LateNode(
-                node.host, tuple(sorted(f.rank for f in node.ranks)), cause)
+                node.host, tuple(sorted(f.rank for f in node.ranks)), cause
+            )
             split.set_status("incomplete", cause)
             reported.update(f.rank for f in node.ranks)
     never = [rank for rank in missing if rank not in reported]
     if never:
-        split.set_status("incomplete", f"ranks {', '.join(map(str, never))} sent no "
-                         f"figures within {wait_s:g} s (their node never wrote)")
-    log.info("split %d of %s: waited %.2f s for the other nodes%s", split.split,
-             split.out_dir, split.nodes_waited_s,
-             f"; ranks {', '.join(map(str, missing))} not final" if missing else "")
+        split.set_status(
+            "incomplete",
+            f"ranks {', '.join(map(str, never))} sent no "
+            f"figures within {wait_s:g} s (their node never wrote)",
+        )
+    log.info(
+        "split %d of %s: waited %.2f s for the other nodes%s",
+        split.split,
+        split.out_dir,
+        split.nodes_waited_s,
+        f"; ranks {', '.join(map(str, missing))} not final" if missing else "",
+    )
     split.dirty = True
     return True
 
@@ -69,8 +84,12 @@ class NodesWork:
     """The server's periodic multi-node work: ``write(split)`` writes a split's files,
     ``write_node_file(split)`` only this sidecar's node file of it."""
 
-    def __init__(self, wait_s: float, write: Callable[[Split], object],
-                 write_node_file: Callable[[Split], None]) -> None:
+    def __init__(
+        self,
+        wait_s: float,
+        write: Callable[[Split], object],
+        write_node_file: Callable[[Split], None],
+    ) -> None:
         self.wait_s = wait_s
         self._write = write
         self._write_node_file = write_node_file

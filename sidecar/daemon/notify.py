@@ -70,8 +70,7 @@ def status_line(snapshot: Snapshot) -> str:
     """The STATUS= text for a snapshot: how many runs (and how many still running) and the
     record rate."""
     running = sum(1 for run in snapshot.runs if run.status == "running")
-    return (f"{len(snapshot.runs)} runs ({running} running), "
-            f"{snapshot.records_per_s:.0f} records/s")
+    return f"{len(snapshot.runs)} runs ({running} running), {snapshot.records_per_s:.0f} records/s"
 
 
 class SystemdNotifier:
@@ -82,8 +81,12 @@ class SystemdNotifier:
     ``environ`` and ``clock`` (monotonic seconds, the snapshot's clock) are seams for tests.
     """
 
-    def __init__(self, stall_s: float, environ: Mapping[str, str] = os.environ,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        stall_s: float,
+        environ: Mapping[str, str] = os.environ,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.stall_s = stall_s
         self._environ = environ
         self._clock = clock
@@ -98,8 +101,9 @@ class SystemdNotifier:
         """True when the loop turned and the samplers completed a round (or have not
         started one yet) within ``stall_s`` of ``now``."""
         sampled = snapshot.sampler_round_monotonic
-        return (now - snapshot.loop_monotonic <= self.stall_s
-                and (sampled is None or now - sampled <= self.stall_s))
+        return now - snapshot.loop_monotonic <= self.stall_s and (
+            sampled is None or now - sampled <= self.stall_s
+        )
 
     def ready(self, snapshot: Snapshot) -> None:
         """The socket is bound: READY=1 (with the first STATUS= line) now if the samplers
@@ -118,8 +122,7 @@ class SystemdNotifier:
             self._next_status = self._clock() + STATUS_EVERY_S
             notify(f"READY=1\nSTATUS={self._status}", self._environ)
         now = self._clock()
-        if self._watchdog_s is not None and now >= self._next_ping \
-                and self.healthy(snapshot, now):
+        if self._watchdog_s is not None and now >= self._next_ping and self.healthy(snapshot, now):
             notify("WATCHDOG=1", self._environ)
             self._next_ping = now + self._watchdog_s
         if now >= self._next_status:

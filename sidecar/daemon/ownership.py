@@ -61,11 +61,16 @@ class Owners:
         except FileNotFoundError:
             return {}
         except (OSError, ValueError) as exc:
-            log.error("cannot read the run owners in %s (%s); runs already bound are "
-                      "bound again by their next hello", self.path, exc)
+            log.error(
+                "cannot read the run owners in %s (%s); runs already bound are "
+                "bound again by their next hello",
+                self.path,
+                exc,
+            )
             return {}
-        return {k: v for k, v in data.items() if isinstance(v, dict)} \
-            if isinstance(data, dict) else {}
+        return (
+            {k: v for k, v in data.items() if isinstance(v, dict)} if isinstance(data, dict) else {}
+        )
 
     def _save(self) -> None:
         if self.path is None:
@@ -80,8 +85,12 @@ class Owners:
             tmp.unlink(missing_ok=True)
             log.error("cannot save the run owners in %s: %s", self.path, exc.strerror or exc)
 
-    def refusal(self, run_id: bytes, peer: Peer | None, hello: dict[str, Any] | None,
-                ) -> tuple[str, str] | None:
+    def refusal(
+        self,
+        run_id: bytes,
+        peer: Peer | None,
+        hello: dict[str, Any] | None,
+    ) -> tuple[str, str] | None:
         """(the reject kind, why) when a message about ``run_id`` from ``peer`` (the
         kernel's word; None over tcp) may not be taken: ``foreign_user`` from another
         user, ``foreign_run`` a hello without the run's token. ``hello`` is the body of a
@@ -93,12 +102,18 @@ class Owners:
             return None
         owner = bound.get("uid")
         if owner is not None and peer is not None and peer.uid != owner:
-            return "foreign_user", (f"run {run_id.hex()[:8]} belongs to "
-                                    f"{user_name(owner)}, not {peer.name}")
-        if hello is not None and bound.get("token_sha256") is not None \
-                and token_hash(hello.get("token")) != bound["token_sha256"]:
-            return "foreign_run", (f"run {run_id.hex()[:8]} belongs to another process "
-                                   "(its hello lacks the run's token)")
+            return "foreign_user", (
+                f"run {run_id.hex()[:8]} belongs to {user_name(owner)}, not {peer.name}"
+            )
+        if (
+            hello is not None
+            and bound.get("token_sha256") is not None
+            and token_hash(hello.get("token")) != bound["token_sha256"]
+        ):
+            return "foreign_run", (
+                f"run {run_id.hex()[:8]} belongs to another process "
+                "(its hello lacks the run's token)"
+            )
         return None
 
     def bind(self, run_id: bytes, peer: Peer | None, hello: dict[str, Any]) -> None:
@@ -106,8 +121,10 @@ class Owners:
         key = run_id.hex()
         if key in self._bound:
             return
-        self._bound[key] = {"uid": peer.uid if peer is not None else None,
-                            "token_sha256": token_hash(hello.get("token"))}
+        self._bound[key] = {
+            "uid": peer.uid if peer is not None else None,
+            "token_sha256": token_hash(hello.get("token")),
+        }
         self._since[key] = time.time()
         self._save()
 

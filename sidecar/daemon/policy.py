@@ -33,8 +33,9 @@ class OutDirPolicy:
     """Places run folders; ``root`` None is a job's own sidecar; ``shared``: each user
     writes under ``root/<user>``."""
 
-    def __init__(self, root: Path | None, shared: bool = False,
-                 allowed: tuple[Path, ...] = ()) -> None:
+    def __init__(
+        self, root: Path | None, shared: bool = False, allowed: tuple[Path, ...] = ()
+    ) -> None:
         self.root = root
         self.shared = shared
         self.allowed = tuple(folder.resolve() for folder in allowed)
@@ -47,8 +48,10 @@ class OutDirPolicy:
         if not self.shared:
             return root
         if owner is None:
-            raise Refused("a shared daemon serves only ipc clients whose user the kernel "
-                          "names; connect through its ipc socket")
+            raise Refused(
+                "a shared daemon serves only ipc clients whose user the kernel "
+                "names; connect through its ipc socket"
+            )
         return root / owner.name
 
     def resolve(self, out_dir: str, cwd: str, owner: Peer | None = None) -> Path:
@@ -70,19 +73,23 @@ class OutDirPolicy:
             assert self.root is not None
             root = self.root.resolve()
             if self.shared and resolved.is_relative_to(root):
-                raise Refused(f"out_dir {out_dir!r} lies in another user's folder "
-                              f"({resolved.relative_to(root).parts[0]}); the runs of "
-                              f"{base.name} go under {base}")
+                raise Refused(
+                    f"out_dir {out_dir!r} lies in another user's folder "
+                    f"({resolved.relative_to(root).parts[0]}); the runs of "
+                    f"{base.name} go under {base}"
+                )
             raise Refused(f"out_dir {out_dir!r} lies outside the daemon's root {base}")
         reason = absurd(resolved, base)
         if reason:
-            raise Refused(f"out_dir {out_dir!r} resolves to {resolved}, {reason}: give a "
-                          "folder of its own")
+            raise Refused(
+                f"out_dir {out_dir!r} resolves to {resolved}, {reason}: give a folder of its own"
+            )
         return resolved
 
     def _allowed_root(self, folder: Path) -> Path | None:
-        return next((root for root in self.allowed
-                     if folder.is_relative_to(root) and folder != root), None)
+        return next(
+            (root for root in self.allowed if folder.is_relative_to(root) and folder != root), None
+        )
 
     def _in_allowed(self, out_dir: str, cwd: str) -> Path | None:
         """The job's own folder ``cwd/out_dir`` when it lies under an allowed root: made
@@ -102,11 +109,14 @@ class OutDirPolicy:
             asked.mkdir(parents=True, exist_ok=True)
             made = asked.resolve(strict=True)
         except (OSError, RuntimeError) as exc:
-            raise Refused(f"out_dir {asked} cannot be used: "
-                          f"{getattr(exc, 'strerror', None) or exc}") from None
+            raise Refused(
+                f"out_dir {asked} cannot be used: {getattr(exc, 'strerror', None) or exc}"
+            ) from None
         if self._allowed_root(made) is None:
-            raise Refused(f"out_dir {asked} leads to {made}, outside the folders this "
-                          "daemon may write for you")
+            raise Refused(
+                f"out_dir {asked} leads to {made}, outside the folders this "
+                "daemon may write for you"
+            )
         return made
 
     def refusal(self, folder: Path, owner: Peer | None = None) -> str | None:

@@ -53,8 +53,10 @@ def anything(v: Any) -> bool:
 Fields = dict[str, tuple[bool, bool, Check]]
 FIELDS: dict[str, Fields] = {
     # The hello's fields, limits and defaults are the markers' own (``markers.hello``).
-    wire.HELLO: {name: (field.required, field.nullable, functools.partial(hello.accepts, field))
-                 for name, field in hello.FIELDS.items()},
+    wire.HELLO: {
+        name: (field.required, field.nullable, functools.partial(hello.accepts, field))
+        for name, field in hello.FIELDS.items()
+    },
     wire.PHASE: {
         "id": (True, False, integer(wire.FIRST_CUSTOM_ID, wire.MAX_PHASE_ID)),
         "name": (True, False, text(200, min_len=1)),
@@ -121,5 +123,4 @@ def check(kind: str, body: dict[str, Any]) -> None:
             if required or (name in body and not nullable):
                 raise wire.WireError("malformed", f"{kind} needs the field {name!r}")
         elif not ok(value):
-            raise wire.WireError("malformed", f"{kind}: field {name!r} has a wrong type or "
-                                 "value")
+            raise wire.WireError("malformed", f"{kind}: field {name!r} has a wrong type or value")

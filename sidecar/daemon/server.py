@@ -86,10 +86,15 @@ class Server:
     ``sidecar run`` once started (``serve``): the sidecar stops when it ends.
     """
 
-    def __init__(self, config: Config, *, hooks: Sequence[Lifecycle] = (),
-                 open_gpus: Callable[[str | None], Any] = open_nvml,
-                 write_bytes: WriteBytes | None = None, viewers: Viewers | None = None,
-                 ) -> None:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        hooks: Sequence[Lifecycle] = (),
+        open_gpus: Callable[[str | None], Any] = open_nvml,
+        write_bytes: WriteBytes | None = None,
+        viewers: Viewers | None = None,
+    ) -> None:
         self.config = config
         self.job: Job | None = None
         self.hooks = list(hooks)
@@ -98,18 +103,33 @@ class Server:
         self.owners = Owners(config.root if config.shared else None)
         self._write_bytes = write_bytes
         self._waiting: tuple[bytes, Any] | None = None  # (identity, reply_to) being answered
-        self.registry = Registry(self.access.policy.resolve, self._on_stream,
-                                 self._on_records, writer.previous_activity, claim_split,
-                                 lambda stream: not stream.is_local() or pid_alive(stream.pid))
+        self.registry = Registry(
+            self.access.policy.resolve,
+            self._on_stream,
+            self._on_records,
+            writer.previous_activity,
+            claim_split,
+            lambda stream: not stream.is_local() or pid_alive(stream.pid),
+        )
         # Bound first: an endpoint that cannot be served is refused before anything starts.
-        self.receiver = Receiver(config.endpoint, self.registry, self._connection_lost,
-                                 config.secret, config.heartbeat_s, shared=config.shared)
+        self.receiver = Receiver(
+            config.endpoint,
+            self.registry,
+            self._connection_lost,
+            config.secret,
+            config.heartbeat_s,
+            shared=config.shared,
+        )
         own_job = config.root is None
         self.monitor = ResourceMonitor(
-            config.interval_s, os.environ.get("CUDA_VISIBLE_DEVICES") if own_job else None,
-            all_splits_share_gpus=own_job, open_gpus=open_gpus)
-        self.dispatcher = Dispatcher(self.registry, self.monitor, self.write, self.status_for,
-                                     self.finish_job)
+            config.interval_s,
+            os.environ.get("CUDA_VISIBLE_DEVICES") if own_job else None,
+            all_splits_share_gpus=own_job,
+            open_gpus=open_gpus,
+        )
+        self.dispatcher = Dispatcher(
+            self.registry, self.monitor, self.write, self.status_for, self.finish_job
+        )
         self._signal: int | None = None
         self._gone: dict[bytes, float] = {}  # run id -> when its process was first seen gone
         # Runs whose hello was answered with a refusal: their connection ends, not dropped.
@@ -117,10 +137,10 @@ class Server:
         self._next_liveness = 0.0
         # (monotonic s, records received) every TICK_S: the status view's record rate
         self._rate_window: deque[tuple[float, int]] = deque(
-            [(time.monotonic(), 0)], maxlen=int(RATE_WINDOW_S / TICK_S) + 1)
+            [(time.monotonic(), 0)], maxlen=int(RATE_WINDOW_S / TICK_S) + 1
+        )
         self._next_retry = 0.0
-        self.nodes = nodes_wait.NodesWork(config.nodes_wait_s, self.write,
-                                          self._write_node_file)
+        self.nodes = nodes_wait.NodesWork(config.nodes_wait_s, self.write, self._write_node_file)
         self._next_publish = 0.0  # monotonic s
         self.snapshot = self.publish()
 
@@ -133,8 +153,12 @@ class Server:
             # A resume under a sidecar that did not see the earlier sessions: their samples
             # come back from the folder, so the resources cover every session.
             run_start_ns, _ = self.monitor.session_starts_ns(split)
-            self.monitor.restore(split, *resources_text.read_samples(
-                split.logs_dir / layout.RESOURCES_FILE, run_start_ns, agg.sessions[-1].number))
+            self.monitor.restore(
+                split,
+                *resources_text.read_samples(
+                    split.logs_dir / layout.RESOURCES_FILE, run_start_ns, agg.sessions[-1].number
+                ),
+            )
 
     def _on_records(self, stream: Stream, values: np.ndarray) -> None:
         self.monitor.note_records(stream.split, stream.rank, values)
@@ -151,17 +175,20 @@ class Server:
         if stream.is_local():
             return not pid_alive(stream.pid)
         if not stream.finished:
-            self._end_stream(stream, f"the connection from {stream.host or 'its host'} ended "
-                             f"without finish() (no heartbeat answered within "
-                             f"{self.config.heartbeat_s:g} s, or closed)", time.time())
+            self._end_stream(
+                stream,
+                f"the connection from {stream.host or 'its host'} ended "
+                f"without finish() (no heartbeat answered within "
+                f"{self.config.heartbeat_s:g} s, or closed)",
+                time.time(),
+            )
         return True
 
     # -- writing --------------------------------------------------------------------
 
     def _owner(self, split: Split) -> Peer | None:
         """The user whose runs feed ``split`` (the kernel's word; None when unknown)."""
-        return next((s.owner for s in self.registry.streams.values() if s.split is split),
-                    None)
+        return next((s.owner for s in self.registry.streams.values() if s.split is split), None)
 
     def write(self, split: Split, with_state: bool = False) -> str | None:
         """Write ``split``'s files (on a shared daemon as the run's user); returns the
@@ -175,9 +202,14 @@ class Server:
             self.monitor.final_round(split)
             writer.load_modules()  # with the daemon's own identity, see there
             with self.access.acting(owner):
-                writer.write_split(split, self.monitor.figures(split),
-                                   split.record_counts(), with_state, self._write_bytes,
-                                   self._progress)
+                writer.write_split(
+                    split,
+                    self.monitor.figures(split),
+                    split.record_counts(),
+                    with_state,
+                    self._write_bytes,
+                    self._progress,
+                )
         except OSError as exc:
             # without the file name: it is a fresh temporary one at each try
             error = f"cannot write {split.split_dir}: {exc.strerror or exc}"
@@ -199,8 +231,7 @@ class Server:
             return
         try:
             with self.access.acting(owner):
-                writer.write_node_file(split, self.monitor.figures(split),
-                                       split.record_counts())
+                writer.write_node_file(split, self.monitor.figures(split), split.record_counts())
         except OSError as exc:
             log.debug("node file of %s not refreshed: %s", split.split_dir, exc)
 
@@ -211,8 +242,9 @@ class Server:
             with self.access.acting(owner):
                 writer.write_run_file(split, self._write_bytes)
         except OSError as exc:
-            log.error("cannot write %s either: %s", split.out_dir / layout.RUN_FILE,
-                      exc.strerror or exc)
+            log.error(
+                "cannot write %s either: %s", split.out_dir / layout.RUN_FILE, exc.strerror or exc
+            )
 
     def _progress(self, what: str) -> None:
         """Tell the client whose request caused this write that it goes on: a finish
@@ -255,8 +287,9 @@ class Server:
         if "reply_to" in body:
             self._waiting = (message.identity, body["reply_to"])
         try:
-            self.access.take_hello(body, message.peer,
-                                   known=message.header.run_id in self.registry.streams)
+            self.access.take_hello(
+                body, message.peer, known=message.header.run_id in self.registry.streams
+            )
             if self.access.shared:  # a finish writes within the block: import before it
                 writer.load_modules()
             with self.access.acting(message.peer):
@@ -279,8 +312,12 @@ class Server:
         finally:
             self._waiting = None
 
-    def _reply(self, message: Incoming, body: dict[str, Any], reply: dict[str, Any] | None,
-               ) -> None:
+    def _reply(
+        self,
+        message: Incoming,
+        body: dict[str, Any],
+        reply: dict[str, Any] | None,
+    ) -> None:
         """Answer ``message`` with ``reply`` when its sender asked for one."""
         if "reply_to" in body and reply is not None:
             self.receiver.reply(message.identity, {"reply_to": body["reply_to"], **reply})
@@ -333,16 +370,24 @@ class Server:
             self.dispatcher.later.clear()
             body = message.control or {}
             if "reply_to" in body:  # a waiting client learns at once, not by its timeout
-                self.receiver.reply(message.identity, {"reply_to": body["reply_to"],
-                                                       "ok": False, "error": repr(exc)})
+                self.receiver.reply(
+                    message.identity,
+                    {"reply_to": body["reply_to"], "ok": False, "error": repr(exc)},
+                )
 
     # -- the published view ---------------------------------------------------------
 
     def publish(self) -> Snapshot:
         """Take and publish the snapshot of this moment (loop thread only)."""
-        self.snapshot = snapshots.take(self.registry, self.monitor, self.receiver.endpoint,
-                                       self.config.root, self.config.interval_s,
-                                       self._rate_window[0], self.access.job_ids.dropped)
+        self.snapshot = snapshots.take(
+            self.registry,
+            self.monitor,
+            self.receiver.endpoint,
+            self.config.root,
+            self.config.interval_s,
+            self._rate_window[0],
+            self.access.job_ids.dropped,
+        )
         return self.snapshot
 
     def status_for(self, caller: Peer | None) -> dict[str, Any]:
@@ -412,8 +457,7 @@ class Server:
             self._end_stream(stream, cause, now)
 
     def _end_stream(self, stream: Stream, cause: str, now: float) -> None:
-        log.warning("run %s (pid %d): %s; files marked incomplete", stream.key, stream.pid,
-                    cause)
+        log.warning("run %s (pid %d): %s; files marked incomplete", stream.key, stream.pid, cause)
         self.registry.finish(stream, "incomplete", cause, None, now)
         self.write(stream.split)
 
@@ -515,11 +559,14 @@ class Server:
         self.write_dirty()
         for split in self.registry.splits.values():
             if split.dirty:
-                runs = sorted({s.key for s in self.registry.streams.values()
-                               if s.split is split})
-                log.error("exiting with unwritten data: run %s (%s, split %d) was not "
-                          "written: %s", ", ".join(runs) or "?", split.out_dir, split.split,
-                          split.write_error or "unknown error")
+                runs = sorted({s.key for s in self.registry.streams.values() if s.split is split})
+                log.error(
+                    "exiting with unwritten data: run %s (%s, split %d) was not written: %s",
+                    ", ".join(runs) or "?",
+                    split.out_dir,
+                    split.split,
+                    split.write_error or "unknown error",
+                )
 
 
 def serve(config: Config, command: list[str] | None = None, **seams: Any) -> int:
@@ -535,8 +582,9 @@ def serve(config: Config, command: list[str] | None = None, **seams: Any) -> int
     server = Server(config, **seams)
     if command:
         try:
-            server.job = Job.start(command, server.receiver.endpoint, config.secret,
-                                   shares_group=os.isatty(0))
+            server.job = Job.start(
+                command, server.receiver.endpoint, config.secret, shares_group=os.isatty(0)
+            )
         except OSError as exc:
             server.receiver.close()
             log.error("cannot start %s: %s", command[0], exc)

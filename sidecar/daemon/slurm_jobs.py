@@ -69,7 +69,7 @@ def job_of_environ(data: bytes) -> str | None:
     """``SLURM_JOB_ID`` in a ``/proc/<pid>/environ`` content (NUL-separated), or None."""
     for entry in data.split(b"\0"):
         if entry.startswith(ENV_NAME):
-            return entry[len(ENV_NAME):].decode(errors="replace")
+            return entry[len(ENV_NAME) :].decode(errors="replace")
     return None
 
 
@@ -82,7 +82,7 @@ def _parent(pid: int, proc: Path) -> int:
     """The parent pid of ``pid`` (0 when unknown). The command name in ``stat`` may hold
     spaces and parentheses: the fields after its last ``)`` are the kernel's own."""
     text = (proc / str(pid) / "stat").read_text()
-    return int(text[text.rindex(")") + 2:].split()[1])
+    return int(text[text.rindex(")") + 2 :].split()[1])
 
 
 def _same_user_chain(pid: int, uid: int, proc: Path) -> Iterator[int]:
@@ -95,8 +95,7 @@ def _same_user_chain(pid: int, uid: int, proc: Path) -> Iterator[int]:
         pid = _parent(pid, proc)
 
 
-def job_of_process(pid: int, uid: int, proc: Path = PROC,
-                   cgroup_fs: Path = CGROUP_FS) -> set[str]:
+def job_of_process(pid: int, uid: int, proc: Path = PROC, cgroup_fs: Path = CGROUP_FS) -> set[str]:
     """The Slurm job ids the kernel shows for process ``pid`` of user ``uid`` (see the
     module's text): one id from its cgroup, else those its environment and its ancestors'
     name; empty when it belongs to no job. Raises OSError when its files cannot be read
@@ -135,14 +134,22 @@ class JobIdCheck:
         except (OSError, ValueError, IndexError) as exc:  # gone, or unreadable
             jobs, why = set(), f"its process cannot be read ({exc})"
         else:
-            why = (f"its process belongs to Slurm job {', '.join(sorted(jobs))}" if jobs
-                   else "its process belongs to no Slurm job")
+            why = (
+                f"its process belongs to Slurm job {', '.join(sorted(jobs))}"
+                if jobs
+                else "its process belongs to no Slurm job"
+            )
         if jobs == {claimed}:
             return claimed
         if not self.dropped:
-            log.warning("dropped the Slurm job id %r of a hello from %s (pid %d): %s (further "
-                        "ones are counted as job_ids_dropped, not logged)", claimed,
-                        peer.name, peer.pid, why)
+            log.warning(
+                "dropped the Slurm job id %r of a hello from %s (pid %d): %s (further "
+                "ones are counted as job_ids_dropped, not logged)",
+                claimed,
+                peer.name,
+                peer.pid,
+                why,
+            )
         self.dropped += 1
         return None
 
@@ -154,8 +161,12 @@ def ended_by_job(split: Split, gone_cause: str, job_cause: str, now: float) -> b
     within ``JOB_END_S`` before the epilog (``now``, Unix s) ended with the job: its cause
     becomes ``job_cause``; one that died earlier keeps its own. True when ``split`` was
     changed (write it)."""
-    if split.status != "incomplete" or split.cause != gone_cause \
-            or split.end_unix is None or now - split.end_unix > JOB_END_S:
+    if (
+        split.status != "incomplete"
+        or split.cause != gone_cause
+        or split.end_unix is None
+        or now - split.end_unix > JOB_END_S
+    ):
         return False
     split.cause = job_cause
     split.dirty = True

@@ -22,6 +22,7 @@ from sidecar.resources.monitor import ResourceMonitor, SplitResources
 # How often the live view reruns the straggler rule on a split of several ranks, s.
 WAITS_REFRESH_S = 10.0
 
+
 @dataclass(frozen=True)
 class RunView:
     """One training process (stream) as the status view shows it."""
@@ -131,11 +132,24 @@ class SplitView:
 
 def _rank_view(agg: RankAggregator, straggler_per_iteration_s: float) -> RankView:
     phases = tuple(
-        PhaseStats(phase, agg.custom_names.get(phase, ""), s.wall.count,
-                   s.wall.mean * s.wall.count, s.gpu.count, s.gpu.mean * s.gpu.count)
-        for phase, s in sorted(agg.series.items()))
-    return RankView(agg.rank, phases, agg.training_s(), agg.samples[False], agg.samples[True],
-                    agg.goodput_account(straggler_per_iteration_s))
+        PhaseStats(
+            phase,
+            agg.custom_names.get(phase, ""),
+            s.wall.count,
+            s.wall.mean * s.wall.count,
+            s.gpu.count,
+            s.gpu.mean * s.gpu.count,
+        )
+        for phase, s in sorted(agg.series.items())
+    )
+    return RankView(
+        agg.rank,
+        phases,
+        agg.training_s(),
+        agg.samples[False],
+        agg.samples[True],
+        agg.goodput_account(straggler_per_iteration_s),
+    )
 
 
 def _refresh_waits(split: Split) -> None:
@@ -156,30 +170,56 @@ def split_view(split: Split, resources: SplitResources | None) -> SplitView:
     gpus: tuple[GpuView, ...] = ()
     host_gauges: dict[str, float] = {}
     if resources is not None:
-        gpus = tuple(GpuView(s.gpu_index, s.uuid, s.name,
-                             fields.gauge_values(fields.GPU_FIELDS, s,
-                                                 resources.first_gpu.get(uuid, {}), {}))
-                     for uuid, s in sorted(resources.latest_gpu.items()))
+        gpus = tuple(
+            GpuView(
+                s.gpu_index,
+                s.uuid,
+                s.name,
+                fields.gauge_values(fields.GPU_FIELDS, s, resources.first_gpu.get(uuid, {}), {}),
+            )
+            for uuid, s in sorted(resources.latest_gpu.items())
+        )
         if resources.host_samples:
-            host_gauges = fields.gauge_values(fields.HOST_FIELDS, resources.host_samples[-1],
-                                              {}, resources.integrals)
+            host_gauges = fields.gauge_values(
+                fields.HOST_FIELDS, resources.host_samples[-1], {}, resources.integrals
+            )
     return SplitView(
         run_id=first.sessions[0].run_id if first and first.sessions else "",
-        user=str(info.get("user") or ""), host=str(info.get("host") or ""),
-        slurm_job_id=str(info.get("job_id") or ""), split=split.split, status=split.status,
-        start_unix=min((a.run_start_unix for a in split.ranks.values() if a.sessions),
-                       default=None),
+        user=str(info.get("user") or ""),
+        host=str(info.get("host") or ""),
+        slurm_job_id=str(info.get("job_id") or ""),
+        split=split.split,
+        status=split.status,
+        start_unix=min(
+            (a.run_start_unix for a in split.ranks.values() if a.sessions), default=None
+        ),
         end_unix=split.end_unix,
-        ranks=tuple(_rank_view(split.ranks[r], split.straggler_waits.get(r, 0.0))
-                    for r in sorted(split.ranks) if split.ranks[r].sessions),
-        records={"received": counts.received, "dropped": counts.dropped,
-                 "lost": counts.lost, "rejected": counts.rejected},
-        gpus=gpus, host_gauges=host_gauges, standings=split.standings)
+        ranks=tuple(
+            _rank_view(split.ranks[r], split.straggler_waits.get(r, 0.0))
+            for r in sorted(split.ranks)
+            if split.ranks[r].sessions
+        ),
+        records={
+            "received": counts.received,
+            "dropped": counts.dropped,
+            "lost": counts.lost,
+            "rejected": counts.rejected,
+        },
+        gpus=gpus,
+        host_gauges=host_gauges,
+        standings=split.standings,
+    )
 
 
-def take(registry: Registry, monitor: ResourceMonitor, endpoint: str, root: Path | None,
-         interval_s: float, rate_since: tuple[float, int], job_ids_dropped: int = 0,
-         ) -> Snapshot:
+def take(
+    registry: Registry,
+    monitor: ResourceMonitor,
+    endpoint: str,
+    root: Path | None,
+    interval_s: float,
+    rate_since: tuple[float, int],
+    job_ids_dropped: int = 0,
+) -> Snapshot:
     """The snapshot of this moment (loop thread only). ``rate_since`` is (monotonic s,
     records received then): the record rate is the mean since that point;
     ``job_ids_dropped`` counts the hellos' Slurm job ids not believed."""
@@ -188,19 +228,28 @@ def take(registry: Registry, monitor: ResourceMonitor, endpoint: str, root: Path
     gpu_off = monitor.gpu_off_reason
     counts = registry.status()
     return Snapshot(
-        pid=os.getpid(), endpoint=endpoint, root=str(root) if root else None,
-        taken_unix=time.time(), loop_monotonic=now,
+        pid=os.getpid(),
+        endpoint=endpoint,
+        root=str(root) if root else None,
+        taken_unix=time.time(),
+        loop_monotonic=now,
         sampler_round_monotonic=monitor.last_round_monotonic,
         samplers_started=monitor.started(),
-        records=registry.records_received, dropped=counts["dropped"],
-        lost=counts["lost"], rejected=counts["rejected"],
-        rejected_by_kind=counts["rejected_by_kind"], last_error=registry.last_error,
+        records=registry.records_received,
+        dropped=counts["dropped"],
+        lost=counts["lost"],
+        rejected=counts["rejected"],
+        rejected_by_kind=counts["rejected_by_kind"],
+        last_error=registry.last_error,
         job_ids_dropped=job_ids_dropped,
-        records_per_s=(registry.records_received - before) / (now - then)
-        if now > then else 0.0,
+        records_per_s=(registry.records_received - before) / (now - then) if now > then else 0.0,
         rate_window_s=now - then,
-        samplers={"host": "on", "gpu": "on" if gpu_off is None else f"off ({gpu_off})",
-                  "interval_s": interval_s, "gpus": monitor.gpu_status()},
+        samplers={
+            "host": "on",
+            "gpu": "on" if gpu_off is None else f"off ({gpu_off})",
+            "interval_s": interval_s,
+            "gpus": monitor.gpu_status(),
+        },
         runs=tuple(RunView(**run) for run in counts["runs"]),
-        splits=tuple(split_view(split, monitor.live(split))
-                     for split in registry.splits.values()))
+        splits=tuple(split_view(split, monitor.live(split)) for split in registry.splits.values()),
+    )

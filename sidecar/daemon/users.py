@@ -41,8 +41,10 @@ def acting_as(uid: int, gid: int) -> Iterator[None]:
     try:
         # setfsuid reports no error; asking with an invalid id returns the current one
         if _libc.setfsuid(-1) != uid or _libc.setfsgid(-1) != gid:
-            raise PermissionError(f"cannot act as uid {uid} gid {gid}: the daemon needs "
-                                  "CAP_SETUID and CAP_SETGID (run it as root)")
+            raise PermissionError(
+                f"cannot act as uid {uid} gid {gid}: the daemon needs "
+                "CAP_SETUID and CAP_SETGID (run it as root)"
+            )
         yield
     finally:
         _libc.setfsuid(old_uid)
@@ -66,6 +68,8 @@ def user_folder(root: Path, peer: Peer) -> Path:
         os.chown(folder, peer.uid, peer.gid)
     info = folder.lstat()
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != peer.uid:
-        raise ForeignFolder(f"{folder} is not a folder owned by {peer.name}; the daemon "
-                            "will not write there (remove it)")
+        raise ForeignFolder(
+            f"{folder} is not a folder owned by {peer.name}; the daemon "
+            "will not write there (remove it)"
+        )
     return folder

@@ -79,9 +79,12 @@ class Viewers:
                     handle.write(token + "\n")
                 os.replace(tmp, path)
         except OSError as exc:
-            log.warning("metrics: cannot leave %s its token in %s (%s)", peer.name, path,
-                        exc.strerror or exc)
+            log.warning(
+                "metrics: cannot leave %s its token in %s (%s)",
+                peer.name,
+                path,
+                exc.strerror or exc,
+            )
             return
         self._issued.add(peer.uid)
-        self._users = {**{t: u for t, u in self._users.items() if u != peer.name},
-                       token: peer.name}
+        self._users = {**{t: u for t, u in self._users.items() if u != peer.name}, token: peer.name}

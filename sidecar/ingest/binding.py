@@ -47,9 +47,11 @@ def _bind(socket: zmq.Socket, endpoint: str) -> None:
         socket.bind(endpoint)
     except zmq.ZMQError as exc:
         if exc.errno == errno.EADDRINUSE:
-            raise EndpointError(f"{endpoint} is already in use (another sidecar or program "
-                                "listens there): choose another port, or leave --endpoint "
-                                "out for a private ipc socket") from None
+            raise EndpointError(
+                f"{endpoint} is already in use (another sidecar or program "
+                "listens there): choose another port, or leave --endpoint "
+                "out for a private ipc socket"
+            ) from None
         raise EndpointError(f"cannot listen on {endpoint}: {exc}") from None
 
 
@@ -62,11 +64,14 @@ def _clear_ipc(path: Path, folder_mode: int) -> None:
         if not (path.exists() or path.is_symlink()):
             return
         if not stat.S_ISSOCK(path.lstat().st_mode):
-            raise EndpointError(f"{path} exists and is not a socket: remove it or choose "
-                                "another endpoint")
+            raise EndpointError(
+                f"{path} exists and is not a socket: remove it or choose another endpoint"
+            )
         if _answers(path):
-            raise EndpointError(f"ipc://{path} is already served by another sidecar: stop "
-                                "it, or choose another endpoint")
+            raise EndpointError(
+                f"ipc://{path} is already served by another sidecar: stop "
+                "it, or choose another endpoint"
+            )
         path.unlink()
         log.info("took over the stale socket file %s (nobody answered on it)", path)
     except OSError as exc:

@@ -38,8 +38,11 @@ GOODBYES = frozenset({wire.FINISH, wire.STATUS, wire.FINISH_JOB})
 # A disconnect is judged this long after it was seen: a client killed by a signal loses
 # its connection a moment before its process shows as gone.
 JUDGE_AFTER_S = 0.5
-_HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-                     | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+_HANDSHAKE_FAILED = (
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
 _EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | _HANDSHAKE_FAILED
 REFUSED_KEPT = 1024  # refused clients remembered, so that each counts once
 
@@ -53,8 +56,7 @@ def client_of(fd: int) -> str | None:
         return None
     try:
         if probe.family == sockets.AF_UNIX:
-            creds = probe.getsockopt(sockets.SOL_SOCKET, sockets.SO_PEERCRED,
-                                     struct.calcsize("3i"))
+            creds = probe.getsockopt(sockets.SOL_SOCKET, sockets.SO_PEERCRED, struct.calcsize("3i"))
             return f"pid {struct.unpack('3i', creds)[0]}"
         return str(probe.getpeername()[0])
     except OSError:
@@ -81,9 +83,13 @@ class ConnectionWatch:
     serves only holders of a secret, so a failed handshake is an ``unauthenticated`` client.
     """
 
-    def __init__(self, socket: zmq.Socket, reject: Callable[[str, str], None],
-                 connection_lost: Callable[[bytes], bool],
-                 refuse_failed_handshakes: bool = False) -> None:
+    def __init__(
+        self,
+        socket: zmq.Socket,
+        reject: Callable[[str, str], None],
+        connection_lost: Callable[[bytes], bool],
+        refuse_failed_handshakes: bool = False,
+    ) -> None:
         self._monitor = socket.get_monitor_socket(_EVENTS)
         self._socket = socket
         self._reject = reject
@@ -94,8 +100,7 @@ class ConnectionWatch:
         self._failed_handshakes = 0  # whose connection's end is still to come
         self._refused: deque[str] = deque(maxlen=REFUSED_KEPT)  # clients counted already
 
-    def message(self, fd: int, identity: bytes, run_id: bytes,
-                control_type: str | None) -> None:
+    def message(self, fd: int, identity: bytes, run_id: bytes, control_type: str | None) -> None:
         """Note a message read from the connection ``fd`` whose ROUTER routing id is
         ``identity`` (its control type, if any)."""
         peer = self._peers.get(fd)
@@ -149,9 +154,12 @@ class ConnectionWatch:
             return
         if peer.run_id is not None and self._connection_lost(peer.run_id):
             return
-        self._reject("connection_dropped", "a connection ended without a goodbye while its "
-                     f"client lives: a message over {wire.MAX_MESSAGE_BYTES} bytes (the "
-                     "socket's cap) or a protocol error")
+        self._reject(
+            "connection_dropped",
+            "a connection ended without a goodbye while its "
+            f"client lives: a message over {wire.MAX_MESSAGE_BYTES} bytes (the "
+            "socket's cap) or a protocol error",
+        )
 
     def _count_refused(self, client: str | None) -> None:
         """Count a failed handshake, once per client."""
@@ -161,11 +169,14 @@ class ConnectionWatch:
             self._refused.append(client)
         if self._refuse:
             who = client or "a client"
-            self._reject("unauthenticated", f"{who} without this job's secret was refused at "
-                         "the handshake")
+            self._reject(
+                "unauthenticated", f"{who} without this job's secret was refused at the handshake"
+            )
         else:
-            self._reject("handshake", "a peer failed the ZeroMQ handshake (incompatible "
-                         "socket type or protocol)")
+            self._reject(
+                "handshake",
+                "a peer failed the ZeroMQ handshake (incompatible socket type or protocol)",
+            )
 
     def close(self) -> None:
         """Stop monitoring."""

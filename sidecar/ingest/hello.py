@@ -13,8 +13,17 @@ from markers import wire
 from sidecar.model.aggregator import Settings
 
 # What a hello tells of the run, kept in the split's metadata (run.json, summary).
-INFO_FIELDS = ("host", "user", "job_id", "command", "cwd", "versions", "flops_per_batch",
-               "flops_dtype", "world_size")
+INFO_FIELDS = (
+    "host",
+    "user",
+    "job_id",
+    "command",
+    "cwd",
+    "versions",
+    "flops_per_batch",
+    "flops_dtype",
+    "world_size",
+)
 
 
 class Refused(Exception):
@@ -33,10 +42,16 @@ def _int(body: dict[str, Any], key: str, default: int | None = None, low: int = 
 
 def phase_id(value: Any) -> int:
     """A custom phase id; WireError("malformed") when out of range."""
-    if not isinstance(value, int) or isinstance(value, bool) \
-            or not wire.FIRST_CUSTOM_ID <= value <= wire.MAX_PHASE_ID:
-        raise wire.WireError("malformed", f"a custom phase id must lie in {wire.FIRST_CUSTOM_ID}"
-                             f"-{wire.MAX_PHASE_ID}, got {value!r}")
+    if (
+        not isinstance(value, int)
+        or isinstance(value, bool)
+        or not wire.FIRST_CUSTOM_ID <= value <= wire.MAX_PHASE_ID
+    ):
+        raise wire.WireError(
+            "malformed",
+            f"a custom phase id must lie in {wire.FIRST_CUSTOM_ID}"
+            f"-{wire.MAX_PHASE_ID}, got {value!r}",
+        )
     return value
 
 
@@ -64,8 +79,9 @@ def declarations(body: dict[str, Any]) -> dict[int, str]:
     """The ``phases`` map of a hello (name -> id) as id -> name; WireError if bad."""
     phases = body.get("phases", {})
     if not isinstance(phases, dict) or len(phases) > wire.MAX_CUSTOM_PHASES:
-        raise wire.WireError("malformed", "hello 'phases' must map at most "
-                             f"{wire.MAX_CUSTOM_PHASES} names to ids")
+        raise wire.WireError(
+            "malformed", f"hello 'phases' must map at most {wire.MAX_CUSTOM_PHASES} names to ids"
+        )
     return {phase_id(number): phase_name(name) for name, number in phases.items()}
 
 
@@ -100,6 +116,16 @@ class Hello:
         repeat = bool(body.get("repeat", False))
         info: dict[str, Any] = {k: body.get(k) for k in INFO_FIELDS}
         info["start_unix"] = start_unix
-        return cls(out_dir, cwd, split, settings, _int(body, "pid", 0) or 0,
-                   str(body.get("host", "")), start_unix, start_ns, repeat,
-                   bool(body.get("resume", False)) or repeat, info)
+        return cls(
+            out_dir,
+            cwd,
+            split,
+            settings,
+            _int(body, "pid", 0) or 0,
+            str(body.get("host", "")),
+            start_unix,
+            start_ns,
+            repeat,
+            bool(body.get("resume", False)) or repeat,
+            info,
+        )

@@ -40,7 +40,8 @@ class JobOnly:
         self._auth = ThreadAuthenticator(context, log=logging.getLogger("sidecar.zap"))
         self._auth.start()
         self._auth.configure_curve_callback(
-            "*", credentials_provider=_OneKey(shared_secret.keys(secret, "client")[0]))
+            "*", credentials_provider=_OneKey(shared_secret.keys(secret, "client")[0])
+        )
         socket.curve_server = True
         socket.curve_secretkey = shared_secret.keys(secret, "server")[1]
 
@@ -50,8 +51,12 @@ class JobOnly:
             shared_secret.save_beside(self.secret, socket_file)
             self._kept = shared_secret.file_beside(socket_file)
         except OSError as exc:
-            log.warning("cannot keep the secret beside %s (%s): sidecar status needs %s",
-                        socket_file, exc.strerror or exc, shared_secret.ENV)
+            log.warning(
+                "cannot keep the secret beside %s (%s): sidecar status needs %s",
+                socket_file,
+                exc.strerror or exc,
+                shared_secret.ENV,
+            )
 
     def close(self) -> None:
         """Stop the ZAP handler; remove the kept secret."""

@@ -37,10 +37,11 @@ def take_payload(stream: Stream, expected: Any) -> Any:
     ``expected`` bytes; raises StateError when parts are missing or it is not JSON."""
     payload, stream.payload = bytes(stream.payload), bytearray()
     if not isinstance(expected, int) or len(payload) != expected:
-        raise state.StateError(f"the state arrived incomplete ({len(payload)} of "
-                               f"{expected} bytes: parts were lost on the way)")
+        raise state.StateError(
+            f"the state arrived incomplete ({len(payload)} of "
+            f"{expected} bytes: parts were lost on the way)"
+        )
     try:
         return json.loads(payload)
     except (ValueError, RecursionError) as exc:
-        raise state.StateError(f"the state sent is not JSON ({type(exc).__name__})") \
-            from None
+        raise state.StateError(f"the state sent is not JSON ({type(exc).__name__})") from None

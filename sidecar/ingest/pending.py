@@ -45,8 +45,7 @@ class Pending:
         expired_by_run: dict[bytes, int] = {}
         for run_id, held in list(self._held.items()):
             keep = [h for h in held if now - h[0] < PENDING_S]
-            expired = sum(len(values) for arrived, _, values in held
-                          if now - arrived >= PENDING_S)
+            expired = sum(len(values) for arrived, _, values in held if now - arrived >= PENDING_S)
             if expired:
                 expired_by_run[run_id] = expired
             self.records -= expired

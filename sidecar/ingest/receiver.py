@@ -67,9 +67,15 @@ class Receiver:
     served.
     """
 
-    def __init__(self, endpoint: str, registry: Registry,
-                 connection_lost: Callable[[bytes], bool], secret: str | None = None,
-                 heartbeat_s: float = HEARTBEAT_S, shared: bool = False) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        registry: Registry,
+        connection_lost: Callable[[bytes], bool],
+        secret: str | None = None,
+        heartbeat_s: float = HEARTBEAT_S,
+        shared: bool = False,
+    ) -> None:
         self.endpoint = bind_address(endpoint)
         self.registry = registry
         self.context = zmq.Context()
@@ -87,8 +93,12 @@ class Receiver:
         except BaseException:
             self._close_context()
             raise
-        self.connections = ConnectionWatch(self.socket, registry.reject, connection_lost,
-                                           refuse_failed_handshakes=secret is not None)
+        self.connections = ConnectionWatch(
+            self.socket,
+            registry.reject,
+            connection_lost,
+            refuse_failed_handshakes=secret is not None,
+        )
 
     def _configure(self, heartbeat_s: float | None) -> None:
         socket = self.socket
@@ -125,15 +135,16 @@ class Receiver:
                 break
             parts = [frame.bytes for frame in frames]
             read_bytes += len(parts[-1])
-            arrived.append((parts, peer_of(frames[-1]) if self._ipc else None,
-                            frames[-1].get(zmq.SRCFD)))
+            arrived.append(
+                (parts, peer_of(frames[-1]) if self._ipc else None, frames[-1].get(zmq.SRCFD))
+            )
         out = []
-        for message, (_, _, fd) in zip(self.decode_many([(parts, peer) for parts, peer, _
-                                                         in arrived]), arrived, strict=True):
+        for message, (_, _, fd) in zip(
+            self.decode_many([(parts, peer) for parts, peer, _ in arrived]), arrived, strict=True
+        ):
             if message is not None:
                 control_type = message.control["type"] if message.control else None
-                self.connections.message(fd, message.identity, message.header.run_id,
-                                         control_type)
+                self.connections.message(fd, message.identity, message.header.run_id, control_type)
                 out.append(message)
         return out
 
@@ -142,8 +153,10 @@ class Receiver:
         rejecting a bad one."""
         return self.decode_many([(parts, peer)])[0]
 
-    def decode_many(self, messages: list[tuple[list[bytes], Peer | None]],
-                    ) -> list[Incoming | None]:
+    def decode_many(
+        self,
+        messages: list[tuple[list[bytes], Peer | None]],
+    ) -> list[Incoming | None]:
         """Decode ROUTER messages ((identity, frame), sender), the records of all of them
         in one go (``sidecar.ingest.records``); None in place of each one rejected."""
         out: list[Incoming | None] = []
@@ -156,14 +169,13 @@ class Receiver:
             identity, frame = parts
             try:
                 header = wire.decode_header(frame)
-                control = wire.decode_control(frame) if header.kind == wire.KIND_CONTROL \
-                    else None
+                control = wire.decode_control(frame) if header.kind == wire.KIND_CONTROL else None
             except wire.WireError as exc:
                 self.registry.reject(exc.kind, str(exc))
                 out.append(None)
                 continue
             if control is None:
-                records.append((len(out), frame[wire.HEADER.size:]))
+                records.append((len(out), frame[wire.HEADER.size :]))
             out.append(Incoming(identity, header, None, control, peer))
         if records:
             decoded = decode_bodies([body for _, body in records])

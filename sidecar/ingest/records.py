@@ -43,7 +43,7 @@ class Decoded:
 
     def of(self, index: int) -> np.ndarray:
         """The records of body ``index`` (a view)."""
-        return self.values[self.bounds[index]:self.bounds[index + 1]]
+        return self.values[self.bounds[index] : self.bounds[index + 1]]
 
 
 def _slot_errors(slots: np.ndarray, starts: np.ndarray) -> list[wire.WireError | None]:
@@ -56,12 +56,11 @@ def _slot_errors(slots: np.ndarray, starts: np.ndarray) -> list[wire.WireError |
     orphan = kinds == wire.TAG_GPU
     orphan[1:] &= kinds[:-1] >= wire.TAG_GPU
     orphans = np.concatenate(([0], np.cumsum(orphan)))
-    ends = np.append(starts[1:], len(kinds))[:len(starts)]
+    ends = np.append(starts[1:], len(kinds))[: len(starts)]
     errors: list[wire.WireError | None] = []
     for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
         if start < end and kinds[start] != wire.TAG_CONTEXT:
-            errors.append(wire.WireError("malformed",
-                                         "records do not begin with a context slot"))
+            errors.append(wire.WireError("malformed", "records do not begin with a context slot"))
         elif orphans[end] != orphans[start]:
             errors.append(wire.WireError("malformed", "a GPU slot that follows no phase slot"))
         else:
@@ -106,8 +105,9 @@ def _expand(slots: np.ndarray) -> np.ndarray:
 
 def _truncation(body: bytes) -> wire.WireError | None:
     if len(body) % wire.SLOT_BYTES:
-        return wire.WireError("truncated", f"body of {len(body)} bytes is not whole "
-                              f"{wire.SLOT_BYTES}-byte slots")
+        return wire.WireError(
+            "truncated", f"body of {len(body)} bytes is not whole {wire.SLOT_BYTES}-byte slots"
+        )
     return None
 
 

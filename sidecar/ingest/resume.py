@@ -76,13 +76,18 @@ class Lineage:
         ranks = self.last_runs.get(key, {}).get("ranks")
         last = ranks.get(str(rank)) if isinstance(ranks, dict) else None
         lineage = state.lineage(saved, rank)
-        if not isinstance(last, dict) or not lineage or not last.get("lineage") \
-                or last["lineage"] == lineage:
+        if (
+            not isinstance(last, dict)
+            or not lineage
+            or not last.get("lineage")
+            or last["lineage"] == lineage
+        ):
             return
         raise state.StateError(
             f"the saved state belongs to run {lineage[:8]}, but run {str(last.get('run_id'))[:8]} "
             f"started afresh in this folder after it (at {_iso(last.get('start_unix'))}) and "
-            "left no state: that state is older than the last run and is not loaded")
+            "left no state: that state is older than the last run and is not loaded"
+        )
 
     def record(self, stream: Stream, agg: RankAggregator) -> None:
         """Note ``stream`` as the last run started on its split and rank, in memory and in
@@ -92,8 +97,12 @@ class Lineage:
         known = last.get("ranks")
         ranks: dict[str, Any] = known if isinstance(known, dict) else {}
         ranks[str(stream.rank)] = {
-            "run_id": stream.key, "lineage": agg.sessions[0].run_id or stream.key,
-            "start_unix": stream.start_unix, "pid": stream.pid, "host": stream.host}
+            "run_id": stream.key,
+            "lineage": agg.sessions[0].run_id or stream.key,
+            "start_unix": stream.start_unix,
+            "pid": stream.pid,
+            "host": stream.host,
+        }
         last.update({"sidecar_pid": os.getpid(), "host": HOSTNAME, "ranks": ranks})
         claim = self.claims.get((key, stream.rank))
         if claim is not None:
@@ -106,8 +115,7 @@ class Lineage:
             self.claims.pop(taken).release()
 
 
-def restore(stream: Stream, saved: dict[str, Any], now: float,
-            repeat: bool) -> RankAggregator:
+def restore(stream: Stream, saved: dict[str, Any], now: float, repeat: bool) -> RankAggregator:
     """Continue ``stream``'s rank from the state document ``saved``; returns its
     aggregator with the process's session open. Raises StateError (with the reason)
     for a state of another schema that cannot be upgraded or that does not fit it.
@@ -117,17 +125,18 @@ def restore(stream: Stream, saved: dict[str, Any], now: float,
     continuing = stream.key if repeat else ""
     try:
         agg = split.load_state(saved, stream.rank, continuing)
-        saved_unix = float(saved["ranks"].get(str(stream.rank), {}).get(
-            "saved_unix", stream.start_unix))
+        saved_unix = float(
+            saved["ranks"].get(str(stream.rank), {}).get("saved_unix", stream.start_unix)
+        )
         if not (agg.sessions and agg.sessions[-1].end_ns is None):
             # the loaded sessions are used here first: a wrong value in them fails here
             agg.account_resume(saved_unix, stream.previous_end_unix, stream.start_unix)
             agg.begin_session(stream.start_unix, stream.start_ns, stream.key)
-    except (KeyError, ValueError, TypeError, AttributeError, IndexError,
-            ArithmeticError) as exc:
+    except (KeyError, ValueError, TypeError, AttributeError, IndexError, ArithmeticError) as exc:
         split.fresh_rank(stream.rank)
-        raise state.StateError(f"saved state does not fit schema {state.SCHEMA} "
-                               f"({type(exc).__name__}: {exc})") from None
+        raise state.StateError(
+            f"saved state does not fit schema {state.SCHEMA} ({type(exc).__name__}: {exc})"
+        ) from None
     if repeat:  # a new sidecar took over a running process: what came since is missing
         split.gaps.append((max(saved_unix, stream.start_unix), now))
         stream.received = split.received.get(stream.key, 0)
@@ -135,8 +144,7 @@ def restore(stream: Stream, saved: dict[str, Any], now: float,
 
 
 def _saved_unix(saved: dict[str, Any], rank: int) -> float:
-    mine = saved.get("ranks", {}).get(str(rank)) if isinstance(saved.get("ranks"), dict) \
-        else None
+    mine = saved.get("ranks", {}).get(str(rank)) if isinstance(saved.get("ranks"), dict) else None
     value = mine.get("saved_unix") if isinstance(mine, dict) else None
     return float(value) if isinstance(value, (int, float)) else float("-inf")
 
@@ -146,8 +154,10 @@ def rank_state(split_dir: Path, rank: int) -> dict[str, Any]:
     sidecar that served rank 0, or one of the other nodes' (``state/<node-id>.json``,
     docs/multi-node.md), whichever saved the rank last. Raises StateError (the state
     file's) when none holds it."""
-    candidates = [state.state_path(split_dir),
-                  *sorted((split_dir / state.STATE_DIR).glob("*.json"))]
+    candidates = [
+        state.state_path(split_dir),
+        *sorted((split_dir / state.STATE_DIR).glob("*.json")),
+    ]
     found: list[dict[str, Any]] = []
     error: state.StateError | None = None
     for path in candidates:
@@ -164,8 +174,9 @@ def rank_state(split_dir: Path, rank: int) -> dict[str, Any]:
     raise error
 
 
-def resume_from_folder(stream: Stream, lineage: Lineage, now: float,
-                       repeat: bool) -> tuple[RankAggregator | None, str | None]:
+def resume_from_folder(
+    stream: Stream, lineage: Lineage, now: float, repeat: bool
+) -> tuple[RankAggregator | None, str | None]:
     """Continue ``stream``'s rank from the state saved in its split's folder
     (``rank_state``): (its aggregator, None), or (None, the warning) when there is no
     state that may continue it (the split then starts afresh)."""

@@ -30,8 +30,9 @@ def note_startup(session: Session, body: dict[str, Any], start_unix: float) -> N
     """Set ``session``'s time before ``start_run`` from a hello ``body`` (its ``pid``,
     ``host`` and ``sidecar_wait_s``) whose run started at ``start_unix``."""
     pid, host = body.get("pid"), body.get("host")
-    started = process_start_unix(pid, host) if isinstance(pid, int) and isinstance(
-        host, str) else None
+    started = (
+        process_start_unix(pid, host) if isinstance(pid, int) and isinstance(host, str) else None
+    )
     if started is not None and 0.0 <= start_unix - started <= MAX_PRE_RUN_S:
         session.pre_run_s = start_unix - started
     wait = body.get("sidecar_wait_s")

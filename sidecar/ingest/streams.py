@@ -34,8 +34,13 @@ from sidecar.model.split import RankInfo, Split
 log = logging.getLogger("sidecar")
 
 LAST_STANDARD_ID = wire.LAST_STANDARD_ID  # standard ids are 1 (Training is derived) to this
-KNOWN_FLAGS = (wire.FLAG_IN_ITERATION | wire.FLAG_VALIDATION | wire.FLAG_GPU_DROPPED
-               | wire.FLAG_INCOMPLETE | wire.FLAG_BEGIN)
+KNOWN_FLAGS = (
+    wire.FLAG_IN_ITERATION
+    | wire.FLAG_VALIDATION
+    | wire.FLAG_GPU_DROPPED
+    | wire.FLAG_INCOMPLETE
+    | wire.FLAG_BEGIN
+)
 
 
 class Registry:
@@ -55,13 +60,15 @@ class Registry:
     (``resume.Lineage``).
     """
 
-    def __init__(self, resolve_out_dir: Callable[[str, str, Peer | None], Path],
-                 on_stream: Callable[[Stream], None] = lambda stream: None,
-                 on_records: Callable[[Stream, np.ndarray], None] = lambda stream, values: None,
-                 previous_activity: Callable[[Path, int], float | None] = lambda f, s: None,
-                 claim: Callable[[Path, int], Claim | None] = lambda split_dir, rank: None,
-                 alive: Callable[[Stream], bool] = lambda stream: True,
-                 ) -> None:
+    def __init__(
+        self,
+        resolve_out_dir: Callable[[str, str, Peer | None], Path],
+        on_stream: Callable[[Stream], None] = lambda stream: None,
+        on_records: Callable[[Stream, np.ndarray], None] = lambda stream, values: None,
+        previous_activity: Callable[[Path, int], float | None] = lambda f, s: None,
+        claim: Callable[[Path, int], Claim | None] = lambda split_dir, rank: None,
+        alive: Callable[[Stream], bool] = lambda stream: True,
+    ) -> None:
         self.resolve_out_dir = resolve_out_dir
         self.previous_activity = previous_activity
         self.alive = alive
@@ -80,8 +87,9 @@ class Registry:
     def reject(self, kind: str, detail: str, count: int = 1, split: Split | None = None) -> None:
         """Count ``count`` rejected records/messages of ``kind``; log the first of each kind."""
         if not self.rejected[kind]:
-            log.warning("rejected %s: %s (further ones of this kind are counted, not logged)",
-                        kind, detail)
+            log.warning(
+                "rejected %s: %s (further ones of this kind are counted, not logged)", kind, detail
+            )
         self.rejected[kind] += count
         if split is not None:
             split.rejected += count
@@ -94,8 +102,9 @@ class Registry:
 
     # -- hello ----------------------------------------------------------------------
 
-    def hello(self, header: wire.Header, body: dict[str, Any], now: float,
-              owner: Peer | None = None) -> dict[str, Any]:
+    def hello(
+        self, header: wire.Header, body: dict[str, Any], now: float, owner: Peer | None = None
+    ) -> dict[str, Any]:
         """Register a run of the user ``owner`` (or note a repeated hello); the reply tells
         the markers the session and the epoch to continue from. Raises WireError for a
         malformed hello, Refused for one the policy refuses.
@@ -123,10 +132,22 @@ class Registry:
             split = self.splits[key] = Split(folder, asked.split, asked.settings, asked.info)
         split.settings = asked.settings
         split.status, split.cause, split.end_unix = "running", None, None
-        stream = Stream(header.run_id, split, header.rank, asked.pid, asked.host,
-                        asked.start_unix, asked.start_ns, previous_end, owner=owner)
-        agg, warning = (resume.resume_from_folder(stream, self.lineage, now, asked.repeat)
-                        if asked.resume else (None, None))
+        stream = Stream(
+            header.run_id,
+            split,
+            header.rank,
+            asked.pid,
+            asked.host,
+            asked.start_unix,
+            asked.start_ns,
+            previous_end,
+            owner=owner,
+        )
+        agg, warning = (
+            resume.resume_from_folder(stream, self.lineage, now, asked.repeat)
+            if asked.resume
+            else (None, None)
+        )
         if agg is None:
             agg = split.fresh_rank(header.rank) if asked.resume else split.rank(header.rank)
             agg.begin_session(asked.start_unix, asked.start_ns, stream.key)
@@ -142,8 +163,12 @@ class Registry:
         self.on_stream(stream)
         for arrived, held_header, values in self.pending.take(header.run_id):
             self.records(held_header, values, arrived)
-        reply: dict[str, Any] = {"ok": True, "session": agg.sessions[-1].number,
-                                 "epoch": resume.next_epoch(agg), "out_dir": str(folder)}
+        reply: dict[str, Any] = {
+            "ok": True,
+            "session": agg.sessions[-1].number,
+            "epoch": resume.next_epoch(agg),
+            "out_dir": str(folder),
+        }
         if warning:
             reply["warning"] = warning
         return reply
@@ -183,12 +208,19 @@ class Registry:
             if other.split is not split or other.rank != rank or other.finished:
                 continue
             if not self.alive(other):  # killed and restarted faster than the liveness check
-                self.finish(other, "incomplete", f"process {other.pid} ended without "
-                            "finish()", None, other.split.rank(rank).sessions[-1].last_unix)
+                self.finish(
+                    other,
+                    "incomplete",
+                    f"process {other.pid} ended without finish()",
+                    None,
+                    other.split.rank(rank).sessions[-1].last_unix,
+                )
                 continue
-            raise Refused(f"split {key[1]} of {key[0]} (rank {rank}) is being written by "
-                          f"run {other.key[:8]} (pid {other.pid} on {other.host}) under this "
-                          "sidecar; one writer per split and rank: this run is not monitored")
+            raise Refused(
+                f"split {key[1]} of {key[0]} (rank {rank}) is being written by "
+                f"run {other.key[:8]} (pid {other.pid} on {other.host}) under this "
+                "sidecar; one writer per split and rank: this run is not monitored"
+            )
         self.lineage.take(key, rank)
 
     def release(self, split: Split) -> None:
@@ -202,8 +234,9 @@ class Registry:
         """Aggregate one RECORDS message (see ``records_batch``)."""
         self.records_batch([(header, values)], now)
 
-    def records_batch(self, messages: Sequence[tuple[wire.Header, RecordValues]],
-                      now: float) -> None:
+    def records_batch(
+        self, messages: Sequence[tuple[wire.Header, RecordValues]], now: float
+    ) -> None:
         """Aggregate RECORDS messages (header, decoded records: records × RECORD_WIDTH)
         in the order they came. The accounting is per message (order, lost, dropped);
         the checks and the aggregation take each run's good records at once, so their
@@ -235,9 +268,13 @@ class Registry:
             agg = split.rank(stream.rank)
             good = self._checked(stream, records, agg)
             if len(good) < len(records):
-                self.reject("bad_record", "a record with an unknown phase, unknown flags, a "
-                            "batch count off a loop record or end before start",
-                            len(records) - len(good), split)
+                self.reject(
+                    "bad_record",
+                    "a record with an unknown phase, unknown flags, a "
+                    "batch count off a loop record or end before start",
+                    len(records) - len(good),
+                    split,
+                )
             agg.add_records(good)
             self.on_records(stream, good)
             self.records_received += len(good)
@@ -245,8 +282,11 @@ class Registry:
 
     def _in_order(self, stream: Stream, header: wire.Header) -> bool:
         if header.seq <= stream.last_seq:
-            self.reject("out_of_order", f"message {header.seq} after {stream.last_seq} from "
-                        f"run {stream.key}", split=stream.split)
+            self.reject(
+                "out_of_order",
+                f"message {header.seq} after {stream.last_seq} from run {stream.key}",
+                split=stream.split,
+            )
             return False
         stream.last_seq = header.seq
         return True
@@ -268,20 +308,25 @@ class Registry:
         batches = records[:, P_BATCHES]
         good &= (records[:, P_FLAGS] & ~KNOWN_FLAGS) == 0
         good &= records[:, P_END] >= records[:, P_START]
-        good &= (batches == 0) | ((batches > 0) & ((phase == wire.TRAINING_LOOP)
-                                                  | (phase == wire.VALIDATION_LOOP)))
+        good &= (batches == 0) | (
+            (batches > 0) & ((phase == wire.TRAINING_LOOP) | (phase == wire.VALIDATION_LOOP))
+        )
         return records if good.all() else records[good]
 
     def _hold(self, header: wire.Header, values: np.ndarray, now: float) -> None:
         if not self.pending.hold(header, values, now):
-            self.reject("unknown_run", f"records for run {header.run_id.hex()} that never said "
-                        "hello", len(values))
+            self.reject(
+                "unknown_run",
+                f"records for run {header.run_id.hex()} that never said hello",
+                len(values),
+            )
 
     def expire_pending(self, now: float) -> None:
         """Reject held records whose run's hello did not come in time (``pending``)."""
         for run_id, expired in self.pending.expire(now).items():
-            self.reject("unknown_run", f"records for run {run_id.hex()} that never said "
-                        "hello", expired)
+            self.reject(
+                "unknown_run", f"records for run {run_id.hex()} that never said hello", expired
+            )
 
     # -- controls -------------------------------------------------------------------
 
@@ -289,8 +334,9 @@ class Registry:
         """The stream of a control message, or None (rejected) for an unknown run."""
         stream = self.streams.get(header.run_id)
         if stream is None:
-            self.reject("unknown_run", f"{kind} for run {header.run_id.hex()} that never said "
-                        "hello")
+            self.reject(
+                "unknown_run", f"{kind} for run {header.run_id.hex()} that never said hello"
+            )
         elif not self._in_order(stream, header):
             return None
         return stream
@@ -303,8 +349,9 @@ class Registry:
         if stream.custom_names.setdefault(number, name) != name:
             raise wire.WireError("malformed", f"phase id {number} declared again as {name!r}")
 
-    def finish(self, stream: Stream, status: str, cause: str | None, end_ns: int | None,
-               now: float) -> None:
+    def finish(
+        self, stream: Stream, status: str, cause: str | None, end_ns: int | None, now: float
+    ) -> None:
         """The end of a stream's session: by its own finish or found dead by the server."""
         if stream.finished:
             return
@@ -325,9 +372,14 @@ class Registry:
         long-lived daemon must not grow with every job it served); returns them. Their
         files and state stay on disk for a resume.
         """
-        gone = [split for key, split in self.splits.items()
-                if split.end_unix is not None and now - split.end_unix > keep_s
-                and not split.dirty and self.splits.get(key) is split]
+        gone = [
+            split
+            for key, split in self.splits.items()
+            if split.end_unix is not None
+            and now - split.end_unix > keep_s
+            and not split.dirty
+            and self.splits.get(key) is split
+        ]
         for split in gone:
             del self.splits[(split.out_dir, split.split)]
         ids = {id(split) for split in gone}
@@ -346,11 +398,19 @@ class Registry:
             "rejected_by_kind": dict(self.rejected),
             "last_error": self.last_error,
             "runs": [
-                {"run_id": s.key, "out_dir": str(s.split.out_dir), "split": s.split.split,
-                 "rank": s.rank, "pid": s.pid, "host": s.host, "records": s.received,
-                 "status": "running" if not s.finished else s.split.status,
-                 "write_error": s.split.write_error, "job_id": s.split.info.get("job_id"),
-                 "user": s.owner.name if s.owner else s.split.info.get("user")}
+                {
+                    "run_id": s.key,
+                    "out_dir": str(s.split.out_dir),
+                    "split": s.split.split,
+                    "rank": s.rank,
+                    "pid": s.pid,
+                    "host": s.host,
+                    "records": s.received,
+                    "status": "running" if not s.finished else s.split.status,
+                    "write_error": s.split.write_error,
+                    "job_id": s.split.info.get("job_id"),
+                    "user": s.owner.name if s.owner else s.split.info.get("user"),
+                }
                 for s in self.streams.values()
             ],
         }

@@ -170,10 +170,18 @@ def _partial_records(context: list[int], partials: dict[int, _Partial]) -> np.nd
     out = np.zeros((len(partials), wire.RECORD_WIDTH), dtype=np.int64)
     for row, (phase, partial) in zip(out, partials.items(), strict=True):
         row[[P_PHASE, P_FLAGS, P_EPOCH, P_ITERATION, P_BATCH]] = (
-            phase, context[P_FLAGS], context[P_EPOCH], context[P_ITERATION], context[P_BATCH])
+            phase,
+            context[P_FLAGS],
+            context[P_EPOCH],
+            context[P_ITERATION],
+            context[P_BATCH],
+        )
         row[[P_START, P_END, P_GPU, P_PEAK]] = (
-            partial.start_ns, partial.start_ns + partial.wall_ns, partial.gpu_ns,
-            partial.peak_bytes)
+            partial.start_ns,
+            partial.start_ns + partial.wall_ns,
+            partial.gpu_ns,
+            partial.peak_bytes,
+        )
     return out
 
 
@@ -229,8 +237,9 @@ class RankAggregator:
     def measured_custom(self) -> list[int]:
         """The custom phases with at least one measurement (flagged rows alone make no
         column), in the order of their keys."""
-        return sorted(p for p, s in self.series.items()
-                      if p >= wire.FIRST_CUSTOM_ID and s.wall.count)
+        return sorted(
+            p for p, s in self.series.items() if p >= wire.FIRST_CUSTOM_ID and s.wall.count
+        )
 
     # -- sessions -------------------------------------------------------------------
 
@@ -263,17 +272,34 @@ class RankAggregator:
         for key in list(self._open):
             self._cut_iteration(key)
         for phase, begin in self._spans.items():
-            self._flag(phase, begin, max(current.last_ns, begin[P_START]) - begin[P_START],
-                       -1, -1, INCOMPLETE)
+            self._flag(
+                phase,
+                begin,
+                max(current.last_ns, begin[P_START]) - begin[P_START],
+                -1,
+                -1,
+                INCOMPLETE,
+            )
         self._spans.clear()
 
     def open_span_parts(self) -> dict[int, Row]:
         """Each Epoch or Validation open now, as the row of its part so far (up to the
         session's last record), flagged PART: what a state taken now keeps of it."""
         session = self.sessions[-1] if self.sessions else None
-        return {phase: self._row(begin, max(session.last_ns, begin[P_START]) - begin[P_START],
-                                 -1, -1, None, None, 0, PART)
-                for phase, begin in self._spans.items() if session is not None}
+        return {
+            phase: self._row(
+                begin,
+                max(session.last_ns, begin[P_START]) - begin[P_START],
+                -1,
+                -1,
+                None,
+                None,
+                0,
+                PART,
+            )
+            for phase, begin in self._spans.items()
+            if session is not None
+        }
 
     def continue_parts(self, parts: dict[int, Row]) -> None:
         """Resume from a state that kept ``parts`` (``open_span_parts``): each is a flagged
@@ -298,8 +324,9 @@ class RankAggregator:
             return 0.0
         return self.sessions[-1].last_unix - self.run_start_unix
 
-    def account_resume(self, saved_unix: float, previous_end_unix: float | None,
-                       start_unix: float) -> None:
+    def account_resume(
+        self, saved_unix: float, previous_end_unix: float | None, start_unix: float
+    ) -> None:
         """Add one resume's cost: the training done after the checkpoint taken at
         ``saved_unix`` up to the previous process's end (redone), and the time from that
         end to the new process's start (downtime). Unix seconds; an unknown end counts the
@@ -312,11 +339,18 @@ class RankAggregator:
     def goodput_account(self, straggler_per_iteration_s: float = 0.0) -> goodput.Account:
         """This rank's goodput account (``sidecar.model.goodput``), given the time it
         waited for the slowest rank per measured iteration (seconds)."""
-        times = [goodput.SessionTimes(s.start_ns, s.end_ns if s.end_ns is not None
-                                      else s.last_ns, s.pre_run_s, s.sidecar_wait_s)
-                 for s in self.sessions]
-        return goodput.account(times, self.goodput, self.downtime_s, self.redone_s,
-                               straggler_per_iteration_s)
+        times = [
+            goodput.SessionTimes(
+                s.start_ns,
+                s.end_ns if s.end_ns is not None else s.last_ns,
+                s.pre_run_s,
+                s.sidecar_wait_s,
+            )
+            for s in self.sessions
+        ]
+        return goodput.account(
+            times, self.goodput, self.downtime_s, self.redone_s, straggler_per_iteration_s
+        )
 
     def note_batch_size(self, validation: bool, iteration: int, size: int | None) -> None:
         """The markers read ``size`` (None: unreadable) from the batches of this session
@@ -326,8 +360,7 @@ class RankAggregator:
     def batch_size(self, validation: bool, iteration: int) -> int | None:
         """Samples per batch of ``iteration`` of this session: as given at its start, else
         as read from the batches; None when unknown."""
-        given = (self.settings.val_batch_size if validation
-                 else self.settings.train_batch_size)
+        given = self.settings.val_batch_size if validation else self.settings.train_batch_size
         if given is not None:
             return given
         size = None
@@ -354,13 +387,19 @@ class RankAggregator:
             return
         session = self.sessions[-1]
         session.last_ns = max(session.last_ns, int(records[:, P_END].max()))
-        self.gpu_not_measured += int(np.count_nonzero(records[:, P_FLAGS]
-                                                      & wire.FLAG_GPU_DROPPED))
+        self.gpu_not_measured += int(np.count_nonzero(records[:, P_FLAGS] & wire.FLAG_GPU_DROPPED))
         counters = self.goodput[-1]
         if counters is not None:
-            goodput.count(counters, records, self.settings.warmup_iterations,
-                          [key for key, name in self.custom_names.items()
-                           if name.lower() in goodput.CHECKPOINT_NAMES])
+            goodput.count(
+                counters,
+                records,
+                self.settings.warmup_iterations,
+                [
+                    key
+                    for key, name in self.custom_names.items()
+                    if name.lower() in goodput.CHECKPOINT_NAMES
+                ],
+            )
         span = (records[:, P_PHASE] == wire.EPOCH) | (records[:, P_PHASE] == wire.VALIDATION)
         if span.any():
             # An Epoch/Validation record touches only its own series and begun span, so it
@@ -390,7 +429,7 @@ class RankAggregator:
                 self._add_outside_run(run)
             elif not self._add_iterations(run):
                 self._add_kinds_apart(run)
-        return records[len(records):]
+        return records[len(records) :]
 
     def _kinds(self, records: np.ndarray) -> np.ndarray:
         """Per record (none an Epoch/Validation span): ``_INSIDE`` (inside an iteration, of
@@ -418,8 +457,11 @@ class RankAggregator:
         record."""
         validation = is_validation(records)
         phase = records[:, P_PHASE]
-        if validation.all() or not validation.any() \
-                or np.intersect1d(phase[validation], phase[~validation]).size:
+        if (
+            validation.all()
+            or not validation.any()
+            or np.intersect1d(phase[validation], phase[~validation]).size
+        ):
             self._one_by_one(records)
             return
         for part in (records[~validation], records[validation]):
@@ -434,23 +476,38 @@ class RankAggregator:
             mine = records[phase == number]
             if number < wire.FIRST_CUSTOM_ID or number in self.aligned_custom:
                 room = self.settings.num_measurements - len(self._series(number).flagged)
-                for record in mine[:max(room, 0)].tolist():
-                    self._flag(number, record, record[P_END] - record[P_START], record[P_GPU],
-                               record[P_PEAK], OUTSIDE)
+                for record in mine[: max(room, 0)].tolist():
+                    self._flag(
+                        number,
+                        record,
+                        record[P_END] - record[P_START],
+                        record[P_GPU],
+                        record[P_PEAK],
+                        OUTSIDE,
+                    )
                 continue
             seen = self._standalone_seen.get(number, 0)
             self._standalone_seen[number] = seen + len(mine)
-            measured = mine[max(self.settings.warmup_iterations - seen, 0):]
+            measured = mine[max(self.settings.warmup_iterations - seen, 0) :]
             if not len(measured):
                 continue
             wall_ns = measured[:, P_END] - measured[:, P_START]
             self._merge_moments(np.full(len(measured), number), wall_ns, measured[:, P_GPU])
             series = self.series[number]
             room = self.settings.num_measurements - len(series.rows)
-            for record in measured[:max(room, 0)].tolist():
-                series.rows.append(self._row(record, record[P_END] - record[P_START],
-                                             record[P_GPU], record[P_PEAK], None, None, 0,
-                                             OUTSIDE))
+            for record in measured[: max(room, 0)].tolist():
+                series.rows.append(
+                    self._row(
+                        record,
+                        record[P_END] - record[P_START],
+                        record[P_GPU],
+                        record[P_PEAK],
+                        None,
+                        None,
+                        0,
+                        OUTSIDE,
+                    )
+                )
 
     def _add_one(self, record: list[int]) -> None:
         """Aggregate one record (the semantics ``_add_iterations`` reproduces on arrays)."""
@@ -474,8 +531,10 @@ class RankAggregator:
         first_key = (bool(validation[0]), int(records[0, P_ITERATION]))
         if len(touched) > 1 or (touched and touched[0] != first_key):
             return False
-        if touched and any(p >= wire.FIRST_CUSTOM_ID and p not in self.aligned_custom
-                           for p in self._open[first_key][1]):
+        if touched and any(
+            p >= wire.FIRST_CUSTOM_ID and p not in self.aligned_custom
+            for p in self._open[first_key][1]
+        ):
             return False  # its close aligns a custom phase: the record path decides that
         context = None
         if touched:
@@ -500,11 +559,16 @@ class RankAggregator:
             return
         loops = records[blocks.last[closed]].tolist()
         cut = [bool(loop[P_FLAGS] & wire.FLAG_INCOMPLETE) for loop in loops]
-        verdicts = [None if short else self._decide(validation, loop) for short, validation,
-                    loop in zip(cut, blocks.validation[closed].tolist(), loops, strict=True)]
+        verdicts = [
+            None if short else self._decide(validation, loop)
+            for short, validation, loop in zip(
+                cut, blocks.validation[closed].tolist(), loops, strict=True
+            )
+        ]
         # Per iteration: -1 left out by warmup, 0 measured, 1 measured and stored.
-        outcome = np.fromiter((-1 if v is None else v[0] for v in verdicts), dtype=np.int8,
-                              count=len(verdicts))
+        outcome = np.fromiter(
+            (-1 if v is None else v[0] for v in verdicts), dtype=np.int8, count=len(verdicts)
+        )
         measured, stored = outcome >= 0, outcome > 0
         of_block = np.full(len(blocks.first), -1)
         of_block[closed] = np.arange(len(closed))
@@ -521,57 +585,106 @@ class RankAggregator:
         if len(kept):
             self._store_rows(blocks, kept, loops, loop_of, verdicts)
 
-    def _flag_groups(self, blocks: Blocks, groups: np.ndarray, loops: list[list[int]],
-                     loop_of: np.ndarray) -> None:
+    def _flag_groups(
+        self, blocks: Blocks, groups: np.ndarray, loops: list[list[int]], loop_of: np.ndarray
+    ) -> None:
         """Flagged rows of ``groups`` (in block order), iterations cut short (their loop
         record flagged incomplete), as ``_flag_iteration`` keeps them: the first ones of
         each phase that fit under the cap, with no Python work for the rest."""
         numbers, inverse = np.unique(blocks.phase[groups], return_inverse=True)
-        room = np.array([self.settings.num_measurements - len(self._series(number).flagged)
-                         for number in numbers.tolist()])
+        room = np.array(
+            [
+                self.settings.num_measurements - len(self._series(number).flagged)
+                for number in numbers.tolist()
+            ]
+        )
         by_phase = np.argsort(inverse, kind="stable")
         firsts = np.searchsorted(inverse[by_phase], np.arange(len(numbers)))
         rank = np.empty(len(groups), dtype=np.int64)  # place among its phase's groups
         rank[by_phase] = np.arange(len(groups)) - firsts[inverse[by_phase]]
         groups = groups[rank < room[inverse]]
         for number, index, start_ns, wall_ns, gpu_ns, peak_bytes in zip(
-                *(column[groups].tolist() for column in (
-                    blocks.phase, loop_of, blocks.start_ns, blocks.wall_ns, blocks.gpu_ns,
-                    blocks.peak_bytes)), strict=True):
+            *(
+                column[groups].tolist()
+                for column in (
+                    blocks.phase,
+                    loop_of,
+                    blocks.start_ns,
+                    blocks.wall_ns,
+                    blocks.gpu_ns,
+                    blocks.peak_bytes,
+                )
+            ),
+            strict=True,
+        ):
             loop = loops[index]
-            self._flag(number, loop, wall_ns, gpu_ns, peak_bytes, INCOMPLETE,
-                       start_ns=start_ns, batches=loop[P_BATCHES])
+            self._flag(
+                number,
+                loop,
+                wall_ns,
+                gpu_ns,
+                peak_bytes,
+                INCOMPLETE,
+                start_ns=start_ns,
+                batches=loop[P_BATCHES],
+            )
 
-    def _merge_moments(self, phases: np.ndarray, wall_ns: np.ndarray,
-                       gpu_ns: np.ndarray) -> None:
+    def _merge_moments(self, phases: np.ndarray, wall_ns: np.ndarray, gpu_ns: np.ndarray) -> None:
         """Add measured per-iteration sums (ns) to the phases' streaming figures."""
         if not len(phases):
             return
-        for phase, count, mean, m2 in zip(*map(np.ndarray.tolist, moments(
-                phases, wall_ns / NS_PER_S)), strict=True):
+        for phase, count, mean, m2 in zip(
+            *map(np.ndarray.tolist, moments(phases, wall_ns / NS_PER_S)), strict=True
+        ):
             self._series(phase).wall.merge(count, mean, m2)
         measured = gpu_ns >= 0
         if measured.any():
-            for phase, count, mean, m2 in zip(*map(np.ndarray.tolist, moments(
-                    phases[measured], gpu_ns[measured] / NS_PER_S)), strict=True):
+            for phase, count, mean, m2 in zip(
+                *map(np.ndarray.tolist, moments(phases[measured], gpu_ns[measured] / NS_PER_S)),
+                strict=True,
+            ):
                 self._series(phase).gpu.merge(count, mean, m2)
 
-    def _store_rows(self, blocks: Blocks, kept: np.ndarray, loops: list[list[int]],
-                    loop_of: np.ndarray, verdicts: list[Verdict]) -> None:
+    def _store_rows(
+        self,
+        blocks: Blocks,
+        kept: np.ndarray,
+        loops: list[list[int]],
+        loop_of: np.ndarray,
+        verdicts: list[Verdict],
+    ) -> None:
         """Store the rows of the groups ``kept`` (in block order, as ``_measure`` would)."""
         for phase, index, start_ns, wall_ns, gpu_ns, peak_bytes in zip(
-                *(column[kept].tolist() for column in (
-                    blocks.phase, loop_of, blocks.start_ns, blocks.wall_ns, blocks.gpu_ns,
-                    blocks.peak_bytes)), strict=True):
+            *(
+                column[kept].tolist()
+                for column in (
+                    blocks.phase,
+                    loop_of,
+                    blocks.start_ns,
+                    blocks.wall_ns,
+                    blocks.gpu_ns,
+                    blocks.peak_bytes,
+                )
+            ),
+            strict=True,
+        ):
             loop, verdict = loops[index], verdicts[index]
             assert verdict is not None  # kept: its iteration was measured
             _, batches, size = verdict
-            self._series(phase).rows.append(self._row(
-                loop, wall_ns, gpu_ns, peak_bytes, start_ns,
-                size if phase == loop[P_PHASE] else None, batches, ""))
+            self._series(phase).rows.append(
+                self._row(
+                    loop,
+                    wall_ns,
+                    gpu_ns,
+                    peak_bytes,
+                    start_ns,
+                    size if phase == loop[P_PHASE] else None,
+                    batches,
+                    "",
+                )
+            )
 
-    def _keep_open(self, records: np.ndarray, blocks: Blocks,
-                   context: list[int] | None) -> None:
+    def _keep_open(self, records: np.ndarray, blocks: Blocks, context: list[int] | None) -> None:
         """The last block has no loop record yet: it stays open (``_open``), its phases'
         sums in the order they came, its context the record that opened it."""
         last = len(blocks.first) - 1
@@ -579,24 +692,34 @@ class RankAggregator:
         groups = groups[np.argsort(blocks.order[groups])]
         partials: dict[int, _Partial] = {}
         for phase, start_ns, wall_ns, gpu_ns, peak_bytes in zip(
-                *(column[groups].tolist() for column in (
-                    blocks.phase, blocks.start_ns, blocks.wall_ns, blocks.gpu_ns,
-                    blocks.peak_bytes)), strict=True):
+            *(
+                column[groups].tolist()
+                for column in (
+                    blocks.phase,
+                    blocks.start_ns,
+                    blocks.wall_ns,
+                    blocks.gpu_ns,
+                    blocks.peak_bytes,
+                )
+            ),
+            strict=True,
+        ):
             partial = partials[phase] = _Partial(start_ns)
             partial.wall_ns, partial.gpu_ns, partial.peak_bytes = wall_ns, gpu_ns, peak_bytes
         opener = records[blocks.first[last]].tolist()
         if context is None or last > 0:
             context = opener
         self._open[(bool(opener[P_FLAGS] & wire.FLAG_VALIDATION), opener[P_ITERATION])] = (
-            context, partials)
+            context,
+            partials,
+        )
 
     def _add_span(self, phase: int, record: list[int], flags: int) -> None:
         """An Epoch or Validation record: its begin mark, its end, or its end cut short."""
         if flags & wire.FLAG_BEGIN:
             earlier = self._spans.get(phase)
             if earlier is not None:  # begun again without an end: the earlier one was cut
-                self._flag(phase, earlier, record[P_START] - earlier[P_START], -1, -1,
-                           INCOMPLETE)
+                self._flag(phase, earlier, record[P_START] - earlier[P_START], -1, -1, INCOMPLETE)
             self._spans[phase] = record
             return
         self._spans.pop(phase, None)
@@ -621,8 +744,15 @@ class RankAggregator:
         if seen >= self.settings.warmup_iterations:
             series = self.series.get(phase)
             stored = len(series.rows) if series else 0
-            self._measure(phase, record, wall_ns, record[P_GPU], record[P_PEAK],
-                          store=stored < self.settings.num_measurements, flag=OUTSIDE)
+            self._measure(
+                phase,
+                record,
+                wall_ns,
+                record[P_GPU],
+                record[P_PEAK],
+                store=stored < self.settings.num_measurements,
+                flag=OUTSIDE,
+            )
 
     def _add_to_iteration(self, record: list[int], validation: bool) -> None:
         key = (validation, record[P_ITERATION])
@@ -655,10 +785,17 @@ class RankAggregator:
         for phase, partial in phases.items():
             if phase >= wire.FIRST_CUSTOM_ID and phase not in self.aligned_custom:
                 self._align(phase)
-            self._measure(phase, loop_record, partial.wall_ns, partial.gpu_ns,
-                          partial.peak_bytes, store, start_ns=partial.start_ns,
-                          batches=batches,
-                          batch_size=size if phase == loop_record[P_PHASE] else None)
+            self._measure(
+                phase,
+                loop_record,
+                partial.wall_ns,
+                partial.gpu_ns,
+                partial.peak_bytes,
+                store,
+                start_ns=partial.start_ns,
+                batches=batches,
+                batch_size=size if phase == loop_record[P_PHASE] else None,
+            )
 
     def _decide(self, validation: bool, loop_record: list[int]) -> Verdict:
         """The rule of a whole iteration closed by ``loop_record``, both paths call it once
@@ -669,8 +806,7 @@ class RankAggregator:
             return None
         # A loop record without a count (primitives driven without ``batch_done``): a
         # whole step.
-        batches = loop_record[P_BATCHES] or (1 if validation
-                                             else self.settings.accumulation_steps)
+        batches = loop_record[P_BATCHES] or (1 if validation else self.settings.accumulation_steps)
         size = self.batch_size(validation, loop_record[P_ITERATION])
         if size is not None:
             self.samples[validation] = (self.samples[validation] or 0) + size * batches
@@ -684,11 +820,20 @@ class RankAggregator:
         context, phases = self._open.pop(key)
         self._flag_iteration(context, phases, 0)
 
-    def _flag_iteration(self, context: list[int], phases: dict[int, _Partial],
-                        batches: int) -> None:
+    def _flag_iteration(
+        self, context: list[int], phases: dict[int, _Partial], batches: int
+    ) -> None:
         for phase, partial in phases.items():
-            self._flag(phase, context, partial.wall_ns, partial.gpu_ns, partial.peak_bytes,
-                       INCOMPLETE, start_ns=partial.start_ns, batches=batches)
+            self._flag(
+                phase,
+                context,
+                partial.wall_ns,
+                partial.gpu_ns,
+                partial.peak_bytes,
+                INCOMPLETE,
+                start_ns=partial.start_ns,
+                batches=batches,
+            )
 
     def _align(self, phase: int) -> None:
         """Custom ``phase`` is measured inside an iteration from now on: its column holds
@@ -705,32 +850,72 @@ class RankAggregator:
             series = self.series[phase] = PhaseSeries()
         return series
 
-    def _row(self, record: list[int], wall_ns: int, gpu_ns: int, peak_bytes: int,
-             start_ns: int | None, batch_size: int | None, batches: int, flag: str) -> Row:
+    def _row(
+        self,
+        record: list[int],
+        wall_ns: int,
+        gpu_ns: int,
+        peak_bytes: int,
+        start_ns: int | None,
+        batch_size: int | None,
+        batches: int,
+        flag: str,
+    ) -> Row:
         session = self.sessions[-1]
         begin_ns = record[P_START] if start_ns is None else start_ns
-        start_s = (session.start_unix - self.run_start_unix
-                   + (begin_ns - session.start_ns) / NS_PER_S)
-        return Row(wall_ns / NS_PER_S, gpu_ns / NS_PER_S if gpu_ns >= 0 else None,
-                   peak_bytes / BYTES_PER_MIB if peak_bytes >= 0 else None,
-                   record[P_EPOCH], record[P_ITERATION], record[P_BATCH], session.number,
-                   start_s, batch_size, batches, flag)
+        start_s = (
+            session.start_unix - self.run_start_unix + (begin_ns - session.start_ns) / NS_PER_S
+        )
+        return Row(
+            wall_ns / NS_PER_S,
+            gpu_ns / NS_PER_S if gpu_ns >= 0 else None,
+            peak_bytes / BYTES_PER_MIB if peak_bytes >= 0 else None,
+            record[P_EPOCH],
+            record[P_ITERATION],
+            record[P_BATCH],
+            session.number,
+            start_s,
+            batch_size,
+            batches,
+            flag,
+        )
 
-    def _flag(self, phase: int, record: list[int], wall_ns: int, gpu_ns: int, peak_bytes: int,
-              flag: str, start_ns: int | None = None, batches: int = 0) -> None:
+    def _flag(
+        self,
+        phase: int,
+        record: list[int],
+        wall_ns: int,
+        gpu_ns: int,
+        peak_bytes: int,
+        flag: str,
+        start_ns: int | None = None,
+        batches: int = 0,
+    ) -> None:
         """Keep a flagged row (phases.tsv only), up to ``num_measurements`` per phase."""
         series = self._series(phase)
         if len(series.flagged) < self.settings.num_measurements:
-            series.flagged.append(self._row(record, wall_ns, gpu_ns, peak_bytes, start_ns,
-                                            None, batches, flag))
+            series.flagged.append(
+                self._row(record, wall_ns, gpu_ns, peak_bytes, start_ns, None, batches, flag)
+            )
 
-    def _measure(self, phase: int, record: list[int], wall_ns: int, gpu_ns: int, peak_bytes: int,
-                 store: bool, start_ns: int | None = None, batches: int = 0,
-                 flag: str = "", batch_size: int | None = None) -> None:
+    def _measure(
+        self,
+        phase: int,
+        record: list[int],
+        wall_ns: int,
+        gpu_ns: int,
+        peak_bytes: int,
+        store: bool,
+        start_ns: int | None = None,
+        batches: int = 0,
+        flag: str = "",
+        batch_size: int | None = None,
+    ) -> None:
         series = self._series(phase)
         series.wall.add(wall_ns / NS_PER_S)
         if gpu_ns >= 0:
             series.gpu.add(gpu_ns / NS_PER_S)
         if store:
-            series.rows.append(self._row(record, wall_ns, gpu_ns, peak_bytes, start_ns,
-                                         batch_size, batches, flag))
+            series.rows.append(
+                self._row(record, wall_ns, gpu_ns, peak_bytes, start_ns, batch_size, batches, flag)
+            )

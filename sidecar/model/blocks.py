@@ -53,8 +53,7 @@ def is_validation(records: np.ndarray) -> np.ndarray:
 def closes(records: np.ndarray, validation: np.ndarray) -> np.ndarray:
     """Per record: the loop record of its kind (``validation``: per record, recorded
     during validation), which closes its iteration."""
-    return records[:, P_PHASE] == np.where(validation, wire.VALIDATION_LOOP,
-                                           wire.TRAINING_LOOP)
+    return records[:, P_PHASE] == np.where(validation, wire.VALIDATION_LOOP, wire.TRAINING_LOOP)
 
 
 def split_blocks(records: np.ndarray, validation: np.ndarray) -> Blocks | None:
@@ -88,17 +87,23 @@ def split_blocks(records: np.ndarray, validation: np.ndarray) -> Blocks | None:
     gpu_sum = np.add.reduceat(np.where(measured, gpu, 0), starts)
     gpu_count = np.add.reduceat(measured.astype(np.int64), starts)
     return Blocks(
-        first=first, last=last, closed=loop[last], validation=validation[last],
-        block=block[order[starts]], phase=phase[order[starts]],
+        first=first,
+        last=last,
+        closed=loop[last],
+        validation=validation[last],
+        block=block[order[starts]],
+        phase=phase[order[starts]],
         start_ns=ordered[starts, P_START],
         wall_ns=np.add.reduceat(ordered[:, P_END] - ordered[:, P_START], starts),
         gpu_ns=np.where(gpu_count > 0, gpu_sum, -1),
         peak_bytes=np.maximum(np.maximum.reduceat(ordered[:, P_PEAK], starts), -1),
-        order=order[starts])
+        order=order[starts],
+    )
 
 
-def moments(groups: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray,
-                                                                np.ndarray, np.ndarray]:
+def moments(
+    groups: np.ndarray, values: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per distinct value of ``groups``: (that value, count, mean, sum of squared
     deviations) of ``values`` (the parts of a streaming mean and variance to merge)."""
     keys, inverse = np.unique(groups, return_inverse=True)

@@ -18,8 +18,7 @@ from sidecar.model.peaks import Mfu, peak_tflops
 from sidecar.model.stragglers import RankIterations, stragglers
 
 # A lone rank's iterations: the straggler rule needs two ranks, so none are read.
-_NO_ITERATIONS = RankIterations("", np.zeros((0, 2), dtype=np.int64), np.zeros((0, 4)),
-                                np.zeros(0))
+_NO_ITERATIONS = RankIterations("", np.zeros((0, 2), dtype=np.int64), np.zeros((0, 4)), np.zeros(0))
 # The straggler rule's PHASES, as phase ids.
 _PHASE_IDS = (wire.TRAINING_DATA_LOADING, wire.FORWARD, wire.BACKWARD, wire.OPTIMIZATION)
 
@@ -27,6 +26,7 @@ _PHASE_IDS = (wire.TRAINING_DATA_LOADING, wire.FORWARD, wire.BACKWARD, wire.OPTI
 def rank_iterations(agg: RankAggregator, host: str = "") -> RankIterations:
     """The stored training iterations of ``agg``, keyed by (epoch, iteration); a later
     session's row of the same key (redone after a resume) replaces the earlier one."""
+
     def by_key(phase: int) -> dict[tuple[int, int], float]:
         series = agg.series.get(phase)
         return {(row.epoch, row.iteration): row.wall_s for row in series.rows} if series else {}
@@ -35,10 +35,13 @@ def rank_iterations(agg: RankAggregator, host: str = "") -> RankIterations:
     phases = [by_key(phase) for phase in _PHASE_IDS]
     keys = sorted(loops)
     return RankIterations(
-        host, np.array(keys, dtype=np.int64).reshape(-1, 2),
-        np.array([[phase.get(key, 0.0) for phase in phases] for key in keys],
-                 dtype=float).reshape(-1, len(_PHASE_IDS)),
-        np.array([loops[key] for key in keys], dtype=float))
+        host,
+        np.array(keys, dtype=np.int64).reshape(-1, 2),
+        np.array([[phase.get(key, 0.0) for phase in phases] for key in keys], dtype=float).reshape(
+            -1, len(_PHASE_IDS)
+        ),
+        np.array([loops[key] for key in keys], dtype=float),
+    )
 
 
 def waits_per_iteration(ranks: Mapping[int, RankIterations]) -> dict[int, float]:
@@ -52,35 +55,50 @@ def waits_per_iteration(ranks: Mapping[int, RankIterations]) -> dict[int, float]
     return {standing.rank: standing.waited_s / view.aligned for standing in view.standings}
 
 
-def refresh_waits(aggs: Sequence[RankAggregator], split_waits: dict[int, float],
-                  ranks: Mapping[int, RankIterations] | None = None) -> None:
+def refresh_waits(
+    aggs: Sequence[RankAggregator],
+    split_waits: dict[int, float],
+    ranks: Mapping[int, RankIterations] | None = None,
+) -> None:
     """Put each rank's wait per iteration for the slowest rank into ``split_waits``;
     ``ranks``: the iterations the straggler rule compares (default: the stored ones of
     those of ``aggs`` with a session; ranks merged from several sidecars can be given)."""
     counted = [agg for agg in aggs if agg.sessions]
     if ranks is None:
-        ranks = {agg.rank: rank_iterations(agg) for agg in counted} if len(counted) > 1 \
+        ranks = (
+            {agg.rank: rank_iterations(agg) for agg in counted}
+            if len(counted) > 1
             else dict.fromkeys((agg.rank for agg in counted), _NO_ITERATIONS)
+        )
     split_waits.update(waits_per_iteration(ranks))
 
 
-def split_accounts(aggs: Sequence[RankAggregator], split_waits: dict[int, float],
-                   ranks: Mapping[int, RankIterations] | None = None) -> dict[int, Account]:
+def split_accounts(
+    aggs: Sequence[RankAggregator],
+    split_waits: dict[int, float],
+    ranks: Mapping[int, RankIterations] | None = None,
+) -> dict[int, Account]:
     """The goodput account of each rank of ``aggs`` with a session, its straggler part from
     ``refresh_waits`` (which also updates ``split_waits``, the live view's)."""
     refresh_waits(aggs, split_waits, ranks)
-    return {agg.rank: agg.goodput_account(split_waits.get(agg.rank, 0.0))
-            for agg in aggs if agg.sessions}
+    return {
+        agg.rank: agg.goodput_account(split_waits.get(agg.rank, 0.0))
+        for agg in aggs
+        if agg.sessions
+    }
 
 
 def mean(accounts: Sequence[Account]) -> Account:
     """The ranks' accounts averaged: the split's account in seconds of wall time."""
     added = total(accounts)
     share = 1.0 / max(1, len(accounts))
-    return Account(added.wall_s * share, added.productive_s * share,
-                   {cause: value * share for cause, value in added.badput_s.items()},
-                   round(added.iterations * share), None if added.gpu_busy_s is None
-                   else added.gpu_busy_s * share)
+    return Account(
+        added.wall_s * share,
+        added.productive_s * share,
+        {cause: value * share for cause, value in added.badput_s.items()},
+        round(added.iterations * share),
+        None if added.gpu_busy_s is None else added.gpu_busy_s * share,
+    )
 
 
 def batches_per_s(agg: RankAggregator) -> float | None:
@@ -91,8 +109,9 @@ def batches_per_s(agg: RankAggregator) -> float | None:
     return sum(row.batches for row in rows) / wall_s if wall_s > 0 else None
 
 
-def split_mfu(aggs: Sequence[RankAggregator], flops_per_batch: float | None, dtype: str,
-              gpu_name: str | None) -> Mfu | None:
+def split_mfu(
+    aggs: Sequence[RankAggregator], flops_per_batch: float | None, dtype: str, gpu_name: str | None
+) -> Mfu | None:
     """The split's MFU estimate: each rank's batches per second over its stored steps,
     averaged (one GPU per rank), against ``gpu_name``'s peak for ``dtype``; None when no
     FLOPs per batch were given or no step was stored."""
@@ -100,5 +119,10 @@ def split_mfu(aggs: Sequence[RankAggregator], flops_per_batch: float | None, dty
     if not flops_per_batch or not rates:
         return None
     name = gpu_name or "no GPU"
-    return Mfu(flops_per_batch, sum(rates) / len(rates), name, dtype,
-               peak_tflops(name, dtype) if gpu_name else None)
+    return Mfu(
+        flops_per_batch,
+        sum(rates) / len(rates),
+        name,
+        dtype,
+        peak_tflops(name, dtype) if gpu_name else None,
+    )

@@ -40,8 +40,18 @@ from sidecar.model.units import NS_PER_S
 # Custom phase names (lower case) whose time is a checkpoint save.
 CHECKPOINT_NAMES = frozenset({"checkpoint", "checkpoint save", "save checkpoint"})
 # The badput causes, in the order every output lists them.
-CAUSES = ("startup", "sidecar_start", "data_stall", "validation", "checkpoint", "redone",
-          "downtime", "warmup", "straggler", "other")
+CAUSES = (
+    "startup",
+    "sidecar_start",
+    "data_stall",
+    "validation",
+    "checkpoint",
+    "redone",
+    "downtime",
+    "warmup",
+    "straggler",
+    "other",
+)
 CAUSE_LABELS = {
     "startup": "start-up (process start to first iteration)",
     "sidecar_start": "private sidecar start",
@@ -87,15 +97,20 @@ class Counters:
 # What each standard phase is to the account (custom phases: 0, or a checkpoint save).
 _LOOP, _DATA, _GPU, _CHECKPOINT, _SPAN, _VAL_LOOP = 1, 2, 3, 4, 5, 6
 _ROLE = np.zeros(wire.FIRST_CUSTOM_ID + 1, dtype=np.int8)
-_ROLE[[wire.TRAINING_LOOP, wire.TRAINING_DATA_LOADING, wire.VALIDATION,
-       wire.VALIDATION_LOOP]] = _LOOP, _DATA, _SPAN, _VAL_LOOP
+_ROLE[[wire.TRAINING_LOOP, wire.TRAINING_DATA_LOADING, wire.VALIDATION, wire.VALIDATION_LOOP]] = (
+    _LOOP,
+    _DATA,
+    _SPAN,
+    _VAL_LOOP,
+)
 _ROLE[list(_GPU_PHASES)] = _GPU
 # The sums ``count`` makes in one ``bincount``, by code.
 _WARMUP_LOOP, _MEASURED_LOOP, _MEASURED_DATA, _CHECKPOINT_IN, _CHECKPOINT_OUT = 1, 2, 3, 4, 5
 
 
-def count(counters: Counters, records: np.ndarray, warmup_iterations: int,
-          checkpoint_keys: Iterable[int]) -> None:
+def count(
+    counters: Counters, records: np.ndarray, warmup_iterations: int, checkpoint_keys: Iterable[int]
+) -> None:
     """Add decoded records (records × ``wire.RECORD_WIDTH`` int64, in arrival order) of one
     session to ``counters``; ``checkpoint_keys`` are the phase keys named as checkpoint
     saves. One role lookup and one ``bincount``: it runs on every batch of records."""
@@ -129,8 +144,7 @@ def count(counters: Counters, records: np.ndarray, warmup_iterations: int,
     timed = in_iteration | (role >= _CHECKPOINT)
     if timed.any():
         first = int(records[timed, P_START].min())
-        counters.first_ns = first if counters.first_ns is None else min(counters.first_ns,
-                                                                         first)
+        counters.first_ns = first if counters.first_ns is None else min(counters.first_ns, first)
     spans = (role == _SPAN) | ((role == _VAL_LOOP) & in_iteration & ~train)
     if spans.any():
         _count_validation(counters, records[spans])
@@ -138,8 +152,7 @@ def count(counters: Counters, records: np.ndarray, warmup_iterations: int,
 
 def _count_validation(counters: Counters, records: np.ndarray) -> None:
     """Validation passes, and validation iterations outside any pass, in order."""
-    for phase, flags, start_ns, end_ns in records[:, [P_PHASE, P_FLAGS, P_START,
-                                                      P_END]].tolist():
+    for phase, flags, start_ns, end_ns in records[:, [P_PHASE, P_FLAGS, P_START, P_END]].tolist():
         if phase == wire.VALIDATION_LOOP:
             if counters.span_begin_ns is None:
                 counters.validation_ns += end_ns - start_ns
@@ -187,14 +200,22 @@ class Account:
 
     def to_json(self) -> dict[str, Any]:
         """The account as run.json holds it."""
-        return {"wall_s": self.wall_s, "productive_s": self.productive_s,
-                "badput_s": dict(self.badput_s), "iterations": self.iterations,
-                "gpu_busy_s": self.gpu_busy_s}
+        return {
+            "wall_s": self.wall_s,
+            "productive_s": self.productive_s,
+            "badput_s": dict(self.badput_s),
+            "iterations": self.iterations,
+            "gpu_busy_s": self.gpu_busy_s,
+        }
 
 
-def account(sessions: list[SessionTimes], counters: list[Counters | None],
-            downtime_s: float, redone_s: float, straggler_per_iteration_s: float = 0.0,
-            ) -> Account:
+def account(
+    sessions: list[SessionTimes],
+    counters: list[Counters | None],
+    downtime_s: float,
+    redone_s: float,
+    straggler_per_iteration_s: float = 0.0,
+) -> Account:
     """The account of one rank from its sessions (in order) and their counters (None: not
     counted, an older state: its time is *other*), its resume figures, and the time it
     waited for the slowest rank per measured iteration (seconds).
@@ -244,5 +265,10 @@ def total(accounts: Iterable[Account]) -> Account:
     accounts = list(accounts)
     badput = {cause: sum(a.badput_s[cause] for a in accounts) for cause in CAUSES}
     gpus = [a.gpu_busy_s for a in accounts if a.gpu_busy_s is not None]
-    return Account(sum(a.wall_s for a in accounts), sum(a.productive_s for a in accounts),
-                   badput, sum(a.iterations for a in accounts), sum(gpus) if gpus else None)
+    return Account(
+        sum(a.wall_s for a in accounts),
+        sum(a.productive_s for a in accounts),
+        badput,
+        sum(a.iterations for a in accounts),
+        sum(gpus) if gpus else None,
+    )

@@ -25,8 +25,9 @@ from sidecar.model.stragglers import RankIterations, Stragglers, stragglers
 # The training phases compared across ranks, in the order of ``stragglers.PHASES``.
 STRAGGLER_PHASES = (wire.TRAINING_DATA_LOADING, wire.FORWARD, wire.BACKWARD, wire.OPTIMIZATION)
 # The iteration-level training phases of the ranks table (no Training, no Epoch).
-TABLE_PHASES = tuple(p for p in wire.PHASES if not p.validation
-                     and p.phase not in (wire.TRAINING, wire.EPOCH))
+TABLE_PHASES = tuple(
+    p for p in wire.PHASES if not p.validation and p.phase not in (wire.TRAINING, wire.EPOCH)
+)
 
 
 @dataclass
@@ -54,24 +55,35 @@ class RankFigures:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RankFigures:
         """The figures a node file holds; KeyError/TypeError/ValueError when malformed."""
-        return cls(int(data["rank"]), str(data["host"]), str(data["node_id"]),
-                   str(data["status"]), data.get("cause"), int(data["iterations"]),
-                   int(data["measured"]), int(data["samples"]),
-                   {str(k): float(v) for k, v in data["means_s"].items()},
-                   {str(k): [float(x) for x in v] for k, v in data["moments"].items()},
-                   [[int(e), int(i)] for e, i in data["keys"]],
-                   [[float(x) for x in row] for row in data["phase_s"]],
-                   [float(x) for x in data["loop_s"]])
+        return cls(
+            int(data["rank"]),
+            str(data["host"]),
+            str(data["node_id"]),
+            str(data["status"]),
+            data.get("cause"),
+            int(data["iterations"]),
+            int(data["measured"]),
+            int(data["samples"]),
+            {str(k): float(v) for k, v in data["means_s"].items()},
+            {str(k): [float(x) for x in v] for k, v in data["moments"].items()},
+            [[int(e), int(i)] for e, i in data["keys"]],
+            [[float(x) for x in row] for row in data["phase_s"]],
+            [float(x) for x in data["loop_s"]],
+        )
 
     def iterations_view(self) -> RankIterations:
         """The straggler input (``sidecar.model.stragglers``)."""
-        return RankIterations(self.host, np.array(self.keys, dtype=np.int64).reshape(-1, 2),
-                              np.array(self.phase_s, dtype=float).reshape(-1, 4),
-                              np.array(self.loop_s, dtype=float))
+        return RankIterations(
+            self.host,
+            np.array(self.keys, dtype=np.int64).reshape(-1, 2),
+            np.array(self.phase_s, dtype=float).reshape(-1, 4),
+            np.array(self.loop_s, dtype=float),
+        )
 
 
-def figures_of(agg: RankAggregator, host: str, node_id: str, status: str,
-               cause: str | None) -> RankFigures:
+def figures_of(
+    agg: RankAggregator, host: str, node_id: str, status: str, cause: str | None
+) -> RankFigures:
     """The figures of a rank this sidecar serves (its aggregator)."""
     means: dict[str, float] = {}
     moments: dict[str, list[float]] = {}
@@ -84,19 +96,31 @@ def figures_of(agg: RankAggregator, host: str, node_id: str, status: str,
         if stored:
             means[definition.summary_label] = statistics.fmean(stored)
         if series.wall.count:
-            moments[definition.summary_label] = [series.wall.count, series.wall.mean,
-                                                 series.wall.m2]
-        rows_of[definition.phase] = {(row.epoch, row.iteration): row.wall_s
-                                     for row in series.rows}
+            moments[definition.summary_label] = [
+                series.wall.count,
+                series.wall.mean,
+                series.wall.m2,
+            ]
+        rows_of[definition.phase] = {(row.epoch, row.iteration): row.wall_s for row in series.rows}
     loop = rows_of.get(wire.TRAINING_LOOP, {})
     keys = sorted(loop)
     phase_s = [[rows_of.get(p, {}).get(key, 0.0) for p in STRAGGLER_PHASES] for key in keys]
     loop_series = agg.series.get(wire.TRAINING_LOOP)
     return RankFigures(
-        agg.rank, host, node_id, status, cause, agg.stored_iterations[False],
+        agg.rank,
+        host,
+        node_id,
+        status,
+        cause,
+        agg.stored_iterations[False],
         loop_series.wall.count if loop_series is not None else 0,
         agg.samples[False] or 0,
-        means, moments, [list(k) for k in keys], phase_s, [loop[k] for k in keys])
+        means,
+        moments,
+        [list(k) for k in keys],
+        phase_s,
+        [loop[k] for k in keys],
+    )
 
 
 @dataclass(frozen=True)
@@ -110,8 +134,7 @@ class SplitView:
     stragglers: Stragglers | None
 
 
-def merged(own: Iterable[RankFigures], others: Iterable[RankFigures],
-           world_size: int) -> SplitView:
+def merged(own: Iterable[RankFigures], others: Iterable[RankFigures], world_size: int) -> SplitView:
     """The view of a split from this sidecar's ranks (``own``, which win) and the figures
     read from other nodes' files (``others``, the newest first: a rank served by several
     nodes over time keeps the first one given)."""
@@ -121,6 +144,5 @@ def merged(own: Iterable[RankFigures], others: Iterable[RankFigures],
     expected = max(world_size, max(ranks, default=-1) + 1)
     missing = [rank for rank in range(expected) if rank not in ranks]
     ordered = [ranks[rank] for rank in sorted(ranks)]
-    view = stragglers({f.rank: f.iterations_view() for f in ordered}) \
-        if len(ordered) >= 2 else None
+    view = stragglers({f.rank: f.iterations_view() for f in ordered}) if len(ordered) >= 2 else None
     return SplitView(ordered, missing, view)

@@ -17,18 +17,14 @@ _A100 = {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}
 # (pattern in the NVML name, peak TFLOP/s by dtype), most specific first
 PEAKS_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
     ("H200", _H100_SXM),  # the H100 SXM's compute with more memory
-    ("H100 PCIe", {"fp32": 51.2, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0,
-                   "fp8": 1513.0}),
-    ("H100 NVL", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.0, "fp16": 835.0,
-                  "fp8": 1670.5}),
+    ("H100 PCIe", {"fp32": 51.2, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0, "fp8": 1513.0}),
+    ("H100 NVL", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.0, "fp16": 835.0, "fp8": 1670.5}),
     ("H100", _H100_SXM),
-    ("B200", {"fp32": 80.0, "tf32": 1100.0, "bf16": 2250.0, "fp16": 2250.0,
-              "fp8": 4500.0}),
+    ("B200", {"fp32": 80.0, "tf32": 1100.0, "bf16": 2250.0, "fp16": 2250.0, "fp8": 4500.0}),
     ("A100", _A100),
     ("A30", {"fp32": 10.3, "tf32": 82.0, "bf16": 165.0, "fp16": 165.0}),
     ("A10", {"fp32": 31.2, "tf32": 62.5, "bf16": 125.0, "fp16": 125.0}),
-    ("L40S", {"fp32": 91.6, "tf32": 183.0, "bf16": 362.05, "fp16": 362.05,
-              "fp8": 733.0}),
+    ("L40S", {"fp32": 91.6, "tf32": 183.0, "bf16": 362.05, "fp16": 362.05, "fp8": 733.0}),
     ("L4", {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0, "fp8": 242.5}),
     ("V100", {"fp32": 15.7, "fp16": 125.0}),
     ("T4", {"fp32": 8.1, "fp16": 65.0}),
@@ -68,16 +64,29 @@ class Mfu:
 
     def line(self) -> str:
         """The summary's and the job report's line."""
-        achieved = (f"{self.flops_per_batch:.3e} FLOPs per batch × {self.batches_per_s:.2f} "
-                    f"batches/s = {self.achieved_tflops:.1f} TFLOP/s")
+        achieved = (
+            f"{self.flops_per_batch:.3e} FLOPs per batch × {self.batches_per_s:.2f} "
+            f"batches/s = {self.achieved_tflops:.1f} TFLOP/s"
+        )
         if self.ratio is None:
-            return (f"MFU (estimate): unknown, no peak known for '{self.gpu_name}' in "
-                    f"{self.dtype}; {achieved}")
-        return (f"MFU (estimate): {self.ratio * 100:.1f} % = {achieved} of "
-                f"{self.peak_tflops:.0f} TFLOP/s ('{self.gpu_name}', {self.dtype} dense peak)")
+            return (
+                f"MFU (estimate): unknown, no peak known for '{self.gpu_name}' in "
+                f"{self.dtype}; {achieved}"
+            )
+        return (
+            f"MFU (estimate): {self.ratio * 100:.1f} % = {achieved} of "
+            f"{self.peak_tflops:.0f} TFLOP/s ('{self.gpu_name}', {self.dtype} dense peak)"
+        )
 
     def to_json(self) -> dict[str, object]:
         """As run.json holds it."""
-        return {"estimate": True, "mfu": self.ratio, "achieved_tflops": self.achieved_tflops,
-                "flops_per_batch": self.flops_per_batch, "batches_per_s": self.batches_per_s,
-                "gpu": self.gpu_name, "dtype": self.dtype, "peak_tflops": self.peak_tflops}
+        return {
+            "estimate": True,
+            "mfu": self.ratio,
+            "achieved_tflops": self.achieved_tflops,
+            "flops_per_batch": self.flops_per_batch,
+            "batches_per_s": self.batches_per_s,
+            "gpu": self.gpu_name,
+            "dtype": self.dtype,
+            "peak_tflops": self.peak_tflops,
+        }

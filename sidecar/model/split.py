@@ -63,8 +63,7 @@ class RecordCounts:
 class Split:
     """Everything the writers need for ``<out_dir>/training/split-<k>/``."""
 
-    def __init__(self, out_dir: Path, split: int, settings: Settings,
-                 info: dict[str, Any]) -> None:
+    def __init__(self, out_dir: Path, split: int, settings: Settings, info: dict[str, Any]) -> None:
         self.out_dir = out_dir
         self.split = split
         self.settings = settings
@@ -116,8 +115,9 @@ class Split:
         """The aggregator of ``rank``, created on first use."""
         agg = self.ranks.get(rank)
         if agg is None:
-            agg = self.ranks[rank] = RankAggregator(rank, self.settings,
-                                                     float(self.info.get("start_unix", 0.0)))
+            agg = self.ranks[rank] = RankAggregator(
+                rank, self.settings, float(self.info.get("start_unix", 0.0))
+            )
         return agg
 
     def fresh_rank(self, rank: int) -> RankAggregator:
@@ -142,10 +142,14 @@ class Split:
         records (counted in ``self.received`` to keep the sequence) are taken off."""
         lost = sum(self.lost.values())
         return RecordCounts(
-            received=sum(self.received.values()) - lost, dropped=sum(self.dropped.values()),
-            lost=lost, rejected=self.rejected,
+            received=sum(self.received.values()) - lost,
+            dropped=sum(self.dropped.values()),
+            lost=lost,
+            rejected=self.rejected,
             gpu_not_measured=sum(agg.gpu_not_measured for agg in self.ranks.values())
-            if self.gpus else None)
+            if self.gpus
+            else None,
+        )
 
     def to_state(self, rows_state: state.RowsState | None = None) -> dict[str, Any]:
         """The split's state for ``sidecar.model.state`` (schema there); ``rows_state`` as
@@ -162,8 +166,9 @@ class Split:
             "ranks": {str(r): state.rank_state(agg, rows_state) for r, agg in self.ranks.items()},
         }
 
-    def load_state(self, saved: dict[str, Any], rank: int,
-                   continue_run: str = "") -> RankAggregator:
+    def load_state(
+        self, saved: dict[str, Any], rank: int, continue_run: str = ""
+    ) -> RankAggregator:
         """Restore ``rank`` (and the split-wide lists) from a checkpoint's state (current
         schema, see ``sidecar.model.state.upgrade``); ``continue_run`` as in
         ``state.load_rank``.

@@ -58,8 +58,7 @@ def row_columns(rows: list[Row]) -> dict[str, list[Any]]:
 def rows_from_columns(columns: dict[str, list[Any]]) -> list[Row]:
     """Inverse of ``row_columns``; KeyError for a missing field, ValueError for columns of
     different lengths."""
-    return [Row(*values) for values in zip(*(columns[name] for name in ROW_FIELDS),
-                                           strict=True)]
+    return [Row(*values) for values in zip(*(columns[name] for name in ROW_FIELDS), strict=True)]
 
 
 def rank_state(agg: RankAggregator, rows_state: RowsState | None = None) -> dict[str, Any]:
@@ -68,6 +67,7 @@ def rank_state(agg: RankAggregator, rows_state: RowsState | None = None) -> dict
     ``rows_state`` gives each list of stored rows its value in the state (default: its
     columns, ``row_columns``).
     """
+
     def rows_of(phase: int, which: str) -> Any:
         if rows_state is None:
             return row_columns(getattr(agg.series[phase], which))
@@ -81,20 +81,25 @@ def rank_state(agg: RankAggregator, rows_state: RowsState | None = None) -> dict
         "downtime_s": agg.downtime_s,
         "redone_s": agg.redone_s,
         "gpu_not_measured": agg.gpu_not_measured,
-        "stored_iterations": {"train": agg.stored_iterations[False],
-                              "validation": agg.stored_iterations[True]},
+        "stored_iterations": {
+            "train": agg.stored_iterations[False],
+            "validation": agg.stored_iterations[True],
+        },
         "samples": {"train": agg.samples[False], "validation": agg.samples[True]},
         "custom_names": {str(k): v for k, v in agg.custom_names.items()},
         "aligned_custom": sorted(agg.aligned_custom),
         "sessions": [asdict(s) for s in agg.sessions],
         "goodput": [None if c is None else c.to_state() for c in agg.goodput],
-        "open_spans": {str(phase): row_columns([row])
-                       for phase, row in agg.open_span_parts().items()},
+        "open_spans": {
+            str(phase): row_columns([row]) for phase, row in agg.open_span_parts().items()
+        },
         "series": {
-            str(phase): {"rows": rows_of(phase, "rows"),
-                         "wall": s.wall.to_list(),
-                         "gpu": s.gpu.to_list(),
-                         "flagged": rows_of(phase, "flagged")}
+            str(phase): {
+                "rows": rows_of(phase, "rows"),
+                "wall": s.wall.to_list(),
+                "gpu": s.gpu.to_list(),
+                "flagged": rows_of(phase, "flagged"),
+            }
             for phase, s in agg.series.items()
         },
     }
@@ -113,8 +118,10 @@ def load_rank(agg: RankAggregator, saved: dict[str, Any], continue_run: str = ""
     agg.downtime_s = float(saved["downtime_s"])
     agg.redone_s = float(saved["redone_s"])
     agg.gpu_not_measured = int(saved.get("gpu_not_measured", 0))  # added within schema 2
-    agg.stored_iterations = {False: int(saved["stored_iterations"]["train"]),
-                             True: int(saved["stored_iterations"]["validation"])}
+    agg.stored_iterations = {
+        False: int(saved["stored_iterations"]["train"]),
+        True: int(saved["stored_iterations"]["validation"]),
+    }
     samples = saved.get("samples") or {}  # added within schema 3
     agg.samples = {False: samples.get("train"), True: samples.get("validation")}
     agg.restore_custom_names({int(k): str(v) for k, v in saved["custom_names"].items()})
@@ -140,15 +147,24 @@ def load_rank(agg: RankAggregator, saved: dict[str, Any], continue_run: str = ""
     # A session appended by begin_session measures from its own start; the sessions
     # above no longer count (their effective time is training_before_s).
     agg.series = {
-        int(phase): PhaseSeries(rows_from_columns(s["rows"]), Welford.from_list(s["wall"]),
-                                Welford.from_list(s["gpu"]), rows_from_columns(s["flagged"]))
+        int(phase): PhaseSeries(
+            rows_from_columns(s["rows"]),
+            Welford.from_list(s["wall"]),
+            Welford.from_list(s["gpu"]),
+            rows_from_columns(s["flagged"]),
+        )
         for phase, s in saved["series"].items()
     }
     # A process that goes on (a new sidecar took it over) ends its open spans whole;
     # a resumed one keeps their part up to the checkpoint (added within schema 4).
-    agg.continue_parts({} if going_on else {
-        int(phase): rows_from_columns(columns)[0]
-        for phase, columns in saved.get("open_spans", {}).items()})
+    agg.continue_parts(
+        {}
+        if going_on
+        else {
+            int(phase): rows_from_columns(columns)[0]
+            for phase, columns in saved.get("open_spans", {}).items()
+        }
+    )
 
 
 STATE_DIR = "state"  # state/<node-id>.json: the state of a node not serving rank 0
@@ -217,11 +233,14 @@ def upgrade(state: Any, where: str = "state") -> dict[str, Any]:
         raise StateError(f"{where} is not a JSON object")
     schema = state.get("schema")
     if not isinstance(schema, int) or isinstance(schema, bool) or schema < 1:
-        raise StateError(f"{where} has no valid schema number ({schema!r}); it was not "
-                         "written by a sidecar")
+        raise StateError(
+            f"{where} has no valid schema number ({schema!r}); it was not written by a sidecar"
+        )
     if schema > SCHEMA:
-        raise StateError(f"{where} has schema {schema}, newer than this sidecar's {SCHEMA}: "
-                         "upgrade the sidecar to resume from it")
+        raise StateError(
+            f"{where} has schema {schema}, newer than this sidecar's {SCHEMA}: "
+            "upgrade the sidecar to resume from it"
+        )
     for key in ("split", "settings", "gpus", "dropped", "lost", "rejected", "ranks"):
         if key not in state:
             raise StateError(f"{where} (schema {schema}) lacks the field {key!r}")
@@ -231,9 +250,9 @@ def upgrade(state: Any, where: str = "state") -> dict[str, Any]:
         state.setdefault("gaps", [])
         ranks = state["ranks"] if isinstance(state["ranks"], dict) else {}
         state["ranks"] = {
-            rank: {"downtime_s": 0.0, "redone_s": 0.0,
-                   "saved_unix": _last_unix(saved), **saved}
-            for rank, saved in ranks.items() if isinstance(saved, dict)
+            rank: {"downtime_s": 0.0, "redone_s": 0.0, "saved_unix": _last_unix(saved), **saved}
+            for rank, saved in ranks.items()
+            if isinstance(saved, dict)
         }
     if schema <= 2:
         _give_rows_batch_sizes(state)
@@ -259,8 +278,10 @@ def _give_rows_batch_sizes(state: dict[str, Any]) -> None:
     settings = state["settings"] if isinstance(state["settings"], dict) else {}
     read = state.pop("batch_sizes", None)
     read = read if isinstance(read, dict) else {}
-    sizes = {str(TRAINING_LOOP): settings.get("train_batch_size") or read.get("train"),
-             str(VALIDATION_LOOP): settings.get("val_batch_size") or read.get("validation")}
+    sizes = {
+        str(TRAINING_LOOP): settings.get("train_batch_size") or read.get("train"),
+        str(VALIDATION_LOOP): settings.get("val_batch_size") or read.get("validation"),
+    }
     for saved in state["ranks"].values() if isinstance(state["ranks"], dict) else ():
         series = saved.get("series") if isinstance(saved, dict) else None
         for phase, size in sizes.items():
@@ -291,11 +312,14 @@ def _rows_to_columns(state: dict[str, Any], where: str) -> None:
                 if not all(isinstance(row, dict) for row in rows):
                     raise StateError(f"{where}: a stored row of phase {phase} is not an object")
                 try:
-                    entry[which] = {name: [row[name] if name in row else _ROW_DEFAULTS[name]
-                                           for row in rows] for name in ROW_FIELDS}
+                    entry[which] = {
+                        name: [row[name] if name in row else _ROW_DEFAULTS[name] for row in rows]
+                        for name in ROW_FIELDS
+                    }
                 except KeyError as exc:
-                    raise StateError(f"{where}: a stored row of phase {phase} lacks the "
-                                     f"field {exc}") from None
+                    raise StateError(
+                        f"{where}: a stored row of phase {phase} lacks the field {exc}"
+                    ) from None
 
 
 def lineage(state: dict[str, Any], rank: int) -> str:

@@ -104,8 +104,9 @@ def _key(row: np.ndarray) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
-def _align(ranks: Mapping[int, RankIterations]) -> tuple[list[int], np.ndarray,
-                                                          np.ndarray, np.ndarray]:
+def _align(
+    ranks: Mapping[int, RankIterations],
+) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray]:
     """The ranks in order, the common keys, phases (ranks, n, 4) and loops (ranks, n)."""
     order = sorted(ranks)
     common: set[tuple[int, int]] | None = None
@@ -124,15 +125,22 @@ def _align(ranks: Mapping[int, RankIterations]) -> tuple[list[int], np.ndarray,
     return order, np.array(shared, dtype=np.int64).reshape(-1, 2), phases, loops
 
 
-def _verdict(order: Sequence[int], hosts: Sequence[str], keys: np.ndarray,
-             phases: np.ndarray, loops: np.ndarray) -> tuple[Verdict, np.ndarray,
-                                                             np.ndarray]:
+def _verdict(
+    order: Sequence[int],
+    hosts: Sequence[str],
+    keys: np.ndarray,
+    phases: np.ndarray,
+    loops: np.ndarray,
+) -> tuple[Verdict, np.ndarray, np.ndarray]:
     """The verdict over these iterations, with the per-iteration slowest rank index (-1
     where none is clear) and each rank's excess before the sync."""
     count = keys.shape[0]
     if count == 0 or len(order) < 2:
-        return Verdict(None, None, None, 0.0, 0.0, None, None), np.full(count, -1), \
-            np.zeros((len(order), count))
+        return (
+            Verdict(None, None, None, 0.0, 0.0, None, None),
+            np.full(count, -1),
+            np.zeros((len(order), count)),
+        )
     pre_sync = phases[:, :, list(PRE_SYNC)].sum(axis=2)
     excess = pre_sync - np.median(pre_sync, axis=0)
     candidate = np.argmax(pre_sync, axis=0)
@@ -148,8 +156,9 @@ def _verdict(order: Sequence[int], hosts: Sequence[str], keys: np.ndarray,
     mine = slowest == top
     phase_excess = phases[top, mine] - np.median(phases[:, mine], axis=0)
     phase = PHASES[int(np.argmax(phase_excess.mean(axis=0)))]
-    verdict = Verdict(order[top], hosts[top], phase, float(excess[top, mine].mean()), share,
-                      first, last)
+    verdict = Verdict(
+        order[top], hosts[top], phase, float(excess[top, mine].mean()), share, first, last
+    )
     return verdict, slowest, excess
 
 
@@ -163,21 +172,32 @@ def stragglers(ranks: Mapping[int, RankIterations]) -> Stragglers:
     for index, rank in enumerate(order):
         mine = slowest == index
         others = slowest >= 0
-        waited = (pre_sync[slowest[others], np.flatnonzero(others)]
-                  - pre_sync[index, others]).clip(min=0).sum() if others.any() else 0.0
+        waited = (
+            (pre_sync[slowest[others], np.flatnonzero(others)] - pre_sync[index, others])
+            .clip(min=0)
+            .sum()
+            if others.any()
+            else 0.0
+        )
         phase = None
         if mine.any():
             phase_excess = phases[index, mine] - np.median(phases[:, mine], axis=0)
             phase = PHASES[int(np.argmax(phase_excess.mean(axis=0)))]
-        standings.append(RankStanding(
-            rank, hosts[index], int(mine.sum()),
-            float(mine.sum()) / len(keys) if len(keys) else 0.0,
-            float(excess[index, mine].mean()) if mine.any() else 0.0, phase, float(waited)))
+        standings.append(
+            RankStanding(
+                rank,
+                hosts[index],
+                int(mine.sum()),
+                float(mine.sum()) / len(keys) if len(keys) else 0.0,
+                float(excess[index, mine].mean()) if mine.any() else 0.0,
+                phase,
+                float(waited),
+            )
+        )
     windows: list[Verdict] = []
     if len(keys) >= WINDOWS * MIN_WINDOW_ITERATIONS:
         for part in np.array_split(np.arange(len(keys)), WINDOWS):
-            windows.append(_verdict(order, hosts, keys[part], phases[:, part],
-                                    loops[:, part])[0])
+            windows.append(_verdict(order, hosts, keys[part], phases[:, part], loops[:, part])[0])
     median_loop_s = float(np.median(loops)) if loops.size else 0.0
     return Stragglers(len(keys), standings, verdict, windows, median_loop_s)
 
@@ -186,16 +206,21 @@ def straggler_line(view: Stragglers) -> str:
     """The summary's one line: ``Straggler: none`` or the rank, host, phase and margin."""
     verdict = view.verdict
     by_window = "by window: " + ", ".join(
-        "none" if window.rank is None else f"rank {window.rank}" for window in view.windows)
+        "none" if window.rank is None else f"rank {window.rank}" for window in view.windows
+    )
     if verdict.rank is None:
-        reason = ("fewer than two ranks" if len(view.standings) < 2 else
-                  f"no rank slowest in most of {view.aligned} aligned iterations")
+        reason = (
+            "fewer than two ranks"
+            if len(view.standings) < 2
+            else f"no rank slowest in most of {view.aligned} aligned iterations"
+        )
         named = any(window.rank is not None for window in view.windows)
         return f"Straggler: none ({reason}{'; ' + by_window if named else ''})"
-    share_of_loop = (verdict.over_median_s / view.median_loop_s * 100
-                     if view.median_loop_s else 0.0)
+    share_of_loop = verdict.over_median_s / view.median_loop_s * 100 if view.median_loop_s else 0.0
     steady = "the same rank in every window" if view.steady else f"changing, {by_window}"
-    return (f"Straggler: rank {verdict.rank} on {verdict.host}, {verdict.phase}, "
-            f"+{verdict.over_median_s:.3e} s over the median before the sync "
-            f"({share_of_loop:.0f} % of an iteration) in {verdict.share * 100:.0f} % of "
-            f"{view.aligned} aligned iterations; {steady}")
+    return (
+        f"Straggler: rank {verdict.rank} on {verdict.host}, {verdict.phase}, "
+        f"+{verdict.over_median_s:.3e} s over the median before the sync "
+        f"({share_of_loop:.0f} % of an iteration) in {verdict.share * 100:.0f} % of "
+        f"{view.aligned} aligned iterations; {steady}"
+    )

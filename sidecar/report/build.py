@@ -40,15 +40,15 @@ def damaged_frame(damaged: Sequence[tuple[Path | str, str]]) -> pd.DataFrame:
     return pd.DataFrame([(str(p), r) for p, r in damaged], columns=["folder", "reason"])
 
 
-def _chunk(runs: list[read.RunFolder], offset: int
-           ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def _chunk(
+    runs: list[read.RunFolder], offset: int
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     figs = figures.compute([f for run in runs for f in run.splits])
     job_table, gpu_table = jobs.tables(runs, figs)
     first = np.cumsum([0] + [len(r.splits) for r in runs])[:-1]  # each job's first split
     job_of_first = pd.Series(np.arange(len(runs)) + offset, index=first)
     samples = figs.utilization[figs.utilization["split"].isin(first)]
-    samples = samples.assign(job=job_of_first[samples["split"]].to_numpy()).drop(
-        columns="split")
+    samples = samples.assign(job=job_of_first[samples["split"]].to_numpy()).drop(columns="split")
     return job_table, gpu_table, figs.splits[PHASE_MEANS].iloc[first], samples
 
 
@@ -71,15 +71,20 @@ def from_folders(paths: Sequence[Path], progress: Callable[[int, int], None]) ->
             done += len(runs)
             runs = []
     if not parts:  # no readable folder: empty tables of the right columns and types
-        parts.append((jobs.typed(pd.DataFrame(columns=jobs.JOB_COLUMNS), jobs.JOB_COLUMNS),
-                      jobs.typed(pd.DataFrame(columns=jobs.GPU_COLUMNS), jobs.GPU_COLUMNS),
-                      pd.DataFrame(columns=PHASE_MEANS, dtype="float64"),
-                      pd.DataFrame({"gpu": [], "time (s)": [], "utilization (%)": [],
-                                    "job": []})))
+        parts.append(
+            (
+                jobs.typed(pd.DataFrame(columns=jobs.JOB_COLUMNS), jobs.JOB_COLUMNS),
+                jobs.typed(pd.DataFrame(columns=jobs.GPU_COLUMNS), jobs.GPU_COLUMNS),
+                pd.DataFrame(columns=PHASE_MEANS, dtype="float64"),
+                pd.DataFrame({"gpu": [], "time (s)": [], "utilization (%)": [], "job": []}),
+            )
+        )
     job_table, gpu_table, phase_means, samples = (
-        pd.concat(column, ignore_index=True) for column in zip(*parts, strict=True))
-    return Report(job_table, gpu_table, jobs.summary(job_table), damaged_frame(damaged),
-                  phase_means, samples)
+        pd.concat(column, ignore_index=True) for column in zip(*parts, strict=True)
+    )
+    return Report(
+        job_table, gpu_table, jobs.summary(job_table), damaged_frame(damaged), phase_means, samples
+    )
 
 
 def write(report: Report, out_dir: Path, html_file: Path | None) -> list[Path]:
@@ -90,11 +95,17 @@ def write(report: Report, out_dir: Path, html_file: Path | None) -> list[Path]:
         out_dir / "jobs.tsv": to_tsv(report.jobs, index=False),
         out_dir / "gpus.tsv": to_tsv(report.gpus, index=False),
         out_dir / "summary.tsv": to_tsv(report.summary, index=False),
-        out_dir / "report.md": markdown.render(report.jobs, report.gpus, report.summary,
-                                               report.damaged),
+        out_dir / "report.md": markdown.render(
+            report.jobs, report.gpus, report.summary, report.damaged
+        ),
         html_file or out_dir / "report.html": html.render(
-            report.jobs, report.gpus, report.summary, report.damaged, report.phase_means,
-            report.samples),
+            report.jobs,
+            report.gpus,
+            report.summary,
+            report.damaged,
+            report.phase_means,
+            report.samples,
+        ),
     }
     for path, text in texts.items():
         write_atomic(path, text)

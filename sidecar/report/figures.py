@@ -33,8 +33,9 @@ from sidecar.sinks.tables import COLUMNS
 
 # computational.tsv columns the report reads, the training iteration's capped phases: its
 # name here (the metric label without the loop's "train_" prefix) -> label of the column
-PHASE_COLUMNS = {p.metric.removeprefix("train_"): p.column
-                 for p in wire.PHASES if p.capped and not p.validation}
+PHASE_COLUMNS = {
+    p.metric.removeprefix("train_"): p.column for p in wire.PHASES if p.capped and not p.validation
+}
 PLOT_POINTS = 400
 _LABELS = [label for label, _, _ in COLUMNS]
 _THROUGHPUT = re.compile(r"^Throughput: (?:([0-9.e+-]+) images/s|.*)$", re.M)
@@ -63,20 +64,32 @@ def _joined(bodies: Sequence[bytes]) -> bytes:
     return b"".join(parts)
 
 
-def _read(bodies: Sequence[bytes], fields: int, usecols: dict[str, int],
-          dtypes: dict[str, str] | None = None) -> pd.DataFrame:
+def _read(
+    bodies: Sequence[bytes],
+    fields: int,
+    usecols: dict[str, int],
+    dtypes: dict[str, str] | None = None,
+) -> pd.DataFrame:
     """One frame of the chosen columns (by position in the file) of all ``bodies``, with
     the position of each line's body in column ``split``."""
     buffer = _joined(bodies)
     names = ["split", *(f"c{i}" for i in range(fields))]
     if not buffer:
-        return pd.DataFrame({"split": pd.Series(dtype="int64")} | {
-            name: pd.Series(dtype=(dtypes or {}).get(name, "float64")) for name in usecols})
+        return pd.DataFrame(
+            {"split": pd.Series(dtype="int64")}
+            | {name: pd.Series(dtype=(dtypes or {}).get(name, "float64")) for name in usecols}
+        )
     columns = {f"c{position}": name for name, position in usecols.items()}
     types = {f"c{usecols[name]}": kind for name, kind in (dtypes or {}).items()}
-    frame = pd.read_csv(io.BytesIO(buffer), sep="\t", header=None, names=names,
-                        usecols=["split", *columns],
-                        dtype=types | {"split": "int64"}, engine="c")
+    frame = pd.read_csv(
+        io.BytesIO(buffer),
+        sep="\t",
+        header=None,
+        names=names,
+        usecols=["split", *columns],
+        dtype=types | {"split": "int64"},
+        engine="c",
+    )
     return frame.rename(columns=columns)
 
 
@@ -91,14 +104,17 @@ def _group_mean(split: np.ndarray, values: np.ndarray, count: int) -> np.ndarray
 
 def _phase_means(files: Sequence[SplitFiles]) -> pd.DataFrame:
     fields = max((f.computational_columns for f in files), default=1)
-    positions = {name: _LABELS.index(f"{label} (s)") + 1 for name, label in
-                 PHASE_COLUMNS.items()}
-    frame = _read([f.computational for f in files], fields, positions,
-                  dict.fromkeys(positions, "float64"))
+    positions = {name: _LABELS.index(f"{label} (s)") + 1 for name, label in PHASE_COLUMNS.items()}
+    frame = _read(
+        [f.computational for f in files], fields, positions, dict.fromkeys(positions, "float64")
+    )
     split = frame["split"].to_numpy()
-    return pd.DataFrame({f"{name} mean (s)": _group_mean(split, frame[name].to_numpy(float),
-                                                        len(files))
-                         for name in PHASE_COLUMNS})
+    return pd.DataFrame(
+        {
+            f"{name} mean (s)": _group_mean(split, frame[name].to_numpy(float), len(files))
+            for name in PHASE_COLUMNS
+        }
+    )
 
 
 def _summary_figures(files: Sequence[SplitFiles]) -> pd.DataFrame:
@@ -106,15 +122,14 @@ def _summary_figures(files: Sequence[SplitFiles]) -> pd.DataFrame:
     per file; text of others before the block is not read)."""
     train, val, dropped = [], [], []
     for f in files:
-        block = f.summary[f.summary.index(TITLE_LINE):]  # read.py checked it is there
+        block = f.summary[f.summary.index(TITLE_LINE) :]  # read.py checked it is there
         throughputs = [float(m[1]) if m[1] else np.nan for m in _THROUGHPUT.finditer(block)]
         throughputs += [np.nan] * (2 - len(throughputs))
         train.append(throughputs[0])
         val.append(throughputs[1])
         records = _RECORDS.search(block)
         dropped.append(int(records[1]) if records else 0)
-    return pd.DataFrame({"train throughput": train, "val throughput": val,
-                         "dropped": dropped})
+    return pd.DataFrame({"train throughput": train, "val throughput": val, "dropped": dropped})
 
 
 def _windows(group: np.ndarray, t: np.ndarray) -> np.ndarray:
@@ -133,8 +148,14 @@ def _session_starts(group: np.ndarray, session: np.ndarray) -> np.ndarray:
     return np.r_[False, (group[1:] == group[:-1]) & (session[1:] != session[:-1])]
 
 
-def _energy_over_sessions(group: np.ndarray, session: np.ndarray, dt: np.ndarray,
-                          energy: np.ndarray, power: np.ndarray, count: int) -> np.ndarray:
+def _energy_over_sessions(
+    group: np.ndarray,
+    session: np.ndarray,
+    dt: np.ndarray,
+    energy: np.ndarray,
+    power: np.ndarray,
+    count: int,
+) -> np.ndarray:
     """Joules per group: ``_energy`` of each (group, session) run of rows, summed; NaN
     where no session of the group has an energy."""
     if not len(group):
@@ -148,8 +169,7 @@ def _energy_over_sessions(group: np.ndarray, session: np.ndarray, dt: np.ndarray
     return np.where(np.bincount(owner[known], minlength=count) > 0, total, np.nan)
 
 
-def _weighted_mean(group: np.ndarray, dt: np.ndarray, values: np.ndarray,
-                   count: int) -> np.ndarray:
+def _weighted_mean(group: np.ndarray, dt: np.ndarray, values: np.ndarray, count: int) -> np.ndarray:
     """Per group: mean of ``values`` weighted by ``dt`` (NaN skipped); the plain mean where
     the weights add up to nothing (one sample); NaN where nothing is present."""
     present = ~np.isnan(values)
@@ -168,8 +188,9 @@ def _group_max(group: np.ndarray, values: np.ndarray, count: int) -> np.ndarray:
     return np.where(np.isfinite(out), out, np.nan)
 
 
-def _energy(group: np.ndarray, dt: np.ndarray, energy: np.ndarray, power: np.ndarray,
-            count: int) -> np.ndarray:
+def _energy(
+    group: np.ndarray, dt: np.ndarray, energy: np.ndarray, power: np.ndarray, count: int
+) -> np.ndarray:
     """Joules per group: the counter's last − first (two readings, no reset), else the
     integral of power over the windows; NaN when neither is known."""
     present = ~np.isnan(energy)
@@ -188,10 +209,18 @@ def _energy(group: np.ndarray, dt: np.ndarray, energy: np.ndarray, power: np.nda
 
 
 _RESOURCE_NAMES = {
-    "time": "time (s)", "index": "gpu index", "name": "gpu name", "uuid": "gpu uuid",
-    "util": "utilization (%)", "mem_used": "memory used (MB)",
-    "mem_total": "memory total (MB)", "power": "power (W)", "energy": "energy (J)",
-    "cpu": "host cpu (%)", "rss": "job memory rss (MB)", "session": "session",
+    "time": "time (s)",
+    "index": "gpu index",
+    "name": "gpu name",
+    "uuid": "gpu uuid",
+    "util": "utilization (%)",
+    "mem_used": "memory used (MB)",
+    "mem_total": "memory total (MB)",
+    "power": "power (W)",
+    "energy": "energy (J)",
+    "cpu": "host cpu (%)",
+    "rss": "job memory rss (MB)",
+    "session": "session",
 }
 
 
@@ -203,11 +232,15 @@ def _resource_columns(files: Sequence[SplitFiles]) -> pd.DataFrame:
     dtypes = {k: text.get(k, "float64") for k in _RESOURCE_NAMES}
     frames = []
     for header in dict.fromkeys(f.resources_columns for f in files) or [fields.columns()]:
-        positions = {name: header.index(label) for name, label in _RESOURCE_NAMES.items()
-                     if label in header}  # only optional ones can be missing (read.py)
-        frame = _read([f.resources if f.resources_columns == header else b""
-                       for f in files], len(header), positions,
-                      {k: v for k, v in dtypes.items() if k in positions})
+        positions = {
+            name: header.index(label) for name, label in _RESOURCE_NAMES.items() if label in header
+        }  # only optional ones can be missing (read.py)
+        frame = _read(
+            [f.resources if f.resources_columns == header else b"" for f in files],
+            len(header),
+            positions,
+            {k: v for k, v in dtypes.items() if k in positions},
+        )
         frames.append(frame.reindex(columns=["split", *_RESOURCE_NAMES]))  # missing: NaN
     if len(frames) == 1:
         return frames[0]
@@ -216,8 +249,7 @@ def _resource_columns(files: Sequence[SplitFiles]) -> pd.DataFrame:
     return frame.astype({k: kind for k, kind in dtypes.items() if kind == "category"})
 
 
-def _resources(files: Sequence[SplitFiles]) -> tuple[pd.DataFrame, pd.DataFrame,
-                                                      pd.DataFrame]:
+def _resources(files: Sequence[SplitFiles]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     frame = _resource_columns(files)
     count = len(files)
     split = frame["split"].to_numpy()
@@ -230,18 +262,21 @@ def _resources(files: Sequence[SplitFiles]) -> tuple[pd.DataFrame, pd.DataFrame,
     hdt = _windows(hs, ht)
     sessions = np.nan_to_num(frame["session"].to_numpy(float))
     hdt[_session_starts(hs, sessions[host_rows])] = 0.0
-    host = pd.DataFrame({
-        "cpu mean (%)": _weighted_mean(hs, hdt, frame["cpu"].to_numpy(float)[host_rows], count),
-        "memory peak (MB)": _group_max(hs, frame["rss"].to_numpy(float)[host_rows], count),
-    })
+    host = pd.DataFrame(
+        {
+            "cpu mean (%)": _weighted_mean(hs, hdt, frame["cpu"].to_numpy(float)[host_rows], count),
+            "memory peak (MB)": _group_max(hs, frame["rss"].to_numpy(float)[host_rows], count),
+        }
+    )
 
     # GPUs (by UUID): rows of one (split, GPU) made contiguous, each still in time order
     gpu = frame[frame["uuid"].notna()]
     codes = gpu["uuid"].cat.codes.to_numpy()
     order = np.lexsort((codes, gpu["split"].to_numpy()))
     gpu = gpu.iloc[order]
-    keys, group = np.unique(np.stack([gpu["split"].to_numpy(), codes[order]]), axis=1,
-                            return_inverse=True)
+    keys, group = np.unique(
+        np.stack([gpu["split"].to_numpy(), codes[order]]), axis=1, return_inverse=True
+    )
     group = group.ravel()
     n = keys.shape[1]
     gt = gpu["time"].to_numpy(float)
@@ -250,25 +285,34 @@ def _resources(files: Sequence[SplitFiles]) -> tuple[pd.DataFrame, pd.DataFrame,
     dt[_session_starts(group, gs)] = 0.0
     last = np.r_[group[1:] != group[:-1], True] if len(group) else np.zeros(0, bool)
     power = gpu["power"].to_numpy(float)
-    gpus = pd.DataFrame({
-        "split": keys[0], "gpu": gpu["index"].to_numpy(int)[last],
-        "uuid": np.asarray(gpu["uuid"].array[last], dtype=str),
-        "model": np.asarray(gpu["name"].array[last], dtype=str),
-        "utilization mean (%)": _weighted_mean(group, dt, gpu["util"].to_numpy(float), n),
-        "memory peak (MB)": _group_max(group, gpu["mem_used"].to_numpy(float), n),
-        "memory total (MB)": _group_max(group, gpu["mem_total"].to_numpy(float), n),
-        "power mean (W)": _weighted_mean(group, dt, power, n),
-        "energy (J)": _energy_over_sessions(group, gs, dt, gpu["energy"].to_numpy(float),
-                                            power, n),
-    })
+    gpus = pd.DataFrame(
+        {
+            "split": keys[0],
+            "gpu": gpu["index"].to_numpy(int)[last],
+            "uuid": np.asarray(gpu["uuid"].array[last], dtype=str),
+            "model": np.asarray(gpu["name"].array[last], dtype=str),
+            "utilization mean (%)": _weighted_mean(group, dt, gpu["util"].to_numpy(float), n),
+            "memory peak (MB)": _group_max(group, gpu["mem_used"].to_numpy(float), n),
+            "memory total (MB)": _group_max(group, gpu["mem_total"].to_numpy(float), n),
+            "power mean (W)": _weighted_mean(group, dt, power, n),
+            "energy (J)": _energy_over_sessions(
+                group, gs, dt, gpu["energy"].to_numpy(float), power, n
+            ),
+        }
+    )
     # the plots' samples: at most PLOT_POINTS per GPU, evenly thinned
     sizes = np.bincount(group, minlength=n)
     first = np.cumsum(sizes) - sizes
     position = np.arange(len(group)) - first[group]
     keep = position % np.maximum(1, -(-sizes // PLOT_POINTS))[group] == 0
-    utilization = pd.DataFrame({"split": gpu["split"].to_numpy()[keep],
-                                "gpu": gpu["index"].to_numpy(int)[keep], "time (s)": gt[keep],
-                                "utilization (%)": gpu["util"].to_numpy(float)[keep]})
+    utilization = pd.DataFrame(
+        {
+            "split": gpu["split"].to_numpy()[keep],
+            "gpu": gpu["index"].to_numpy(int)[keep],
+            "time (s)": gt[keep],
+            "utilization (%)": gpu["util"].to_numpy(float)[keep],
+        }
+    )
     return host, gpus, utilization
 
 

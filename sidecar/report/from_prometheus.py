@@ -43,8 +43,13 @@ from sidecar.report.figures import PLOT_POINTS
 TIMEOUT_S = 30.0
 RUN = ["run", "user", "host", "slurm_job_id"]
 _PHASE = "trainmon_phase_duration_seconds"
-_KEYS = {"loop": "train_loop", "loading": "train_loading", "forward": "forward",
-         "backward": "backward", "optimization": "optimization"}
+_KEYS = {
+    "loop": "train_loop",
+    "loading": "train_loading",
+    "forward": "forward",
+    "backward": "backward",
+    "optimization": "optimization",
+}
 
 
 class PrometheusError(Exception):
@@ -74,7 +79,8 @@ def _values(url: str, promql: str, keys: tuple[str, ...] = ("run",)) -> pd.Serie
     """The value of each result of ``promql``, indexed by its ``keys`` labels."""
     results = query(url, promql)
     index = pd.MultiIndex.from_tuples(
-        [tuple(r["metric"].get(k, "") for k in keys) for r in results], names=list(keys))
+        [tuple(r["metric"].get(k, "") for k in keys) for r in results], names=list(keys)
+    )
     if len(keys) == 1:
         index = index.get_level_values(0)
     return pd.Series([float(r["value"][1]) for r in results], index=index, dtype="float64")
@@ -93,10 +99,14 @@ def _runs(url: str, since: str) -> pd.DataFrame:
     its last scrape."""
     raw = query(url, f'{_PHASE}_sum{{phase="training",rank="0"}}[{since}]')
     present = {r["metric"].get("run") for r in query(url, f'{_PHASE}_sum{{phase="training"}}')}
-    stated = {r["metric"].get("run"): r["metric"].get("status", "") for r in query(
-        url, f"last_over_time(trainmon_run_status[{since}]) == 1")}
-    starts, ends = (_values(url, f"last_over_time(trainmon_run_{which}_timestamp_seconds"
-                                 f"[{since}])") for which in ("start", "end"))
+    stated = {
+        r["metric"].get("run"): r["metric"].get("status", "")
+        for r in query(url, f"last_over_time(trainmon_run_status[{since}]) == 1")
+    }
+    starts, ends = (
+        _values(url, f"last_over_time(trainmon_run_{which}_timestamp_seconds[{since}])")
+        for which in ("start", "end")
+    )
     rows = []
     for series in raw:
         labels, values = series["metric"], series["values"]
@@ -106,11 +116,16 @@ def _runs(url: str, since: str) -> pd.DataFrame:
         end_unix = float(ends.get(run, math.nan))
         if status == "running" and run not in present:
             status, end_unix = "ended", last_unix
-        rows.append({**{k: labels.get(k, "") for k in RUN}, "training_s": training_s,
-                     "start_unix": float(starts.get(run, last_unix - training_s)),
-                     "end_unix": end_unix, "status": status})
-    frame = pd.DataFrame(rows, columns=[*RUN, "training_s", "start_unix", "end_unix",
-                                        "status"])
+        rows.append(
+            {
+                **{k: labels.get(k, "") for k in RUN},
+                "training_s": training_s,
+                "start_unix": float(starts.get(run, last_unix - training_s)),
+                "end_unix": end_unix,
+                "status": status,
+            }
+        )
+    frame = pd.DataFrame(rows, columns=[*RUN, "training_s", "start_unix", "end_unix", "status"])
     return frame.sort_values("start_unix", kind="stable").reset_index(drop=True)
 
 
@@ -126,15 +141,17 @@ def _gpus(url: str, since: str) -> pd.DataFrame:
     keys = ("run", "uuid", "gpu", "model")
     figures = {
         "GPU utilization mean (%)": _values(
-            url, f"avg_over_time(trainmon_gpu_utilization_ratio{selector}) * 100", keys),
+            url, f"avg_over_time(trainmon_gpu_utilization_ratio{selector}) * 100", keys
+        ),
         "GPU memory peak (MB)": _values(
-            url, f"max_over_time(trainmon_gpu_memory_used_bytes{selector}) / {BYTES_PER_MIB}",
-            keys),
-        "power mean (W)": _values(url, f"avg_over_time(trainmon_gpu_power_watts{selector})",
-                                  keys),
+            url, f"max_over_time(trainmon_gpu_memory_used_bytes{selector}) / {BYTES_PER_MIB}", keys
+        ),
+        "power mean (W)": _values(url, f"avg_over_time(trainmon_gpu_power_watts{selector})", keys),
         "energy (kWh)": _values(
-            url, f"last_over_time(trainmon_gpu_energy_joules_total{selector}) / "
-            f"{jobs.J_PER_KWH:g}", keys),
+            url,
+            f"last_over_time(trainmon_gpu_energy_joules_total{selector}) / {jobs.J_PER_KWH:g}",
+            keys,
+        ),
     }
     frame = pd.DataFrame(figures)
     frame.index.names = list(keys)
@@ -153,13 +170,19 @@ def _samples(url: str, since: str, runs: pd.Series) -> pd.DataFrame:
         if labels.get("run") not in position:
             continue
         values = np.asarray(series["values"], dtype="float64")
-        values = values[::max(1, math.ceil(len(values) / PLOT_POINTS))]
-        parts.append(pd.DataFrame({"job": position[labels["run"]], "gpu": int(labels["gpu"]),
-                                   "time (s)": values[:, 0] - values[0, 0],
-                                   "utilization (%)": values[:, 1] * 100}))
+        values = values[:: max(1, math.ceil(len(values) / PLOT_POINTS))]
+        parts.append(
+            pd.DataFrame(
+                {
+                    "job": position[labels["run"]],
+                    "gpu": int(labels["gpu"]),
+                    "time (s)": values[:, 0] - values[0, 0],
+                    "utilization (%)": values[:, 1] * 100,
+                }
+            )
+        )
     columns = ["job", "gpu", "time (s)", "utilization (%)"]
-    return pd.concat(parts, ignore_index=True)[columns] if parts else pd.DataFrame(
-        columns=columns)
+    return pd.concat(parts, ignore_index=True)[columns] if parts else pd.DataFrame(columns=columns)
 
 
 def from_prometheus(url: str, since: str) -> Report:
@@ -168,46 +191,74 @@ def from_prometheus(url: str, since: str) -> Report:
     answer or refuses a query."""
     runs = _runs(url, since)
     run = runs["run"]
-    sums = {name: _phase(url, since, phase, "sum").reindex(run).to_numpy()
-            for name, phase in _KEYS.items()}
-    counts = {name: _phase(url, since, phase, "count").reindex(run).to_numpy()
-              for name, phase in _KEYS.items()}
+    sums = {
+        name: _phase(url, since, phase, "sum").reindex(run).to_numpy()
+        for name, phase in _KEYS.items()
+    }
+    counts = {
+        name: _phase(url, since, phase, "count").reindex(run).to_numpy()
+        for name, phase in _KEYS.items()
+    }
     with np.errstate(invalid="ignore", divide="ignore"):
-        means = {name: np.where(counts[name] > 0, sums[name] / counts[name], np.nan)
-                 for name in _KEYS}
-    samples = {loop: _values(url, f'last_over_time(trainmon_samples_total{{loop="{loop}",'
-                             f'rank="0"}}[{since}])').reindex(run).to_numpy()
-               for loop in ("train", "val")}
+        means = {
+            name: np.where(counts[name] > 0, sums[name] / counts[name], np.nan) for name in _KEYS
+        }
+    samples = {
+        loop: _values(
+            url, f'last_over_time(trainmon_samples_total{{loop="{loop}",rank="0"}}[{since}])'
+        )
+        .reindex(run)
+        .to_numpy()
+        for loop in ("train", "val")
+    }
     val_loop = _phase(url, since, "val_loop", "sum").reindex(run).to_numpy()
-    last = {name: _values(url, f"{fn}({metric}[{since}])").reindex(run).to_numpy() for
-            name, fn, metric in (
-                ("cpu", "last_over_time", "trainmon_job_cpu_seconds_total"),
-                ("rss", "max_over_time", "trainmon_job_memory_rss_bytes"),
-                ("dropped", "last_over_time", 'trainmon_records_total{outcome="dropped"}'))}
+    last = {
+        name: _values(url, f"{fn}({metric}[{since}])").reindex(run).to_numpy()
+        for name, fn, metric in (
+            ("cpu", "last_over_time", "trainmon_job_cpu_seconds_total"),
+            ("rss", "max_over_time", "trainmon_job_memory_rss_bytes"),
+            ("dropped", "last_over_time", 'trainmon_records_total{outcome="dropped"}'),
+        )
+    }
     gpus = _gpus(url, since)
     # as run.json's: end − start once the run ended; the Training time so far before
-    wall = np.where(runs["end_unix"].notna(), runs["end_unix"] - runs["start_unix"],
-                    runs["training_s"])
+    wall = np.where(
+        runs["end_unix"].notna(), runs["end_unix"] - runs["start_unix"], runs["training_s"]
+    )
     with np.errstate(invalid="ignore", divide="ignore"):
-        table = pd.DataFrame({
-            "run_id": run, "folder": "", "host": runs["host"], "user": runs["user"],
-            "slurm_job_id": runs["slurm_job_id"], "command": "",
-            "start": [_iso(t) for t in runs["start_unix"]],
-            "end": [_iso(t) for t in runs["end_unix"]],
-            "status": runs["status"], "cause": "",
-            "wall (s)": wall,
-            "train throughput (samples/s)": samples["train"] / sums["loop"],
-            "val throughput (samples/s)": samples["val"] / val_loop,
-            "data loading share (%)": means["loading"] / means["loop"] * 100.0,
-            "CPU mean (%)": last["cpu"] / wall * 100.0,
-            "memory peak (MB)": last["rss"] / BYTES_PER_MIB,
-            "records dropped": np.nan_to_num(last["dropped"]).astype("int64"),
-        })
-    per_job = gpus.groupby("run").agg(
-        n=("uuid", "nunique"), model=("model", lambda m: ", ".join(sorted(set(m)))),
-        util=("GPU utilization mean (%)", "mean"), peak=("GPU memory peak (MB)", "max"),
-        energy=("energy (kWh)", lambda s: s.sum(min_count=1)),
-        power=("power mean (W)", lambda s: s.sum(min_count=1))).reindex(run)
+        table = pd.DataFrame(
+            {
+                "run_id": run,
+                "folder": "",
+                "host": runs["host"],
+                "user": runs["user"],
+                "slurm_job_id": runs["slurm_job_id"],
+                "command": "",
+                "start": [_iso(t) for t in runs["start_unix"]],
+                "end": [_iso(t) for t in runs["end_unix"]],
+                "status": runs["status"],
+                "cause": "",
+                "wall (s)": wall,
+                "train throughput (samples/s)": samples["train"] / sums["loop"],
+                "val throughput (samples/s)": samples["val"] / val_loop,
+                "data loading share (%)": means["loading"] / means["loop"] * 100.0,
+                "CPU mean (%)": last["cpu"] / wall * 100.0,
+                "memory peak (MB)": last["rss"] / BYTES_PER_MIB,
+                "records dropped": np.nan_to_num(last["dropped"]).astype("int64"),
+            }
+        )
+    per_job = (
+        gpus.groupby("run")
+        .agg(
+            n=("uuid", "nunique"),
+            model=("model", lambda m: ", ".join(sorted(set(m)))),
+            util=("GPU utilization mean (%)", "mean"),
+            peak=("GPU memory peak (MB)", "max"),
+            energy=("energy (kWh)", lambda s: s.sum(min_count=1)),
+            power=("power mean (W)", lambda s: s.sum(min_count=1)),
+        )
+        .reindex(run)
+    )
     table["GPUs"] = per_job["n"].fillna(0).astype("int64").to_numpy()
     table["GPU model"] = per_job["model"].fillna("").to_numpy()
     table["GPU-hours"] = table["GPUs"] * table["wall (s)"] / 3600.0
@@ -216,12 +267,26 @@ def from_prometheus(url: str, since: str) -> Report:
     table["GPU memory peak (%)"] = np.nan
     table["energy (kWh)"] = per_job["energy"].to_numpy()
     table["power mean (W)"] = per_job["power"].to_numpy()
-    parts = {part: _values(url, f'sum by (run) (avg by (run, split, part) ('
-                           f'last_over_time(trainmon_goodput_seconds{{part="{part}"}}'
-                           f'[{since}])))').reindex(run).to_numpy()
-             for part in ("productive", *CAUSES)}
-    wall_s = _values(url, f"sum by (run) (avg by (run, split) (last_over_time("
-                     f"trainmon_goodput_wall_seconds[{since}])))").reindex(run).to_numpy()
+    parts = {
+        part: _values(
+            url,
+            f"sum by (run) (avg by (run, split, part) ("
+            f'last_over_time(trainmon_goodput_seconds{{part="{part}"}}'
+            f"[{since}])))",
+        )
+        .reindex(run)
+        .to_numpy()
+        for part in ("productive", *CAUSES)
+    }
+    wall_s = (
+        _values(
+            url,
+            f"sum by (run) (avg by (run, split) (last_over_time("
+            f"trainmon_goodput_wall_seconds[{since}])))",
+        )
+        .reindex(run)
+        .to_numpy()
+    )
     for column, values in jobs.goodput_columns(wall_s, parts["productive"], parts).items():
         table[column] = values
     # the straggler figures come from the run folders' summaries (not exported per job)
@@ -230,12 +295,20 @@ def from_prometheus(url: str, since: str) -> Report:
     table["flags"] = jobs.flags(table)
     job_table = jobs.typed(table, jobs.JOB_COLUMNS)
 
-    per_gpu = gpus.merge(job_table[["run_id", "folder", "host", "user"]], left_on="run",
-                         right_on="run_id").rename(columns={"model": "GPU model"})
+    per_gpu = gpus.merge(
+        job_table[["run_id", "folder", "host", "user"]], left_on="run", right_on="run_id"
+    ).rename(columns={"model": "GPU model"})
     per_gpu["status"] = ""
     per_gpu["data loading share (%)"] = np.nan
     per_gpu["flags"] = jobs.flags(per_gpu)
-    phase_means = pd.DataFrame({column: means[name] for column, name in
-                                zip(PHASE_MEANS, _KEYS, strict=True)})
-    return Report(job_table, jobs.typed(per_gpu, jobs.GPU_COLUMNS), jobs.summary(job_table),
-                  damaged_frame([]), phase_means, _samples(url, since, run))
+    phase_means = pd.DataFrame(
+        {column: means[name] for column, name in zip(PHASE_MEANS, _KEYS, strict=True)}
+    )
+    return Report(
+        job_table,
+        jobs.typed(per_gpu, jobs.GPU_COLUMNS),
+        jobs.summary(job_table),
+        damaged_frame([]),
+        phase_means,
+        _samples(url, since, run),
+    )

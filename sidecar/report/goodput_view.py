@@ -14,8 +14,18 @@ from sidecar.model.goodput import CAUSES
 from sidecar.report.jobs import names
 
 FIRST_JOBS = 20  # jobs listed under "look at first"
-COLOURS = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
-           "#ff9da7", "#9c755f", "#bab0ac")  # one per cause, in CAUSES order
+COLOURS = (
+    "#4e79a7",
+    "#f28e2b",
+    "#e15759",
+    "#76b7b2",
+    "#59a14f",
+    "#edc948",
+    "#b07aa1",
+    "#ff9da7",
+    "#9c755f",
+    "#bab0ac",
+)  # one per cause, in CAUSES order
 
 
 def _cell(value: object, digits: int = 2) -> str:
@@ -35,12 +45,19 @@ def lost_per_job(jobs: pd.DataFrame) -> pd.DataFrame:
     cause, most lost first; jobs without a goodput account or GPUs are left out."""
     badput = jobs[[f"badput {cause} (s)" for cause in CAUSES]]
     lost = badput.sum(axis=1, min_count=1) * jobs["GPUs"] / 3600.0
-    frame = pd.DataFrame({
-        "job": names(jobs), "user": jobs["user"], "GPU-hours": jobs["GPU-hours"],
-        "goodput (%)": jobs["goodput (%)"], "GPU-hours lost": lost,
-        "largest cause": [CAUSES[i] for i in
-                          badput.fillna(-1.0).to_numpy().argmax(axis=1).tolist()],
-        "flags": jobs["flags"]})
+    frame = pd.DataFrame(
+        {
+            "job": names(jobs),
+            "user": jobs["user"],
+            "GPU-hours": jobs["GPU-hours"],
+            "goodput (%)": jobs["goodput (%)"],
+            "GPU-hours lost": lost,
+            "largest cause": [
+                CAUSES[i] for i in badput.fillna(-1.0).to_numpy().argmax(axis=1).tolist()
+            ],
+            "flags": jobs["flags"],
+        }
+    )
     frame = frame[(jobs["GPUs"] > 0) & lost.notna()]
     return frame.sort_values("GPU-hours lost", ascending=False, kind="stable")
 
@@ -50,28 +67,50 @@ def section(jobs: pd.DataFrame, summary: pd.DataFrame) -> str:
     ``FIRST_JOBS`` jobs that lost the most GPU-hours."""
     users = summary[summary["by"] == "user"]
     lost_columns = [f"GPU-hours lost {cause}" for cause in CAUSES]
-    legend = " ".join(f'<span style="color:{colour}">■</span> {html.escape(cause)}'
-                      for cause, colour in zip(CAUSES, COLOURS, strict=True))
+    legend = " ".join(
+        f'<span style="color:{colour}">■</span> {html.escape(cause)}'
+        for cause, colour in zip(CAUSES, COLOURS, strict=True)
+    )
     rows = []
     for _, user in users.iterrows():
         values = [float(user[c]) if pd.notna(user[c]) else 0.0 for c in lost_columns]
         whole = sum(values)
-        bar = "".join(f'<span style="display:inline-block;height:1em;background:{colour};'
-                      f'width:{value / whole * 200 if whole else 0:.1f}px"></span>'
-                      for value, colour in zip(values, COLOURS, strict=True))
-        rows.append([_cell(user["name"]), _cell(float(user["GPU-hours"])), _cell(whole),
-                     bar, *(_cell(v) for v in values)])
-    per_user = _table(["user", "GPU-hours", "GPU-hours lost", "by cause",
-                       *CAUSES], rows)
+        bar = "".join(
+            f'<span style="display:inline-block;height:1em;background:{colour};'
+            f'width:{value / whole * 200 if whole else 0:.1f}px"></span>'
+            for value, colour in zip(values, COLOURS, strict=True)
+        )
+        rows.append(
+            [
+                _cell(user["name"]),
+                _cell(float(user["GPU-hours"])),
+                _cell(whole),
+                bar,
+                *(_cell(v) for v in values),
+            ]
+        )
+    per_user = _table(["user", "GPU-hours", "GPU-hours lost", "by cause", *CAUSES], rows)
     first = lost_per_job(jobs).head(FIRST_JOBS)
-    job_rows = [[_cell(r["job"]), _cell(r["user"]), _cell(float(r["GPU-hours"])),
-                 _cell(float(r["goodput (%)"]), 1), _cell(float(r["GPU-hours lost"])),
-                 _cell(r["largest cause"]), _cell(r["flags"])]
-                for _, r in first.iterrows()]
-    look_first = _table(["job", "user", "GPU-hours", "goodput (%)", "GPU-hours lost",
-                         "largest cause", "flags"], job_rows)
-    return (f'<h2 id="goodput">Goodput: GPU-hours lost per user and cause</h2>'
-            f"<p>Each job's GPUs × the seconds of each badput cause of its goodput "
-            f"account. {legend}</p><div class=\"scroll\">{per_user}</div>"
-            f"<h2>Jobs to look at first (most GPU-hours lost)</h2>"
-            f'<div class="scroll">{look_first}</div>')
+    job_rows = [
+        [
+            _cell(r["job"]),
+            _cell(r["user"]),
+            _cell(float(r["GPU-hours"])),
+            _cell(float(r["goodput (%)"]), 1),
+            _cell(float(r["GPU-hours lost"])),
+            _cell(r["largest cause"]),
+            _cell(r["flags"]),
+        ]
+        for _, r in first.iterrows()
+    ]
+    look_first = _table(
+        ["job", "user", "GPU-hours", "goodput (%)", "GPU-hours lost", "largest cause", "flags"],
+        job_rows,
+    )
+    return (
+        f'<h2 id="goodput">Goodput: GPU-hours lost per user and cause</h2>'
+        f"<p>Each job's GPUs × the seconds of each badput cause of its goodput "
+        f'account. {legend}</p><div class="scroll">{per_user}</div>'
+        f"<h2>Jobs to look at first (most GPU-hours lost)</h2>"
+        f'<div class="scroll">{look_first}</div>'
+    )

@@ -35,8 +35,16 @@ PHASE_JOBS = 40
 BAR_ROWS = 30
 PHASE_PARTS = ("loading", "forward", "backward", "optimization")
 # the jobs table's first columns: what a reader needs without scrolling sideways
-JOB_FIRST = ["job", "status", "wall (s)", "flags", "idle GPU-hours", "GPUs", "GPU-hours",
-             "GPU utilization mean (%)"]
+JOB_FIRST = [
+    "job",
+    "status",
+    "wall (s)",
+    "flags",
+    "idle GPU-hours",
+    "GPUs",
+    "GPU-hours",
+    "GPU utilization mean (%)",
+]
 
 
 def _asset(name: str) -> str:
@@ -53,17 +61,19 @@ def _json_value(value: Any) -> Any:
 
 def _table(frame: pd.DataFrame) -> dict[str, Any]:
     """Columns, rows and which columns hold text (folded on the page when long)."""
-    return {"columns": [str(c) for c in frame.columns],
-            "text": [str(c) in TEXT_COLUMNS or c == "job" or c == "name" for c in frame.columns],
-            "rows": [[_json_value(v) for v in row]
-                     for row in frame.itertuples(index=False, name=None)]}
+    return {
+        "columns": [str(c) for c in frame.columns],
+        "text": [str(c) in TEXT_COLUMNS or c == "job" or c == "name" for c in frame.columns],
+        "rows": [[_json_value(v) for v in row] for row in frame.itertuples(index=False, name=None)],
+    }
 
 
 def _jobs_view(jobs: pd.DataFrame) -> pd.DataFrame:
     """The jobs table as the page shows it: most wasteful first, the job's name, status,
     wall time, flags and idle GPU-hours ahead of the other columns."""
-    view = most_wasteful_first(jobs.assign(job=names(jobs),
-                                           **{"idle GPU-hours": idle_gpu_hours(jobs)}))
+    view = most_wasteful_first(
+        jobs.assign(job=names(jobs), **{"idle GPU-hours": idle_gpu_hours(jobs)})
+    )
     return view[JOB_FIRST + [c for c in jobs.columns if c not in JOB_FIRST]]
 
 
@@ -76,14 +86,17 @@ def _utilization(jobs: pd.DataFrame, samples: pd.DataFrame) -> list[dict[str, An
         rows = samples[samples["job"] == position]
         if rows.empty:
             continue
-        wide = rows.pivot_table(index="time (s)", columns="gpu", values="utilization (%)",
-                                aggfunc="last")
-        out.append({
-            "title": f"{job['name']} ({job['GPU model']})",
-            "gpus": [f"GPU {g}" for g in wide.columns],
-            "columns": [[_json_value(v) for v in wide.index]]
-            + [[_json_value(v) for v in wide[g]] for g in wide.columns],
-        })
+        wide = rows.pivot_table(
+            index="time (s)", columns="gpu", values="utilization (%)", aggfunc="last"
+        )
+        out.append(
+            {
+                "title": f"{job['name']} ({job['GPU model']})",
+                "gpus": [f"GPU {g}" for g in wide.columns],
+                "columns": [[_json_value(v) for v in wide.index]]
+                + [[_json_value(v) for v in wide[g]] for g in wide.columns],
+            }
+        )
     return out
 
 
@@ -96,7 +109,7 @@ def _phases(jobs: pd.DataFrame, phase_means: pd.DataFrame) -> dict[str, Any]:
     series = []
     rest = pd.Series(100.0, index=frame.index)
     for name in PHASE_PARTS:
-        share = (frame[f"{name} mean (s)"].fillna(0.0) / loop * 100.0)
+        share = frame[f"{name} mean (s)"].fillna(0.0) / loop * 100.0
         rest -= share
         series.append({"label": PHASE_COLUMNS[name], "values": [_json_value(v) for v in share]})
     series.append({"label": "other", "values": [_json_value(max(v, 0.0)) for v in rest]})
@@ -116,15 +129,24 @@ def _gpu_hours(summary: pd.DataFrame, by: str) -> dict[str, Any]:
     return {"labels": labels, "values": values}
 
 
-def render(jobs: pd.DataFrame, gpus: pd.DataFrame, summary: pd.DataFrame,
-           damaged: pd.DataFrame, phase_means: pd.DataFrame, samples: pd.DataFrame) -> str:
+def render(
+    jobs: pd.DataFrame,
+    gpus: pd.DataFrame,
+    summary: pd.DataFrame,
+    damaged: pd.DataFrame,
+    phase_means: pd.DataFrame,
+    samples: pd.DataFrame,
+) -> str:
     """The page. ``phase_means`` (per job: ``<phase> mean (s)`` columns of
     ``PHASE_COLUMNS``) shares the jobs' index; ``samples`` (job, gpu, time (s),
     utilization (%)) names the job by that index.
     """
     data = {
-        "jobs": _table(_jobs_view(jobs)), "gpus": _table(gpus), "summary": _table(summary),
-        "damaged": _table(damaged), "utilization": _utilization(jobs, samples),
+        "jobs": _table(_jobs_view(jobs)),
+        "gpus": _table(gpus),
+        "summary": _table(summary),
+        "damaged": _table(damaged),
+        "utilization": _utilization(jobs, samples),
         "phases": _phases(jobs, phase_means),
         "gpu_hours": {by: _gpu_hours(summary, by) for by in ("user", "GPU model")},
     }

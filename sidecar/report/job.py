@@ -28,15 +28,24 @@ LABEL = 18
 PHASES = ("loading", "forward", "backward", "optimization")
 BADPUT_ADVICE_SHARE = 10.0  # a cause over this share of the wall time gets a line
 STRAGGLER_ADVICE_SHARE = 5.0
-SHORT = {"productive": "productive", "startup": "start-up", "sidecar_start": "sidecar start",
-         "data_stall": "data stall", "validation": "validation", "checkpoint": "checkpoint",
-         "redone": "redone work", "downtime": "downtime", "warmup": "warmup/compile",
-         "straggler": "straggler wait", "other": "other"}
+SHORT = {
+    "productive": "productive",
+    "startup": "start-up",
+    "sidecar_start": "sidecar start",
+    "data_stall": "data stall",
+    "validation": "validation",
+    "checkpoint": "checkpoint",
+    "redone": "redone work",
+    "downtime": "downtime",
+    "warmup": "warmup/compile",
+    "straggler": "straggler wait",
+    "other": "other",
+}
 ADVICE = {
     "startup": "start the training loop sooner: import and set up less before it, or "
-               "load data lazily",
+    "load data lazily",
     "sidecar_start": "run the job under `sidecar run` (or a node daemon) instead of a "
-                     "private sidecar",
+    "private sidecar",
     "validation": "validate less often or on fewer batches",
     "checkpoint": "checkpoint less often, or save asynchronously",
     "redone": "checkpoint more often: the work after the last checkpoint was done again",
@@ -67,15 +76,17 @@ def find_job(job: str, paths: Iterable[Path]) -> Path:
             start = meta.get("start_unix")
             found.append((start if isinstance(start, (int, float)) else 0.0, candidate))
     if not found:
-        raise JobNotFound(f"no run folder of job {job} under "
-                          f"{', '.join(map(str, paths)) or '.'}")
+        raise JobNotFound(f"no run folder of job {job} under {', '.join(map(str, paths)) or '.'}")
     return max(found)[1]
 
 
 def _value(value: Any) -> float | None:
     """A float, None for NaN or a missing value."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) \
-            and not math.isnan(float(value)):
+    if (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and not math.isnan(float(value))
+    ):
         return float(value)
     return None
 
@@ -105,26 +116,39 @@ def figures(folder: Path) -> dict[str, Any]:
     splits = meta.get("splits") or {}
     phase_means = report.phase_means.iloc[0]
     loop = _value(phase_means.get("loop mean (s)"))
-    shares = {name: (_value(phase_means.get(f"{name} mean (s)")) or 0.0) / loop * 100
-              for name in PHASES} if loop else {}
-    hosts = sorted({str(s.get("host")) for s in splits.values()
-                    if isinstance(s, dict) and s.get("host")})
+    shares = (
+        {name: (_value(phase_means.get(f"{name} mean (s)")) or 0.0) / loop * 100 for name in PHASES}
+        if loop
+        else {}
+    )
+    hosts = sorted(
+        {str(s.get("host")) for s in splits.values() if isinstance(s, dict) and s.get("host")}
+    )
     goodput = meta.get("goodput") if isinstance(meta.get("goodput"), dict) else None
     waits: dict[str, float] = {}
     for entry in splits.values():
-        ranks = ((entry.get("goodput") or {}).get("ranks") or {}) if isinstance(entry,
-                                                                                dict) else {}
+        ranks = ((entry.get("goodput") or {}).get("ranks") or {}) if isinstance(entry, dict) else {}
         for rank, account in ranks.items():
             waited = (account.get("badput_s") or {}).get("straggler", 0.0)
             waits[rank] = waits.get(rank, 0.0) + float(waited or 0.0)
-    loaders = next((s.get("loaders") for s in splits.values()
-                    if isinstance(s, dict) and s.get("loaders")), None) or {}
+    loaders = (
+        next(
+            (s.get("loaders") for s in splits.values() if isinstance(s, dict) and s.get("loaders")),
+            None,
+        )
+        or {}
+    )
     return {
-        "folder": str(folder), "job_id": meta.get("job_id"), "user": meta.get("user"),
+        "folder": str(folder),
+        "job_id": meta.get("job_id"),
+        "user": meta.get("user"),
         "hosts": hosts or ([meta["host"]] if meta.get("host") else []),
-        "status": meta.get("status"), "cause": meta.get("cause"),
-        "wall_s": _value(row["wall (s)"]), "gpus": int(row["GPUs"]),
-        "gpu_model": row["GPU model"] or None, "gpu_hours": _value(row["GPU-hours"]),
+        "status": meta.get("status"),
+        "cause": meta.get("cause"),
+        "wall_s": _value(row["wall (s)"]),
+        "gpus": int(row["GPUs"]),
+        "gpu_model": row["GPU model"] or None,
+        "gpu_hours": _value(row["GPU-hours"]),
         "gpu_utilization_pct": _value(row["GPU utilization mean (%)"]),
         "gpu_memory_peak_pct": _value(row["GPU memory peak (%)"]),
         "gpu_memory_peak_mib": _value(row["GPU memory peak (MB)"]),
@@ -132,10 +156,16 @@ def figures(folder: Path) -> dict[str, Any]:
         "memory_peak_mib": _value(row["memory peak (MB)"]),
         "system_memory_peak_pct": _system_memory_pct(folder, meta),
         "data_loading_share_pct": _value(row["data loading share (%)"]),
-        "phase_shares_pct": shares, "goodput": goodput, "straggler_wait_s": waits,
-        "loaders": loaders, "flags": [f for f in str(row["flags"]).split(",") if f],
-        "mfu": {k: s["mfu"] for k, s in sorted(splits.items())
-                if isinstance(s, dict) and isinstance(s.get("mfu"), dict)},
+        "phase_shares_pct": shares,
+        "goodput": goodput,
+        "straggler_wait_s": waits,
+        "loaders": loaders,
+        "flags": [f for f in str(row["flags"]).split(",") if f],
+        "mfu": {
+            k: s["mfu"]
+            for k, s in sorted(splits.items())
+            if isinstance(s, dict) and isinstance(s.get("mfu"), dict)
+        },
     }
 
 
@@ -157,7 +187,7 @@ def _duration(seconds: float | None) -> str:
 
 def _fit(text: str) -> str:
     """``text`` cut to the width, its start replaced by '…' when too long."""
-    return text if len(text) <= WIDTH else "…" + text[-(WIDTH - 1):]
+    return text if len(text) <= WIDTH else "…" + text[-(WIDTH - 1) :]
 
 
 def advice(job: dict[str, Any]) -> list[str]:
@@ -175,27 +205,36 @@ def advice(job: dict[str, Any]) -> list[str]:
         lines.append(f"input-bound: {share:.0f} % of each step waits for data — {fix}")
     util = job["gpu_utilization_pct"]
     if job["gpus"] and util is not None and util < jobs.IDLE_GPU_PCT:
-        lines.append(f"idle GPU: the GPUs were busy {util:.0f} % of the time — ask for "
-                     "fewer GPUs or feed them more work")
+        lines.append(
+            f"idle GPU: the GPUs were busy {util:.0f} % of the time — ask for "
+            "fewer GPUs or feed them more work"
+        )
     memory = job["gpu_memory_peak_pct"]
     if memory is not None and memory > jobs.MEMORY_PRESSURE_PCT:
-        lines.append(f"GPU memory near full ({memory:.0f} %) — lower the batch size or "
-                     "checkpoint activations")
+        lines.append(
+            f"GPU memory near full ({memory:.0f} %) — lower the batch size or "
+            "checkpoint activations"
+        )
     goodput = job["goodput"]
     if goodput and goodput.get("wall_s"):
         wall = float(goodput["wall_s"])
-        causes = sorted(((float(goodput["badput_s"].get(c) or 0.0), c) for c in ADVICE),
-                        reverse=True)
+        causes = sorted(
+            ((float(goodput["badput_s"].get(c) or 0.0), c) for c in ADVICE), reverse=True
+        )
         for seconds, cause in causes:
             if seconds / wall * 100 > BADPUT_ADVICE_SHARE:
-                lines.append(f"{SHORT[cause]}: {seconds / wall * 100:.0f} % of the "
-                             f"wall time — {ADVICE[cause]}")
+                lines.append(
+                    f"{SHORT[cause]}: {seconds / wall * 100:.0f} % of the "
+                    f"wall time — {ADVICE[cause]}"
+                )
     waits = job["straggler_wait_s"]
     if waits and goodput and goodput.get("wall_s"):
         rank, waited = max(waits.items(), key=lambda item: item[1])
         if waited / float(goodput["wall_s"]) * 100 > STRAGGLER_ADVICE_SHARE:
-            lines.append(f"straggler: rank {rank} waited {waited:.1f} s for the slowest "
-                         "rank — balance the data or check that host")
+            lines.append(
+                f"straggler: rank {rank} waited {waited:.1f} s for the slowest "
+                "rank — balance the data or check that host"
+            )
     if job["status"] in ("failed", "incomplete"):
         lines.append(f"{job['status']}: {job['cause'] or 'see summary.log'}")
     return lines
@@ -203,23 +242,34 @@ def advice(job: dict[str, Any]) -> list[str]:
 
 def render(job: dict[str, Any]) -> list[str]:
     """The terminal lines of the job report (none wider than ``WIDTH``)."""
-    gpus = (f"{job['gpus']} × {job['gpu_model']}" if job["gpus"] else "none")
-    lines = [_fit(f"Job {job['job_id'] or '-'}: {job['folder']}"),
-             _fit(f"User {job['user'] or '-'}   Host(s) {', '.join(job['hosts']) or '-'}   "
-                  f"Status {job['status']}"),
-             _fit(f"Wall {_duration(job['wall_s'])}   GPUs {gpus}   GPU-hours "
-                  f"{job['gpu_hours'] or 0.0:.2f}"), "-" * WIDTH]
+    gpus = f"{job['gpus']} × {job['gpu_model']}" if job["gpus"] else "none"
+    lines = [
+        _fit(f"Job {job['job_id'] or '-'}: {job['folder']}"),
+        _fit(
+            f"User {job['user'] or '-'}   Host(s) {', '.join(job['hosts']) or '-'}   "
+            f"Status {job['status']}"
+        ),
+        _fit(
+            f"Wall {_duration(job['wall_s'])}   GPUs {gpus}   GPU-hours "
+            f"{job['gpu_hours'] or 0.0:.2f}"
+        ),
+        "-" * WIDTH,
+    ]
     util, memory = job["gpu_utilization_pct"], job["gpu_memory_peak_pct"]
-    lines.append(_bar("GPU utilization", util, f"{util:.0f} % mean" if util is not None
-                      else ""))
-    lines.append(_bar("GPU memory", memory, f"{memory:.0f} % peak" if memory is not None
-                      else ""))
+    lines.append(_bar("GPU utilization", util, f"{util:.0f} % mean" if util is not None else ""))
+    lines.append(_bar("GPU memory", memory, f"{memory:.0f} % peak" if memory is not None else ""))
     cpu = job["cpu_mean_pct"]
     lines.append(_bar("CPU", cpu, f"{cpu:.0f} % of one core" if cpu is not None else ""))
     host = job["system_memory_peak_pct"]
     rss = job["memory_peak_mib"]
-    lines.append(_bar("Host memory", host, (f"{host:.0f} % peak" if host is not None else "")
-                      + (f", job {rss:.0f} MiB" if rss is not None else "")))
+    lines.append(
+        _bar(
+            "Host memory",
+            host,
+            (f"{host:.0f} % peak" if host is not None else "")
+            + (f", job {rss:.0f} MiB" if rss is not None else ""),
+        )
+    )
     lines.append("-" * WIDTH)
     goodput = job["goodput"]
     if goodput and goodput.get("wall_s"):
@@ -229,31 +279,50 @@ def render(job: dict[str, Any]) -> list[str]:
         parts += [(c, float(goodput["badput_s"].get(c) or 0.0)) for c in CAUSES]
         for part, seconds in parts:
             if seconds >= 0.005 * wall or part == "productive":
-                lines.append(_bar(f"  {SHORT[part]}", seconds / wall * 100,
-                                  f"{seconds / wall * 100:4.1f} % {seconds:.1f} s"))
+                lines.append(
+                    _bar(
+                        f"  {SHORT[part]}",
+                        seconds / wall * 100,
+                        f"{seconds / wall * 100:4.1f} % {seconds:.1f} s",
+                    )
+                )
         busy = goodput.get("gpu_busy_s")
         if busy is not None and goodput["productive_s"]:
-            lines.append(f"  GPU busy in productive training: "
-                         f"{busy / float(goodput['productive_s']) * 100:.0f} %")
+            lines.append(
+                f"  GPU busy in productive training: "
+                f"{busy / float(goodput['productive_s']) * 100:.0f} %"
+            )
     else:
         lines.append("Goodput: not recorded (a folder from an older sidecar)")
     shares = job["phase_shares_pct"]
     if shares:
-        lines += _wrap("Phases per step: " + ", ".join(
-            f"{name} {share:.0f} %" for name, share in shares.items()))
+        lines += _wrap(
+            "Phases per step: "
+            + ", ".join(f"{name} {share:.0f} %" for name, share in shares.items())
+        )
     waits = job["straggler_wait_s"]
     if len(waits) > 1:
         rank, waited = max(waits.items(), key=lambda item: item[1])
-        lines.append(_fit(f"Straggler: rank {rank} waited longest for the slowest rank, "
-                          f"{waited:.1f} s" if waited > 0 else "Straggler: none"))
+        lines.append(
+            _fit(
+                f"Straggler: rank {rank} waited longest for the slowest rank, {waited:.1f} s"
+                if waited > 0
+                else "Straggler: none"
+            )
+        )
     for split, mfu in job["mfu"].items():
         ratio = "unknown" if mfu["mfu"] is None else f"{mfu['mfu'] * 100:.1f} %"
-        peak = ("no known peak" if mfu["peak_tflops"] is None
-                else f"{mfu['peak_tflops']:.0f} TFLOP/s peak")
-        lines += _wrap(f"MFU (estimate, split {split}): {ratio} — "
-                       f"{mfu['flops_per_batch']:.2e} FLOPs/batch × "
-                       f"{mfu['batches_per_s']:.2f} batches/s vs {peak} ({mfu['gpu']}, "
-                       f"{mfu['dtype']})")
+        peak = (
+            "no known peak"
+            if mfu["peak_tflops"] is None
+            else f"{mfu['peak_tflops']:.0f} TFLOP/s peak"
+        )
+        lines += _wrap(
+            f"MFU (estimate, split {split}): {ratio} — "
+            f"{mfu['flops_per_batch']:.2e} FLOPs/batch × "
+            f"{mfu['batches_per_s']:.2f} batches/s vs {peak} ({mfu['gpu']}, "
+            f"{mfu['dtype']})"
+        )
     found = advice(job)
     lines += ["-" * WIDTH, "Advice:" if found else "Advice: nothing stands out"]
     for line in found:

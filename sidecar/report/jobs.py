@@ -23,21 +23,71 @@ from sidecar.report.read import RunFolder
 from sidecar.report.stragglers import STRAGGLER_COLUMNS, straggler_frame
 
 JOB_COLUMNS = [
-    "run_id", "folder", "host", "user", "slurm_job_id", "command", "start", "end", "status",
-    "cause", "wall (s)", "GPUs", "GPU model", "GPU-hours", "GPU utilization mean (%)",
-    "GPU memory peak (MB)", "GPU memory peak (%)", "energy (kWh)", "power mean (W)",
-    "train throughput (samples/s)", "val throughput (samples/s)", "data loading share (%)",
-    "CPU mean (%)", "memory peak (MB)", "records dropped", "goodput (%)",
-    *(f"badput {cause} (s)" for cause in CAUSES), *STRAGGLER_COLUMNS, "flags",
+    "run_id",
+    "folder",
+    "host",
+    "user",
+    "slurm_job_id",
+    "command",
+    "start",
+    "end",
+    "status",
+    "cause",
+    "wall (s)",
+    "GPUs",
+    "GPU model",
+    "GPU-hours",
+    "GPU utilization mean (%)",
+    "GPU memory peak (MB)",
+    "GPU memory peak (%)",
+    "energy (kWh)",
+    "power mean (W)",
+    "train throughput (samples/s)",
+    "val throughput (samples/s)",
+    "data loading share (%)",
+    "CPU mean (%)",
+    "memory peak (MB)",
+    "records dropped",
+    "goodput (%)",
+    *(f"badput {cause} (s)" for cause in CAUSES),
+    *STRAGGLER_COLUMNS,
+    "flags",
 ]
 GPU_COLUMNS = [
-    "run_id", "folder", "host", "user", "gpu", "uuid", "GPU model",
-    "GPU utilization mean (%)", "GPU memory peak (MB)", "GPU memory peak (%)",
-    "energy (kWh)", "power mean (W)", "flags",
+    "run_id",
+    "folder",
+    "host",
+    "user",
+    "gpu",
+    "uuid",
+    "GPU model",
+    "GPU utilization mean (%)",
+    "GPU memory peak (MB)",
+    "GPU memory peak (%)",
+    "energy (kWh)",
+    "power mean (W)",
+    "flags",
 ]
-TEXT_COLUMNS = frozenset({"run_id", "folder", "host", "user", "slurm_job_id", "command",
-                          "start", "end", "status", "cause", "uuid", "GPU model", "flags",
-                          "straggler rank", "straggler host", "straggler phase"})
+TEXT_COLUMNS = frozenset(
+    {
+        "run_id",
+        "folder",
+        "host",
+        "user",
+        "slurm_job_id",
+        "command",
+        "start",
+        "end",
+        "status",
+        "cause",
+        "uuid",
+        "GPU model",
+        "flags",
+        "straggler rank",
+        "straggler host",
+        "straggler phase",
+    }
+)
 INT_COLUMNS = frozenset({"GPUs", "records dropped", "gpu"})
 FLAGS = ("idle-gpu", "input-bound", "memory-pressure", "failed", "incomplete")
 SUMMARY_GROUPS = (("host", "host"), ("user", "user"), ("GPU model", "GPU model"))
@@ -57,21 +107,29 @@ def _text(value: object) -> str:
 
 
 def _number(value: object) -> float:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
-        else np.nan
+    return (
+        float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else np.nan
+    )
 
 
 def typed(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
     """``frame``'s ``columns`` in their types (text, integer, float), also when it has no
     row (pandas makes empty columns of type object)."""
-    return pd.DataFrame({
-        c: frame[c].astype(object) if c in TEXT_COLUMNS else
-        frame[c].astype("int64") if c in INT_COLUMNS else frame[c].astype("float64")
-        for c in columns})
+    return pd.DataFrame(
+        {
+            c: frame[c].astype(object)
+            if c in TEXT_COLUMNS
+            else frame[c].astype("int64")
+            if c in INT_COLUMNS
+            else frame[c].astype("float64")
+            for c in columns
+        }
+    )
 
 
-def _weighted(frame: pd.DataFrame, by: str | list[str], weight: str,
-              columns: list[str]) -> pd.DataFrame:
+def _weighted(
+    frame: pd.DataFrame, by: str | list[str], weight: str, columns: list[str]
+) -> pd.DataFrame:
     """Per ``by``: NaN-aware means of ``columns`` weighted by ``weight`` (NaN where no
     weight is left)."""
     keys = [frame[b] for b in ([by] if isinstance(by, str) else by)]
@@ -116,21 +174,23 @@ def most_wasteful_first(frame: pd.DataFrame) -> pd.DataFrame:
     then the most GPU-hours; jobs whose GPUs' utilization is unknown after the others."""
     flag_count = frame["flags"].fillna("").str.count(",") + (frame["flags"].fillna("") != "")
     keyed = frame.assign(_idle=idle_gpu_hours(frame), _flags=flag_count)
-    return keyed.sort_values(["_idle", "_flags", "GPU-hours"], ascending=False,
-                             kind="stable", na_position="last").drop(columns=["_idle",
-                                                                              "_flags"])
+    return keyed.sort_values(
+        ["_idle", "_flags", "GPU-hours"], ascending=False, kind="stable", na_position="last"
+    ).drop(columns=["_idle", "_flags"])
 
 
-def goodput_columns(wall_s: Sequence[float], productive_s: Sequence[float],
-                    badput_s: dict[str, Sequence[float]]) -> dict[str, np.ndarray]:
+def goodput_columns(
+    wall_s: Sequence[float], productive_s: Sequence[float], badput_s: dict[str, Sequence[float]]
+) -> dict[str, np.ndarray]:
     """The jobs table's goodput columns from each job's goodput wall time, productive
     time and badput seconds by cause (NaN where unknown)."""
     wall = np.asarray(wall_s, dtype="float64")
     with np.errstate(invalid="ignore", divide="ignore"):
-        share = np.where(wall > 0, np.asarray(productive_s, dtype="float64") / wall * 100.0,
-                         np.nan)
-    return {"goodput (%)": share, **{f"badput {cause} (s)": np.asarray(
-        badput_s[cause], dtype="float64") for cause in CAUSES}}
+        share = np.where(wall > 0, np.asarray(productive_s, dtype="float64") / wall * 100.0, np.nan)
+    return {
+        "goodput (%)": share,
+        **{f"badput {cause} (s)": np.asarray(badput_s[cause], dtype="float64") for cause in CAUSES},
+    }
 
 
 def _goodput(runs: Sequence[RunFolder]) -> dict[str, np.ndarray]:
@@ -139,10 +199,14 @@ def _goodput(runs: Sequence[RunFolder]) -> dict[str, np.ndarray]:
     for run in runs:
         entry = run.meta.get("goodput")
         entries.append(entry if isinstance(entry, dict) else {})
-    return goodput_columns([_number(e.get("wall_s")) for e in entries],
-                           [_number(e.get("productive_s")) for e in entries],
-                           {cause: [_number((e.get("badput_s") or {}).get(cause))
-                                    for e in entries] for cause in CAUSES})
+    return goodput_columns(
+        [_number(e.get("wall_s")) for e in entries],
+        [_number(e.get("productive_s")) for e in entries],
+        {
+            cause: [_number((e.get("badput_s") or {}).get(cause)) for e in entries]
+            for cause in CAUSES
+        },
+    )
 
 
 def _meta_frame(runs: Sequence[RunFolder]) -> pd.DataFrame:
@@ -150,16 +214,26 @@ def _meta_frame(runs: Sequence[RunFolder]) -> pd.DataFrame:
     for run in runs:
         meta = run.meta
         start, end = _number(meta.get("start_unix")), _number(meta.get("end_unix"))
-        rows.append({
-            "run_id": _text(meta.get("run_id")), "folder": str(run.path),
-            "host": _text(meta.get("host")), "user": _text(meta.get("user")),
-            "slurm_job_id": _text(meta.get("job_id")), "command": _text(meta.get("command")),
-            "start": _text(meta.get("start")), "end": _text(meta.get("end")),
-            "status": _text(meta.get("status")), "cause": _text(meta.get("cause")),
-            "wall (s)": end - start,
-            "announced": {g.get("uuid"): g.get("name") for g in meta.get("gpus") or []
-                          if isinstance(g, dict)},
-        })
+        rows.append(
+            {
+                "run_id": _text(meta.get("run_id")),
+                "folder": str(run.path),
+                "host": _text(meta.get("host")),
+                "user": _text(meta.get("user")),
+                "slurm_job_id": _text(meta.get("job_id")),
+                "command": _text(meta.get("command")),
+                "start": _text(meta.get("start")),
+                "end": _text(meta.get("end")),
+                "status": _text(meta.get("status")),
+                "cause": _text(meta.get("cause")),
+                "wall (s)": end - start,
+                "announced": {
+                    g.get("uuid"): g.get("name")
+                    for g in meta.get("gpus") or []
+                    if isinstance(g, dict)
+                },
+            }
+        )
     return pd.DataFrame(rows, columns=[*JOB_COLUMNS[:11], "announced"])
 
 
@@ -175,12 +249,15 @@ def _per_gpu(figures: Figures, splits: pd.DataFrame) -> pd.DataFrame:
     """One row per run and GPU UUID, its splits combined."""
     gpus = figures.gpus.join(splits, on="split")
     gpus["peak (%)"] = gpus["memory peak (MB)"] / gpus["memory total (MB)"] * 100.0
-    means = _weighted(gpus, ["run", "uuid"], "weight",
-                      ["utilization mean (%)", "power mean (W)"])
+    means = _weighted(gpus, ["run", "uuid"], "weight", ["utilization mean (%)", "power mean (W)"])
     grouped = gpus.groupby(["run", "uuid"], sort=True)
-    out = grouped.agg(gpu=("gpu", "last"), model=("model", "last"),
-                      peak_mib=("memory peak (MB)", "max"), peak_pct=("peak (%)", "max"),
-                      energy_j=("energy (J)", lambda s: s.sum(min_count=1)))
+    out = grouped.agg(
+        gpu=("gpu", "last"),
+        model=("model", "last"),
+        peak_mib=("memory peak (MB)", "max"),
+        peak_pct=("peak (%)", "max"),
+        energy_j=("energy (J)", lambda s: s.sum(min_count=1)),
+    )
     return out.join(means).reset_index()
 
 
@@ -191,18 +268,24 @@ def tables(runs: Sequence[RunFolder], figures: Figures) -> tuple[pd.DataFrame, p
     splits = _split_weights(runs)
     per_split = figures.splits.join(splits)
     per_split["share"] = per_split["loading mean (s)"] / per_split["loop mean (s)"] * 100.0
-    means = _weighted(per_split, "run", "weight", ["train throughput", "val throughput",
-                                                   "share", "cpu mean (%)"])
+    means = _weighted(
+        per_split, "run", "weight", ["train throughput", "val throughput", "share", "cpu mean (%)"]
+    )
     by_run = per_split.groupby("run")
     gpus = _per_gpu(figures, splits)
     job_gpu = gpus.groupby("run").agg(
-        util=("utilization mean (%)", "mean"), peak_mib=("peak_mib", "max"),
-        peak_pct=("peak_pct", "max"), energy_j=("energy_j", lambda s: s.sum(min_count=1)),
-        power=("power mean (W)", lambda s: s.sum(min_count=1)))
+        util=("utilization mean (%)", "mean"),
+        peak_mib=("peak_mib", "max"),
+        peak_pct=("peak_pct", "max"),
+        energy_j=("energy_j", lambda s: s.sum(min_count=1)),
+        power=("power mean (W)", lambda s: s.sum(min_count=1)),
+    )
     sampled = gpus.groupby("run")[["uuid", "model"]].agg(list)
-    names = [dict(zip(sampled["uuid"].get(i, []), sampled["model"].get(i, []), strict=True))
-             | {k: v for k, v in jobs["announced"][i].items() if k}
-             for i in range(len(runs))]
+    names = [
+        dict(zip(sampled["uuid"].get(i, []), sampled["model"].get(i, []), strict=True))
+        | {k: v for k, v in jobs["announced"][i].items() if k}
+        for i in range(len(runs))
+    ]
     jobs["GPUs"] = [len(n) for n in names]
     jobs["GPU model"] = [", ".join(sorted({str(v) for v in n.values()})) for n in names]
     jobs["GPU-hours"] = (jobs["GPUs"] * jobs["wall (s)"] / 3600.0).where(jobs["GPUs"] > 0, 0.0)
@@ -223,9 +306,14 @@ def tables(runs: Sequence[RunFolder], figures: Figures) -> tuple[pd.DataFrame, p
     jobs["flags"] = flags(jobs)
 
     per_gpu = gpus.join(jobs[["run_id", "folder", "host", "user"]], on="run")
-    per_gpu = per_gpu.rename(columns={"model": "GPU model", "peak_mib": "GPU memory peak (MB)",
-                                      "peak_pct": "GPU memory peak (%)",
-                                      "utilization mean (%)": "GPU utilization mean (%)"})
+    per_gpu = per_gpu.rename(
+        columns={
+            "model": "GPU model",
+            "peak_mib": "GPU memory peak (MB)",
+            "peak_pct": "GPU memory peak (%)",
+            "utilization mean (%)": "GPU utilization mean (%)",
+        }
+    )
     per_gpu["energy (kWh)"] = per_gpu["energy_j"] / J_PER_KWH
     per_gpu["status"] = ""  # a GPU is not failed or incomplete: its job is
     per_gpu["data loading share (%)"] = np.nan
@@ -237,21 +325,30 @@ def summary(jobs: pd.DataFrame) -> pd.DataFrame:
     """Totals per host, per user and per GPU model: jobs, GPU-hours, energy, GPU
     utilization weighted by GPU-hours, how many jobs carry each flag, and the GPU-hours
     lost per badput cause (each job's GPUs × its seconds of that cause)."""
-    frame = jobs.assign(**{name: jobs["flags"].str.split(",").apply(lambda f, n=name: n in f)
-                           for name in FLAGS})
-    lost = {f"GPU-hours lost {cause}": jobs["GPUs"] * jobs[f"badput {cause} (s)"] / 3600.0
-            for cause in CAUSES}
+    frame = jobs.assign(
+        **{name: jobs["flags"].str.split(",").apply(lambda f, n=name: n in f) for name in FLAGS}
+    )
+    lost = {
+        f"GPU-hours lost {cause}": jobs["GPUs"] * jobs[f"badput {cause} (s)"] / 3600.0
+        for cause in CAUSES
+    }
     frame = frame.assign(**lost)
     parts = []
     for label, column in SUMMARY_GROUPS:
         grouped = frame.groupby(column, sort=True)
-        part = pd.DataFrame({
-            "jobs": grouped.size(),
-            "GPU-hours": grouped["GPU-hours"].sum(),
-            "energy (kWh)": grouped["energy (kWh)"].sum(min_count=1),
-        })
-        weighted = _weighted(frame.assign(w=frame["GPU-hours"].fillna(0.0)), column, "w",
-                             ["GPU utilization mean (%)"])
+        part = pd.DataFrame(
+            {
+                "jobs": grouped.size(),
+                "GPU-hours": grouped["GPU-hours"].sum(),
+                "energy (kWh)": grouped["energy (kWh)"].sum(min_count=1),
+            }
+        )
+        weighted = _weighted(
+            frame.assign(w=frame["GPU-hours"].fillna(0.0)),
+            column,
+            "w",
+            ["GPU utilization mean (%)"],
+        )
         part["GPU utilization mean (%)"] = weighted["GPU utilization mean (%)"]
         for name in FLAGS:
             part[name] = grouped[name].sum().astype("int64")

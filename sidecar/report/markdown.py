@@ -10,12 +10,35 @@ import pandas as pd
 
 from sidecar.report.jobs import idle_gpu_hours, most_wasteful_first, names
 
-JOB_VIEW = ["folder", "user", "host", "status", "wall (s)", "flags", "idle GPU-hours", "GPUs",
-            "GPU model", "GPU-hours", "GPU utilization mean (%)", "GPU memory peak (%)",
-            "data loading share (%)", "train throughput (samples/s)", "energy (kWh)"]
-GPU_VIEW = ["folder", "gpu", "uuid", "GPU model", "GPU utilization mean (%)",
-            "GPU memory peak (MB)", "GPU memory peak (%)", "energy (kWh)", "power mean (W)",
-            "flags"]
+JOB_VIEW = [
+    "folder",
+    "user",
+    "host",
+    "status",
+    "wall (s)",
+    "flags",
+    "idle GPU-hours",
+    "GPUs",
+    "GPU model",
+    "GPU-hours",
+    "GPU utilization mean (%)",
+    "GPU memory peak (%)",
+    "data loading share (%)",
+    "train throughput (samples/s)",
+    "energy (kWh)",
+]
+GPU_VIEW = [
+    "folder",
+    "gpu",
+    "uuid",
+    "GPU model",
+    "GPU utilization mean (%)",
+    "GPU memory peak (MB)",
+    "GPU memory peak (%)",
+    "energy (kWh)",
+    "power mean (W)",
+    "flags",
+]
 
 
 def _cell(value: object) -> str:
@@ -26,25 +49,42 @@ def _cell(value: object) -> str:
 
 def table(frame: pd.DataFrame) -> list[str]:
     """Markdown lines of ``frame`` (header, rule, one line per row)."""
-    lines = ["| " + " | ".join(str(c) for c in frame.columns) + " |",
-             "|" + "---|" * len(frame.columns)]
-    lines += ["| " + " | ".join(_cell(v) for v in row) + " |"
-              for row in frame.itertuples(index=False, name=None)]
+    lines = [
+        "| " + " | ".join(str(c) for c in frame.columns) + " |",
+        "|" + "---|" * len(frame.columns),
+    ]
+    lines += [
+        "| " + " | ".join(_cell(v) for v in row) + " |"
+        for row in frame.itertuples(index=False, name=None)
+    ]
     return lines
 
 
-def render(jobs: pd.DataFrame, gpus: pd.DataFrame, summary: pd.DataFrame,
-           damaged: pd.DataFrame) -> str:
+def render(
+    jobs: pd.DataFrame, gpus: pd.DataFrame, summary: pd.DataFrame, damaged: pd.DataFrame
+) -> str:
     """The text of report.md."""
     jobs = jobs.assign(folder=names(jobs), **{"idle GPU-hours": idle_gpu_hours(jobs)})
     gpus = gpus.assign(folder=names(gpus))
-    lines = [f"# GPU report: {len(jobs)} jobs", "",
-             "Built by `sidecar report` from the run folders' own files; every figure is in "
-             "jobs.tsv, gpus.tsv and summary.tsv beside this file.", "",
-             "## Jobs, most wasteful first", "",
-             *table(most_wasteful_first(jobs)[JOB_VIEW]), "",
-             "## GPUs", "", *table(gpus[GPU_VIEW]), "",
-             "## Totals per host, user and GPU model", "", *table(summary), ""]
+    lines = [
+        f"# GPU report: {len(jobs)} jobs",
+        "",
+        "Built by `sidecar report` from the run folders' own files; every figure is in "
+        "jobs.tsv, gpus.tsv and summary.tsv beside this file.",
+        "",
+        "## Jobs, most wasteful first",
+        "",
+        *table(most_wasteful_first(jobs)[JOB_VIEW]),
+        "",
+        "## GPUs",
+        "",
+        *table(gpus[GPU_VIEW]),
+        "",
+        "## Totals per host, user and GPU model",
+        "",
+        *table(summary),
+        "",
+    ]
     if len(damaged):
         lines += ["## Damaged folders (skipped)", "", *table(damaged), ""]
     return "\n".join(lines)

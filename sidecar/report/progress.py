@@ -27,8 +27,7 @@ class Progress:
             return
         self._shown = percent
         filled = WIDTH * done // total
-        self.stream.write(f"\r{self.label} [{'#' * filled}{'.' * (WIDTH - filled)}] "
-                          f"{done}/{total}")
+        self.stream.write(f"\r{self.label} [{'#' * filled}{'.' * (WIDTH - filled)}] {done}/{total}")
         if done >= total:
             self.stream.write("\n")
         self.stream.flush()

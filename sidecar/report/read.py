@@ -86,7 +86,7 @@ def _body(path: Path, ours: Callable[[bytes], bool]) -> tuple[bytes, bytes]:
     first = data[:end] if end >= 0 else data
     if not ours(first):
         raise Damaged(f"{path.name}: not the expected header")
-    body = data[end + 1:]
+    body = data[end + 1 :]
     if body and not body.endswith(b"\n"):
         raise Damaged(f"{path.name}: last line cut short")
     width = first.count(b"\t") + 1
@@ -103,26 +103,34 @@ def _split_files(folder: Path, split: int, entry: Any) -> SplitFiles:
     split_dir = layout.split_dir(folder, split)
     logs = layout.logs_dir(folder, split)
     try:
-        computational, header = _body(logs / layout.computational_file(0),
-                                      _has_prefix(COMPUTATIONAL_HEADER))
-        summary = (split_dir / layout.SUMMARY_FILE).read_text(encoding="utf-8",
-                                                              errors="replace")
+        computational, header = _body(
+            logs / layout.computational_file(0), _has_prefix(COMPUTATIONAL_HEADER)
+        )
+        summary = (split_dir / layout.SUMMARY_FILE).read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError as exc:
         raise Damaged(f"split {split}: {Path(exc.filename).name} missing") from None
     if TITLE_LINE not in summary:
         raise Damaged(f"split {split}: summary.log holds no computational summary")
     try:  # the table's required columns, in any order; others (appended later) are kept
-        resources, names = _body(logs / layout.RESOURCES_FILE,
-                                 _has_columns(fields.required_columns()))
+        resources, names = _body(
+            logs / layout.RESOURCES_FILE, _has_columns(fields.required_columns())
+        )
     except FileNotFoundError:  # no sample was taken (a very short run)
         resources, names = b"", b"\t".join(c.encode() for c in fields.columns())
     try:
         ranks = (logs / layout.RANKS_FILE).read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:  # one rank, or a version before it
         ranks = ""
-    return SplitFiles(split, float(training_s) if isinstance(training_s, (int, float))
-                      else 0.0, computational, header.count(b"\t") + 1, resources,
-                      tuple(names.decode().split("\t")), summary, ranks)
+    return SplitFiles(
+        split,
+        float(training_s) if isinstance(training_s, (int, float)) else 0.0,
+        computational,
+        header.count(b"\t") + 1,
+        resources,
+        tuple(names.decode().split("\t")),
+        summary,
+        ranks,
+    )
 
 
 def read_run_folder(folder: Path) -> RunFolder:

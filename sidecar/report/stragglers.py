@@ -18,8 +18,7 @@ import pandas as pd
 
 from sidecar.report.read import RunFolder
 
-STRAGGLER_COLUMNS = ["straggler rank", "straggler host", "straggler phase",
-                     "waiting GPU-hours"]
+STRAGGLER_COLUMNS = ["straggler rank", "straggler host", "straggler phase", "waiting GPU-hours"]
 _LINE = re.compile(r"^Straggler: rank (\d+) on (\S+), ([a-z ]+), \+", re.M)
 
 
@@ -48,8 +47,12 @@ def straggler_frame(runs: Sequence[RunFolder], gpus: pd.Series) -> pd.DataFrame:
             waited_s += split_s
             ranks = max(ranks, split_ranks)
         per_rank = count / ranks if ranks else 0.0
-        rows.append({"straggler rank": named[1] if named else "",
-                     "straggler host": named[2] if named else "",
-                     "straggler phase": named[3] if named else "",
-                     "waiting GPU-hours": waited_s * per_rank / 3600.0})
+        rows.append(
+            {
+                "straggler rank": named[1] if named else "",
+                "straggler host": named[2] if named else "",
+                "straggler phase": named[3] if named else "",
+                "waiting GPU-hours": waited_s * per_rank / 3600.0,
+            }
+        )
     return pd.DataFrame(rows, columns=STRAGGLER_COLUMNS)

@@ -60,9 +60,11 @@ class _Attribution:
 
     def result(self) -> PhaseAttribution:
         return PhaseAttribution(
-            covered_s=self.covered_s, n_samples=self.n_samples,
+            covered_s=self.covered_s,
+            n_samples=self.n_samples,
             util_mean_pct=self.util[0] / self.util[1] if self.util[1] else None,
-            power_mean_w=self.power[0] / self.power[1] if self.power[1] else None)
+            power_mean_w=self.power[0] / self.power[1] if self.power[1] else None,
+        )
 
 
 class SplitResources:
@@ -95,10 +97,10 @@ class SplitResources:
             window_s = (sample.t_ns - self.host_samples[-1].t_ns) / 1e9
             for item in fields.HOST_FIELDS:
                 value = getattr(sample, item.attribute)
-                if item.gauge is not None and item.gauge.value == "integral" \
-                        and value is not None:
+                if item.gauge is not None and item.gauge.value == "integral" and value is not None:
                     self.integrals[item.attribute] = (
-                        self.integrals.get(item.attribute, 0.0) + value * window_s)
+                        self.integrals.get(item.attribute, 0.0) + value * window_s
+                    )
         self.host_samples.append(sample)
 
     def add_gpus(self, samples: list[nvml.GpuSample]) -> None:
@@ -110,8 +112,11 @@ class SplitResources:
             first = self.first_gpu.setdefault(sample.uuid, {})
             for item in fields.GPU_FIELDS:
                 value = getattr(sample, item.attribute)
-                if item.gauge is not None and item.gauge.value == "since_first" \
-                        and value is not None:
+                if (
+                    item.gauge is not None
+                    and item.gauge.value == "since_first"
+                    and value is not None
+                ):
                     first.setdefault(item.attribute, value)
 
     def thin(self) -> None:
@@ -123,14 +128,19 @@ class SplitResources:
         self.gpu_samples = [s for s in self.gpu_samples if s.t_ns in kept]
         self.gpu_ts = [s.t_ns for s in self.gpu_samples]
 
-    def wait(self, phases: np.ndarray, names: dict[int, str], starts_ns: np.ndarray,
-             ends_ns: np.ndarray) -> None:
+    def wait(
+        self, phases: np.ndarray, names: dict[int, str], starts_ns: np.ndarray, ends_ns: np.ndarray
+    ) -> None:
         """Keep intervals of ``phases`` (keys, named by ``names`` for custom ones) until
         the round after their end."""
         keys, which = np.unique(phases, return_inverse=True)
-        index = np.array([self.labels.setdefault(wire.phase_label(key, names),
-                                                 len(self.labels))
-                          for key in keys.tolist()], dtype=np.int64)
+        index = np.array(
+            [
+                self.labels.setdefault(wire.phase_label(key, names), len(self.labels))
+                for key in keys.tolist()
+            ],
+            dtype=np.int64,
+        )
         self.waiting.append(np.column_stack((index[which], starts_ns, ends_ns)))
 
     def latest_end_ns(self) -> int:
@@ -160,8 +170,9 @@ class SplitResources:
             low -= 1
         low = max(low, bisect.bisect_left(ts, self.attributable_from_ns))
         labels = list(self.labels)
-        for index, part in attribute_phases(self.gpu_samples[low:high], ready[:, 0],
-                                            ready[:, 1], ready[:, 2]).items():
+        for index, part in attribute_phases(
+            self.gpu_samples[low:high], ready[:, 0], ready[:, 1], ready[:, 2]
+        ).items():
             self.attribution.setdefault(labels[index], _Attribution()).add(part)
 
 
@@ -196,10 +207,14 @@ class ResourceMonitor:
     the markers' records are on ``time.monotonic_ns``): a test seam, never changed in use.
     """
 
-    def __init__(self, interval_s: float, visible_devices: str | None,
-                 all_splits_share_gpus: bool,
-                 open_gpus: Callable[[str | None], Any] = nvml.open_nvml,
-                 clock_ns: Callable[[], int] = time.monotonic_ns) -> None:
+    def __init__(
+        self,
+        interval_s: float,
+        visible_devices: str | None,
+        all_splits_share_gpus: bool,
+        open_gpus: Callable[[str | None], Any] = nvml.open_nvml,
+        clock_ns: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
         self.interval_s = interval_s
         self._clock_ns = clock_ns
         self.all_splits_share_gpus = all_splits_share_gpus
@@ -213,8 +228,9 @@ class ResourceMonitor:
         # Set once an NVML call hung: rounds no longer count as complete, so the node
         # daemon's watchdog stops and systemd restarts it (a fresh NVML in a new process).
         self.hung_reason: str | None = None
-        self._opener = threading.Thread(target=self._open, args=(visible_devices, open_gpus),
-                                        name="nvml-open", daemon=True)
+        self._opener = threading.Thread(
+            target=self._open, args=(visible_devices, open_gpus), name="nvml-open", daemon=True
+        )
         self._opener.start()
 
     def _open(self, visible_devices: str | None, open_gpus: Callable[[str | None], Any]) -> None:
@@ -241,8 +257,9 @@ class ResourceMonitor:
         entry[1].host.add_root(pid)
         return False
 
-    def restore(self, split: Split, gpu_samples: list[nvml.GpuSample],
-                host_samples: list[HostSample]) -> None:
+    def restore(
+        self, split: Split, gpu_samples: list[nvml.GpuSample], host_samples: list[HostSample]
+    ) -> None:
         """Put the samples of ``split``'s earlier sessions (read back from its folder on a
         resume) before the ones taken here; they are never attributed to phases again."""
         entry = self.splits.get(id(split))
@@ -254,8 +271,9 @@ class ResourceMonitor:
         resources.host_samples[:0] = host_samples
         # The first window of this session opens at its own first round, not at the last
         # restored one (the downtime between them is nobody's).
-        resources.attributable_from_ns = max([resources.attributable_from_ns]
-                                             + [s.t_ns + 1 for s in gpu_samples])
+        resources.attributable_from_ns = max(
+            [resources.attributable_from_ns] + [s.t_ns + 1 for s in gpu_samples]
+        )
 
     def forget(self, split: Split) -> None:
         """Stop keeping ``split``'s samples (it ended and was written)."""
@@ -297,8 +315,7 @@ class ResourceMonitor:
         if not self._schedule.due(now_ns):
             return
         self._schedule.advance(now_ns)
-        self._sample([(s, r) for s, r in self.splits.values() if s.status == "running"],
-                     now_ns)
+        self._sample([(s, r) for s, r in self.splits.values() if s.status == "running"], now_ns)
         if self.hung_reason is None:
             self.last_round_monotonic = self._clock_ns() / 1e9
 
@@ -312,8 +329,9 @@ class ResourceMonitor:
             resources.thin()
             resources.attribute(now_ns)
 
-    def _sample_gpus(self, live: list[tuple[Split, SplitResources]],
-                     now_ns: int) -> list[nvml.GpuSample]:
+    def _sample_gpus(
+        self, live: list[tuple[Split, SplitResources]], now_ns: int
+    ) -> list[nvml.GpuSample]:
         gpus = self.gpus
         if gpus is None:
             return []
@@ -356,8 +374,7 @@ class ResourceMonitor:
         """Everything sampled for ``split`` so far, summarized; takes no sample itself."""
         entry = self.splits.get(id(split))
         if entry is None:
-            return ResourceFigures([], None, "no process of this run was watched", {}, [], [],
-                                   0)
+            return ResourceFigures([], None, "no process of this run was watched", {}, [], [], 0)
         resources = entry[1]
         off_reason = self.gpu_off_reason
         if off_reason is None and not resources.gpu_samples and not split.gpus:
@@ -366,9 +383,15 @@ class ResourceMonitor:
         return ResourceFigures(
             summarize_gpus_over_sessions(resources.gpu_samples, starts_ns),
             summarize_host_over_sessions(resources.host_samples, starts_ns)
-            if resources.host_samples else None,
-            off_reason, {label: a.result() for label, a in resources.attribution.items()},
-            resources.gpu_samples, resources.host_samples, run_start_ns, starts_ns)
+            if resources.host_samples
+            else None,
+            off_reason,
+            {label: a.result() for label, a in resources.attribution.items()},
+            resources.gpu_samples,
+            resources.host_samples,
+            run_start_ns,
+            starts_ns,
+        )
 
     @staticmethod
     def session_starts_ns(split: Split) -> tuple[int, list[int]]:
@@ -379,8 +402,9 @@ class ResourceMonitor:
             return 0, []
         session = agg.sessions[-1]
         run_start_ns = session.start_ns - int((session.start_unix - agg.run_start_unix) * 1e9)
-        return run_start_ns, [run_start_ns + int((s.start_unix - agg.run_start_unix) * 1e9)
-                              for s in agg.sessions]
+        return run_start_ns, [
+            run_start_ns + int((s.start_unix - agg.run_start_unix) * 1e9) for s in agg.sessions
+        ]
 
     def live(self, split: Split) -> SplitResources | None:
         """The running samples and figures of ``split`` (None when it is not watched);

@@ -65,8 +65,9 @@ def _sum(values: Sequence[float | None]) -> float | None:
     return sum(present) if present else None
 
 
-def _merge(table: Sequence[fields.Field], parts: Sequence[Figures],
-           weights: Sequence[float]) -> Figures:
+def _merge(
+    table: Sequence[fields.Field], parts: Sequence[Figures], weights: Sequence[float]
+) -> Figures:
     """The figures of several sessions as one, each by its figure's rule (see
     ``fields.Rule``): means weighted by ``weights`` (the sessions' sampled seconds)."""
     merged: Figures = {}
@@ -88,29 +89,35 @@ def _merge_gpu(parts: list[GpuSummary]) -> GpuSummary:
     weights = [p.duration_s for p in parts]
     last = parts[-1]
     return GpuSummary(
-        gpu_index=last.gpu_index, uuid=last.uuid, name=last.name,
-        n_samples=sum(p.n_samples for p in parts), duration_s=sum(weights),
+        gpu_index=last.gpu_index,
+        uuid=last.uuid,
+        name=last.name,
+        n_samples=sum(p.n_samples for p in parts),
+        duration_s=sum(weights),
         figures=_merge(fields.GPU_FIELDS, [p.figures for p in parts], weights),
         whole_gpu_uuid=last.whole_gpu_uuid,
     )
 
 
-def summarize_gpus_over_sessions(samples: Sequence[GpuSample],
-                                 starts_ns: Sequence[int]) -> list[GpuSummary]:
+def summarize_gpus_over_sessions(
+    samples: Sequence[GpuSample], starts_ns: Sequence[int]
+) -> list[GpuSummary]:
     """Per GPU (by UUID, ordered by ``gpu_index``): each session summarized, then merged."""
     per_gpu: dict[str, list[GpuSummary]] = {}
     for group in by_session(samples, starts_ns):
         for summary in summarize_gpus(group):
             per_gpu.setdefault(summary.uuid, []).append(summary)
-    return sorted((_merge_gpu(parts) for parts in per_gpu.values()),
-                  key=lambda g: g.gpu_index)
+    return sorted((_merge_gpu(parts) for parts in per_gpu.values()), key=lambda g: g.gpu_index)
 
 
-def summarize_host_over_sessions(samples: Sequence[HostSample],
-                                 starts_ns: Sequence[int]) -> HostSummary:
+def summarize_host_over_sessions(
+    samples: Sequence[HostSample], starts_ns: Sequence[int]
+) -> HostSummary:
     """The job's processes over every session: each summarized, then merged."""
     groups = by_session(samples, starts_ns)
     parts = [summarize_host(group) for group in groups]
     weights = [(g[-1].t_ns - g[0].t_ns) / 1e9 for g in groups]
-    return HostSummary(n_samples=sum(p.n_samples for p in parts),
-                       figures=_merge(fields.HOST_FIELDS, [p.figures for p in parts], weights))
+    return HostSummary(
+        n_samples=sum(p.n_samples for p in parts),
+        figures=_merge(fields.HOST_FIELDS, [p.figures for p in parts], weights),
+    )

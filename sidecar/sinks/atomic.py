@@ -39,8 +39,9 @@ def write_atomic(path: Path, text: str, write_bytes: WriteBytes = _write_bytes) 
         raise
 
 
-def rewrite_in_place(path: Path, transform: Callable[[str], str],
-                     write_bytes: WriteBytes = _write_bytes) -> None:
+def rewrite_in_place(
+    path: Path, transform: Callable[[str], str], write_bytes: WriteBytes = _write_bytes
+) -> None:
     """Replace the text of ``path`` by ``transform(text)`` in the same file (same inode),
     for a file that other code appends to while we update it (a ``logging.FileHandler``
     on summary.log): their open handles keep pointing at the file we rewrite.

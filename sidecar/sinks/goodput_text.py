@@ -29,28 +29,34 @@ def goodput_lines(accounts: Mapping[int, Account], mfu: Mfu | None = None) -> li
     split = mean([accounts[r] for r in ranks])
     stars = layout.WIDTH - len(TITLE)
     over = f" (mean over {len(ranks)} ranks)" if len(ranks) > 1 else ""
-    lines = ["*" * ((stars + 1) // 2) + TITLE + "*" * (stars // 2),
-             f"Wall time {split.wall_s:.2f} s from the process start{over}; the parts add "
-             "up to it",
-             f"{'Part':<46} | {'Time (s)':>12} | {'Share':>7}",
-             f"{'productive training':<46} | {split.productive_s:>12.2f} | "
-             f"{_share(split.productive_s, split.wall_s):>7}"]
+    lines = [
+        "*" * ((stars + 1) // 2) + TITLE + "*" * (stars // 2),
+        f"Wall time {split.wall_s:.2f} s from the process start{over}; the parts add up to it",
+        f"{'Part':<46} | {'Time (s)':>12} | {'Share':>7}",
+        f"{'productive training':<46} | {split.productive_s:>12.2f} | "
+        f"{_share(split.productive_s, split.wall_s):>7}",
+    ]
     for cause in CAUSES:
         value = split.badput_s[cause]
-        lines.append(f"{CAUSE_LABELS[cause]:<46} | {value:>12.2f} | "
-                     f"{_share(value, split.wall_s):>7}")
+        lines.append(
+            f"{CAUSE_LABELS[cause]:<46} | {value:>12.2f} | {_share(value, split.wall_s):>7}"
+        )
     if split.gpu_busy_s is None:
         lines.append("GPU busy: not timed (no GPU time of Forward, Backward, Optimization)")
     else:
-        lines.append(f"GPU busy during productive training: {split.gpu_busy_s:.2f} s "
-                     f"({_share(split.gpu_busy_s, split.productive_s).strip()} of it; "
-                     "GPU time of Forward, Backward, Optimization)")
+        lines.append(
+            f"GPU busy during productive training: {split.gpu_busy_s:.2f} s "
+            f"({_share(split.gpu_busy_s, split.productive_s).strip()} of it; "
+            "GPU time of Forward, Backward, Optimization)"
+        )
     if len(ranks) > 1:
         for rank in ranks:
             mine = accounts[rank]
-            lines.append(f"rank {rank}: productive {_share(mine.productive_s, mine.wall_s)}"
-                         f" of {mine.wall_s:.2f} s; waited for the slowest rank "
-                         f"{mine.badput_s['straggler']:.2f} s")
+            lines.append(
+                f"rank {rank}: productive {_share(mine.productive_s, mine.wall_s)}"
+                f" of {mine.wall_s:.2f} s; waited for the slowest rank "
+                f"{mine.badput_s['straggler']:.2f} s"
+            )
     if mfu is not None:
         lines.append(mfu.line())
     return [*lines, "*" * layout.WIDTH]
@@ -61,23 +67,30 @@ def goodput_entry(accounts: Mapping[int, Account]) -> dict[str, Any] | None:
     wall time), and each rank's; None before any rank has a session."""
     if not accounts:
         return None
-    return {"mean": mean([accounts[r] for r in sorted(accounts)]).to_json(),
-            "ranks": {str(r): accounts[r].to_json() for r in sorted(accounts)}}
+    return {
+        "mean": mean([accounts[r] for r in sorted(accounts)]).to_json(),
+        "ranks": {str(r): accounts[r].to_json() for r in sorted(accounts)},
+    }
 
 
 def job_entry(splits: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     """The whole run folder's ``goodput`` in ``run.json``: its splits' means added up
     (from their entries, so splits written by other sidecars count); None without any."""
-    means = [s["goodput"]["mean"] for s in splits
-             if isinstance(s.get("goodput"), dict) and isinstance(s["goodput"].get("mean"),
-                                                                  dict)]
+    means = [
+        s["goodput"]["mean"]
+        for s in splits
+        if isinstance(s.get("goodput"), dict) and isinstance(s["goodput"].get("mean"), dict)
+    ]
     if not means:
         return None
-    gpus = [m.get("gpu_busy_s") for m in means if isinstance(m.get("gpu_busy_s"),
-                                                             (int, float))]
-    return {"wall_s": sum(float(m.get("wall_s", 0.0)) for m in means),
-            "productive_s": sum(float(m.get("productive_s", 0.0)) for m in means),
-            "badput_s": {cause: sum(float((m.get("badput_s") or {}).get(cause, 0.0))
-                                    for m in means) for cause in CAUSES},
-            "iterations": sum(int(m.get("iterations", 0)) for m in means),
-            "gpu_busy_s": sum(gpus) if gpus else None}
+    gpus = [m.get("gpu_busy_s") for m in means if isinstance(m.get("gpu_busy_s"), (int, float))]
+    return {
+        "wall_s": sum(float(m.get("wall_s", 0.0)) for m in means),
+        "productive_s": sum(float(m.get("productive_s", 0.0)) for m in means),
+        "badput_s": {
+            cause: sum(float((m.get("badput_s") or {}).get(cause, 0.0)) for m in means)
+            for cause in CAUSES
+        },
+        "iterations": sum(int(m.get("iterations", 0)) for m in means),
+        "gpu_busy_s": sum(gpus) if gpus else None,
+    }

@@ -95,8 +95,10 @@ def folder_lock(out_dir: Path, timeout_s: float = FOLDER_LOCK_TIMEOUT_S) -> Iter
                 break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    raise OSError(errno.EWOULDBLOCK, f"{layout.RUN_FILE} stayed locked by "
-                                  f"another process for {timeout_s:g} s") from None
+                    raise OSError(
+                        errno.EWOULDBLOCK,
+                        f"{layout.RUN_FILE} stayed locked by another process for {timeout_s:g} s",
+                    ) from None
                 time.sleep(_POLL_S)
         yield
     finally:

@@ -53,26 +53,45 @@ def node_path(split_dir: Path) -> Path:
     return nodes_dir(split_dir) / f"{NODE_ID}.json"
 
 
-def node_text(final: bool, status: str, cause: str | None, world_size: int,
-              ranks: list[RankFigures], resources: list[str],
-              records: dict[str, Any]) -> str:
+def node_text(
+    final: bool,
+    status: str,
+    cause: str | None,
+    world_size: int,
+    ranks: list[RankFigures],
+    resources: list[str],
+    records: dict[str, Any],
+) -> str:
     """The text of this sidecar's node file: ``final`` once its ranks ended, its status
     and cause, the job's world size, its ranks' figures, its resources block's lines
     and its record counts."""
     document = {
-        "node_id": NODE_ID, "host": HOSTNAME, "sidecar_pid": os.getpid(), "final": final,
-        "status": status, "cause": cause, "written_unix": time.time(),
-        "world_size": world_size, "ranks": [figures.to_json() for figures in ranks],
-        "resources": resources, "records": records,
+        "node_id": NODE_ID,
+        "host": HOSTNAME,
+        "sidecar_pid": os.getpid(),
+        "final": final,
+        "status": status,
+        "cause": cause,
+        "written_unix": time.time(),
+        "world_size": world_size,
+        "ranks": [figures.to_json() for figures in ranks],
+        "resources": resources,
+        "records": records,
     }
     return json.dumps(document) + "\n"
 
 
 def _parse(data: dict[str, Any]) -> NodeFile:
-    return NodeFile(str(data["node_id"]), str(data["host"]), bool(data["final"]),
-                    str(data["status"]), data.get("cause"), float(data["written_unix"]),
-                    [RankFigures.from_json(r) for r in data["ranks"]],
-                    [str(line) for line in data.get("resources") or []])
+    return NodeFile(
+        str(data["node_id"]),
+        str(data["host"]),
+        bool(data["final"]),
+        str(data["status"]),
+        data.get("cause"),
+        float(data["written_unix"]),
+        [RankFigures.from_json(r) for r in data["ranks"]],
+        [str(line) for line in data.get("resources") or []],
+    )
 
 
 def read_nodes(split_dir: Path) -> list[NodeFile]:
@@ -93,10 +112,15 @@ def read_nodes(split_dir: Path) -> list[NodeFile]:
     return sorted(found, key=lambda node: -node.written_unix)
 
 
-def uncovered(expected: range, own: set[int], nodes: list[NodeFile],
-              since_unix: float) -> list[int]:
+def uncovered(
+    expected: range, own: set[int], nodes: list[NodeFile], since_unix: float
+) -> list[int]:
     """The ``expected`` ranks neither served here (``own``) nor in a final node file
     written since ``since_unix`` (Unix s: an earlier session's files do not count)."""
-    final = {figures.rank for node in nodes if node.final and node.written_unix >= since_unix
-             for figures in node.ranks}
+    final = {
+        figures.rank
+        for node in nodes
+        if node.final and node.written_unix >= since_unix
+        for figures in node.ranks
+    }
     return [rank for rank in expected if rank not in own and rank not in final]

@@ -12,9 +12,20 @@ from sidecar.model import stragglers
 from sidecar.model.merge import TABLE_PHASES, SplitView
 from sidecar.sinks.nodes import NodeFile
 
-RANKS_COLUMNS = ("rank", "host", "status", "iterations", "measured",
-                 *(f"{p.summary_label} mean (s)" for p in TABLE_PHASES),
-                 "slowest", "slowest share", "over median (s)", "phase", "waited (s)", "cause")
+RANKS_COLUMNS = (
+    "rank",
+    "host",
+    "status",
+    "iterations",
+    "measured",
+    *(f"{p.summary_label} mean (s)" for p in TABLE_PHASES),
+    "slowest",
+    "slowest share",
+    "over median (s)",
+    "phase",
+    "waited (s)",
+    "cause",
+)
 
 
 def _labels() -> list[str]:
@@ -27,15 +38,25 @@ def table_lines(view: SplitView) -> list[str]:
         return []
     labels = _labels()
     widths = [max(10, len(label)) for label in labels]
-    out = ["Ranks (stored rows, mean s):",
-           " | ".join([f"{'rank':>6}", f"{'iterations':>10}",
-                       *(f"{label:>{w}}" for label, w in zip(labels, widths, strict=True)),
-                       "host"])]
+    out = [
+        "Ranks (stored rows, mean s):",
+        " | ".join(
+            [
+                f"{'rank':>6}",
+                f"{'iterations':>10}",
+                *(f"{label:>{w}}" for label, w in zip(labels, widths, strict=True)),
+                "host",
+            ]
+        ),
+    ]
     for figures in view.ranks:
-        means = [f"{figures.means_s[label]:>{w}.2e}" if label in figures.means_s
-                 else " " * w for label, w in zip(labels, widths, strict=True)]
-        out.append(" | ".join([f"{figures.rank:>6}", f"{figures.iterations:>10}", *means,
-                               figures.host]))
+        means = [
+            f"{figures.means_s[label]:>{w}.2e}" if label in figures.means_s else " " * w
+            for label, w in zip(labels, widths, strict=True)
+        ]
+        out.append(
+            " | ".join([f"{figures.rank:>6}", f"{figures.iterations:>10}", *means, figures.host])
+        )
     return out
 
 
@@ -51,15 +72,18 @@ def rank_lines(view: SplitView, world_size: int, waited_s: float | None) -> list
     else:
         out.append("Straggler: none (fewer than two ranks measured)")
     if view.missing:
-        out.append(f"Ranks missing: {', '.join(map(str, view.missing))} of {world_size} "
-                   "(no figures from their node)")
+        out.append(
+            f"Ranks missing: {', '.join(map(str, view.missing))} of {world_size} "
+            "(no figures from their node)"
+        )
     for figures in view.ranks:
         if figures.status not in ("running", "completed"):
-            out.append(f"Rank {figures.rank} on {figures.host}: {figures.status}"
-                       f"{f' ({figures.cause})' if figures.cause else ''}")
+            out.append(
+                f"Rank {figures.rank} on {figures.host}: {figures.status}"
+                f"{f' ({figures.cause})' if figures.cause else ''}"
+            )
     if waited_s is not None:
-        out.append(f"Nodes: waited {waited_s:.2f} s at the end for the other nodes' final "
-                   "figures")
+        out.append(f"Nodes: waited {waited_s:.2f} s at the end for the other nodes' final figures")
     return out
 
 
@@ -69,14 +93,25 @@ def ranks_tsv(view: SplitView) -> str:
     lines = ["\t".join(RANKS_COLUMNS)]
     for figures in view.ranks:
         standing = standings.get(figures.rank)
-        cells = [str(figures.rank), figures.host, figures.status, str(figures.iterations),
-                 str(figures.measured),
-                 *(f"{figures.means_s[label]:.6e}" if label in figures.means_s else ""
-                   for label in _labels())]
+        cells = [
+            str(figures.rank),
+            figures.host,
+            figures.status,
+            str(figures.iterations),
+            str(figures.measured),
+            *(
+                f"{figures.means_s[label]:.6e}" if label in figures.means_s else ""
+                for label in _labels()
+            ),
+        ]
         if standing is not None:
-            cells += [str(standing.slowest), f"{standing.slowest_share:.4f}",
-                      f"{standing.over_median_s:.6e}", standing.phase or "",
-                      f"{standing.waited_s:.6e}"]
+            cells += [
+                str(standing.slowest),
+                f"{standing.slowest_share:.4f}",
+                f"{standing.over_median_s:.6e}",
+                standing.phase or "",
+                f"{standing.waited_s:.6e}",
+            ]
         else:
             cells += ["", "", "", "", ""]
         cells.append((figures.cause or "").replace("\t", " ").replace("\n", " "))

@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
-
 class _FigureFormatter(string.Formatter):
     """Formats a figure as the block prints it: ``n/a`` when unknown; the spec ``paren``
     gives `` (value)``, or nothing when unknown."""
@@ -55,12 +54,17 @@ def _field_lines(table: Sequence[fields.Field], figures: Mapping[str, Any]) -> l
 
 
 def _gpu_lines(gpu: GpuSummary) -> list[str]:
-    lines = [f"GPU {gpu.gpu_index}: '{gpu.name[:40]}' {gpu.uuid[:44]} "
-             f"({gpu.n_samples} samples over {gpu.duration_s:.1f} s)"]
+    lines = [
+        f"GPU {gpu.gpu_index}: '{gpu.name[:40]}' {gpu.uuid[:44]} "
+        f"({gpu.n_samples} samples over {gpu.duration_s:.1f} s)"
+    ]
     if gpu.whole_gpu_uuid:
-        lines += [_row("", f"power, energy, temperature: the whole GPU "
-                           f"{gpu.whole_gpu_uuid[:44]},")[:WIDTH],
-                  _row("", "shared by its MIG instances")]
+        lines += [
+            _row("", f"power, energy, temperature: the whole GPU {gpu.whole_gpu_uuid[:44]},")[
+                :WIDTH
+            ],
+            _row("", "shared by its MIG instances"),
+        ]
     return lines + _field_lines(fields.GPU_FIELDS, gpu.figures)
 
 
@@ -73,19 +77,28 @@ def _attribution_lines(attribution: dict[str, PhaseAttribution]) -> list[str]:
         "-" * WIDTH,
     ]
     for label, phase in attribution.items():
-        lines.append(f"{label[:width]:<{width}} | {phase.covered_s:>11.2f} | "
-                     f"{phase.n_samples:>7} | {_num(phase.util_mean_pct):>19} | "
-                     f"{_num(phase.power_mean_w):>17}")
-    lines.append("NVML utilization is averaged over 1/6-1 s and each sample stands for a whole "
-                 "interval: short phases")
-    lines.append("are smeared; read these as where the GPU time went, not as figures of one "
-                 "short phase.")
+        lines.append(
+            f"{label[:width]:<{width}} | {phase.covered_s:>11.2f} | "
+            f"{phase.n_samples:>7} | {_num(phase.util_mean_pct):>19} | "
+            f"{_num(phase.power_mean_w):>17}"
+        )
+    lines.append(
+        "NVML utilization is averaged over 1/6-1 s and each sample stands for a whole "
+        "interval: short phases"
+    )
+    lines.append(
+        "are smeared; read these as where the GPU time went, not as figures of one short phase."
+    )
     return lines
 
 
-def resources_block(gpu: list[GpuSummary], host: HostSummary | None,
-                    gpu_off_reason: str | None, attribution: dict[str, PhaseAttribution],
-                    records_lines: Sequence[str]) -> list[str]:
+def resources_block(
+    gpu: list[GpuSummary],
+    host: HostSummary | None,
+    gpu_off_reason: str | None,
+    attribution: dict[str, PhaseAttribution],
+    records_lines: Sequence[str],
+) -> list[str]:
     """The lines (no newlines, at most 106 characters) of summary.log's resources block.
 
     ``gpu_off_reason`` set means GPU sampling was off (or stopped) and is said so; GPU
@@ -107,8 +120,12 @@ def resources_block(gpu: list[GpuSummary], host: HostSummary | None,
     return lines
 
 
-def resources_frame(gpu_samples: Sequence[GpuSample], host_samples: Sequence[HostSample],
-                    run_start_ns: int, session_starts_ns: Sequence[int] = ()) -> pd.DataFrame:
+def resources_frame(
+    gpu_samples: Sequence[GpuSample],
+    host_samples: Sequence[HostSample],
+    run_start_ns: int,
+    session_starts_ns: Sequence[int] = (),
+) -> pd.DataFrame:
     """The rows of resources.tsv: one per sample and GPU, ordered by time and GPU index,
     with ``fields.columns()``. Host figures join the GPU rows of the same round (same
     ``t_ns``); a round without GPU samples (a CPU-only run) gives one row with empty GPU
@@ -130,8 +147,10 @@ def resources_frame(gpu_samples: Sequence[GpuSample], host_samples: Sequence[Hos
     import pandas as pd  # only when writing (see sinks/tables.py)
 
     frame = pd.DataFrame.from_records(records, columns=list(fields.columns()))
-    shared = [g is not None and g.whole_gpu_uuid is not None and g.power_source is not None
-              for _, _, g, _ in rows]
+    shared = [
+        g is not None and g.whole_gpu_uuid is not None and g.power_source is not None
+        for _, _, g, _ in rows
+    ]
     if any(shared):  # a MIG instance: the whole GPU's power, shared with other tenants
         frame.loc[shared, "power source"] += " (whole GPU, shared)"
     frame["session"] = frame["session"].astype("Int64")
@@ -151,8 +170,11 @@ def _value(field: fields.Field, gpu: GpuSample | None, host: HostSample | None) 
 _DTYPES = {"float": "float64", "int": "Int64", "text": object}
 
 
-def read_samples(path: Path, run_start_ns: int, before_session: int,
-                 ) -> tuple[list[GpuSample], list[HostSample]]:
+def read_samples(
+    path: Path,
+    run_start_ns: int,
+    before_session: int,
+) -> tuple[list[GpuSample], list[HostSample]]:
     """The samples of sessions before ``before_session`` in a resources.tsv we wrote, back
     on the clock whose run start is ``run_start_ns`` (a resumed run's sidecar reads its
     predecessors' samples). Columns other than the table's are ignored, and a field whose
@@ -182,8 +204,9 @@ def read_samples(path: Path, run_start_ns: int, before_session: int,
             read["gpu_index"] = int(read["gpu_index"])
             gpu.append(GpuSample(t_ns=t_ns, **read))
         if values["host cpu (%)"] is not None and t_ns not in host:
-            host[t_ns] = HostSample(t_ns=t_ns, n_processes=0,
-                                    **_attributes(fields.HOST_FIELDS, values))
+            host[t_ns] = HostSample(
+                t_ns=t_ns, n_processes=0, **_attributes(fields.HOST_FIELDS, values)
+            )
     return gpu, list(host.values())
 
 

@@ -45,10 +45,14 @@ class RowCache:
         was replaced. The caller may merge the returned list's items in place.
         """
         known = self._derived.get(key)
-        if (known is None or known.source is not rows or len(rows) < known.count
-                or (known.count and rows[known.count - 1] is not known.last)):
+        if (
+            known is None
+            or known.source is not rows
+            or len(rows) < known.count
+            or (known.count and rows[known.count - 1] is not known.last)
+        ):
             known = self._derived[key] = _Derived(rows)
         if len(rows) > known.count:
-            known.items.append(derive(rows[known.count:]))
+            known.items.append(derive(rows[known.count :]))
             known.count, known.last = len(rows), rows[-1]
         return known.items

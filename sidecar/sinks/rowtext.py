@@ -32,10 +32,20 @@ from sidecar.sinks.rowcache import RowCache
 # The columns of phases.tsv: label and the Row field behind it (phase and rank: None,
 # they come from the series and the aggregator).
 PHASES_CELLS: tuple[tuple[str, str | None], ...] = (
-    ("phase", None), ("epoch", "epoch"), ("iteration", "iteration"), ("batch", "batch"),
-    ("rank", None), ("session", "session"), ("start (s)", "start_s"), ("wall (s)", "wall_s"),
-    ("GPU (s)", "gpu_s"), ("GPU peak (MB)", "peak_mib"), ("batch size", "batch_size"),
-    ("batches", "batches"), ("flag", "flag"))
+    ("phase", None),
+    ("epoch", "epoch"),
+    ("iteration", "iteration"),
+    ("batch", "batch"),
+    ("rank", None),
+    ("session", "session"),
+    ("start (s)", "start_s"),
+    ("wall (s)", "wall_s"),
+    ("GPU (s)", "gpu_s"),
+    ("GPU peak (MB)", "peak_mib"),
+    ("batch size", "batch_size"),
+    ("batches", "batches"),
+    ("flag", "flag"),
+)
 # A phase's cells in computational.tsv: time, then, for a phase with GPU columns, GPU time
 # and GPU peak memory.
 SEGMENT_FIELDS = {False: ("wall_s",), True: ("wall_s", "gpu_s", "peak_mib")}
@@ -96,8 +106,7 @@ def _int_cells(values: list) -> tuple[list[str], list[str]]:
     if kinds == {int, NONE_TYPE}:
         table = ["" if v is None else int.__repr__(v) for v in values]
         return ["null" if c == "" else c for c in table], table
-    return (list(map(_json, values)),
-            ["" if v is None else str(int(v)) for v in values])
+    return (list(map(_json, values)), ["" if v is None else str(int(v)) for v in values])
 
 
 def _text_cells(values: list) -> tuple[list[str], list[str]]:
@@ -128,39 +137,57 @@ def _derive(rows: list[Row], label_cell: str, rank_cell: str, gpu: bool) -> RowT
     values = {name: list(map(attrgetter(name), rows)) for name in ROW_FIELDS}
     as_json, table = {}, {}
     for name in ROW_FIELDS:
-        format_cells = (_float_cells if name in _FLOATS else _text_cells if name in _TEXTS
-                        else _int_cells)
+        format_cells = (
+            _float_cells if name in _FLOATS else _text_cells if name in _TEXTS else _int_cells
+        )
         as_json[name], table[name] = format_cells(values[name])
     constant = {"phase": repeat(label_cell, len(rows)), "rank": repeat(rank_cell, len(rows))}
-    lines = list(map("\t".join, zip(*(table[field] if field else constant[label]
-                                      for label, field in PHASES_CELLS), strict=True)))
+    lines = list(
+        map(
+            "\t".join,
+            zip(
+                *(table[field] if field else constant[label] for label, field in PHASES_CELLS),
+                strict=True,
+            ),
+        )
+    )
     segment = SEGMENT_FIELDS[gpu]
-    segments = (list(map("\t".join, zip(*(table[f] for f in segment), strict=True)))
-                if len(segment) > 1 else table[segment[0]])
+    segments = (
+        list(map("\t".join, zip(*(table[f] for f in segment), strict=True)))
+        if len(segment) > 1
+        else table[segment[0]]
+    )
     sizes = values["batch_size"]
     return RowText(
-        lines, segments, {name: ",".join(cells) for name, cells in as_json.items()},
+        lines,
+        segments,
+        {name: ",".join(cells) for name, cells in as_json.items()},
         **{name: np.array(values[name], dtype="float64") for name in _ARRAYS},
-        known_wall_s=[w for w, size in zip(values["wall_s"], sizes, strict=True)
-                      if size is not None],
-        samples=sum(size * n for size, n in zip(sizes, values["batches"], strict=True)
-                    if size is not None))
+        known_wall_s=[
+            w for w, size in zip(values["wall_s"], sizes, strict=True) if size is not None
+        ],
+        samples=sum(
+            size * n for size, n in zip(sizes, values["batches"], strict=True) if size is not None
+        ),
+    )
 
 
 def _merged(items: list[RowText]) -> RowText:
     """All derivations of one list as one, merged in place (the next write starts from it)."""
     if not items:
         empty = np.array([], dtype="float64")
-        return RowText([], [], dict.fromkeys(ROW_FIELDS, ""), empty, empty, empty, empty,
-                       [], 0)
+        return RowText([], [], dict.fromkeys(ROW_FIELDS, ""), empty, empty, empty, empty, [], 0)
     if len(items) > 1:
-        items[:] = [RowText(
-            list(chain.from_iterable(t.lines for t in items)),
-            list(chain.from_iterable(t.segments for t in items)),
-            {name: ",".join(t.json[name] for t in items) for name in ROW_FIELDS},
-            **{name: np.concatenate([getattr(t, name) for t in items]) for name in _ARRAYS},
-            known_wall_s=list(chain.from_iterable(t.known_wall_s for t in items)),
-            samples=sum(t.samples for t in items))]
+        items[:] = [
+            RowText(
+                list(chain.from_iterable(t.lines for t in items)),
+                list(chain.from_iterable(t.segments for t in items)),
+                {name: ",".join(t.json[name] for t in items) for name in ROW_FIELDS},
+                **{name: np.concatenate([getattr(t, name) for t in items]) for name in _ARRAYS},
+                known_wall_s=list(chain.from_iterable(t.known_wall_s for t in items)),
+                samples=sum(t.samples for t in items),
+            )
+        ]
     return items[0]
 
 
@@ -184,5 +211,4 @@ def state_rows(agg: RankAggregator, phase: int, which: str) -> RawJSON:
     """The state's value of a list of stored rows (``state.rank_state``'s ``rows_state``):
     the JSON of ``state.row_columns``, from the kept text."""
     columns = texts(agg, phase, which).json
-    return RawJSON("{" + ",".join(f'"{name}":[{columns[name]}]' for name in ROW_FIELDS)
-                   + "}")
+    return RawJSON("{" + ",".join(f'"{name}":[{columns[name]}]' for name in ROW_FIELDS) + "}")

@@ -38,8 +38,9 @@ def _title_line(title: str) -> str:
 
 
 TITLE_LINE = _title_line(" Computational Summary (mean ± std [n measurements]) ")
-ADDITIONS_LINE = _title_line(" Beyond the reference: training time, all measurements, "
-                             "custom phases, ranks ")
+ADDITIONS_LINE = _title_line(
+    " Beyond the reference: training time, all measurements, custom phases, ranks "
+)
 STARS = "*" * layout.WIDTH
 DASHES = "-" * layout.WIDTH
 RESOURCES = "Resources"
@@ -78,8 +79,9 @@ def table_line(label: str, time: str, gpu: str, memory: str) -> str:
 
 
 def _header() -> str:
-    return (f"{'Phase':^22} | {'Time (s)':^25} | {'GPU Time (s)':^25} | "
-            f"{'GPU Max Memory (MB)':^25}").rstrip()
+    return (
+        f"{'Phase':^22} | {'Time (s)':^25} | {'GPU Time (s)':^25} | {'GPU Max Memory (MB)':^25}"
+    ).rstrip()
 
 
 def _stored(agg: RankAggregator, phase: int, attribute: str) -> np.ndarray:
@@ -89,22 +91,27 @@ def _stored(agg: RankAggregator, phase: int, attribute: str) -> np.ndarray:
     return values[~np.isnan(values)]
 
 
-def _phase_lines(agg: RankAggregator, rows: Sequence[layout.PhaseRow],
-                 on_gpu: bool) -> list[str]:
+def _phase_lines(agg: RankAggregator, rows: Sequence[layout.PhaseRow], on_gpu: bool) -> list[str]:
     out = []
     for row in rows:
-        time = [agg.training_s()] if row.phase == wire.TRAINING and agg.sessions else _stored(
-            agg, row.phase, "wall_s")
+        time = (
+            [agg.training_s()]
+            if row.phase == wire.TRAINING and agg.sessions
+            else _stored(agg, row.phase, "wall_s")
+        )
         gpu = mem = ""
         if on_gpu and row.gpu:
-            gpu, mem = (cell(_stored(agg, row.phase, "gpu_s")),
-                        cell(_stored(agg, row.phase, "peak_mib")))
+            gpu, mem = (
+                cell(_stored(agg, row.phase, "gpu_s")),
+                cell(_stored(agg, row.phase, "peak_mib")),
+            )
         out.append(table_line(" " * row.indent + row.summary_label, cell(time), gpu, mem))
     return out
 
 
-def _throughput_lines(agg: RankAggregator, loop_phase: int, gpu_phases: Sequence[int],
-                      on_gpu: bool) -> list[str]:
+def _throughput_lines(
+    agg: RankAggregator, loop_phase: int, gpu_phases: Sequence[int], on_gpu: bool
+) -> list[str]:
     """Samples in the stored loop rows of known batch size over their summed time: each
     row holds batch size × the batches its step really held (a short last accumulation
     step counts its own, docs/contract.md, Files); GPU throughput: the mean samples per stored step
@@ -132,8 +139,10 @@ def _worker_lines(ranks: Sequence[RankAggregator]) -> list[str]:
     count = sum(s.worker_phases for agg in ranks for s in agg.sessions)
     if not count:
         return []
-    return [f"{count} phases inside DataLoader workers were not measured (a worker process "
-            "cannot send; time them in the main process)"]
+    return [
+        f"{count} phases inside DataLoader workers were not measured (a worker process "
+        "cannot send; time them in the main process)"
+    ]
 
 
 def _gpu_unfinished_lines(ranks: Sequence[RankAggregator]) -> list[str]:
@@ -142,9 +151,11 @@ def _gpu_unfinished_lines(ranks: Sequence[RankAggregator]) -> list[str]:
     count = sum(s.gpu_unfinished for agg in ranks for s in agg.sessions)
     if not count:
         return []
-    return [f"{count} phases at the end of the run have no GPU time: the GPU was still "
-            f"running work queued before them when the wait at finish ended "
-            f"({GPU_DRAIN_S:g} s); they count among the GPU times not measured"]
+    return [
+        f"{count} phases at the end of the run have no GPU time: the GPU was still "
+        f"running work queued before them when the wait at finish ended "
+        f"({GPU_DRAIN_S:g} s); they count among the GPU times not measured"
+    ]
 
 
 def _streaming_line(label: str, series: PhaseSeries) -> str:
@@ -153,8 +164,10 @@ def _streaming_line(label: str, series: PhaseSeries) -> str:
 
 def _streaming_lines(agg: RankAggregator) -> list[str]:
     """Every post-warmup measurement, past the cap: two wider cells (counts grow large)."""
-    out = ["All post-warmup measurements (streaming; the table above shows the stored rows):",
-           f"{'Phase':^22} | {'Time (s)':^36} | {'GPU Time (s)':^36}".rstrip()]
+    out = [
+        "All post-warmup measurements (streaming; the table above shows the stored rows):",
+        f"{'Phase':^22} | {'Time (s)':^36} | {'GPU Time (s)':^36}".rstrip(),
+    ]
     for row in layout.PHASE_ROWS[1:]:  # every phase but Training (its time is the account)
         series = agg.series.get(row.phase)
         if series is not None and series.wall.count:
@@ -172,8 +185,9 @@ def _custom_lines(agg: RankAggregator, on_gpu: bool) -> list[str]:
     for phase in custom:
         gpu = cell(_stored(agg, phase, "gpu_s")) if on_gpu else ""
         mem = cell(_stored(agg, phase, "peak_mib")) if on_gpu else ""
-        out.append(table_line(agg.custom_names[phase], cell(_stored(agg, phase, "wall_s")),
-                              gpu, mem))
+        out.append(
+            table_line(agg.custom_names[phase], cell(_stored(agg, phase, "wall_s")), gpu, mem)
+        )
     return out
 
 
@@ -184,22 +198,29 @@ def time_lines(agg: RankAggregator, gaps: Sequence[tuple[float, float]]) -> list
     since the run started).
     """
     sessions = len(agg.sessions)
-    out = [f"Training time: effective {agg.training_s():.2f} s over {sessions} "
-           f"session{'s' if sessions != 1 else ''}; wall {agg.wall_s():.2f} s",
-           f"  including downtime {agg.downtime_s:.2f} s and redone work {agg.redone_s:.2f} s "
-           "(work after the last checkpoint, done again on resume)"]
+    out = [
+        f"Training time: effective {agg.training_s():.2f} s over {sessions} "
+        f"session{'s' if sessions != 1 else ''}; wall {agg.wall_s():.2f} s",
+        f"  including downtime {agg.downtime_s:.2f} s and redone work {agg.redone_s:.2f} s "
+        "(work after the last checkpoint, done again on resume)",
+    ]
     for start, end in gaps:
-        out.append(f"Sidecar gap: from {start - agg.run_start_unix:.2f} s to "
-                   f"{end - agg.run_start_unix:.2f} s no sidecar saved this run's records "
-                   "(the sidecar was gone; the run went on)")
+        out.append(
+            f"Sidecar gap: from {start - agg.run_start_unix:.2f} s to "
+            f"{end - agg.run_start_unix:.2f} s no sidecar saved this run's records "
+            "(the sidecar was gone; the run went on)"
+        )
     return out
 
 
-def computational_block(ranks: Sequence[RankAggregator], gpu_names: Sequence[str],
-                        gaps: Sequence[tuple[float, float]],
-                        resource_lines: Sequence[str],
-                        rank_lines: Sequence[str] = (),
-                        goodput_lines: Sequence[str] = ()) -> list[str]:
+def computational_block(
+    ranks: Sequence[RankAggregator],
+    gpu_names: Sequence[str],
+    gaps: Sequence[tuple[float, float]],
+    resource_lines: Sequence[str],
+    rank_lines: Sequence[str] = (),
+    goodput_lines: Sequence[str] = (),
+) -> list[str]:
     """All lines of our blocks (see the module docstring): the reference's block for
     rank 0 (``ranks[0]``), our additions (with ``rank_lines``: every rank of the split,
     ``sinks/ranks_text.py``), ``goodput_lines`` (the Goodput block, with its own title and
@@ -213,15 +234,30 @@ def computational_block(ranks: Sequence[RankAggregator], gpu_names: Sequence[str
         lines += ["GPU: " + " then ".join(f"'{name}'" for name in gpu_names), ""]
     lines += [_header(), DASHES]
     lines += _phase_lines(agg, layout.TRAIN_ROWS, on_gpu)
-    lines += ["", *_throughput_lines(agg, wire.TRAINING_LOOP, layout.TRAIN_GPU_PHASES,
-                                     on_gpu), DASHES]
+    lines += [
+        "",
+        *_throughput_lines(agg, wire.TRAINING_LOOP, layout.TRAIN_GPU_PHASES, on_gpu),
+        DASHES,
+    ]
     lines += _phase_lines(agg, layout.VAL_ROWS, on_gpu)
-    lines += ["", *_throughput_lines(agg, wire.VALIDATION_LOOP, layout.VAL_GPU_PHASES,
-                                     on_gpu), STARS]
+    lines += [
+        "",
+        *_throughput_lines(agg, wire.VALIDATION_LOOP, layout.VAL_GPU_PHASES, on_gpu),
+        STARS,
+    ]
     lines += ["", ADDITIONS_LINE]
-    parts = [part for part in (time_lines(agg, gaps), _streaming_lines(agg),
-                               _custom_lines(agg, on_gpu), list(rank_lines),
-                               _worker_lines(ranks), _gpu_unfinished_lines(ranks)) if part]
+    parts = [
+        part
+        for part in (
+            time_lines(agg, gaps),
+            _streaming_lines(agg),
+            _custom_lines(agg, on_gpu),
+            list(rank_lines),
+            _worker_lines(ranks),
+            _gpu_unfinished_lines(ranks),
+        )
+        if part
+    ]
     for i, part in enumerate(parts):
         lines += [*([""] if i else []), *part]
     lines += [STARS]

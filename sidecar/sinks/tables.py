@@ -35,8 +35,11 @@ if TYPE_CHECKING:
 COLUMNS: list[tuple[str, int, str]] = [
     (f"{row.column}{suffix}", row.phase, field)
     for row in layout.PHASE_ROWS
-    for suffix, field in zip((" (s)", " GPU (s)", " GPU max memory (MB)")[:1 + 2 * row.gpu],
-                             rowtext.SEGMENT_FIELDS[row.gpu], strict=True)
+    for suffix, field in zip(
+        (" (s)", " GPU (s)", " GPU max memory (MB)")[: 1 + 2 * row.gpu],
+        rowtext.SEGMENT_FIELDS[row.gpu],
+        strict=True,
+    )
 ]
 PHASES_COLUMNS = [label for label, _ in rowtext.PHASES_CELLS]
 
@@ -66,8 +69,7 @@ def computational_text(agg: RankAggregator) -> str:
         segments.append((rowtext.texts(agg, phase).segments, ""))
     count = max(len(cells) for cells, _ in segments)
     columns = [chain(cells, repeat(empty, count - len(cells))) for cells, empty in segments]
-    return _text(header, map("\t".join, zip(map(str, range(count)), *columns,
-                                                     strict=True)))
+    return _text(header, map("\t".join, zip(map(str, range(count)), *columns, strict=True)))
 
 
 def phases_text(agg: RankAggregator) -> str:
@@ -76,14 +78,17 @@ def phases_text(agg: RankAggregator) -> str:
     stable sort of each phase's stored rows then flagged rows, phases in the order of
     ``agg.series``: rows that start together keep that order). ``batches`` is the
     batches of the row's iteration (0 outside iterations)."""
-    parts = [rowtext.texts(agg, phase, which) for phase, series in agg.series.items()
-             for which in ("rows", "flagged") if getattr(series, which)]
+    parts = [
+        rowtext.texts(agg, phase, which)
+        for phase, series in agg.series.items()
+        for which in ("rows", "flagged")
+        if getattr(series, which)
+    ]
     lines = list(chain.from_iterable(part.lines for part in parts))
     if len(parts) > 1:
         starts = np.concatenate([part.start_s for part in parts])
         if not (starts[1:] >= starts[:-1]).all():  # NaN too: argsort puts it last
-            lines = list(map(lines.__getitem__,
-                             np.argsort(starts, kind="stable").tolist()))
+            lines = list(map(lines.__getitem__, np.argsort(starts, kind="stable").tolist()))
     return _text(PHASES_COLUMNS, lines)
 
 

@@ -49,10 +49,13 @@ from sidecar.sinks.nodes import HOSTNAME
 
 Progress = Callable[[str], None]  # told what was just built or written
 
+
 def records_lines(counts: RecordCounts) -> list[str]:
     """The record lines that close the resources block."""
-    lines = [f"Records: received {counts.received}, dropped {counts.dropped} (not sent), "
-             f"lost {counts.lost} (sent, never received), rejected {counts.rejected}"]
+    lines = [
+        f"Records: received {counts.received}, dropped {counts.dropped} (not sent), "
+        f"lost {counts.lost} (sent, never received), rejected {counts.rejected}"
+    ]
     if counts.gpu_not_measured is not None:  # the event pool ran dry or a device call failed
         lines.append(f"GPU times not measured: {counts.gpu_not_measured} phases")
     return lines
@@ -89,9 +92,12 @@ def _number(value: object) -> float | None:
 def _mfu(split: Split) -> Mfu | None:
     """The split's MFU estimate from the FLOPs per batch its hello gave (None: none)."""
     flops = _number(split.info.get("flops_per_batch"))
-    return split_mfu([split.ranks[r] for r in sorted(split.ranks)], flops,
-                     str(split.info.get("flops_dtype") or "bf16"),
-                     split.gpus[0][1] if split.gpus else None)
+    return split_mfu(
+        [split.ranks[r] for r in sorted(split.ranks)],
+        flops,
+        str(split.info.get("flops_dtype") or "bf16"),
+        split.gpus[0][1] if split.gpus else None,
+    )
 
 
 def _node_entry(split: Split, accounts: Mapping[int, Account]) -> dict[str, Any]:
@@ -139,17 +145,34 @@ def _hosts(split: Split) -> dict[str, list[int]]:
 
 
 def _worst(entries: list[dict[str, Any]]) -> dict[str, Any]:
-    return max(entries, key=lambda e: RUN_STATUS_ORDER.index(e.get("status"))
-               if e.get("status") in RUN_STATUS_ORDER else 0)
+    return max(
+        entries,
+        key=lambda e: (
+            RUN_STATUS_ORDER.index(e.get("status")) if e.get("status") in RUN_STATUS_ORDER else 0
+        ),
+    )
 
 
-_NODE_KEYS = ("node_id", "node_host", "sidecar_pid", "ranks", "status", "cause",
-              "start_unix", "end_unix", "last_unix", "training_s", "wall_s", "sessions",
-              "run_id", "hosts", "gpus")
+_NODE_KEYS = (
+    "node_id",
+    "node_host",
+    "sidecar_pid",
+    "ranks",
+    "status",
+    "cause",
+    "start_unix",
+    "end_unix",
+    "last_unix",
+    "training_s",
+    "wall_s",
+    "sessions",
+    "run_id",
+    "hosts",
+    "gpus",
+)
 
 
-def _split_entry(split: Split, previous: Any,
-                 accounts: Mapping[int, Account]) -> dict[str, Any]:
+def _split_entry(split: Split, previous: Any, accounts: Mapping[int, Account]) -> dict[str, Any]:
     """The ``run.json`` entry of one split: this sidecar's node entry merged with the
     other nodes' entries of ``previous`` (the split's entry as found): ranks, hosts and
     GPUs of every node, the worst status, the earliest start, the latest end (none while
@@ -165,15 +188,18 @@ def _split_entry(split: Split, previous: Any,
         # or replaced): an entry left with none is gone
         left = [r for r in node.get("ranks") or [] if r not in split.ranks]
         if left:
-            kept = {h: [r for r in rs if r in left]
-                     for h, rs in (node.get("hosts") or {}).items()}
-            others.append({**node, "ranks": left,
-                           "hosts": {h: rs for h, rs in kept.items() if rs}})
+            kept = {h: [r for r in rs if r in left] for h, rs in (node.get("hosts") or {}).items()}
+            others.append({**node, "ranks": left, "hosts": {h: rs for h, rs in kept.items() if rs}})
     for node_id, late in split.late_nodes.items():
         entry = next((n for n in others if n.get("node_id") == node_id), None)
         if entry is None:  # it died before its first write of run.json
-            entry = {"node_id": node_id, "node_host": late.host, "ranks": list(late.ranks),
-                     "status": "running", "hosts": {late.host: list(late.ranks)}}
+            entry = {
+                "node_id": node_id,
+                "node_host": late.host,
+                "ranks": list(late.ranks),
+                "status": "running",
+                "hosts": {late.host: list(late.ranks)},
+            }
             others.append(entry)
         if entry.get("status") == "running":
             entry.update(status="incomplete", cause=late.cause)
@@ -187,18 +213,27 @@ def _split_entry(split: Split, previous: Any,
         for host, ranks in (node.get("hosts") or {}).items():
             hosts[host] = sorted({*hosts.get(host, []), *ranks})
     ends = [_number(n.get("end_unix")) for n in every]
-    numbers = {key: [v for v in (_number(n.get(key)) for n in every) if v is not None]
-               for key in ("start_unix", "last_unix", "training_s", "wall_s", "sessions")}
+    numbers = {
+        key: [v for v in (_number(n.get(key)) for n in every) if v is not None]
+        for key in ("start_unix", "last_unix", "training_s", "wall_s", "sessions")
+    }
     start_unix = min(numbers["start_unix"], default=None)
     end_unix = max(e for e in ends if e is not None) if None not in ends else None
-    gpus = {g["uuid"]: g for n in every for g in n.get("gpus") or []
-            if isinstance(g, dict) and "uuid" in g}
+    gpus = {
+        g["uuid"]: g
+        for n in every
+        for g in n.get("gpus") or []
+        if isinstance(g, dict) and "uuid" in g
+    }
     return {
         **mine,
         "run_id": first.get("run_id"),
-        "status": worst.get("status"), "cause": worst.get("cause"),
-        "start": _iso(start_unix), "end": _iso(end_unix),
-        "start_unix": start_unix, "end_unix": end_unix,
+        "status": worst.get("status"),
+        "cause": worst.get("cause"),
+        "start": _iso(start_unix),
+        "end": _iso(end_unix),
+        "start_unix": start_unix,
+        "end_unix": end_unix,
         "sessions": int(max(numbers["sessions"], default=0)),
         "ranks": sorted({r for n in every for r in n.get("ranks") or []}),
         "last_unix": max(numbers["last_unix"], default=None),
@@ -210,8 +245,7 @@ def _split_entry(split: Split, previous: Any,
     }
 
 
-def run_json(split: Split, existing: str,
-             accounts: Mapping[int, Account] | None = None) -> str:
+def run_json(split: Split, existing: str, accounts: Mapping[int, Account] | None = None) -> str:
     """The text of ``run.json``: this split's entry merged into what other splits of the
     same folder wrote there before (their entries under ``splits`` are kept), and a top
     level that describes the whole run (docs/contract.md, Files): status and cause of the worst
@@ -230,8 +264,12 @@ def run_json(split: Split, existing: str,
     found = previous.get("splits")
     splits: dict[str, Any] = found if isinstance(found, dict) else {}
     splits[str(split.split)] = _split_entry(split, splits.get(str(split.split)), accounts)
-    entries = [e for _, e in sorted((int(k), e) for k, e in splits.items()
-                                    if k.isdigit() and isinstance(e, dict))]
+    entries = [
+        e
+        for _, e in sorted(
+            (int(k), e) for k, e in splits.items() if k.isdigit() and isinstance(e, dict)
+        )
+    ]
     starts = [t for t in (_number(e.get("start_unix")) for e in entries) if t is not None]
     ends = [t for t in (_number(e.get("end_unix")) for e in entries) if t is not None]
     start_unix = min(starts, default=None)
@@ -268,14 +306,19 @@ def _own_figures(split: Split) -> list[RankFigures]:
     out = []
     for rank in sorted(split.ranks):
         info = split.rank_info.get(rank)
-        out.append(figures_of(split.ranks[rank], info.host if info else HOSTNAME,
-                              nodes.NODE_ID, info.status if info else split.status,
-                              info.cause if info else split.cause))
+        out.append(
+            figures_of(
+                split.ranks[rank],
+                info.host if info else HOSTNAME,
+                nodes.NODE_ID,
+                info.status if info else split.status,
+                info.cause if info else split.cause,
+            )
+        )
     return out
 
 
-def _view(split: Split, own: list[RankFigures],
-          others: list[nodes.NodeFile]) -> SplitView:
+def _view(split: Split, own: list[RankFigures], others: list[nodes.NodeFile]) -> SplitView:
     """Every rank of the split: ours, and the other nodes' (a node that sent no final
     figures in time has its running ranks written incomplete with the cause)."""
     theirs = []
@@ -288,13 +331,20 @@ def _view(split: Split, own: list[RankFigures],
     return merged(own, theirs, split.world_size)
 
 
-def _node_text(split: Split, own: list[RankFigures], block_lines: list[str],
-               counts: RecordCounts) -> str:
+def _node_text(
+    split: Split, own: list[RankFigures], block_lines: list[str], counts: RecordCounts
+) -> str:
     """This sidecar's node file of ``split`` (``sinks/nodes.py``): the resources block
     without its title and record lines."""
-    return nodes.node_text(split.end_unix is not None, split.status, split.cause,
-                           split.world_size, own, block_lines[2:-len(records_lines(counts)) - 1],
-                           counts.__dict__)
+    return nodes.node_text(
+        split.end_unix is not None,
+        split.status,
+        split.cause,
+        split.world_size,
+        own,
+        block_lines[2 : -len(records_lines(counts)) - 1],
+        counts.__dict__,
+    )
 
 
 def write_node_file(split: Split, resources: ResourceFigures, counts: RecordCounts) -> None:
@@ -302,10 +352,16 @@ def write_node_file(split: Split, resources: ResourceFigures, counts: RecordCoun
     files, so that a node that dies leaves figures of its ranks not older than a few
     seconds). Raises OSError when it cannot."""
     block_lines = resources_text.resources_block(
-        resources.gpus, resources.host, resources.gpu_off_reason, resources.attribution,
-        records_lines(counts))
-    write_atomic(nodes.node_path(split.split_dir),
-                 _node_text(split, _own_figures(split), block_lines, counts))
+        resources.gpus,
+        resources.host,
+        resources.gpu_off_reason,
+        resources.attribution,
+        records_lines(counts),
+    )
+    write_atomic(
+        nodes.node_path(split.split_dir),
+        _node_text(split, _own_figures(split), block_lines, counts),
+    )
 
 
 def multi_node(split: Split) -> bool:
@@ -314,9 +370,13 @@ def multi_node(split: Split) -> bool:
     return 0 not in split.ranks or split.world_size > len(split.ranks)
 
 
-def render(split: Split, resources: ResourceFigures, counts: RecordCounts,
-           with_state: bool, on_progress: Progress = lambda what: None,
-           ) -> tuple[dict[Path, str], list[str] | None]:
+def render(
+    split: Split,
+    resources: ResourceFigures,
+    counts: RecordCounts,
+    with_state: bool,
+    on_progress: Progress = lambda what: None,
+) -> tuple[dict[Path, str], list[str] | None]:
     """The files of ``split`` that are replaced whole, with their text, keyed by path, and
     the lines of our summary block (None before any rank reported, or when another
     sidecar serves rank 0); nothing is written. ``on_progress(file name)`` is called as
@@ -326,8 +386,9 @@ def render(split: Split, resources: ResourceFigures, counts: RecordCounts,
     ranks = [split.ranks[r] for r in sorted(split.ranks)]
     for agg in ranks:
         for path, table in (
-                (split.logs_dir / layout.computational_file(agg.rank), tables.computational_text),
-                (split.logs_dir / layout.phases_file(agg.rank), tables.phases_text)):
+            (split.logs_dir / layout.computational_file(agg.rank), tables.computational_text),
+            (split.logs_dir / layout.phases_file(agg.rank), tables.phases_text),
+        ):
             files[path] = table(agg)
             on_progress(path.name)
     multi, leader = multi_node(split), 0 in split.ranks
@@ -336,36 +397,64 @@ def render(split: Split, resources: ResourceFigures, counts: RecordCounts,
     block = None
     accounts = split_accounts(ranks, split.straggler_waits)
     block_lines = resources_text.resources_block(
-        resources.gpus, resources.host, resources.gpu_off_reason, resources.attribution,
-        records_lines(counts))
+        resources.gpus,
+        resources.host,
+        resources.gpu_off_reason,
+        resources.attribution,
+        records_lines(counts),
+    )
     if ranks and leader:
         view = _view(split, own, others)
         split.standings = tuple(view.stragglers.standings) if view.stragglers else ()
         if others:  # the wait for the slowest rank, compared across every node's ranks
-            accounts = split_accounts(ranks, split.straggler_waits,
-                                      {f.rank: f.iterations_view() for f in view.ranks})
+            accounts = split_accounts(
+                ranks, split.straggler_waits, {f.rank: f.iterations_view() for f in view.ranks}
+            )
         if multi or len(ranks) > 1:
             files[split.logs_dir / layout.RANKS_FILE] = ranks_text.ranks_tsv(view)
         rank_lines = ranks_text.rank_lines(view, split.world_size, split.nodes_waited_s)
-        own_host = [f"Host {HOSTNAME} (ranks {', '.join(map(str, sorted(split.ranks)))}; "
-                    f"node {nodes.NODE_ID})"] if others else []
+        own_host = (
+            [
+                f"Host {HOSTNAME} (ranks {', '.join(map(str, sorted(split.ranks)))}; "
+                f"node {nodes.NODE_ID})"
+            ]
+            if others
+            else []
+        )
         block = summary.computational_block(
-            ranks, [name for _, name in split.gpus], split.gaps,
-            [*block_lines[:2], *own_host, *block_lines[2:-len(records_lines(counts)) - 1],
-             *ranks_text.host_resource_lines(others), "", *records_lines(counts)],
-            rank_lines, goodput_text.goodput_lines(accounts, _mfu(split)))
+            ranks,
+            [name for _, name in split.gpus],
+            split.gaps,
+            [
+                *block_lines[:2],
+                *own_host,
+                *block_lines[2 : -len(records_lines(counts)) - 1],
+                *ranks_text.host_resource_lines(others),
+                "",
+                *records_lines(counts),
+            ],
+            rank_lines,
+            goodput_text.goodput_lines(accounts, _mfu(split)),
+        )
     if multi:
         files[nodes.node_path(split.split_dir)] = _node_text(split, own, block_lines, counts)
     if resources.host_samples or resources.gpu_samples:
-        frame = resources_text.resources_frame(resources.gpu_samples, resources.host_samples,
-                                               resources.run_start_ns, resources.session_starts_ns)
+        frame = resources_text.resources_frame(
+            resources.gpu_samples,
+            resources.host_samples,
+            resources.run_start_ns,
+            resources.session_starts_ns,
+        )
         name = layout.RESOURCES_FILE if leader else layout.node_resources_file(nodes.NODE_ID)
         files[split.logs_dir / name] = tables.to_tsv(frame, index=False)
         on_progress(name)
     if with_state:
         # the stored rows from the text kept since the last write (rowtext.py)
-        path = state.state_path(split.split_dir) if leader else \
-            state.node_state_path(split.split_dir, nodes.NODE_ID)
+        path = (
+            state.state_path(split.split_dir)
+            if leader
+            else state.node_state_path(split.split_dir, nodes.NODE_ID)
+        )
         files[path] = state.dumps(split.to_state(rowtext.state_rows))
         on_progress(path.name)
     return files, block
@@ -380,9 +469,14 @@ def load_modules() -> None:
     import pandas  # noqa: F401
 
 
-def write_split(split: Split, resources: ResourceFigures, counts: RecordCounts,
-                with_state: bool = False, write_bytes: WriteBytes | None = None,
-                on_progress: Progress = lambda what: None) -> None:
+def write_split(
+    split: Split,
+    resources: ResourceFigures,
+    counts: RecordCounts,
+    with_state: bool = False,
+    write_bytes: WriteBytes | None = None,
+    on_progress: Progress = lambda what: None,
+) -> None:
     """Write all files of ``split``; ``with_state`` adds the resume state (checkpoints).
     ``write_bytes`` puts the bytes into an open file (a seam for a full disk in tests);
     ``on_progress(what)`` is called after each step (the server tells a waiting client).
@@ -393,15 +487,20 @@ def write_split(split: Split, resources: ResourceFigures, counts: RecordCounts,
     seam = {} if write_bytes is None else {"write_bytes": write_bytes}
     files, block = render(split, resources, counts, with_state, on_progress)
     if 0 in split.ranks:  # files of writes before rank 0 came here, now in the standard ones
-        for stale in (split.logs_dir / layout.node_resources_file(nodes.NODE_ID),
-                      state.node_state_path(split.split_dir, nodes.NODE_ID)):
+        for stale in (
+            split.logs_dir / layout.node_resources_file(nodes.NODE_ID),
+            state.node_state_path(split.split_dir, nodes.NODE_ID),
+        ):
             stale.unlink(missing_ok=True)
     for path, text in files.items():
         write_atomic(path, text, **seam)
         on_progress(path.name)
     if block is not None:
-        rewrite_in_place(split.split_dir / layout.SUMMARY_FILE,
-                         lambda existing: summary.replace_block(existing, block), **seam)
+        rewrite_in_place(
+            split.split_dir / layout.SUMMARY_FILE,
+            lambda existing: summary.replace_block(existing, block),
+            **seam,
+        )
         on_progress(layout.SUMMARY_FILE)
     write_run_file(split, write_bytes)
     split.dirty = False

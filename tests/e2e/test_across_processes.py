@@ -37,19 +37,33 @@ from tests.support.helpers import (
 USER_JOB = REPO / "tests" / "support" / "jobs" / "user_job.py"
 
 
-def job(cwd: Path, *args: str, endpoint: str | None = None, under_run: bool = False,
-        seams: Sequence[str] = (), **popen: object) -> subprocess.Popen[str]:
+def job(
+    cwd: Path,
+    *args: str,
+    endpoint: str | None = None,
+    under_run: bool = False,
+    seams: Sequence[str] = (),
+    **popen: object,
+) -> subprocess.Popen[str]:
     """``user_job.py ARGS`` under ``sidecar run`` (``under_run``, with the launcher's
     ``seams``), talking to the sidecar at ``endpoint``, or as a plain ``python train.py``
     (neither: a private sidecar)."""
     command = [sys.executable, str(USER_JOB), *args]
     if under_run:
-        command = sidecar_command("run", "--quiet", "--interval", "0.2", "--", *command,
-                                  seams=seams)
+        command = sidecar_command(
+            "run", "--quiet", "--interval", "0.2", "--", *command, seams=seams
+        )
     environment = env(SIDECAR_ENDPOINT=endpoint) if endpoint else env()
-    return subprocess.Popen(command, cwd=cwd, env=environment, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            **popen)  # type: ignore[call-overload]
+    return subprocess.Popen(
+        command,
+        cwd=cwd,
+        env=environment,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )  # type: ignore[call-overload]
 
 
 def finished(process: subprocess.Popen[str], timeout_s: float = 120) -> str:
@@ -78,17 +92,22 @@ def throughput(summary: str) -> float:
 
 # -- run.json and split folders written by several sidecars at once -----------------------
 
+
 def test_folds_in_parallel_under_two_sidecar_runs_keep_every_split(short_tmp: Path) -> None:
     for trial in range(4):
         cwd = short_tmp / f"trial{trial}"
         cwd.mkdir()
-        folds = [job(cwd, "--split", str(k), "--iters", "6", "--sleep", "0.001",
-                     under_run=True) for k in (0, 1)]
+        folds = [
+            job(cwd, "--split", str(k), "--iters", "6", "--sleep", "0.001", under_run=True)
+            for k in (0, 1)
+        ]
         for fold in folds:
             finished(fold)
         document = run_json(cwd / "maps")
         assert {k: e["status"] for k, e in document["splits"].items()} == {
-            "0": "completed", "1": "completed"}, trial
+            "0": "completed",
+            "1": "completed",
+        }, trial
         assert document["status"] == "completed"
         entries = document["splits"].values()
         assert document["start"] == min(e["start"] for e in entries)
@@ -100,8 +119,16 @@ def test_folds_in_parallel_under_two_sidecar_runs_keep_every_split(short_tmp: Pa
 def test_run_json_top_level_is_the_worst_split(serve, short_tmp: Path) -> None:
     sidecar = serve()
     out = short_tmp / "root" / "kfold"
-    failing = job(short_tmp, "--out-dir", str(out), "--split", "0", "--fail-at-epoch", "1",
-                  endpoint=sidecar.endpoint)
+    failing = job(
+        short_tmp,
+        "--out-dir",
+        str(out),
+        "--split",
+        "0",
+        "--fail-at-epoch",
+        "1",
+        endpoint=sidecar.endpoint,
+    )
     assert failing.wait(60) == 1
     finished(job(short_tmp, "--out-dir", str(out), "--split", "1", endpoint=sidecar.endpoint))
     document = run_json(out)
@@ -115,10 +142,19 @@ def test_run_json_top_level_is_the_worst_split(serve, short_tmp: Path) -> None:
 
 # -- one writer per split -------------------------------------------------------------------
 
+
 def test_second_writer_of_a_split_is_refused_under_another_sidecar(short_tmp: Path) -> None:
     stop = short_tmp / "stop"
-    first = job(short_tmp, "--iters", "8", "--stop-file", str(stop), "--progress",
-                str(short_tmp / "p1.json"), under_run=True)
+    first = job(
+        short_tmp,
+        "--iters",
+        "8",
+        "--stop-file",
+        str(stop),
+        "--progress",
+        str(short_tmp / "p1.json"),
+        under_run=True,
+    )
     wait_for(lambda: progress(short_tmp / "p1.json").get("epochs") == 2, 60, "the first run")
     second_stderr = finished(job(short_tmp, "--iters", "30", under_run=True))
     assert warnings_about(second_stderr, "one writer per split") == 1, second_stderr
@@ -131,16 +167,24 @@ def test_second_writer_of_a_split_is_refused_under_another_sidecar(short_tmp: Pa
     assert run_json(out)["status"] == "completed"
 
 
-def test_second_writer_of_a_split_is_refused_under_the_same_sidecar(serve,
-                                                                     short_tmp: Path) -> None:
+def test_second_writer_of_a_split_is_refused_under_the_same_sidecar(serve, short_tmp: Path) -> None:
     sidecar = serve()
     out = short_tmp / "root" / "same"
     stop = short_tmp / "stop"
-    first = job(short_tmp, "--out-dir", str(out), "--stop-file", str(stop), "--progress",
-                str(short_tmp / "p1.json"), endpoint=sidecar.endpoint)
+    first = job(
+        short_tmp,
+        "--out-dir",
+        str(out),
+        "--stop-file",
+        str(stop),
+        "--progress",
+        str(short_tmp / "p1.json"),
+        endpoint=sidecar.endpoint,
+    )
     wait_for(lambda: progress(short_tmp / "p1.json").get("epochs") == 2, 60, "the first run")
-    second_stderr = finished(job(short_tmp, "--out-dir", str(out), "--iters", "30",
-                                 endpoint=sidecar.endpoint))
+    second_stderr = finished(
+        job(short_tmp, "--out-dir", str(out), "--iters", "30", endpoint=sidecar.endpoint)
+    )
     assert warnings_about(second_stderr, "one writer per split") == 1, second_stderr
     stop.touch()
     finished(first)
@@ -149,8 +193,14 @@ def test_second_writer_of_a_split_is_refused_under_the_same_sidecar(serve,
 
 def test_a_dead_sidecars_claim_is_taken_over(short_tmp: Path) -> None:
     stop = short_tmp / "stop"
-    first = job(short_tmp, "--stop-file", str(stop), "--progress", str(short_tmp / "p1.json"),
-                under_run=True)
+    first = job(
+        short_tmp,
+        "--stop-file",
+        str(stop),
+        "--progress",
+        str(short_tmp / "p1.json"),
+        under_run=True,
+    )
     wait_for(lambda: progress(short_tmp / "p1.json").get("epochs") == 2, 60, "the first run")
     first.send_signal(signal.SIGKILL)  # the sidecar of `sidecar run`: its lock goes with it
     first.wait(10)
@@ -164,30 +214,37 @@ def test_a_dead_sidecars_claim_is_taken_over(short_tmp: Path) -> None:
 
 # -- summary.log shared with the user's own logger -----------------------------------------
 
+
 def test_the_users_file_handler_keeps_every_line(short_tmp: Path) -> None:
     finished(job(short_tmp, "--epochs", "4", "--user-log", under_run=True))
     text = summary_of(short_tmp / "maps")
     user_lines = [line for line in text.splitlines() if line.startswith("user line:")]
-    assert user_lines == [f"user line: epoch {e} {what}" for e in range(4)
-                          for what in ("trained", "checkpointed")]
+    assert user_lines == [
+        f"user line: epoch {e} {what}" for e in range(4) for what in ("trained", "checkpointed")
+    ]
     lines = text.splitlines()
     assert lines.count(summary_text.TITLE_LINE) == 1  # our block once
     start = lines.index(summary_text.TITLE_LINE)
-    end = next(i for i in range(lines.index(summary_text.RESOURCES, start), len(lines))
-               if lines[i] == summary_text.STARS)
-    assert not any(line.startswith("user line:") for line in lines[start:end + 1])  # whole
-    assert "Records: received" in "\n".join(lines[start:end + 1])
+    end = next(
+        i
+        for i in range(lines.index(summary_text.RESOURCES, start), len(lines))
+        if lines[i] == summary_text.STARS
+    )
+    assert not any(line.startswith("user line:") for line in lines[start : end + 1])  # whole
+    assert "Records: received" in "\n".join(lines[start : end + 1])
 
 
 # -- resume lineage -------------------------------------------------------------------------
+
 
 def test_resume_takes_only_the_state_of_the_same_lineage(serve, short_tmp: Path) -> None:
     sidecar = serve()
     out = short_tmp / "root" / "chain"
     common = ["--out-dir", str(out)]
     finished(job(short_tmp, *common, endpoint=sidecar.endpoint))  # A: checkpoints
-    run_a = json.loads(state.state_path(split_dir(out)).read_text())["ranks"]["0"][
-        "sessions"][0]["run_id"]
+    run_a = json.loads(state.state_path(split_dir(out)).read_text())["ranks"]["0"]["sessions"][0][
+        "run_id"
+    ]
     b = job(short_tmp, *common, "--fail-at-epoch", "0", endpoint=sidecar.endpoint)
     assert b.wait(60) == 1  # B: started afresh, died before its first checkpoint
     stderr = finished(job(short_tmp, *common, "--resume", endpoint=sidecar.endpoint))  # C
@@ -212,16 +269,43 @@ def test_a_resume_that_died_keeps_the_lineage(serve, short_tmp: Path) -> None:
 
 # -- states of any size; checkpoint and state calls kept out of the iteration --------------
 
-def test_a_state_of_cap_25000_travels_and_checkpoint_returns_at_once(serve,
-                                                                      short_tmp: Path) -> None:
+
+def test_a_state_of_cap_25000_travels_and_checkpoint_returns_at_once(
+    serve, short_tmp: Path
+) -> None:
     sidecar = serve()
     out = short_tmp / "root" / "big"
     kept = short_tmp / "kept.json"
     # 25 000 iterations: a state over the socket cap (rows as columns: ~200 B an iteration)
-    common = ["--out-dir", str(out), "--cap", "25000", "--iters", "25000", "--sleep", "0",
-              "--warmup", "0", "--epochs", "1", "--give-batch-size"]
-    finished(job(short_tmp, *common, "--state-out", str(kept), "--state-in-loop", "5000",
-                 "--progress", str(short_tmp / "p1.json"), endpoint=sidecar.endpoint), 300)
+    common = [
+        "--out-dir",
+        str(out),
+        "--cap",
+        "25000",
+        "--iters",
+        "25000",
+        "--sleep",
+        "0",
+        "--warmup",
+        "0",
+        "--epochs",
+        "1",
+        "--give-batch-size",
+    ]
+    finished(
+        job(
+            short_tmp,
+            *common,
+            "--state-out",
+            str(kept),
+            "--state-in-loop",
+            "5000",
+            "--progress",
+            str(short_tmp / "p1.json"),
+            endpoint=sidecar.endpoint,
+        ),
+        300,
+    )
     assert kept.stat().st_size > wire.MAX_MESSAGE_BYTES  # over the socket cap: in parts
     first = progress(short_tmp / "p1.json")
     assert first["max_checkpoint_s"] < 0.5  # the state is taken; writing comes after
@@ -229,32 +313,45 @@ def test_a_state_of_cap_25000_travels_and_checkpoint_returns_at_once(serve,
     loop = phases(out).query("phase == 'Training loop'").reset_index()
     # ... kept out of the iteration it was made in (the row holds the sleep(0) step only)
     assert loop.loc[5000, "wall (s)"] < first["state_in_loop_s"] / 2
-    stderr = finished(job(short_tmp, *common, "--state-in", str(kept),
-                          endpoint=sidecar.endpoint), 300)
+    stderr = finished(
+        job(short_tmp, *common, "--state-in", str(kept), endpoint=sidecar.endpoint), 300
+    )
     assert "not loaded" not in stderr, stderr
     document = run_json(out)
     assert document["status"] == "completed" and document["splits"]["0"]["sessions"] == 2
     epochs = phases(out).query("phase == 'Epoch'")
     assert list(epochs.epoch) == [0, 1] and list(epochs.session) == [0, 1]
-    counted = re.search(r"^\s+Iteration\s+\|[^\[]*\[(\d+)\]", summary_of(out).split(
-        "All post-warmup measurements")[1], re.M)
+    counted = re.search(
+        r"^\s+Iteration\s+\|[^\[]*\[(\d+)\]",
+        summary_of(out).split("All post-warmup measurements")[1],
+        re.M,
+    )
     assert int(counted[1]) == 50000  # the resumed session's records all arrived
 
 
 def test_finish_waits_while_the_sidecar_writes_and_gives_up_when_it_is_stuck(
-        serve, short_tmp: Path) -> None:
+    serve, short_tmp: Path
+) -> None:
     sidecar = serve(seams=["--slow-disk", "0.25"])  # each file takes 0.25 s: 1.5 s in all
     out = short_tmp / "root" / "slow"
     common = ["--out-dir", str(out), "--finish-timeout", "0.6", "--progress"]
-    stderr = finished(job(short_tmp, *common, str(short_tmp / "p1.json"),
-                          endpoint=sidecar.endpoint), 120)
+    stderr = finished(
+        job(short_tmp, *common, str(short_tmp / "p1.json"), endpoint=sidecar.endpoint), 120
+    )
     assert "did not confirm" not in stderr, stderr
     assert run_json(out)["status"] == "completed"
     # The write outlasted the 0.6 s wait without news: the progress kept finish() waiting.
     assert progress(short_tmp / "p1.json")["finish_s"] > 1.0
     stop = short_tmp / "stop"
-    stuck = job(short_tmp, *common, str(short_tmp / "p2.json"), "--stop-file", str(stop),
-                "--resume", endpoint=sidecar.endpoint)
+    stuck = job(
+        short_tmp,
+        *common,
+        str(short_tmp / "p2.json"),
+        "--stop-file",
+        str(stop),
+        "--resume",
+        endpoint=sidecar.endpoint,
+    )
     wait_for(lambda: "elapsed_s" in progress(short_tmp / "p2.json"), 120, "training done")
     sidecar.process.send_signal(signal.SIGSTOP)
     try:
@@ -270,12 +367,14 @@ def test_finish_waits_while_the_sidecar_writes_and_gives_up_when_it_is_stuck(
 
 # -- resources over every session ----------------------------------------------------------
 
+
 def test_resources_accumulate_across_sessions(short_tmp: Path) -> None:
     # Each process under a `sidecar run` of its own: the second sidecar never saw session 0.
     common = ["--iters", "40", "--sleep", "0.02", "--epochs", "2"]
     finished(job(short_tmp, *common, under_run=True, seams=["--fake-nvml", "two_busy_gpus"]))
-    finished(job(short_tmp, *common, "--resume", under_run=True,
-                 seams=["--fake-nvml", "two_busy_gpus"]))
+    finished(
+        job(short_tmp, *common, "--resume", under_run=True, seams=["--fake-nvml", "two_busy_gpus"])
+    )
     out = short_tmp / "maps"
     logs = split_dir(out) / "logs"
     frame = pd.read_csv(logs / "resources.tsv", sep="\t")
@@ -285,8 +384,9 @@ def test_resources_accumulate_across_sessions(short_tmp: Path) -> None:
         gpu = frame[frame["gpu index"] == index]
         line = re.search(rf"^GPU {index}: .*\((\d+) samples over", summary, re.M)
         assert int(line[1]) == len(gpu)  # every session's samples
-        energy = sum(g["energy (J)"].iloc[-1] - g["energy (J)"].iloc[0]
-                     for _, g in gpu.groupby("session"))
+        energy = sum(
+            g["energy (J)"].iloc[-1] - g["energy (J)"].iloc[0] for _, g in gpu.groupby("session")
+        )
         shown = float(re.findall(r"Energy \(J\)\s+(\S+) \(counter\)", summary)[index])
         assert energy > 0 and abs(shown - energy) <= 0.005 * energy  # the downtime left out
     host = frame.drop_duplicates("time (s)")
@@ -295,8 +395,13 @@ def test_resources_accumulate_across_sessions(short_tmp: Path) -> None:
     assert received >= len(phases(out))  # both sessions' records (stored rows are fewer)
     assert received > 2 * 40 * 3  # more than one session's worth
     # `sidecar report` reads the same sessions the same way
-    report = subprocess.run(sidecar_command("report", str(out), "--out", str(short_tmp / "r")),
-                            capture_output=True, text=True, env=env(), timeout=120)
+    report = subprocess.run(
+        sidecar_command("report", str(out), "--out", str(short_tmp / "r")),
+        capture_output=True,
+        text=True,
+        env=env(),
+        timeout=120,
+    )
     assert report.returncode == 0, report.stderr
     row = pd.read_csv(short_tmp / "r" / "jobs.tsv", sep="\t").iloc[0]
     energies = [float(e) for e in re.findall(r"Energy \(J\)\s+(\S+) \(counter\)", summary)]
@@ -307,15 +412,16 @@ def test_resources_accumulate_across_sessions(short_tmp: Path) -> None:
 
 # -- batch sizes ----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("given", [True, False], ids=["given", "read"])
-def test_a_batch_size_that_changes_across_a_resume_counts_per_row(serve, short_tmp: Path,
-                                                                  given: bool) -> None:
+def test_a_batch_size_that_changes_across_a_resume_counts_per_row(
+    serve, short_tmp: Path, given: bool
+) -> None:
     sidecar = serve()
     out = short_tmp / "root" / "sizes"
     common = ["--out-dir", str(out), "--iters", "12"] + (["--give-batch-size"] if given else [])
     finished(job(short_tmp, *common, "--batch-size", "8", endpoint=sidecar.endpoint))
-    finished(job(short_tmp, *common, "--batch-size", "32", "--resume",
-                 endpoint=sidecar.endpoint))
+    finished(job(short_tmp, *common, "--batch-size", "32", "--resume", endpoint=sidecar.endpoint))
     loop = phases(out).query("phase == 'Training loop'")
     assert set(zip(loop.session, loop["batch size"], strict=True)) == {(0, 8), (1, 32)}
     expected = loop["batch size"].sum() / loop["wall (s)"].sum()
@@ -323,12 +429,14 @@ def test_a_batch_size_that_changes_across_a_resume_counts_per_row(serve, short_t
 
 
 @pytest.mark.parametrize("shape", ["tuples", "tokens"])
-def test_ambiguous_batches_warn_once_and_leave_throughput_unknown(serve, short_tmp: Path,
-                                                                  shape: str) -> None:
+def test_ambiguous_batches_warn_once_and_leave_throughput_unknown(
+    serve, short_tmp: Path, shape: str
+) -> None:
     sidecar = serve()
     out = short_tmp / "root" / shape
-    stderr = finished(job(short_tmp, "--out-dir", str(out), "--shape", shape,
-                          endpoint=sidecar.endpoint))
+    stderr = finished(
+        job(short_tmp, "--out-dir", str(out), "--shape", shape, endpoint=sidecar.endpoint)
+    )
     assert warnings_about(stderr, "batch size cannot be read") == 1, stderr
     assert "Throughput: unknown" in summary_of(out)
     assert "images/s" not in summary_of(out).split("Validation")[0]
@@ -337,20 +445,34 @@ def test_ambiguous_batches_warn_once_and_leave_throughput_unknown(serve, short_t
 def test_a_tuple_of_tensors_gives_its_batch_size(serve, short_tmp: Path) -> None:
     sidecar = serve()
     out = short_tmp / "root" / "tensor"
-    stderr = finished(job(short_tmp, "--out-dir", str(out), "--batch-size", "16",
-                          endpoint=sidecar.endpoint))
+    stderr = finished(
+        job(short_tmp, "--out-dir", str(out), "--batch-size", "16", endpoint=sidecar.endpoint)
+    )
     assert "cannot be read" not in stderr
     assert set(phases(out).query("phase == 'Training loop'")["batch size"]) == {16}
 
 
 # -- how a run starts and ends ----------------------------------------------------------------
 
+
 def test_training_time_starts_when_the_private_sidecar_is_ready(short_tmp: Path) -> None:
-    finished(job(short_tmp, "--epochs", "1", "--iters", "20", "--sleep", "0.02",
-                 "--progress", str(short_tmp / "p.json")))  # plain python train.py
+    finished(
+        job(
+            short_tmp,
+            "--epochs",
+            "1",
+            "--iters",
+            "20",
+            "--sleep",
+            "0.02",
+            "--progress",
+            str(short_tmp / "p.json"),
+        )
+    )  # plain python train.py
     elapsed_s = progress(short_tmp / "p.json")["elapsed_s"]
-    training_s = float(re.search(r"^Training\s+\|\s+(\S+) \[1\]", summary_of(
-        short_tmp / "maps"), re.M)[1])
+    training_s = float(
+        re.search(r"^Training\s+\|\s+(\S+) \[1\]", summary_of(short_tmp / "maps"), re.M)[1]
+    )
     # The private sidecar's start-up (about 0.5 s here) is not training.
     assert elapsed_s - 0.05 < training_s < elapsed_s + 0.15
 
@@ -359,20 +481,30 @@ def test_training_time_starts_when_the_private_sidecar_is_ready(short_tmp: Path)
 def test_sys_exit_inside_the_run(serve, short_tmp: Path, code: int, expected: str) -> None:
     sidecar = serve()
     out = short_tmp / "root" / f"exit{code}"
-    process = job(short_tmp, "--out-dir", str(out), "--exit", str(code),
-                  endpoint=sidecar.endpoint)
+    process = job(short_tmp, "--out-dir", str(out), "--exit", str(code), endpoint=sidecar.endpoint)
     assert process.wait(60) == code
     document = run_json(out)
     assert document["status"] == expected
     assert document["cause"] == (None if code == 0 else f"SystemExit: {code}")
 
 
-def test_a_keyboard_interrupt_the_user_handled_ends_the_run_completed(serve,
-                                                                      short_tmp: Path) -> None:
+def test_a_keyboard_interrupt_the_user_handled_ends_the_run_completed(
+    serve, short_tmp: Path
+) -> None:
     sidecar = serve()
     out = short_tmp / "root" / "ctrl-c"
-    finished(job(short_tmp, "--out-dir", str(out), "--interrupt-at", "4", "--progress",
-                 str(short_tmp / "p.json"), endpoint=sidecar.endpoint))
+    finished(
+        job(
+            short_tmp,
+            "--out-dir",
+            str(out),
+            "--interrupt-at",
+            "4",
+            "--progress",
+            str(short_tmp / "p.json"),
+            endpoint=sidecar.endpoint,
+        )
+    )
     assert progress(short_tmp / "p.json")["interrupted"]
     assert run_json(out)["status"] == "completed"
     assert len(phases(out).query("phase == 'Epoch'")) == 1
@@ -380,20 +512,26 @@ def test_a_keyboard_interrupt_the_user_handled_ends_the_run_completed(serve,
 
 # -- the wire -------------------------------------------------------------------------------
 
+
 def test_the_markers_survive_a_dropped_connection(serve, short_tmp: Path) -> None:
     sidecar = serve()
     out = short_tmp / "root" / "dropped"
-    run = markers.start_run(out_dir=str(out), warmup_iterations=0, train_batch_size=2,
-                            endpoint=sidecar.endpoint)
+    run = markers.start_run(
+        out_dir=str(out), warmup_iterations=0, train_batch_size=2, endpoint=sidecar.endpoint
+    )
     big = {"type": "phase", "pad": "y" * wire.MAX_MESSAGE_BYTES}
     assert not run._sender.send_control(big)  # never sent: it would cost the connection
     with run, run.epoch():
         for i, _ in enumerate(run.train_batches(range(40))):
             if i == 10:  # a frame over the cap anyway: ZeroMQ drops the connection
-                run._sender._socket.send(wire.encode_control(run._sender._header(
-                    wire.KIND_CONTROL), big))
-                wait_for(lambda: status(sidecar.endpoint)["rejected_by_kind"].get(
-                    "connection_dropped"), 20, "the drop")
+                run._sender._socket.send(
+                    wire.encode_control(run._sender._header(wire.KIND_CONTROL), big)
+                )
+                wait_for(
+                    lambda: status(sidecar.endpoint)["rejected_by_kind"].get("connection_dropped"),
+                    20,
+                    "the drop",
+                )
             with run.phase("forward"):
                 time.sleep(0.001)
     assert run_json(out)["status"] == "completed"
@@ -402,7 +540,12 @@ def test_the_markers_survive_a_dropped_connection(serve, short_tmp: Path) -> Non
 
 def test_status_says_what_window_its_rate_covers(serve) -> None:
     sidecar = serve()
-    result = subprocess.run(sidecar_command("status", "--endpoint", sidecar.endpoint),
-                            capture_output=True, text=True, env=env(), timeout=30)
+    result = subprocess.run(
+        sidecar_command("status", "--endpoint", sidecar.endpoint),
+        capture_output=True,
+        text=True,
+        env=env(),
+        timeout=30,
+    )
     assert result.returncode == 0, result.stderr
     assert re.search(r"records \d+ \(\d+/s, mean over the last \d+\.\d s\)", result.stdout)

@@ -19,8 +19,14 @@ from tests.support.prometheus import http, scraping
 
 RULES = Path(__file__).parents[2] / "deploy" / "prometheus" / "trainmon.rules.yml"
 JOB = Path(__file__).parents[1] / "support" / "jobs" / "goodput_job.py"
-ALERTS = {"TrainmonIdleGPU", "TrainmonInputBound", "TrainmonRunStoppedSending",
-          "TrainmonStraggler", "TrainmonGPUMemoryNearFull", "TrainmonLowGoodput"}
+ALERTS = {
+    "TrainmonIdleGPU",
+    "TrainmonInputBound",
+    "TrainmonRunStoppedSending",
+    "TrainmonStraggler",
+    "TrainmonGPUMemoryNearFull",
+    "TrainmonLowGoodput",
+}
 
 
 def _fast_rules(tmp_path: Path) -> Path:
@@ -37,20 +43,58 @@ def _fast_rules(tmp_path: Path) -> Path:
 def test_each_alert_fires_on_a_real_job(tmp_path: Path) -> None:
     with scraping(tmp_path, _fast_rules(tmp_path)) as (url, port):
         job = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.launcher", "--fake-nvml", "idle_full_gpu",
-             "--", "run", "--metrics-port", str(port), "--interval", "0.2", "--",
-             sys.executable, str(JOB), "--out-dir", "runs/job", "--clock", "clock",
-             "--ranks", "2", "--slow-s", "0.04", "--data-s", "0.06", "--step-s", "0.02",
-             "--iters", "60", "--epochs", "2", "--warmup", "2", "--pause-s", "15"],
-            cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True)
+            [
+                sys.executable,
+                "-m",
+                "tests.support.launcher",
+                "--fake-nvml",
+                "idle_full_gpu",
+                "--",
+                "run",
+                "--metrics-port",
+                str(port),
+                "--interval",
+                "0.2",
+                "--",
+                sys.executable,
+                str(JOB),
+                "--out-dir",
+                "runs/job",
+                "--clock",
+                "clock",
+                "--ranks",
+                "2",
+                "--slow-s",
+                "0.04",
+                "--data-s",
+                "0.06",
+                "--step-s",
+                "0.02",
+                "--iters",
+                "60",
+                "--epochs",
+                "2",
+                "--warmup",
+                "2",
+                "--pause-s",
+                "15",
+            ],
+            cwd=tmp_path,
+            env=env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         fired: set[str] = set()
         try:
             deadline = time.monotonic() + 240
             while fired != ALERTS and time.monotonic() < deadline and job.poll() is None:
                 reply = json.loads(http(f"{url}/api/v1/alerts"))
-                fired |= {a["labels"]["alertname"] for a in reply["data"]["alerts"]
-                          if a["state"] == "firing"}
+                fired |= {
+                    a["labels"]["alertname"]
+                    for a in reply["data"]["alerts"]
+                    if a["state"] == "firing"
+                }
                 time.sleep(0.5)
         finally:
             _, stderr = job.communicate(timeout=120)

@@ -56,19 +56,24 @@ def test_a_jobs_own_sidecar_serves_only_its_job(short_tmp: Path) -> None:
     stop = short_tmp / "stop"
     sidecar = run_job(short_tmp, endpoint, stop)
     try:
-        job = wait_for(lambda: progress(short_tmp / "p.json").get("epochs"), 60,
-                       "the job to train") and progress(short_tmp / "p.json")
+        job = wait_for(
+            lambda: progress(short_tmp / "p.json").get("epochs"), 60, "the job to train"
+        ) and progress(short_tmp / "p.json")
         secret = job_secret(job["pid"])
-        forgers = [_forger(endpoint),
-                   _forger(endpoint, shared_secret.keys(secret, "server")[0])]
+        forgers = [_forger(endpoint), _forger(endpoint, shared_secret.keys(secret, "server")[0])]
         for forger in forgers:
             intruder = Client()
             forger.send(intruder.hello(str(victim)))
             forger.send(intruder.records(10))
         view = wait_for(
-            lambda: (v := status(endpoint, 2.0, secret))
-            and v["rejected_by_kind"].get("unauthenticated", 0) >= 2 and v,
-            30, "both forgers to be refused and counted")
+            lambda: (
+                (v := status(endpoint, 2.0, secret))
+                and v["rejected_by_kind"].get("unauthenticated", 0) >= 2
+                and v
+            ),
+            30,
+            "both forgers to be refused and counted",
+        )
         assert [run["out_dir"] for run in view["runs"]] == [str(short_tmp / "maps")]
         assert set(view["rejected_by_kind"]) == {"unauthenticated"}
         assert not any(forger.poll(0) for forger in forgers)  # never answered
@@ -87,13 +92,18 @@ def test_a_jobs_own_sidecar_serves_only_its_job(short_tmp: Path) -> None:
 
 @pytest.mark.parametrize("out_dir", ["/////", "/", "/tmp"])
 def test_a_run_folder_at_an_absurd_place_is_refused(short_tmp: Path, out_dir: str) -> None:
-    existed = {p: p.exists() for p in (Path("/run.json"), Path("/training"),
-                                        Path("/tmp/run.json"))}
+    existed = {p: p.exists() for p in (Path("/run.json"), Path("/training"), Path("/tmp/run.json"))}
     result = subprocess.run(
-        sidecar_command("run", "--quiet", "--", sys.executable, str(JOB), "--out-dir",
-                        out_dir, "--epochs", "1"),
-        cwd=short_tmp, env=env(XDG_RUNTIME_DIR=str(short_tmp)), stdin=subprocess.DEVNULL,
-        capture_output=True, text=True, timeout=120)
+        sidecar_command(
+            "run", "--quiet", "--", sys.executable, str(JOB), "--out-dir", out_dir, "--epochs", "1"
+        ),
+        cwd=short_tmp,
+        env=env(XDG_RUNTIME_DIR=str(short_tmp)),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr  # training went on
     warned = [line for line in result.stderr.splitlines() if "markers:" in line]
     assert len(warned) == 1, result.stderr
@@ -105,8 +115,19 @@ def test_a_run_folder_at_an_absurd_place_is_refused(short_tmp: Path, out_dir: st
 def test_a_refused_run_says_so_and_stops_sending(serve, short_tmp: Path) -> None:
     sidecar = serve()
     elsewhere = short_tmp / "elsewhere"
-    job = start_job(sidecar.endpoint, short_tmp, "--out-dir", str(elsewhere), "--epochs", "1",
-                    "--iters", "300", "--sleep", "0.01", stderr=subprocess.PIPE)
+    job = start_job(
+        sidecar.endpoint,
+        short_tmp,
+        "--out-dir",
+        str(elsewhere),
+        "--epochs",
+        "1",
+        "--iters",
+        "300",
+        "--sleep",
+        "0.01",
+        stderr=subprocess.PIPE,
+    )
     _, stderr = job.communicate(timeout=120)
     assert job.returncode == 0
     warned = [line for line in stderr.decode().splitlines() if "markers:" in line]
@@ -118,7 +139,8 @@ def test_a_refused_run_says_so_and_stops_sending(serve, short_tmp: Path) -> None
 
 
 def test_waiting_for_a_sidecar_without_the_cpu_leaves_no_reject_behind(
-        serve, short_tmp: Path) -> None:
+    serve, short_tmp: Path
+) -> None:
     """A sidecar that gets no CPU while it starts (frozen here right after it binds, as a
     loaded machine does by chance) counts nothing from the clients that wait for it: the
     fixture's one client waits through it, none hangs up in the middle of its handshake
@@ -129,8 +151,7 @@ def test_waiting_for_a_sidecar_without_the_cpu_leaves_no_reject_behind(
 
     def freeze_once_bound() -> None:
         wait_for(sock.exists, 30, "the sidecar to bind", interval_s=0.005)
-        (pid,) = [child.pid for child in psutil.Process().children()
-                  if "serve" in child.cmdline()]
+        (pid,) = [child.pid for child in psutil.Process().children() if "serve" in child.cmdline()]
         os.kill(pid, signal.SIGSTOP)
         try:
             time.sleep(frozen_s)
@@ -144,17 +165,29 @@ def test_waiting_for_a_sidecar_without_the_cpu_leaves_no_reject_behind(
     assert sidecar.status()["rejected_by_kind"] == {}
 
 
-
-def test_status_of_a_jobs_own_sidecar_from_another_terminal_of_its_user(
-        short_tmp: Path) -> None:
+def test_status_of_a_jobs_own_sidecar_from_another_terminal_of_its_user(short_tmp: Path) -> None:
     stop = short_tmp / "stop"
     sidecar = subprocess.Popen(
         # at the job's priority: at +10 on a loaded machine it answers after the 5 s of
         # `sidecar status` (tests/e2e/test_priority.py checks the default)
-        sidecar_command("run", "--quiet", *SAME_PRIORITY, "--", sys.executable, str(JOB),
-                        "--out-dir", "maps", "--stop-file", str(stop), "--progress",
-                        str(short_tmp / "p.json")),
-        cwd=short_tmp, env=env(XDG_RUNTIME_DIR=str(short_tmp)), stdin=subprocess.DEVNULL)
+        sidecar_command(
+            "run",
+            "--quiet",
+            *SAME_PRIORITY,
+            "--",
+            sys.executable,
+            str(JOB),
+            "--out-dir",
+            "maps",
+            "--stop-file",
+            str(stop),
+            "--progress",
+            str(short_tmp / "p.json"),
+        ),
+        cwd=short_tmp,
+        env=env(XDG_RUNTIME_DIR=str(short_tmp)),
+        stdin=subprocess.DEVNULL,
+    )
     try:
         wait_for(lambda: progress(short_tmp / "p.json").get("epochs"), 60, "the job to train")
         (folder,) = (short_tmp / "sidecar").glob("job-*")
@@ -162,7 +195,11 @@ def test_status_of_a_jobs_own_sidecar_from_another_terminal_of_its_user(
         assert kept.stat().st_mode & 0o777 == 0o600
         result = subprocess.run(  # no SIDECAR_SECRET here: the one beside the socket is used
             sidecar_command("status", "--json", "--endpoint", f"ipc://{folder}/sidecar.sock"),
-            env=env(), capture_output=True, text=True, timeout=60)
+            env=env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert result.returncode == 0, result.stderr
         assert json.loads(result.stdout)["runs"][0]["out_dir"] == str(short_tmp / "maps")
         stop.touch()

@@ -65,27 +65,39 @@ def test_every_kind_through_a_real_socket(serve, short_tmp: Path) -> None:
         if round_ == 1:  # over the socket's cap: ZeroMQ drops this connection
             socket.send(good.control({"type": "x", "pad": "y" * wire.MAX_MESSAGE_BYTES}))
             expected["connection_dropped"] += 1
-            wait_for(lambda: sidecar.status()["rejected_by_kind"].get("connection_dropped"),
-                     20, "the dropped connection to be counted")
+            wait_for(
+                lambda: sidecar.status()["rejected_by_kind"].get("connection_dropped"),
+                20,
+                "the dropped connection to be counted",
+            )
     rogue = _dealer(sidecar.endpoint)  # another client: its drop spares the good one's
     rogue.send(b"\0" * (wire.MAX_MESSAGE_BYTES + 1))
     expected["connection_dropped"] += 1
     socket.send(good.records(10))
     # records of runs never started wait PENDING_S (5 s) for a hello, then are rejected
-    view = wait_for(lambda: (v := sidecar.status())["rejected_by_kind"].get("unknown_run", 0)
-                    >= 3 and v["rejected_by_kind"].get("connection_dropped", 0) >= 2 and v,
-                    30, "the held records and the second drop to be rejected")
-    assert _request(socket, good.control({"type": "finish", "status": "completed",
-                                          "reply_to": "f"}))["ok"]
+    view = wait_for(
+        lambda: (
+            (v := sidecar.status())["rejected_by_kind"].get("unknown_run", 0) >= 3
+            and v["rejected_by_kind"].get("connection_dropped", 0) >= 2
+            and v
+        ),
+        30,
+        "the held records and the second drop to be rejected",
+    )
+    assert _request(
+        socket, good.control({"type": "finish", "status": "completed", "reply_to": "f"})
+    )["ok"]
     by_kind = view["rejected_by_kind"]
     records_kinds = {"unknown_run", "bad_record"}  # counted per record, not per message
     assert {k: v for k, v in by_kind.items() if k not in records_kinds} == {
-        k: v for k, v in expected.items() if k not in records_kinds}
+        k: v for k, v in expected.items() if k not in records_kinds
+    }
     assert by_kind["bad_record"] == expected["bad_record"]  # one bad record each
     assert by_kind["unknown_run"] >= expected["unknown_run"]
-    phases = (short_tmp / "root" / "good" / "training" / "split-0" / "logs" / "phases.tsv")
-    forward_rows = [line for line in phases.read_text().splitlines()
-                    if line.startswith("Forward\t")]
+    phases = short_tmp / "root" / "good" / "training" / "split-0" / "logs" / "phases.tsv"
+    forward_rows = [
+        line for line in phases.read_text().splitlines() if line.startswith("Forward\t")
+    ]
     assert len(forward_rows) == 10 * (3 * len(BAD_KINDS) + 1)  # every good record kept
     log = sidecar.log.read_text()
     for kind in by_kind:
@@ -104,8 +116,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 def _feed(server: Server, frame: bytes | list[bytes]) -> None:
-    message = server.receiver.decode([b"id", frame] if isinstance(frame, bytes)
-                                     else [b"id", *frame])
+    message = server.receiver.decode(
+        [b"id", frame] if isinstance(frame, bytes) else [b"id", *frame]
+    )
     if message is not None:
         server.handle_safely(message)
 
@@ -130,8 +143,9 @@ def test_any_bytes_are_decoded_or_rejected_once(server: Server, data: bytes) -> 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.sampled_from((*BAD_KINDS, "good")), max_size=30), st.integers(0, 2**32))
-def test_good_records_survive_any_mix_of_bad_frames(server: Server, plan: list[str],
-                                                    seed: int) -> None:
+def test_good_records_survive_any_mix_of_bad_frames(
+    server: Server, plan: list[str], seed: int
+) -> None:
     rng = random.Random(seed)
     good = _good_run(server, f"mix-{seed}-{len(plan)}")
     rejected_before = Counter(server.registry.rejected)
@@ -173,8 +187,14 @@ def test_fuzz_a_hundred_thousand_frames(server: Server) -> None:
     agg = server.registry.streams[good.run_id].split.rank(0)
     assert len(agg.series[wire.FORWARD].flagged) == sent  # outside iterations: flagged
     assert "internal_error" not in server.registry.rejected
-    assert set(server.registry.rejected) >= {"malformed", "truncated", "unknown_version",
-                                             "out_of_order", "bad_record", "unknown_run"}
+    assert set(server.registry.rejected) >= {
+        "malformed",
+        "truncated",
+        "unknown_version",
+        "out_of_order",
+        "bad_record",
+        "unknown_run",
+    }
 
 
 def test_fuzz_sample_through_a_real_socket(serve, short_tmp: Path) -> None:
@@ -190,8 +210,9 @@ def test_fuzz_sample_through_a_real_socket(serve, short_tmp: Path) -> None:
             sent += 3
         else:
             socket.send(noise(rng))
-    assert _request(socket, good.control({"type": "finish", "status": "completed",
-                                          "reply_to": "f"}))["ok"]
+    assert _request(
+        socket, good.control({"type": "finish", "status": "completed", "reply_to": "f"})
+    )["ok"]
     view = sidecar.status()
     run = next(r for r in view["runs"] if r["out_dir"].endswith("/sample"))
     assert run["records"] == sent and run["status"] == "completed"

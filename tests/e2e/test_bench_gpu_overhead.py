@@ -24,8 +24,9 @@ def load():
 def test_without_cuda_it_skips_cleanly_and_writes_nothing():
     results = ROOT / "bench" / "RESULTS.md"
     before = results.read_text() if results.exists() else None
-    proc = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True,
-                          timeout=240, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=240, cwd=ROOT
+    )
     assert proc.returncode == 0, proc.stderr
     assert "CUDA is not available" in proc.stdout
     assert (results.read_text() if results.exists() else None) == before

@@ -35,10 +35,12 @@ def _script(path: Path, text: str) -> Path:
     return path
 
 
-@pytest.mark.skipif(bool(slurm.unavailable() or local_users.unavailable()
-                         or local_users.user_python_unavailable()),
-                    reason=str(slurm.unavailable() or local_users.unavailable()
-                               or local_users.user_python_unavailable()))
+@pytest.mark.skipif(
+    bool(slurm.unavailable() or local_users.unavailable() or local_users.user_python_unavailable()),
+    reason=str(
+        slurm.unavailable() or local_users.unavailable() or local_users.user_python_unavailable()
+    ),
+)
 def test_slurm_runs_a_users_job_with_the_task_prolog_and_the_epilog(short_tmp: Path) -> None:
     short_tmp.chmod(0o755)
     site = local_users.readable_markers(short_tmp / "py")
@@ -46,19 +48,25 @@ def test_slurm_runs_a_users_job_with_the_task_prolog_and_the_epilog(short_tmp: P
     work.mkdir(mode=0o777)
     work.chmod(0o777)
     prolog = _script(short_tmp / "task_prolog.sh", "#!/bin/sh\necho export TM_PROBE=told\n")
-    epilog = _script(short_tmp / "epilog.sh",
-                     f"#!/bin/sh\necho \"$SLURM_JOB_ID $SLURM_JOB_USER $(id -u)\" "
-                     f"> {work}/epilog.txt\n")
-    job = _script(short_tmp / "job.sh", (
-        "#!/bin/sh\n"
-        f"PYTHONPATH={site} {local_users.SYSTEM_PYTHON} -c 'import markers' || exit 3\n"
-        f"echo \"$(id -un) $SLURM_JOB_ID $TM_PROBE\" > {work}/job.txt\n"))
-    with local_users.local_users(1, tag="s") as (user,), \
-            slurm.slurm(short_tmp / "slurm", TaskProlog=prolog, Epilog=epilog) as cluster:
+    epilog = _script(
+        short_tmp / "epilog.sh",
+        f'#!/bin/sh\necho "$SLURM_JOB_ID $SLURM_JOB_USER $(id -u)" > {work}/epilog.txt\n',
+    )
+    job = _script(
+        short_tmp / "job.sh",
+        (
+            "#!/bin/sh\n"
+            f"PYTHONPATH={site} {local_users.SYSTEM_PYTHON} -c 'import markers' || exit 3\n"
+            f'echo "$(id -un) $SLURM_JOB_ID $TM_PROBE" > {work}/job.txt\n'
+        ),
+    )
+    with (
+        local_users.local_users(1, tag="s") as (user,),
+        slurm.slurm(short_tmp / "slurm", TaskProlog=prolog, Epilog=epilog) as cluster,
+    ):
         job_id = cluster.sbatch(job, user=user, workdir=work)
         cluster.wait_gone(job_id)
-        assert (work / "job.txt").read_text().split() == [user, str(job_id), "told"], \
-            cluster.log()
+        assert (work / "job.txt").read_text().split() == [user, str(job_id), "told"], cluster.log()
         assert (work / "epilog.txt").read_text().split() == [str(job_id), user, "0"]
 
 
@@ -67,18 +75,36 @@ def test_two_namespaces_carry_one_torchrun_job_over_gloo(short_tmp: Path) -> Non
     script = short_tmp / "all_reduce.py"
     script.write_text(ALL_REDUCE)
     with netns.nodes() as (node0, node1):
-        runs = [node.popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
-                            "--nproc-per-node", "2", "--node-rank", str(rank),
-                            "--master-addr", node0.address, "--master-port", "29531",
-                            str(script), str(short_tmp)],
-                           env(OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
-                for rank, node in enumerate((node0, node1))]
+        runs = [
+            node.popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    "--nnodes",
+                    "2",
+                    "--nproc-per-node",
+                    "2",
+                    "--node-rank",
+                    str(rank),
+                    "--master-addr",
+                    node0.address,
+                    "--master-port",
+                    "29531",
+                    str(script),
+                    str(short_tmp),
+                ],
+                env(OMP_NUM_THREADS="1"),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for rank, node in enumerate((node0, node1))
+        ]
         outputs = [run.communicate(timeout=240)[0] for run in runs]
     assert [run.returncode for run in runs] == [0, 0], outputs
     results = {rank: (short_tmp / f"rank{rank}.json").read_text() for rank in range(4)}
     parsed = {rank: json.loads(text) for rank, text in results.items()}
-    assert {rank: (value["host"], value["sum"], value["world"])
-            for rank, value in parsed.items()} == {
-        0: ("node0", 6.0, 4), 1: ("node0", 6.0, 4), 2: ("node1", 6.0, 4),
-        3: ("node1", 6.0, 4)}
+    assert {
+        rank: (value["host"], value["sum"], value["world"]) for rank, value in parsed.items()
+    } == {0: ("node0", 6.0, 4), 1: ("node0", 6.0, 4), 2: ("node1", 6.0, 4), 3: ("node1", 6.0, 4)}

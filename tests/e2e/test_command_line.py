@@ -20,9 +20,15 @@ RAN = "import pathlib; pathlib.Path('ran').touch()"
 
 
 def _sidecar(*args: str, cwd: Path, timeout_s: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(sidecar_command(*args), cwd=cwd, env=env(XDG_RUNTIME_DIR=str(cwd)),
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=timeout_s)
+    return subprocess.run(
+        sidecar_command(*args),
+        cwd=cwd,
+        env=env(XDG_RUNTIME_DIR=str(cwd)),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
 
 
 def _one_line_exit_2(result: subprocess.CompletedProcess, *words: str) -> None:
@@ -33,30 +39,39 @@ def _one_line_exit_2(result: subprocess.CompletedProcess, *words: str) -> None:
         assert word in lines[0], lines[0]
 
 
-@pytest.mark.parametrize(("args", "words"), [
-    (["run", "--endpoint", "udp://127.0.0.1:5555"], ["unknown endpoint scheme 'udp'",
-                                                     "tcp://HOST:PORT"]),
-    (["run", "--endpoint", "127.0.0.1:5555"], ["no endpoint scheme", "ipc://"]),
-    (["run", "--endpoint", "tcp://127.0.0.1"], ["needs a port"]),
-    (["run", "--endpoint", "ipc://" + "x" * 200], ["shorter path"]),
-    (["run", "--interval", "nan"], ["nan is not a finite number"]),
-    (["run", "--interval", "inf"], ["inf is not a finite number"]),
-    (["run", "--heartbeat", "nan"], ["not a finite number"]),
-    (["run", "--interval", "fast"], ["'fast' is not a number"]),
-])
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (
+            ["run", "--endpoint", "udp://127.0.0.1:5555"],
+            ["unknown endpoint scheme 'udp'", "tcp://HOST:PORT"],
+        ),
+        (["run", "--endpoint", "127.0.0.1:5555"], ["no endpoint scheme", "ipc://"]),
+        (["run", "--endpoint", "tcp://127.0.0.1"], ["needs a port"]),
+        (["run", "--endpoint", "ipc://" + "x" * 200], ["shorter path"]),
+        (["run", "--interval", "nan"], ["nan is not a finite number"]),
+        (["run", "--interval", "inf"], ["inf is not a finite number"]),
+        (["run", "--heartbeat", "nan"], ["not a finite number"]),
+        (["run", "--interval", "fast"], ["'fast' is not a number"]),
+    ],
+)
 def test_a_command_line_mistake_is_one_line_exit_2_and_the_job_never_runs(
-        short_tmp: Path, args: list[str], words: list[str]) -> None:
+    short_tmp: Path, args: list[str], words: list[str]
+) -> None:
     result = _sidecar(*args, "--", sys.executable, "-c", RAN, cwd=short_tmp)
     _one_line_exit_2(result, *words)
     assert not (short_tmp / "ran").exists()
 
 
-@pytest.mark.parametrize("args", [
-    ["serve", "--root", ".", "--endpoint", "udp://x"],
-    ["serve", "--root", ".", "--interval", "-inf"],
-    ["status", "--endpoint", "http://localhost:80"],
-    ["serve"],  # no --root
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["serve", "--root", ".", "--endpoint", "udp://x"],
+        ["serve", "--root", ".", "--interval", "-inf"],
+        ["status", "--endpoint", "http://localhost:80"],
+        ["serve"],  # no --root
+    ],
+)
 def test_serve_and_status_mistakes_are_one_line_exit_2(short_tmp: Path, args: list[str]) -> None:
     _one_line_exit_2(_sidecar(*args, cwd=short_tmp))
 
@@ -66,20 +81,30 @@ def test_a_tcp_port_in_use_is_one_line_exit_2_and_the_job_never_runs(short_tmp: 
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = _sidecar("run", "--endpoint", f"tcp://127.0.0.1:{port}", "--",
-                          sys.executable, "-c", RAN, cwd=short_tmp)
+        result = _sidecar(
+            "run",
+            "--endpoint",
+            f"tcp://127.0.0.1:{port}",
+            "--",
+            sys.executable,
+            "-c",
+            RAN,
+            cwd=short_tmp,
+        )
     _one_line_exit_2(result, "already in use", "choose another port")
     assert not (short_tmp / "ran").exists()
 
 
 def test_a_second_sidecar_on_a_served_endpoint_refuses(serve, short_tmp: Path) -> None:
     first = serve()
-    result = _sidecar("serve", "--root", str(short_tmp), "--endpoint", first.endpoint,
-                      cwd=short_tmp)
+    result = _sidecar(
+        "serve", "--root", str(short_tmp), "--endpoint", first.endpoint, cwd=short_tmp
+    )
     _one_line_exit_2(result, "already served by another sidecar")
     assert first.status()["pid"] == first.process.pid  # the first still has its socket
-    result = _sidecar("run", "--endpoint", first.endpoint, "--", sys.executable, "-c", RAN,
-                      cwd=short_tmp)
+    result = _sidecar(
+        "run", "--endpoint", first.endpoint, "--", sys.executable, "-c", RAN, cwd=short_tmp
+    )
     _one_line_exit_2(result, "already served")
     assert not (short_tmp / "ran").exists()
     assert first.status()["pid"] == first.process.pid
@@ -98,8 +123,9 @@ def test_a_stale_socket_file_is_taken_over(serve, short_tmp: Path) -> None:
 def test_a_file_that_is_not_a_socket_is_left_alone(short_tmp: Path) -> None:
     path = short_tmp / "notes.txt"
     path.write_text("mine")
-    result = _sidecar("serve", "--root", str(short_tmp), "--endpoint", f"ipc://{path}",
-                      cwd=short_tmp)
+    result = _sidecar(
+        "serve", "--root", str(short_tmp), "--endpoint", f"ipc://{path}", cwd=short_tmp
+    )
     _one_line_exit_2(result, "is not a socket")
     assert path.read_text() == "mine"
 

@@ -36,7 +36,8 @@ def nested(depth: int, open_: str = "[", close: str = "]") -> str:
 NOT_FINITE = ["NaN", "Infinity", "-Infinity", "1e999"]
 HUGE = [str(2**63), str(-(2**64)), "9" * 5000, "1" + "0" * 40]
 DEEPLY = st.integers(1_000, DEEP).map(nested) | st.integers(1_000, 50_000).map(
-    lambda n: nested(n, '{"a":' , "}").replace("{}", "1"))
+    lambda n: nested(n, '{"a":', "}").replace("{}", "1")
+)
 WRONG_TYPES = ['"7"', "[]", "{}", "true", "1.5", '{"a": [1, 2]}']
 BAD_INT = st.sampled_from([*WRONG_TYPES, *NOT_FINITE, *HUGE, "-1"]) | DEEPLY
 BAD_TEXT = st.sampled_from(["5", "[]", "{}", "true", '["a"]', *NOT_FINITE]) | DEEPLY
@@ -48,42 +49,89 @@ BAD_NAMES = st.sampled_from(["[]", '{"torch": 2}', '"x"', '{"a": {"b": "c"}}'])
 BAD_REPLY_TO = st.sampled_from(["5", "[]", "{}", '"' + "x" * 100 + '"']) | DEEPLY
 REQUIRED = ["null"]  # a required or non-nullable field given null
 
-HELLO = {"type": "hello", "out_dir": "fuzzed", "cwd": "/", "split": 0,
-         "warmup_iterations": 0, "num_measurements": 5, "train_batch_size": 8,
-         "val_batch_size": 8, "accumulation_steps": 1, "resume": False, "host": "h",
-         "pid": 1, "user": "u", "job_id": "7", "start_unix": 1.0, "start_ns": 0,
-         "command": ["python"],
-         "versions": {"python": "3.11"}}
+HELLO = {
+    "type": "hello",
+    "out_dir": "fuzzed",
+    "cwd": "/",
+    "split": 0,
+    "warmup_iterations": 0,
+    "num_measurements": 5,
+    "train_batch_size": 8,
+    "val_batch_size": 8,
+    "accumulation_steps": 1,
+    "resume": False,
+    "host": "h",
+    "pid": 1,
+    "user": "u",
+    "job_id": "7",
+    "start_unix": 1.0,
+    "start_ns": 0,
+    "command": ["python"],
+    "versions": {"python": "3.11"},
+}
 # control type -> a good body, and field -> strategy of bad values
 CASES: dict[str, tuple[dict[str, Any], dict[str, st.SearchStrategy[str]]]] = {
-    "hello": (HELLO, {
-        "out_dir": BAD_TEXT | st.sampled_from(REQUIRED), "cwd": BAD_TEXT,
-        "split": BAD_INT, "warmup_iterations": BAD_INT, "num_measurements": BAD_INT,
-        "train_batch_size": BAD_INT | st.just("0"), "val_batch_size": BAD_INT,
-        "accumulation_steps": BAD_INT | st.just("0"), "resume": BAD_FLAG,
-        "host": BAD_TEXT, "user": BAD_TEXT, "job_id": BAD_TEXT,
-        "pid": BAD_INT | st.just(str(2**40)), "start_unix": BAD_NUMBER,
-        "start_ns": BAD_INT, "command": BAD_WORDS, "versions": BAD_NAMES,
-        "reply_to": BAD_REPLY_TO}),
-    "phase": ({"type": "phase", "id": 64, "name": "fz"}, {
-        "id": BAD_INT | st.sampled_from(["63", "65534", "null"]),
-        "name": BAD_TEXT | st.sampled_from(['""', '"' + "n" * 201 + '"', "null"])}),
-    "gpu": ({"type": "gpu", "uuid": "GPU-1", "name": "A"},
-            {"uuid": BAD_TEXT, "name": BAD_TEXT | st.sampled_from(REQUIRED)}),
-    "batch_size": ({"type": "batch_size", "kind": "train", "value": 8, "iteration": 0},
-                   {"kind": BAD_CHOICE, "value": BAD_INT | st.just("0"),
-                    "iteration": BAD_INT | st.sampled_from(REQUIRED)}),
+    "hello": (
+        HELLO,
+        {
+            "out_dir": BAD_TEXT | st.sampled_from(REQUIRED),
+            "cwd": BAD_TEXT,
+            "split": BAD_INT,
+            "warmup_iterations": BAD_INT,
+            "num_measurements": BAD_INT,
+            "train_batch_size": BAD_INT | st.just("0"),
+            "val_batch_size": BAD_INT,
+            "accumulation_steps": BAD_INT | st.just("0"),
+            "resume": BAD_FLAG,
+            "host": BAD_TEXT,
+            "user": BAD_TEXT,
+            "job_id": BAD_TEXT,
+            "pid": BAD_INT | st.just(str(2**40)),
+            "start_unix": BAD_NUMBER,
+            "start_ns": BAD_INT,
+            "command": BAD_WORDS,
+            "versions": BAD_NAMES,
+            "reply_to": BAD_REPLY_TO,
+        },
+    ),
+    "phase": (
+        {"type": "phase", "id": 64, "name": "fz"},
+        {
+            "id": BAD_INT | st.sampled_from(["63", "65534", "null"]),
+            "name": BAD_TEXT | st.sampled_from(['""', '"' + "n" * 201 + '"', "null"]),
+        },
+    ),
+    "gpu": (
+        {"type": "gpu", "uuid": "GPU-1", "name": "A"},
+        {"uuid": BAD_TEXT, "name": BAD_TEXT | st.sampled_from(REQUIRED)},
+    ),
+    "batch_size": (
+        {"type": "batch_size", "kind": "train", "value": 8, "iteration": 0},
+        {
+            "kind": BAD_CHOICE,
+            "value": BAD_INT | st.just("0"),
+            "iteration": BAD_INT | st.sampled_from(REQUIRED),
+        },
+    ),
     "part": ({"type": "part", "data": "aGk="}, {"data": BAD_TEXT | st.sampled_from(REQUIRED)}),
-    "finish": ({"type": "finish", "status": "completed", "error": None, "end_ns": 5},
-               {"status": BAD_CHOICE, "error": BAD_TEXT, "end_ns": BAD_INT}),
-    "load_state": ({"type": "load_state", "state": {"schema": 2}}, {
-        "state": st.sampled_from(['{"schema": NaN}', '{"x": 1e999}', f'[{HUGE[2]}]']),
-        "payload_bytes": BAD_INT}),
+    "finish": (
+        {"type": "finish", "status": "completed", "error": None, "end_ns": 5},
+        {"status": BAD_CHOICE, "error": BAD_TEXT, "end_ns": BAD_INT},
+    ),
+    "load_state": (
+        {"type": "load_state", "state": {"schema": 2}},
+        {
+            "state": st.sampled_from(['{"schema": NaN}', '{"x": 1e999}', f"[{HUGE[2]}]"]),
+            "payload_bytes": BAD_INT,
+        },
+    ),
     "checkpoint": ({"type": "checkpoint"}, {"reply_to": BAD_REPLY_TO}),
     "state": ({"type": "state"}, {"reply_to": BAD_REPLY_TO}),
     "status": ({"type": "status"}, {"reply_to": BAD_REPLY_TO}),
-    "finish_job": ({"type": "finish_job", "job_id": "7"},
-                   {"job_id": BAD_TEXT | st.sampled_from(['""', *REQUIRED])}),
+    "finish_job": (
+        {"type": "finish_job", "job_id": "7"},
+        {"job_id": BAD_TEXT | st.sampled_from(['""', *REQUIRED])},
+    ),
 }
 
 
@@ -110,14 +158,30 @@ def _status(socket: zmq.Socket, client: Client, tag: str) -> dict[str, Any]:
 
 
 def test_any_control_message_is_counted_and_a_concurrent_run_keeps_every_record(
-        serve, short_tmp: Path) -> None:
+    serve, short_tmp: Path
+) -> None:
     sidecar = serve()
     stop = short_tmp / "stop"
-    job = start_job(sidecar.endpoint, short_tmp, "--out-dir", "real", "--iters", "50",
-                    "--warmup", "0", "--cap", "1000000", "--stop-file", str(stop),
-                    "--progress", str(short_tmp / "p.json"), stderr=subprocess.PIPE)
-    wait_for(lambda: progress(short_tmp / "p.json").get("epochs", 0) >= 1, 60,
-             "the real job to train")
+    job = start_job(
+        sidecar.endpoint,
+        short_tmp,
+        "--out-dir",
+        "real",
+        "--iters",
+        "50",
+        "--warmup",
+        "0",
+        "--cap",
+        "1000000",
+        "--stop-file",
+        str(stop),
+        "--progress",
+        str(short_tmp / "p.json"),
+        stderr=subprocess.PIPE,
+    )
+    wait_for(
+        lambda: progress(short_tmp / "p.json").get("epochs", 0) >= 1, 60, "the real job to train"
+    )
     socket = zmq.Context.instance().socket(zmq.DEALER)
     socket.setsockopt(zmq.LINGER, 0)
     socket.connect(sidecar.endpoint)
@@ -133,8 +197,9 @@ def test_any_control_message_is_counted_and_a_concurrent_run_keeps_every_record(
     view = _status(socket, fuzz, "deep")
     assert view["rejected_by_kind"]["malformed"] == 2
 
-    @settings(max_examples=150, deadline=None, database=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=150, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+    )
     @given(bad_bodies())
     def one_bad_message(case: tuple[str, str]) -> None:
         kind, text = case
@@ -142,11 +207,13 @@ def test_any_control_message_is_counted_and_a_concurrent_run_keeps_every_record(
         before = _status(socket, fuzz, f"b{sent[0]}")
         # a hello comes from a run of its own; the rest from the fuzzing run
         sender = Client() if kind == "hello" else fuzz
-        socket.send(sender.control({"type": "x"})[:wire.HEADER.size] + text.encode())
+        socket.send(sender.control({"type": "x"})[: wire.HEADER.size] + text.encode())
         after = _status(socket, fuzz, f"a{sent[0]}")
-        grew = {k: v - before["rejected_by_kind"].get(k, 0)
-                for k, v in after["rejected_by_kind"].items()
-                if v != before["rejected_by_kind"].get(k, 0)}
+        grew = {
+            k: v - before["rejected_by_kind"].get(k, 0)
+            for k, v in after["rejected_by_kind"].items()
+            if v != before["rejected_by_kind"].get(k, 0)
+        }
         assert grew == {"malformed": 1}, (kind, text[:200], grew)
         assert sidecar.process.poll() is None
 
@@ -166,8 +233,25 @@ def test_any_control_message_is_counted_and_a_concurrent_run_keeps_every_record(
     socket.close()
 
 
-JUNK = [None, True, -1, 0, 2**63 - 1, -(2**63), 1.5, -1e300, "x", "", [], {}, [1], {"a": 1},
-        [[1, 2]], ["a", "b"], [1, "a"]]
+JUNK = [
+    None,
+    True,
+    -1,
+    0,
+    2**63 - 1,
+    -(2**63),
+    1.5,
+    -1e300,
+    "x",
+    "",
+    [],
+    {},
+    [1],
+    {"a": 1},
+    [[1, 2]],
+    ["a", "b"],
+    [1, "a"],
+]
 
 
 def _mutated(document: Any, rng: random.Random) -> Any:

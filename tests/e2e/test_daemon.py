@@ -25,35 +25,48 @@ def test_status_json_is_one_object_with_the_contract_keys(serve, short_tmp: Path
     sidecar = serve()
     job = start_job(sidecar.endpoint, short_tmp, "--out-dir", "job1", "--epochs", "1")
     assert job.wait(60) == 0
-    out = subprocess.run([sys.executable, "-m", "sidecar", "status", "--endpoint",
-                          sidecar.endpoint, "--json"], env=env(), capture_output=True,
-                         text=True, timeout=30, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "sidecar", "status", "--endpoint", sidecar.endpoint, "--json"],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
     view = json.loads(out)  # one object, nothing else on stdout
     assert isinstance(view["runs"], list) and len(view["runs"]) == 1
     assert view["records"] > 0 and view["dropped"] == 0 and view["rejected"] == 0
     assert view["runs"][0]["status"] == "completed"
     assert view["records_per_s"] >= 0
-    assert view["samplers"]["host"] == "on" and view["samplers"]["gpu"].startswith(
-        ("on", "off ("))
+    assert view["samplers"]["host"] == "on" and view["samplers"]["gpu"].startswith(("on", "off ("))
     # a relative out_dir lands under the root, whatever the job's cwd
     assert run_json(short_tmp / "root" / "job1")["status"] == "completed"
     assert not (short_tmp / "job1").exists()
-    text = subprocess.run([sys.executable, "-m", "sidecar", "status", "--endpoint",
-                           sidecar.endpoint], env=env(), capture_output=True, text=True,
-                          timeout=30, check=True).stdout
+    text = subprocess.run(
+        [sys.executable, "-m", "sidecar", "status", "--endpoint", sidecar.endpoint],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
     assert "records" in text and "job1" in text and "sampling every 1 s: host on" in text
 
 
 @pytest.mark.parametrize("where", ["dotdot", "absolute", "symlink"])
 def test_out_dir_outside_the_root_is_refused_and_nothing_is_written(
-        serve, short_tmp: Path, where: str) -> None:
+    serve, short_tmp: Path, where: str
+) -> None:
     outside = short_tmp / "outside"
     outside.mkdir()
     root = short_tmp / "root"
     root.mkdir(exist_ok=True)
     (root / "link").symlink_to(outside)
-    out_dir = {"dotdot": "sub/../../outside/run", "absolute": str(outside / "run"),
-               "symlink": "link/run"}[where]
+    out_dir = {
+        "dotdot": "sub/../../outside/run",
+        "absolute": str(outside / "run"),
+        "symlink": "link/run",
+    }[where]
     sidecar = serve(root=root)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -70,8 +83,9 @@ def test_out_dir_outside_the_root_is_refused_and_nothing_is_written(
 
 def test_unknown_batch_size_says_so_and_never_crashes(serve, short_tmp: Path) -> None:
     sidecar = serve()
-    job = start_job(sidecar.endpoint, short_tmp, "--out-dir", "nobs", "--epochs", "1",
-                    "--unknown-batch-size")
+    job = start_job(
+        sidecar.endpoint, short_tmp, "--out-dir", "nobs", "--epochs", "1", "--unknown-batch-size"
+    )
     assert job.wait(60) == 0
     summary = (split_dir(short_tmp / "root" / "nobs") / "summary.log").read_text()
     assert summary.count("Throughput: unknown (batch size not given and not readable") == 2
@@ -85,17 +99,25 @@ def test_ipc_socket_is_private_under_xdg_runtime_dir(short_tmp: Path) -> None:
     os.chmod(runtime / "sidecar", 0o755)
     (short_tmp / "root").mkdir()
     log = (short_tmp / "log").open("wb")
-    process = subprocess.Popen([sys.executable, "-m", "sidecar", "serve", "--root",
-                                str(short_tmp / "root")], env=env(XDG_RUNTIME_DIR=str(runtime)),
-                               stdout=log, stderr=log)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sidecar", "serve", "--root", str(short_tmp / "root")],
+        env=env(XDG_RUNTIME_DIR=str(runtime)),
+        stdout=log,
+        stderr=log,
+    )
     sock = runtime / "sidecar" / "sidecar.sock"
     try:
         wait_for(sock.exists, 30, "the daemon's default socket under XDG_RUNTIME_DIR")
         assert stat.S_IMODE((runtime / "sidecar").stat().st_mode) == 0o700
         assert stat.S_IMODE(sock.stat().st_mode) == 0o600
-        view = subprocess.run([sys.executable, "-m", "sidecar", "status", "--json"],
-                              env=env(XDG_RUNTIME_DIR=str(runtime)), capture_output=True,
-                              text=True, timeout=30, check=True).stdout
+        view = subprocess.run(
+            [sys.executable, "-m", "sidecar", "status", "--json"],
+            env=env(XDG_RUNTIME_DIR=str(runtime)),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
         assert json.loads(view)["endpoint"] == f"ipc://{sock}"
     finally:
         process.terminate()
@@ -128,6 +150,9 @@ def test_tcp_without_host_binds_to_loopback_only(serve) -> None:
     port = _free_port()
     sidecar = serve(endpoint=f"tcp://:{port}")
     assert sidecar.status()["endpoint"] == f"tcp://127.0.0.1:{port}"
-    listening = [c.laddr for c in psutil.Process(sidecar.process.pid).net_connections("tcp")
-                 if c.status == psutil.CONN_LISTEN]
+    listening = [
+        c.laddr
+        for c in psutil.Process(sidecar.process.pid).net_connections("tcp")
+        if c.status == psutil.CONN_LISTEN
+    ]
     assert listening and all(addr.ip == "127.0.0.1" for addr in listening)

@@ -20,14 +20,30 @@ def _records(daemon: Sidecar) -> int:
     return runs[0]["records"] if runs else 0
 
 
-def test_a_sigterm_restart_keeps_what_was_stored(serve: Callable[..., Sidecar],
-                                                 short_tmp: Path) -> None:
+def test_a_sigterm_restart_keeps_what_was_stored(
+    serve: Callable[..., Sidecar], short_tmp: Path
+) -> None:
     first = serve()
     stop_file = short_tmp / "stop"  # the job trains whole epochs until it exists
     # no checkpoint before the stop: the first epoch outlasts it
-    job = start_job(first.endpoint, short_tmp, "--out-dir", "maps", "--epochs", "1",
-                    "--iters", "400", "--val-iters", "0", "--sleep", "0.01", "--warmup", "0",
-                    "--stop-file", str(stop_file))
+    job = start_job(
+        first.endpoint,
+        short_tmp,
+        "--out-dir",
+        "maps",
+        "--epochs",
+        "1",
+        "--iters",
+        "400",
+        "--val-iters",
+        "0",
+        "--sleep",
+        "0.01",
+        "--warmup",
+        "0",
+        "--stop-file",
+        str(stop_file),
+    )
     try:
         wait_for(lambda: _records(first) > 300, 60, "records before the restart")
         stopped_unix = time.time()

@@ -24,25 +24,35 @@ def _expand(expr: str) -> str:
     return expr
 
 
-def test_every_dashboard_query_returns_data(prometheus: tuple[str, int],
-                                            tmp_path: Path) -> None:
+def test_every_dashboard_query_returns_data(prometheus: tuple[str, int], tmp_path: Path) -> None:
     url, port = prometheus
     board = json.loads(DASHBOARD.read_text())
-    queries = [(panel["title"], _expand(target["expr"])) for panel in board["panels"]
-               for target in panel.get("targets", [])]
+    queries = [
+        (panel["title"], _expand(target["expr"]))
+        for panel in board["panels"]
+        for target in panel.get("targets", [])
+    ]
     job, stop = start_loop_job(tmp_path, port)
     try:
-        wait_for(lambda: promql(url, 'count_over_time(trainmon_goodput_wall_seconds[1m])'
-                                ' >= 10'), 90, "10 scrapes of the goodput", 0.5)
+        wait_for(
+            lambda: promql(url, "count_over_time(trainmon_goodput_wall_seconds[1m]) >= 10"),
+            90,
+            "10 scrapes of the goodput",
+            0.5,
+        )
         empty = [title for title, expr in queries if not promql(url, expr)]
         variables = {}
         for variable in board["templating"]["list"]:
             if variable["type"] != "query":
                 continue
             match = _expand(variable["query"]["query"])  # label_values(SELECTOR, LABEL)
-            selector, label = match[len("label_values("):-1].rsplit(",", 1)
-            reply = json.loads(http(f"{url}/api/v1/label/{label.strip()}/values?"
-                                    + urllib.parse.urlencode({"match[]": selector})))
+            selector, label = match[len("label_values(") : -1].rsplit(",", 1)
+            reply = json.loads(
+                http(
+                    f"{url}/api/v1/label/{label.strip()}/values?"
+                    + urllib.parse.urlencode({"match[]": selector})
+                )
+            )
             variables[variable["name"]] = reply["data"]
     finally:
         stop.touch()

@@ -44,14 +44,27 @@ def _wait_iterations(path: Path, count: int = 400) -> dict:
 def test_sigkill_of_the_training_process_mid_epoch_is_noticed(serve, short_tmp: Path) -> None:
     sidecar = serve()
     out = short_tmp / "root" / "killed"
-    job = start_job(sidecar.endpoint, short_tmp, "--out-dir", str(out), "--iters", "100000",
-                    "--epochs", "1", "--progress", str(short_tmp / "p.json"))
+    job = start_job(
+        sidecar.endpoint,
+        short_tmp,
+        "--out-dir",
+        str(out),
+        "--iters",
+        "100000",
+        "--epochs",
+        "1",
+        "--progress",
+        str(short_tmp / "p.json"),
+    )
     _wait_iterations(short_tmp / "p.json")
     killed_at = time.monotonic()
     job.send_signal(signal.SIGKILL)
     job.wait(10)
-    document = wait_for(lambda: run_json(out).get("status") == "incomplete" and run_json(out),
-                        10, "the run marked incomplete")
+    document = wait_for(
+        lambda: run_json(out).get("status") == "incomplete" and run_json(out),
+        10,
+        "the run marked incomplete",
+    )
     elapsed = time.monotonic() - killed_at
     print(f"SIGKILL noticed and files written in {elapsed:.2f} s")
     assert elapsed < BOUND_S
@@ -66,10 +79,26 @@ def test_sigkill_of_the_training_process_mid_epoch_is_noticed(serve, short_tmp: 
 
 def _sidecar_run(short_tmp: Path, *job_args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "sidecar", "run", "--quiet", *SAME_PRIORITY, "--",
-         sys.executable, str(JOB),
-         "--out-dir", "maps", "--progress", str(short_tmp / "p.json"), *job_args],
-        cwd=short_tmp, env=env(XDG_RUNTIME_DIR=str(short_tmp)), stdin=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "sidecar",
+            "run",
+            "--quiet",
+            *SAME_PRIORITY,
+            "--",
+            sys.executable,
+            str(JOB),
+            "--out-dir",
+            "maps",
+            "--progress",
+            str(short_tmp / "p.json"),
+            *job_args,
+        ],
+        cwd=short_tmp,
+        env=env(XDG_RUNTIME_DIR=str(short_tmp)),
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_sigkill_of_the_job_under_sidecar_run_gives_the_signal(short_tmp: Path) -> None:
@@ -88,8 +117,17 @@ def test_sigkill_of_the_job_under_sidecar_run_gives_the_signal(short_tmp: Path) 
 
 def test_exception_inside_with_run_writes_files_marked_failed(serve, short_tmp: Path) -> None:
     sidecar = serve()
-    job = start_job(sidecar.endpoint, short_tmp, "--out-dir", "boom", "--epochs", "3",
-                    "--raise-at-epoch", "1", stderr=subprocess.DEVNULL)
+    job = start_job(
+        sidecar.endpoint,
+        short_tmp,
+        "--out-dir",
+        "boom",
+        "--epochs",
+        "3",
+        "--raise-at-epoch",
+        "1",
+        stderr=subprocess.DEVNULL,
+    )
     assert job.wait(60) == 1
     document = run_json(short_tmp / "root" / "boom")
     assert document["status"] == "failed"
@@ -99,12 +137,23 @@ def test_exception_inside_with_run_writes_files_marked_failed(serve, short_tmp: 
 
 @pytest.mark.parametrize("signum", STOP_SIGNALS)
 def test_sidecar_signal_writes_and_exits_without_disturbing_training(
-        serve, short_tmp: Path, signum: int) -> None:
+    serve, short_tmp: Path, signum: int
+) -> None:
     sidecar = serve()
     out = short_tmp / "root" / "stopped"
     stop = short_tmp / "stop"
-    job = start_job(sidecar.endpoint, short_tmp, "--out-dir", str(out), "--iters", "50",
-                    "--stop-file", str(stop), "--progress", str(short_tmp / "p.json"))
+    job = start_job(
+        sidecar.endpoint,
+        short_tmp,
+        "--out-dir",
+        str(out),
+        "--iters",
+        "50",
+        "--stop-file",
+        str(stop),
+        "--progress",
+        str(short_tmp / "p.json"),
+    )
     before = _wait_iterations(short_tmp / "p.json")
     signalled_at = time.monotonic()
     sidecar.process.send_signal(signum)
@@ -117,8 +166,11 @@ def test_sidecar_signal_writes_and_exits_without_disturbing_training(
     assert document["status"] == "incomplete"
     assert document["cause"] == f"sidecar stopped by {signal.Signals(signum).name}"
     # training goes on without a sidecar, then ends normally
-    wait_for(lambda: progress(short_tmp / "p.json")["iterations"] > before["iterations"] + 200,
-             30, "the job to go on")
+    wait_for(
+        lambda: progress(short_tmp / "p.json")["iterations"] > before["iterations"] + 200,
+        30,
+        "the job to go on",
+    )
     stop.touch()
     assert job.wait(60) == 0
     assert progress(short_tmp / "p.json")["done"]
@@ -141,7 +193,8 @@ def test_sidecar_run_forwards_the_signal_and_still_writes(short_tmp: Path, signu
         assert document["cause"] == "KeyboardInterrupt"
     else:  # no handler: the job dies of it
         assert document["status"] == "incomplete"
-        assert document["cause"] == (f"job killed by signal {signum} "
-                                     f"({signal.Signals(signum).name})")
+        assert document["cause"] == (
+            f"job killed by signal {signum} ({signal.Signals(signum).name})"
+        )
     assert not list((short_tmp / "sidecar").glob("job-*"))  # no socket folder left behind
     assert (split_dir(short_tmp / "maps") / "summary.log").exists()

@@ -30,8 +30,11 @@ SIZE = 1024 * 1024  # the files of the test's run (at most 20 rows per phase) ta
 
 
 def _mount(target: Path, options: str) -> None:
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(target)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(target)],
+        capture_output=True,
+        text=True,
+    )
     if result.returncode:
         pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
 
@@ -78,13 +81,21 @@ def disk(request: pytest.FixtureRequest, short_tmp: Path) -> Iterator[Disk]:
             _umount(root)
     elif request.param == "quota":
         (root / "filler").write_bytes(b"\0" * SIZE)
-        yield Disk(root, ["--disk-quota", f"{root}:{SIZE}"], (root / "filler").unlink,
-                   "No space left on device")
+        yield Disk(
+            root,
+            ["--disk-quota", f"{root}:{SIZE}"],
+            (root / "filler").unlink,
+            "No space left on device",
+        )
     elif os.geteuid() == 0:
         _mount(root, f"ro,size={SIZE}")
         try:
-            yield Disk(root, [], lambda: subprocess.run(
-                ["mount", "-o", "remount,rw", str(root)], check=True), "Read-only file system")
+            yield Disk(
+                root,
+                [],
+                lambda: subprocess.run(["mount", "-o", "remount,rw", str(root)], check=True),
+                "Read-only file system",
+            )
         finally:
             _umount(root)
     else:
@@ -98,18 +109,35 @@ LOCKS = (layout.RUN_LOCK_FILE, layout.claim_file(0).split("/")[-1])  # taken at 
 
 
 def _files(folder: Path) -> list[str]:
-    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*")
-                  if p.is_file() and p.name not in ("filler", *LOCKS))
+    return sorted(
+        str(p.relative_to(folder))
+        for p in folder.rglob("*")
+        if p.is_file() and p.name not in ("filler", *LOCKS)
+    )
 
 
-def test_unwritable_output_is_reported_kept_and_written_later(serve, short_tmp: Path,
-                                                              disk: Disk) -> None:
+def test_unwritable_output_is_reported_kept_and_written_later(
+    serve, short_tmp: Path, disk: Disk
+) -> None:
     sidecar = serve(root=disk.root, seams=disk.seams)
     stop, path = short_tmp / "stop", short_tmp / "p.json"
-    job = start_job(sidecar.endpoint, short_tmp, "--out-dir", "run", "--iters", "30", "--cap", "20",
-                    "--stop-file", str(stop), "--progress", str(path))
-    view = wait_for(lambda: (v := sidecar.status())["last_error"] and v, 30,
-                    "the write error in the status")
+    job = start_job(
+        sidecar.endpoint,
+        short_tmp,
+        "--out-dir",
+        "run",
+        "--iters",
+        "30",
+        "--cap",
+        "20",
+        "--stop-file",
+        str(stop),
+        "--progress",
+        str(path),
+    )
+    view = wait_for(
+        lambda: (v := sidecar.status())["last_error"] and v, 30, "the write error in the status"
+    )
     assert disk.error in view["last_error"]
     assert disk.error in view["runs"][0]["write_error"]
     wait_for(lambda: progress(path).get("epochs", 0) >= 3, 60, "epochs despite the error")
@@ -118,8 +146,9 @@ def test_unwritable_output_is_reported_kept_and_written_later(serve, short_tmp: 
     assert log.count("cannot write") == 1 and "data kept in memory" in log  # once
     before = progress(path)["epochs"]
     disk.heal()
-    wait_for(lambda: not sidecar.status()["runs"][0]["write_error"], 30,
-             "a write at the next checkpoint")
+    wait_for(
+        lambda: not sidecar.status()["runs"][0]["write_error"], 30, "a write at the next checkpoint"
+    )
     stop.touch()
     assert job.wait(60) == 0
     files = _files(disk.root)
@@ -136,11 +165,29 @@ def test_a_script_whose_files_cannot_be_written_is_told_so_at_finish(short_tmp: 
     never see the sidecar's log, gets one warning naming it, and still ends normally."""
     blocker = short_tmp / "a-file"  # an out_dir under a regular file: never writable
     blocker.write_text("")
-    job = subprocess.run([sys.executable, str(JOB), "--out-dir", str(blocker / "run"),
-                          "--epochs", "1", "--iters", "5"], cwd=short_tmp, env=env(),
-                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    job = subprocess.run(
+        [
+            sys.executable,
+            str(JOB),
+            "--out-dir",
+            str(blocker / "run"),
+            "--epochs",
+            "1",
+            "--iters",
+            "5",
+        ],
+        cwd=short_tmp,
+        env=env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert job.returncode == 0, job.stderr
-    told = [line for line in job.stderr.splitlines()
-            if "markers: the sidecar could not write the files" in line]
+    told = [
+        line
+        for line in job.stderr.splitlines()
+        if "markers: the sidecar could not write the files" in line
+    ]
     assert len(told) == 1, job.stderr
     assert "Not a directory" in told[0]

@@ -79,20 +79,33 @@ def gpu_timed(run: Any) -> int:
 
 
 FLOODS: dict[str, Callable[[Any], int]] = {
-    "outside": outside, "custom_outside": custom_outside, "custom_inside": custom_inside,
-    "cut_short": cut_short, "validation_inside": validation_inside, "gpu_timed": gpu_timed}
-RECORDS_LINE = re.compile(r"^Records: received (\d+), dropped (\d+) \(not sent\), lost (\d+) "
-                          r"\(sent, never received\), rejected (\d+)$", re.M)
+    "outside": outside,
+    "custom_outside": custom_outside,
+    "custom_inside": custom_inside,
+    "cut_short": cut_short,
+    "validation_inside": validation_inside,
+    "gpu_timed": gpu_timed,
+}
+RECORDS_LINE = re.compile(
+    r"^Records: received (\d+), dropped (\d+) \(not sent\), lost (\d+) "
+    r"\(sent, never received\), rejected (\d+)$",
+    re.M,
+)
 
 
 @pytest.mark.parametrize("kind", list(FLOODS))
 def test_a_flood_of_each_kind_is_received_or_dropped_and_counted(
-        kind: str, sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch) -> None:
+    kind: str, sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch
+) -> None:
     if kind == "gpu_timed":
-        monkeypatch.setattr(markers.gpu, "open_gpu_timer",
-                            lambda **_: markers.gpu.GpuTimer(CompletingBackend(), 256))
-    with markers.start_run(out_dir="maps", warmup_iterations=0, train_batch_size=1,
-                           val_batch_size=1) as run:
+        monkeypatch.setattr(
+            markers.gpu,
+            "open_gpu_timer",
+            lambda **_: markers.gpu.GpuTimer(CompletingBackend(), 256),
+        )
+    with markers.start_run(
+        out_dir="maps", warmup_iterations=0, train_batch_size=1, val_batch_size=1
+    ) as run:
         sent = FLOODS[kind](run)
     summary = (sidecar.split_dir() / "summary.log").read_text()
     counts = RECORDS_LINE.search(summary)

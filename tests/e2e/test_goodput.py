@@ -23,13 +23,18 @@ SHARE, ABSOLUTE_S = 0.05, 0.03
 
 def _close(measured: float, expected: float, what: str) -> None:
     assert abs(measured - expected) <= max(SHARE * expected, ABSOLUTE_S), (
-        f"{what}: the account says {measured:.4f} s, the job's clock {expected:.4f} s")
+        f"{what}: the account says {measured:.4f} s, the job's clock {expected:.4f} s"
+    )
 
 
 def start_job(endpoint: str, cwd: Path, *args: str) -> subprocess.Popen[bytes]:
     """Start ``goodput_job.py`` with ``args``, talking to the sidecar at ``endpoint``."""
-    return subprocess.Popen([sys.executable, str(JOB), *args], cwd=cwd,
-                            env=env(SIDECAR_ENDPOINT=endpoint), stdin=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, str(JOB), *args],
+        cwd=cwd,
+        env=env(SIDECAR_ENDPOINT=endpoint),
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def _clock(prefix: Path, rank: int = 0, suffix: str = "") -> dict[str, Any]:
@@ -51,17 +56,49 @@ def test_each_part_matches_the_jobs_clock(short_tmp: Path) -> None:
     the training loop, big checkpoint saves, warmup and the script's own start-up."""
     clock = short_tmp / "clock"
     environment = {k: v for k, v in env().items() if k != "SIDECAR_ENDPOINT"}
-    subprocess.run([sys.executable, str(JOB), "--clock", str(clock), "--out-dir", "maps",
-                    "--epochs", "2", "--iters", "25", "--warmup", "4", "--data-s", "0.03",
-                    "--step-s", "0.02", "--val-every", "7", "--val-iters", "4",
-                    "--val-s", "0.03", "--checkpoint-s", "0.6", "--startup-s", "0.8"],
-                   cwd=short_tmp, env=environment, check=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            str(JOB),
+            "--clock",
+            str(clock),
+            "--out-dir",
+            "maps",
+            "--epochs",
+            "2",
+            "--iters",
+            "25",
+            "--warmup",
+            "4",
+            "--data-s",
+            "0.03",
+            "--step-s",
+            "0.02",
+            "--val-every",
+            "7",
+            "--val-iters",
+            "4",
+            "--val-s",
+            "0.03",
+            "--checkpoint-s",
+            "0.6",
+            "--startup-s",
+            "0.8",
+        ],
+        cwd=short_tmp,
+        env=environment,
+        check=True,
+        timeout=300,
+    )
     out = short_tmp / "maps"
     account, mine = _account(out), _clock(clock)
     _adds_up(account)
     badput = account["badput_s"]
-    _close(badput["startup"] + badput["sidecar_start"],
-           mine["first_iteration_unix"] - mine["process_start_unix"], "start-up")
+    _close(
+        badput["startup"] + badput["sidecar_start"],
+        mine["first_iteration_unix"] - mine["process_start_unix"],
+        "start-up",
+    )
     assert badput["sidecar_start"] > 0.05, badput  # a python -m sidecar start: not nothing
     assert badput["startup"] >= 0.8 - ABSOLUTE_S, badput  # the script's own sleep
     for cause in ("data_stall", "validation", "checkpoint", "warmup"):
@@ -71,11 +108,14 @@ def test_each_part_matches_the_jobs_clock(short_tmp: Path) -> None:
     assert badput["redone"] == badput["downtime"] == badput["straggler"] == 0.0
     _close(account["wall_s"], mine["end_unix"] - mine["process_start_unix"], "wall")
     summary = (split_dir(out) / "summary.log").read_text()
-    block = summary[summary.index(" Goodput: where the wall time went "):]
+    block = summary[summary.index(" Goodput: where the wall time went ") :]
     assert f"Wall time {account['wall_s']:.2f} s from the process start" in block
     assert f"| {account['productive_s']:>12.2f} |" in block
-    assert summary.index("Computational Summary") < summary.index(" Goodput: ") \
+    assert (
+        summary.index("Computational Summary")
+        < summary.index(" Goodput: ")
         < summary.index("\nResources\n")
+    )
     whole = run_json(out)["goodput"]
     assert abs(whole["wall_s"] - account["wall_s"]) < 1e-6
 
@@ -86,28 +126,69 @@ def test_kill_and_resume_redone_work_and_downtime(serve, short_tmp: Path) -> Non
     the parts before the checkpoint are those of the first process's clock then."""
     sidecar = serve()
     out = short_tmp / "root" / "resumed"
-    common = ["--out-dir", str(out), "--iters", "50", "--warmup", "3", "--data-s", "0.01",
-              "--step-s", "0.02", "--checkpoint-s", "0.3", "--gpu", "GPU-aa:NVIDIA Fake"]
-    first = start_job(sidecar.endpoint, short_tmp, *common, "--clock",
-                      str(short_tmp / "one"), "--epochs", "3", "--checkpoint-at", "0",
-                      "--die-after", "40")
+    common = [
+        "--out-dir",
+        str(out),
+        "--iters",
+        "50",
+        "--warmup",
+        "3",
+        "--data-s",
+        "0.01",
+        "--step-s",
+        "0.02",
+        "--checkpoint-s",
+        "0.3",
+        "--gpu",
+        "GPU-aa:NVIDIA Fake",
+    ]
+    first = start_job(
+        sidecar.endpoint,
+        short_tmp,
+        *common,
+        "--clock",
+        str(short_tmp / "one"),
+        "--epochs",
+        "3",
+        "--checkpoint-at",
+        "0",
+        "--die-after",
+        "40",
+    )
     first.wait(120)
     wait_for(lambda: run_json(out).get("status") == "incomplete", 30, "the death noticed")
-    second = start_job(sidecar.endpoint, short_tmp, *common, "--clock",
-                       str(short_tmp / "two"), "--epochs", "1", "--resume",
-                       "--startup-s", "0.5")
+    second = start_job(
+        sidecar.endpoint,
+        short_tmp,
+        *common,
+        "--clock",
+        str(short_tmp / "two"),
+        "--epochs",
+        "1",
+        "--resume",
+        "--startup-s",
+        "0.5",
+    )
     assert second.wait(120) == 0
     wait_for(lambda: run_json(out).get("status") == "completed", 30, "the resumed run")
     account = _account(out)
     _adds_up(account)
-    one, death, two = (_clock(short_tmp / "one"), _clock(short_tmp / "one", suffix=".death"),
-                       _clock(short_tmp / "two"))
+    one, death, two = (
+        _clock(short_tmp / "one"),
+        _clock(short_tmp / "one", suffix=".death"),
+        _clock(short_tmp / "two"),
+    )
     badput = account["badput_s"]
     _close(badput["redone"], death["death_unix"] - one["checkpoint_unix"], "redone")
     _close(badput["downtime"], two["process_start_unix"] - death["death_unix"], "downtime")
-    _close(badput["startup"] + badput["sidecar_start"],
-           one["first_iteration_unix"] - one["process_start_unix"]
-           + two["first_iteration_unix"] - two["process_start_unix"], "start-up")
+    _close(
+        badput["startup"] + badput["sidecar_start"],
+        one["first_iteration_unix"]
+        - one["process_start_unix"]
+        + two["first_iteration_unix"]
+        - two["process_start_unix"],
+        "start-up",
+    )
     for cause in ("data_stall", "checkpoint", "warmup"):
         _close(badput[cause], one[cause] + two[cause], cause)
     _close(account["productive_s"], one["productive"] + two["productive"], "productive")
@@ -118,22 +199,28 @@ def test_kill_and_resume_redone_work_and_downtime(serve, short_tmp: Path) -> Non
 def _report_shows(root: Path, whole: dict[str, Any]) -> None:
     """``sidecar report`` of the folder: jobs.tsv has the run's goodput, summary.tsv the
     GPU-hours lost per cause (one GPU)."""
-    result = subprocess.run([sys.executable, "-m", "sidecar", "report", "root", "--out",
-                             str(root / "report")], cwd=root, env=env(), capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "sidecar", "report", "root", "--out", str(root / "report")],
+        cwd=root,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     jobs = read_tsv(root / "report" / "jobs.tsv")
     assert len(jobs) == 1 and jobs["GPUs"][0] == 1
     assert jobs["goodput (%)"][0] == pytest.approx(
-        whole["productive_s"] / whole["wall_s"] * 100, abs=0.01)
+        whole["productive_s"] / whole["wall_s"] * 100, abs=0.01
+    )
     summary = read_tsv(root / "report" / "summary.tsv").set_index(["by", "name"])
     for cause in CAUSES:
-        assert jobs[f"badput {cause} (s)"][0] == pytest.approx(whole["badput_s"][cause],
-                                                              abs=1e-3)
-        assert summary.loc[("GPU model", "NVIDIA Fake"), f"GPU-hours lost {cause}"] == \
-            pytest.approx(whole["badput_s"][cause] / 3600, abs=1e-6)
+        assert jobs[f"badput {cause} (s)"][0] == pytest.approx(whole["badput_s"][cause], abs=1e-3)
+        assert summary.loc[
+            ("GPU model", "NVIDIA Fake"), f"GPU-hours lost {cause}"
+        ] == pytest.approx(whole["badput_s"][cause] / 3600, abs=1e-6)
     page = (root / "report" / "report.html").read_text()
-    tables = _tables(page[page.index('id="goodput"'):])
+    tables = _tables(page[page.index('id="goodput"') :])
     [user] = tables[0][1:]  # the header, then one user
     lost_h = sum(whole["badput_s"].values()) / 3600
     assert user[0] == jobs["user"][0] and user[2] == f"{lost_h:.2f}"
@@ -144,6 +231,7 @@ def _report_shows(root: Path, whole: dict[str, Any]) -> None:
 
 def _tables(page: str) -> list[list[list[str]]]:
     """The cells of the first two HTML tables of ``page``, row by row."""
+
     class Cells(HTMLParser):
         def __init__(self) -> None:
             super().__init__()
@@ -172,9 +260,26 @@ def test_waiting_for_a_slow_rank(serve, short_tmp: Path) -> None:
     sidecar = serve()
     out = short_tmp / "root" / "ranks"
     clock = short_tmp / "clock"
-    job = start_job(sidecar.endpoint, short_tmp, "--out-dir", str(out), "--clock",
-                    str(clock), "--ranks", "2", "--slow-s", "0.04", "--epochs", "1",
-                    "--iters", "40", "--warmup", "2", "--step-s", "0.02")
+    job = start_job(
+        sidecar.endpoint,
+        short_tmp,
+        "--out-dir",
+        str(out),
+        "--clock",
+        str(clock),
+        "--ranks",
+        "2",
+        "--slow-s",
+        "0.04",
+        "--epochs",
+        "1",
+        "--iters",
+        "40",
+        "--warmup",
+        "2",
+        "--step-s",
+        "0.02",
+    )
     assert job.wait(120) == 0
     wait_for(lambda: run_json(out).get("status") == "completed", 30, "both ranks done")
     fast, slow = _account(out, 0), _account(out, 1)
@@ -209,13 +314,19 @@ def test_dataloader_settings_reach_run_json(serve, short_tmp: Path) -> None:
     """The loop drivers read num_workers and pin_memory from a real DataLoader."""
     sidecar = serve()
     (short_tmp / "root" / "job.py").write_text(LOADER_JOB)
-    subprocess.run([sys.executable, "job.py"], cwd=short_tmp / "root", check=True,
-                   env=env(SIDECAR_ENDPOINT=sidecar.endpoint), timeout=300)
+    subprocess.run(
+        [sys.executable, "job.py"],
+        cwd=short_tmp / "root",
+        check=True,
+        env=env(SIDECAR_ENDPOINT=sidecar.endpoint),
+        timeout=300,
+    )
     out = short_tmp / "root" / "maps"
     wait_for(lambda: run_json(out).get("status") == "completed", 30, "the run")
     assert run_json(out)["splits"]["0"]["loaders"] == {
         "train": {"num_workers": 2, "pin_memory": False},
-        "validation": {"num_workers": 0, "pin_memory": False}}
+        "validation": {"num_workers": 0, "pin_memory": False},
+    }
 
 
 def test_mfu_estimate_from_the_given_flops(serve, short_tmp: Path) -> None:
@@ -223,9 +334,22 @@ def test_mfu_estimate_from_the_given_flops(serve, short_tmp: Path) -> None:
     line and run.json's estimate, from the stored steps of computational.tsv."""
     sidecar = serve()
     out = short_tmp / "root" / "mfu"
-    job = start_job(sidecar.endpoint, short_tmp, "--out-dir", str(out), "--clock",
-                    str(short_tmp / "clock"), "--epochs", "1", "--iters", "20",
-                    "--gpu", "GPU-h:NVIDIA H200", "--flops", "4e12")
+    job = start_job(
+        sidecar.endpoint,
+        short_tmp,
+        "--out-dir",
+        str(out),
+        "--clock",
+        str(short_tmp / "clock"),
+        "--epochs",
+        "1",
+        "--iters",
+        "20",
+        "--gpu",
+        "GPU-h:NVIDIA H200",
+        "--flops",
+        "4e12",
+    )
     assert job.wait(120) == 0
     wait_for(lambda: run_json(out).get("status") == "completed", 30, "the run")
     mfu = run_json(out)["splits"]["0"]["mfu"]
@@ -237,8 +361,14 @@ def test_mfu_estimate_from_the_given_flops(serve, short_tmp: Path) -> None:
     summary = (split_dir(out) / "summary.log").read_text()
     assert f"MFU (estimate): {mfu['mfu'] * 100:.1f} % = 4.000e+12 FLOPs per batch" in summary
     assert "('NVIDIA H200', bf16 dense peak)" in summary
-    report = subprocess.run([sys.executable, "-m", "sidecar", "report", "--job", str(out)],
-                            env=env(), capture_output=True, text=True, timeout=120)
+    report = subprocess.run(
+        [sys.executable, "-m", "sidecar", "report", "--job", str(out)],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert report.returncode == 0, report.stderr
-    assert f"MFU (estimate, split 0): {mfu['mfu'] * 100:.1f} % — 4.00e+12 FLOPs/batch" in \
-        " ".join(report.stdout.split())
+    assert f"MFU (estimate, split 0): {mfu['mfu'] * 100:.1f} % — 4.00e+12 FLOPs/batch" in " ".join(
+        report.stdout.split()
+    )

@@ -18,10 +18,22 @@ def test_the_dry_run_passes_and_says_every_gpu_part_was_not_run(tmp_path: Path) 
     results = ROOT / "bench" / "RESULTS.md"
     before = results.read_text()
     out = tmp_path / "RESULTS.md"
-    proc = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), "--dry-run",
-                           "--results", str(out), "--wheels", str(tmp_path / "none")],
-                          capture_output=True, text=True, timeout=600, cwd=tmp_path,
-                          env={**os.environ, "PYTHON": sys.executable})
+    proc = subprocess.run(
+        [
+            "bash",
+            str(ROOT / "bench" / "gpu_check.sh"),
+            "--dry-run",
+            "--results",
+            str(out),
+            "--wheels",
+            str(tmp_path / "none"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "gpu_check: OK (dry run" in proc.stdout
     section = out.read_text()
@@ -36,10 +48,14 @@ def test_the_dry_run_passes_and_says_every_gpu_part_was_not_run(tmp_path: Path) 
 
 
 def test_without_a_gpu_the_real_pass_refuses_loudly(tmp_path: Path) -> None:
-    proc = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"),
-                           "--results", str(tmp_path / "RESULTS.md")],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                          env={**os.environ, "PYTHON": sys.executable})
+    proc = subprocess.run(
+        ["bash", str(ROOT / "bench" / "gpu_check.sh"), "--results", str(tmp_path / "RESULTS.md")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
     if "torch.cuda.is_available() is False" not in proc.stdout:
         pytest.skip("a GPU machine: there the real pass runs")
     assert proc.returncode == 3

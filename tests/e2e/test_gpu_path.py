@@ -43,9 +43,11 @@ class CompletingBackend(FakeBackend):
 
 
 def test_gpu_columns_are_seconds_and_mib_and_the_summary_names_the_gpu(
-        sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(markers.gpu, "open_gpu_timer",
-                        lambda **_: markers.gpu.GpuTimer(CompletingBackend(), 64))
+    sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        markers.gpu, "open_gpu_timer", lambda **_: markers.gpu.GpuTimer(CompletingBackend(), 64)
+    )
     with markers.start_run(out_dir="maps", warmup_iterations=1, train_batch_size=8) as run:
         for _ in range(2):
             with run.epoch():
@@ -65,17 +67,22 @@ def test_gpu_columns_are_seconds_and_mib_and_the_summary_names_the_gpu(
     gpu_throughput = 8 / (3 * PHASE_GPU_MS / 1e3)
     assert f"GPU throughput: {gpu_throughput:.2f} images/s" in lines
     forward = next(line for line in lines if line.startswith("   Forward"))
-    assert re.fullmatch(r"   Forward +\| \S+ ± \S+ \[9\] +\| 7\.50e-04 ± 0\.00e\+00 \[9\] +\| "
-                        r"3\.00e\+02 ± 0\.00e\+00 \[9\]", forward)
+    assert re.fullmatch(
+        r"   Forward +\| \S+ ± \S+ \[9\] +\| 7\.50e-04 ± 0\.00e\+00 \[9\] +\| "
+        r"3\.00e\+02 ± 0\.00e\+00 \[9\]",
+        forward,
+    )
     document = json.loads((sidecar.root / "maps" / "run.json").read_text())
     assert document["gpus"] == [{"uuid": CompletingBackend.device_uuid, "name": "Fake GPU"}]
 
 
 def test_phases_the_event_pool_could_not_time_are_counted_in_the_summary(
-        sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch) -> None:
+    sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # One event pair for three phases per step: the pool runs dry until a flush frees it.
-    monkeypatch.setattr(markers.gpu, "open_gpu_timer",
-                        lambda **_: markers.gpu.GpuTimer(CompletingBackend(), 1))
+    monkeypatch.setattr(
+        markers.gpu, "open_gpu_timer", lambda **_: markers.gpu.GpuTimer(CompletingBackend(), 1)
+    )
     with markers.start_run(out_dir="maps", warmup_iterations=0, train_batch_size=8) as run:
         for _batch in run.train_batches([[0] * 8] * 20):
             for phase in ("forward", "backward", "optimization"):
@@ -85,13 +92,16 @@ def test_phases_the_event_pool_could_not_time_are_counted_in_the_summary(
     summary = (sidecar.split_dir() / "summary.log").read_text()
     match = re.search(r"^GPU times not measured: (\d+) phases$", summary, re.M)
     assert match is not None
-    untimed = sum(int(frame[f"{p} (s)"].notna().sum() - frame[f"{p} GPU (s)"].notna().sum())
-                  for p in ("Forward", "Backward", "Optimization"))
+    untimed = sum(
+        int(frame[f"{p} (s)"].notna().sum() - frame[f"{p} GPU (s)"].notna().sum())
+        for p in ("Forward", "Backward", "Optimization")
+    )
     assert untimed > 0 and int(match[1]) == untimed  # every step is stored (cap 100)
 
 
 def test_a_loop_on_a_gpu_that_runs_behind_never_waits_and_times_the_models_device(
-        sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch) -> None:
+    sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """DDP-style: the model on cuda:1 without set_device (current device 0); every forward
     queues 0.3 s of GPU work. The host must go through the loop without waiting, the
     GPU times must be the GPU's, and device 1 must be the one timed and named."""
@@ -114,12 +124,14 @@ def test_a_loop_on_a_gpu_that_runs_behind_never_waits_and_times_the_models_devic
     assert frame["Forward GPU (s)"].sub(0.3).abs().max() < 0.01
     assert (frame["Forward GPU max memory (MB)"] == 200.0).all()  # device 1's allocator
     document = json.loads((sidecar.root / "maps" / "run.json").read_text())
-    assert document["gpus"] == [{"uuid": format_uuid(types.SimpleNamespace(
-        bytes=cuda.devices[1].uuid)), "name": "Fake B"}]
+    assert document["gpus"] == [
+        {"uuid": format_uuid(types.SimpleNamespace(bytes=cuda.devices[1].uuid)), "name": "Fake B"}
+    ]
 
 
 def test_phases_inside_a_cuda_graph_capture_do_not_break_it(
-        sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch) -> None:
+    sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A flush falls inside the capture (its age passes there): no event may be
     queried or recorded on the capturing stream; the captured phases are not measured."""
     cuda = FakeCuda(["Fake A"])
@@ -146,14 +158,16 @@ def test_phases_inside_a_cuda_graph_capture_do_not_break_it(
 
 
 def test_the_model_named_by_instrument_or_start_run_decides_the_device(
-        sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch) -> None:
+    sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """instrument(model) hands the model to the run (Run.prefer_device): its parameters'
     device is timed even where another device holds more memory."""
     cuda = FakeCuda(["Fake A", "Fake B"], current=0)
     cuda.alloc(900 * MIB, device=0)
     cuda.alloc(100 * MIB, device=1)
-    model = types.SimpleNamespace(parameters=lambda: iter(
-        [types.SimpleNamespace(device=torch.device("cuda", 1))]))
+    model = types.SimpleNamespace(
+        parameters=lambda: iter([types.SimpleNamespace(device=torch.device("cuda", 1))])
+    )
     monkeypatch.setitem(sys.modules, "torch", fake_torch(cuda))
     with markers.start_run(out_dir="maps", warmup_iterations=0, train_batch_size=8) as run:
         run.prefer_device(model)
@@ -166,7 +180,8 @@ def test_the_model_named_by_instrument_or_start_run_decides_the_device(
 
 
 def test_phases_still_queued_on_the_gpu_when_the_finish_wait_ends_are_said(
-        sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch) -> None:
+    sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The loop ends with seconds of work queued: the last phases' GPU times do not come
     within the bounded wait at finish (shortened here). They are counted, travel to the
     sidecar and are said in summary.log, and the script gets one warning."""
@@ -174,12 +189,18 @@ def test_phases_still_queued_on_the_gpu_when_the_finish_wait_ends_are_said(
     cuda.alloc(MIB)
     monkeypatch.setitem(sys.modules, "torch", fake_torch(cuda))
     monkeypatch.setattr(markers.buffer, "GPU_DRAIN_S", 0.2)
-    with pytest.warns(RuntimeWarning, match=r"3 phases have no GPU time"), \
-            markers.start_run(out_dir="maps", warmup_iterations=0, train_batch_size=8) as run:
+    with (
+        pytest.warns(RuntimeWarning, match=r"3 phases have no GPU time"),
+        markers.start_run(out_dir="maps", warmup_iterations=0, train_batch_size=8) as run,
+    ):
         for _batch in run.train_batches([[0] * 8] * 3):
             with run.phase("forward"):
                 cuda.launch(1.0)  # 3 s queued: none of these ends within 0.2 s
     summary = (sidecar.split_dir() / "summary.log").read_text()
-    assert re.search(r"^3 phases at the end of the run have no GPU time: the GPU was still "
-                     r"running work queued before them when the wait at finish ended "
-                     r"\(5 s\)", summary, re.M), summary
+    assert re.search(
+        r"^3 phases at the end of the run have no GPU time: the GPU was still "
+        r"running work queued before them when the wait at finish ended "
+        r"\(5 s\)",
+        summary,
+        re.M,
+    ), summary

@@ -27,12 +27,16 @@ pytestmark = [
 
 
 def test_marked_loop_on_a_gpu_never_synchronizes_and_fills_the_gpu_columns(
-        sidecar: Sidecar) -> None:
-    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(),
-                                torch.nn.Linear(4096, 10)).cuda()
+    sidecar: Sidecar,
+) -> None:
+    model = torch.nn.Sequential(
+        torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 10)
+    ).cuda()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    batches = [(torch.randn(256, 1024, device="cuda"),
-                torch.randint(0, 10, (256,), device="cuda")) for _ in range(50)]
+    batches = [
+        (torch.randn(256, 1024, device="cuda"), torch.randint(0, 10, (256,), device="cuda"))
+        for _ in range(50)
+    ]
     run = markers.start_run(out_dir="maps", warmup_iterations=5, train_batch_size=256)
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -65,15 +69,15 @@ def test_marked_loop_on_a_gpu_never_synchronizes_and_fills_the_gpu_columns(
 
 
 def test_a_loop_queuing_seconds_of_gpu_work_is_not_held_back_by_the_markers(
-        sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch) -> None:
+    sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cycles = int(sleep_cycles_per_ms() * 300)  # 0.3 s of GPU work
     model = torch.nn.Linear(64, 64).cuda()
 
     def forbidden(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("a synchronizing call")
 
-    run = markers.start_run(out_dir="maps", warmup_iterations=0, train_batch_size=8,
-                            device=model)
+    run = markers.start_run(out_dir="maps", warmup_iterations=0, train_batch_size=8, device=model)
     monkeypatch.setattr(torch.cuda, "synchronize", forbidden)
     monkeypatch.setattr(torch.cuda.Event, "synchronize", forbidden)
     torch.cuda.set_sync_debug_mode("error")

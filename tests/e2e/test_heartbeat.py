@@ -27,24 +27,28 @@ SLACK_S = 3.0  # a busy 2-core machine; a broken mechanism never notices at all
 
 
 def _client(endpoint: str, out_dir: str, *args: str) -> subprocess.Popen[str]:
-    process = subprocess.Popen([sys.executable, str(CLIENT), endpoint, out_dir, *args],
-                               env=env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               text=True)
+    process = subprocess.Popen(
+        [sys.executable, str(CLIENT), endpoint, out_dir, *args],
+        env=env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert process.stdout is not None
     assert process.stdout.readline().strip() == "ready"
     return process
 
 
 def test_a_remote_client_that_freezes_or_dies_is_noticed_a_silent_one_is_kept(
-        serve, short_tmp: Path) -> None:
+    serve, short_tmp: Path
+) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     sidecar = serve(endpoint=f"tcp://127.0.0.1:{port}", args=["--heartbeat", str(HEARTBEAT_S)])
     clients = []
     try:
-        silent = _client(sidecar.endpoint, "silent", "--idle", "--seconds",
-                         str(3 * HEARTBEAT_S))
+        silent = _client(sidecar.endpoint, "silent", "--idle", "--seconds", str(3 * HEARTBEAT_S))
         frozen = _client(sidecar.endpoint, "frozen")
         killed = _client(sidecar.endpoint, "killed")
         clients = [silent, frozen, killed]
@@ -54,9 +58,13 @@ def test_a_remote_client_that_freezes_or_dies_is_noticed_a_silent_one_is_kept(
         killed.kill()
         root = short_tmp / "root"
         for name in ("frozen", "killed"):
-            document = wait_for(lambda n=name: run_json(root / n).get("status") == "incomplete"
-                                and run_json(root / n), HEARTBEAT_S + SLACK_S,
-                                f"the {name} client's run written as incomplete")
+            document = wait_for(
+                lambda n=name: (
+                    run_json(root / n).get("status") == "incomplete" and run_json(root / n)
+                ),
+                HEARTBEAT_S + SLACK_S,
+                f"the {name} client's run written as incomplete",
+            )
             print(f"{name} remote client noticed after {time.monotonic() - started:.2f} s")
             assert "the connection from node-b ended without finish()" in document["cause"]
             assert (split_dir(root / name) / "summary.log").exists()
@@ -80,8 +88,11 @@ def test_the_markers_notice_a_frozen_sidecar(serve) -> None:
         sidecar.process.send_signal(signal.SIGSTOP)  # its host gone, as far as pings tell
         started = time.monotonic()
         bound_s = (HEARTBEAT_IVL_MS + HEARTBEAT_TIMEOUT_MS) / 1000
-        wait_for(lambda: not sender.connected, bound_s + SLACK_S,
-                 "the markers to notice the frozen sidecar")
+        wait_for(
+            lambda: not sender.connected,
+            bound_s + SLACK_S,
+            "the markers to notice the frozen sidecar",
+        )
         print(f"markers noticed a frozen sidecar after {time.monotonic() - started:.2f} s")
         asked = time.monotonic()
         assert sender.request({"type": "status"}, 5.0) is None

@@ -10,9 +10,17 @@ from tests.support.helpers import env
 
 
 def test_import_markers_loads_no_heavy_module() -> None:
-    code = ("import sys, markers; print(','.join(m for m in ('torch', 'pandas', 'psutil', "
-            "'numpy', 'pynvml', 'sidecar', 'lightning', 'pytorch_lightning', "
-            "'transformers', 'accelerate') if m in sys.modules))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            env=env(), timeout=60, check=True)
+    code = (
+        "import sys, markers; print(','.join(m for m in ('torch', 'pandas', 'psutil', "
+        "'numpy', 'pynvml', 'sidecar', 'lightning', 'pytorch_lightning', "
+        "'transformers', 'accelerate') if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env(),
+        timeout=60,
+        check=True,
+    )
     assert result.stdout.strip() == ""

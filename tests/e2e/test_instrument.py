@@ -31,10 +31,20 @@ from tests.support.spin import (
     spin_loader,
 )
 
-SPINS = {"forward": 0.002, "backward": 0.002, "optimization": 0.001, "loading": 0.002,
-         "val loading": 0.001}
-TRAINING = ["Training loop (s)", "Training data loading (s)", "Forward (s)", "Backward (s)",
-            "Optimization (s)"]
+SPINS = {
+    "forward": 0.002,
+    "backward": 0.002,
+    "optimization": 0.001,
+    "loading": 0.002,
+    "val loading": 0.001,
+}
+TRAINING = [
+    "Training loop (s)",
+    "Training data loading (s)",
+    "Forward (s)",
+    "Backward (s)",
+    "Optimization (s)",
+]
 VALIDATION = ["Validation loop (s)", "Validation data loading (s)", "Evaluation (s)"]
 pytestmark = pytest.mark.usefixtures("one_thread")
 __all__ = ["one_thread"]  # a fixture, used through pytestmark
@@ -42,7 +52,7 @@ __all__ = ["one_thread"]  # a fixture, used through pytestmark
 
 def sums(values: list[float], group: int) -> list[float]:
     """Consecutive groups of ``group`` values summed (a short last group too)."""
-    return [sum(values[i:i + group]) for i in range(0, len(values), group)]
+    return [sum(values[i : i + group]) for i in range(0, len(values), group)]
 
 
 def table(sidecar: Sidecar) -> pd.DataFrame:
@@ -55,9 +65,16 @@ def column(frame: pd.DataFrame, name: str) -> list[float]:
     return frame[name].dropna().tolist()
 
 
-def plain_training(model: nn.Module, optimizer: torch.optim.Optimizer, truth: Truth,
-                   epochs: int, batches: int, val_batches: int, accumulation: int = 1,
-                   run: markers.Run | None = None) -> None:
+def plain_training(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    truth: Truth,
+    epochs: int,
+    batches: int,
+    val_batches: int,
+    accumulation: int = 1,
+    run: markers.Run | None = None,
+) -> None:
     """A plain PyTorch loop: accumulation, then a validation pass, per epoch. With
     ``run``, it also uses run.epoch()/validation()/train_batches()/val_batches()."""
     loss_fn = nn.MSELoss()
@@ -91,11 +108,11 @@ def spin_parts(truth: Truth) -> tuple[SpinNet, SpinSGD]:
 def test_plain_script_gets_true_aligned_rows(sidecar: Sidecar, accumulation: int) -> None:
     truth = Truth()
     model, optimizer = spin_parts(truth)
-    with markers.start_run(out_dir="maps", warmup_iterations=1,
-                           accumulation_steps=accumulation):
+    with markers.start_run(out_dir="maps", warmup_iterations=1, accumulation_steps=accumulation):
         hooks = markers.instrument(model, optimizer)
-        plain_training(model, optimizer, truth, epochs=2, batches=6, val_batches=3,
-                       accumulation=accumulation)
+        plain_training(
+            model, optimizer, truth, epochs=2, batches=6, val_batches=3, accumulation=accumulation
+        )
         hooks.remove()
     frame = table(sidecar)
     steps = 2 * (6 // accumulation)
@@ -109,14 +126,19 @@ def test_plain_script_gets_true_aligned_rows(sidecar: Sidecar, accumulation: int
         return sums(truth.seconds[part], accumulation)[1:]
 
     assert_close(column(frame, "Forward (s)"), true("forward"), "Forward")
-    assert_between(column(frame, "Backward (s)"), true("backward"), true("backward call"),
-                   "Backward")
-    assert_close(column(frame, "Optimization (s)"), truth.seconds["optimization"][1:],
-                 "Optimization")
+    assert_between(
+        column(frame, "Backward (s)"), true("backward"), true("backward call"), "Backward"
+    )
+    assert_close(
+        column(frame, "Optimization (s)"), truth.seconds["optimization"][1:], "Optimization"
+    )
     assert_close(column(frame, "Training data loading (s)"), true("loading"), "Data loading")
     assert_close(column(frame, "Evaluation (s)"), truth.seconds["evaluation"], "Evaluation")
-    assert_close(column(frame, "Validation data loading (s)"), truth.seconds["val"],
-                 "Validation data loading")
+    assert_close(
+        column(frame, "Validation data loading (s)"),
+        truth.seconds["val"],
+        "Validation data loading",
+    )
     loops = column(frame, "Training loop (s)")
     parts = [sum(v) for v in zip(*(column(frame, n) for n in TRAINING[1:]), strict=True)]
     assert all(loop >= part for loop, part in zip(loops, parts, strict=True))
@@ -127,8 +149,9 @@ def test_with_the_loop_helpers_nothing_is_counted_twice(sidecar: Sidecar) -> Non
     model, optimizer = spin_parts(truth)
     with markers.start_run(out_dir="maps", warmup_iterations=0, accumulation_steps=2) as run:
         markers.instrument(model, optimizer)
-        plain_training(model, optimizer, truth, epochs=2, batches=4, val_batches=2,
-                       accumulation=2, run=run)
+        plain_training(
+            model, optimizer, truth, epochs=2, batches=4, val_batches=2, accumulation=2, run=run
+        )
     frame = table(sidecar)
     for name in TRAINING:
         assert len(column(frame, name)) == 4, name
@@ -137,8 +160,11 @@ def test_with_the_loop_helpers_nothing_is_counted_twice(sidecar: Sidecar) -> Non
     assert len(column(frame, "Epoch (s)")) == 2
     assert len(column(frame, "Validation (s)")) == 2
     assert_close(column(frame, "Forward (s)"), sums(truth.seconds["forward"], 2), "Forward")
-    assert_close(column(frame, "Training data loading (s)"), sums(truth.seconds["loading"], 2),
-                 "Data loading")
+    assert_close(
+        column(frame, "Training data loading (s)"),
+        sums(truth.seconds["loading"], 2),
+        "Data loading",
+    )
 
 
 def test_run_epoch_and_validation_bound_the_inferred_iterations(sidecar: Sidecar) -> None:
@@ -163,15 +189,17 @@ def test_run_epoch_and_validation_bound_the_inferred_iterations(sidecar: Sidecar
                     for x, _y in spin_loader(truth, 2, SPINS["val loading"], part="val"):
                         model(x)
     frame = table(sidecar)
-    assert_close(column(frame, "Training data loading (s)"), truth.seconds["loading"],
-                 "Data loading")
+    assert_close(
+        column(frame, "Training data loading (s)"), truth.seconds["loading"], "Data loading"
+    )
     assert len(column(frame, "Evaluation (s)")) == 4
     assert len(column(frame, "Forward (s)")) == 6
     assert len(column(frame, "Validation (s)")) == 2
 
 
 def test_gradscaler_step_is_optimization_and_a_skipped_step_ends_its_iteration(
-        sidecar: Sidecar) -> None:
+    sidecar: Sidecar,
+) -> None:
     # Optimization holds the whole scaler.step() (its unscale and inf check too), and a
     # step the scaler skips is an iteration like the others: rows stay aligned.
     truth = Truth()
@@ -203,8 +231,9 @@ def test_gradscaler_step_is_optimization_and_a_skipped_step_ends_its_iteration(
         return truth.seconds[part][1:]
 
     assert_close(column(frame, "Forward (s)"), true("forward"), "Forward")
-    assert_between(column(frame, "Backward (s)"), true("backward"), true("backward call"),
-                   "Backward")
+    assert_between(
+        column(frame, "Backward (s)"), true("backward"), true("backward call"), "Backward"
+    )
     assert_close(column(frame, "Training data loading (s)"), true("loading"), "Data loading")
     spins = truth.seconds["optimization"]
     inner = [*spins[:skipped], 0.0, *spins[skipped:]]  # the skipped step: unscale, check
@@ -253,12 +282,24 @@ def test_two_optimizers_the_last_one_given_ends_the_iteration(sidecar: Sidecar) 
     # Per iteration: three discriminator forwards (four calls timed by the script), two
     # backward passes, both steps.
     seconds = truth.seconds
-    assert_between(column(frame, "Forward (s)"), sums(seconds["forward"], 3)[1:],
-                   sums(seconds["outer_forward"], 4)[1:], "Forward")
-    assert_between(column(frame, "Optimization (s)"), sums(seconds["optimization"], 2)[1:],
-                   sums(seconds["outer_optimization"], 2)[1:], "Optimization")
-    assert_between(column(frame, "Training data loading (s)"), seconds["loading"][1:],
-                   seconds["outer_loading"][1:], "Data loading")
+    assert_between(
+        column(frame, "Forward (s)"),
+        sums(seconds["forward"], 3)[1:],
+        sums(seconds["outer_forward"], 4)[1:],
+        "Forward",
+    )
+    assert_between(
+        column(frame, "Optimization (s)"),
+        sums(seconds["optimization"], 2)[1:],
+        sums(seconds["outer_optimization"], 2)[1:],
+        "Optimization",
+    )
+    assert_between(
+        column(frame, "Training data loading (s)"),
+        seconds["loading"][1:],
+        seconds["outer_loading"][1:],
+        "Data loading",
+    )
 
 
 def test_a_compiled_model(sidecar: Sidecar) -> None:
@@ -276,8 +317,9 @@ def test_a_compiled_model(sidecar: Sidecar) -> None:
     frame = table(sidecar)
     for name in TRAINING:
         assert len(column(frame, name)) == 4, name
-    assert_close(column(frame, "Training data loading (s)"), truth.seconds["loading"][2:],
-                 "Data loading")
+    assert_close(
+        column(frame, "Training data loading (s)"), truth.seconds["loading"][2:], "Data loading"
+    )
 
 
 def test_remove_takes_every_hook_off(sidecar: Sidecar) -> None:
@@ -298,11 +340,19 @@ def test_remove_takes_every_hook_off(sidecar: Sidecar) -> None:
 
 
 def test_instrument_without_a_run_says_what_to_do() -> None:
-    code = ("import torch, markers\n"
-            "try:\n    markers.instrument(torch.nn.Linear(2, 2))\n"
-            "except RuntimeError as exc:\n    print(exc)\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            env=env(), timeout=120, check=True)
+    code = (
+        "import torch, markers\n"
+        "try:\n    markers.instrument(torch.nn.Linear(2, 2))\n"
+        "except RuntimeError as exc:\n    print(exc)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env(),
+        timeout=120,
+        check=True,
+    )
     assert "call markers.start_run() first" in result.stdout
 
 
@@ -313,21 +363,34 @@ def test_the_examples_differ_by_two_lines() -> None:
     def code(text: str) -> list[str]:  # without the module docstring
         return text.split('"""', 2)[2].splitlines()
 
-    diff = [line for line in difflib.ndiff(code(plain), code(instrumented))
-            if line[:2] in ("+ ", "- ")]
+    diff = [
+        line for line in difflib.ndiff(code(plain), code(instrumented)) if line[:2] in ("+ ", "- ")
+    ]
     assert [line for line in diff if line.startswith("- ")] == []
     added = [line[2:].strip() for line in diff]
     assert [line for line in added if line and line != "import markers"] == [
-        'markers.start_run(out_dir=args.out_dir, warmup_iterations=10)',
-        "markers.instrument(model, optimizer)"]
+        "markers.start_run(out_dir=args.out_dir, warmup_iterations=10)",
+        "markers.instrument(model, optimizer)",
+    ]
 
 
 def test_the_instrumented_example_writes_the_standard_columns(serve, short_tmp: Path) -> None:
     server = serve()
-    subprocess.run([sys.executable, str(REPO / "examples" / "train_instrumented.py"),
-                    "--epochs", "2", "--train-samples", "1024"], cwd=short_tmp,
-                   env=env(SIDECAR_ENDPOINT=server.endpoint), timeout=240, check=True,
-                   capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "examples" / "train_instrumented.py"),
+            "--epochs",
+            "2",
+            "--train-samples",
+            "1024",
+        ],
+        cwd=short_tmp,
+        env=env(SIDECAR_ENDPOINT=server.endpoint),
+        timeout=240,
+        check=True,
+        capture_output=True,
+    )
     frame = read_tsv(server.split_dir() / "logs" / "computational.tsv")
     for name in (*TRAINING, *VALIDATION):
         assert frame[name].notna().sum() > 0, name
@@ -348,8 +411,7 @@ def test_a_failing_hook_warns_once_and_training_goes_on(sidecar: Sidecar) -> Non
     assert table(sidecar)["Forward (s)"].isna().all()
 
 
-def test_without_an_optimizer_the_models_own_steps_end_the_iterations(
-        sidecar: Sidecar) -> None:
+def test_without_an_optimizer_the_models_own_steps_end_the_iterations(sidecar: Sidecar) -> None:
     truth = Truth()
     model, optimizer = spin_parts(truth)
     foreign = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)  # not the model's
@@ -368,16 +430,25 @@ def test_without_an_optimizer_the_models_own_steps_end_the_iterations(
     for name in TRAINING:
         assert len(column(frame, name)) == 5, name
     seconds = truth.seconds
-    assert_between(column(frame, "Optimization (s)"), seconds["optimization"][1:],
-                   seconds["outer_optimization"][1:], "Optimization")
+    assert_between(
+        column(frame, "Optimization (s)"),
+        seconds["optimization"][1:],
+        seconds["outer_optimization"][1:],
+        "Optimization",
+    )
     # zero_grad and the foreign step after the model's step are the next batch's data
     # loading: inside the script's clock from the step's end.
-    assert_between(column(frame, "Training data loading (s)"), seconds["loading"][1:],
-                   seconds["outer_loading"][1:], "Data loading")
+    assert_between(
+        column(frame, "Training data loading (s)"),
+        seconds["loading"][1:],
+        seconds["outer_loading"][1:],
+        "Data loading",
+    )
 
 
 def test_under_ddp_backward_holds_the_reducers_wait_for_the_all_reduce(
-        sidecar: Sidecar, tmp_path: Path) -> None:
+    sidecar: Sidecar, tmp_path: Path
+) -> None:
     # Two gloo ranks on CPU; rank 1 is slow, so rank 0's backward() waits in DDP's reducer
     # tail, a final callback the engine runs after any queued at the first backward node.
     with socket.socket() as probe:
@@ -385,17 +456,22 @@ def test_under_ddp_backward_holds_the_reducers_wait_for_the_all_reduce(
         port = str(probe.getsockname()[1])
     job = REPO / "tests" / "support" / "jobs" / "ddp_job.py"
     truth_path = tmp_path / "truth.json"
-    ranks = [subprocess.Popen([sys.executable, str(job), str(rank), port, str(truth_path)],
-                              cwd=tmp_path, env=env(SIDECAR_ENDPOINT=sidecar.endpoint),
-                              stdin=subprocess.DEVNULL) for rank in (0, 1)]
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(job), str(rank), port, str(truth_path)],
+            cwd=tmp_path,
+            env=env(SIDECAR_ENDPOINT=sidecar.endpoint),
+            stdin=subprocess.DEVNULL,
+        )
+        for rank in (0, 1)
+    ]
     assert [rank.wait(timeout=300) for rank in ranks] == [0, 0]
     backward_s = json.loads(truth_path.read_text())["backward"]
     assert min(backward_s[1:]) > 0.03  # the wait for the slow rank is inside backward()
     assert_close(column(table(sidecar), "Backward (s)"), backward_s[1:], "Backward")
 
 
-def test_trailing_micro_batches_that_never_step_are_cut_short_and_counted(
-        sidecar: Sidecar) -> None:
+def test_trailing_micro_batches_that_never_step_are_cut_short_and_counted(sidecar: Sidecar) -> None:
     # Accumulation written the usual way: 10 batches an epoch, a step every 4th, so the
     # last 2 of each epoch never step. They are no whole iteration: no row without its
     # Optimization, and phases.tsv keeps them flagged with the 2 batches that went through.
@@ -415,8 +491,9 @@ def test_trailing_micro_batches_that_never_step_are_cut_short_and_counted(
     frame = table(sidecar)
     for name in TRAINING:  # 4 steps, the first is warmup
         assert len(column(frame, name)) == 3, name
-    assert_close(column(frame, "Optimization (s)"), truth.seconds["optimization"][1:],
-                 "Optimization")
+    assert_close(
+        column(frame, "Optimization (s)"), truth.seconds["optimization"][1:], "Optimization"
+    )
     phases = read_tsv(sidecar.split_dir() / "logs" / "phases.tsv")
     loops = phases[phases["phase"] == "Training loop"]
     cut = loops[loops["flag"] == "incomplete"]
@@ -427,8 +504,10 @@ def test_trailing_micro_batches_that_never_step_are_cut_short_and_counted(
 def test_phases_without_a_loop_driver_warn_once_naming_the_two_ways(sidecar: Sidecar) -> None:
     # The natural first try: run.phase inside run.epoch(), no train_batches, no hooks.
     expected = r"run\.train_batches.*markers\.instrument"
-    with pytest.warns(RuntimeWarning, match=expected) as seen, \
-            markers.start_run(out_dir="maps") as run:
+    with (
+        pytest.warns(RuntimeWarning, match=expected) as seen,
+        markers.start_run(out_dir="maps") as run,
+    ):
         for _ in range(2):
             with run.epoch():
                 for _ in range(3):

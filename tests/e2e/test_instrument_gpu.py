@@ -18,11 +18,14 @@ pytestmark = [
 
 
 def test_instrumented_loop_on_a_gpu_fills_the_gpu_columns(sidecar: Sidecar) -> None:
-    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(),
-                                torch.nn.Linear(4096, 10)).cuda()
+    model = torch.nn.Sequential(
+        torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 10)
+    ).cuda()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    batches = [(torch.randn(256, 1024, device="cuda"),
-                torch.randint(0, 10, (256,), device="cuda")) for _ in range(20)]
+    batches = [
+        (torch.randn(256, 1024, device="cuda"), torch.randint(0, 10, (256,), device="cuda"))
+        for _ in range(20)
+    ]
     with markers.start_run(out_dir="maps", warmup_iterations=5) as run:
         markers.instrument(model, optimizer, run)
         torch.cuda.set_sync_debug_mode("error")

@@ -17,12 +17,16 @@ from tests.support.spin import assert_between, assert_close
 
 pytest.importorskip("lightning")
 JOB = REPO / "tests" / "support" / "jobs" / "lightning_job.py"
-TRAINING = ["Training loop (s)", "Training data loading (s)", "Forward (s)", "Backward (s)",
-            "Optimization (s)"]
+TRAINING = [
+    "Training loop (s)",
+    "Training data loading (s)",
+    "Forward (s)",
+    "Backward (s)",
+    "Optimization (s)",
+]
 
 
-def fit(sidecar: Sidecar, *args: str, killed: bool = False
-        ) -> tuple[dict[str, list[float]], Path]:
+def fit(sidecar: Sidecar, *args: str, killed: bool = False) -> tuple[dict[str, list[float]], Path]:
     """Run the Lightning job in ``<root>/job`` (its default_root_dir, so the run folder)
     against ``sidecar``; its truth (empty when ``killed``: the job SIGKILLs itself) and
     its run folder."""
@@ -30,9 +34,13 @@ def fit(sidecar: Sidecar, *args: str, killed: bool = False
     folder.mkdir(exist_ok=True)
     truth = folder / f"truth-{len(list(folder.glob('truth-*')))}.json"
     result = subprocess.run(
-        [sys.executable, str(JOB), "--truth", str(truth), *args], cwd=folder,
+        [sys.executable, str(JOB), "--truth", str(truth), *args],
+        cwd=folder,
         env=env(SIDECAR_ENDPOINT=sidecar.endpoint, OMP_NUM_THREADS="1"),
-        capture_output=True, text=True, timeout=240)
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     if killed:
         assert result.returncode == -9, result.stderr[-3000:]
         return {}, folder
@@ -42,7 +50,7 @@ def fit(sidecar: Sidecar, *args: str, killed: bool = False
 
 def sums(values: list[float], group: int) -> list[float]:
     """Consecutive groups of ``group`` values summed."""
-    return [sum(values[i:i + group]) for i in range(0, len(values), group)]
+    return [sum(values[i : i + group]) for i in range(0, len(values), group)]
 
 
 @pytest.mark.parametrize("accumulation", [1, 2])
@@ -62,8 +70,12 @@ def test_rows_follow_the_hooks_with_accumulation(sidecar: Sidecar, accumulation:
     def between(name: str, part: str, group: int) -> None:
         # The part's own spin, and the script's clock from the hook that opens the window
         # to the one that closes it (Lightning's machinery between them included).
-        assert_between(column(name), sums(truth[part], group)[1:],
-                       sums(truth[f"outer_{part}"], group)[1:], name)
+        assert_between(
+            column(name),
+            sums(truth[part], group)[1:],
+            sums(truth[f"outer_{part}"], group)[1:],
+            name,
+        )
 
     between("Forward (s)", "forward", accumulation)
     between("Backward (s)", "backward", accumulation)
@@ -71,39 +83,48 @@ def test_rows_follow_the_hooks_with_accumulation(sidecar: Sidecar, accumulation:
     between("Training data loading (s)", "loading", accumulation)
     # The sanity check's batch (the first) is not measured.
     assert_close(column("Evaluation (s)"), truth["evaluation"][1:], "Evaluation")
-    assert_close(column("Validation data loading (s)"), truth["val"][1:],
-                 "Validation data loading")
+    assert_close(column("Validation data loading (s)"), truth["val"][1:], "Validation data loading")
 
 
 def grouped(values: list[float], sizes: list[int]) -> list[float]:
     """``values`` summed in consecutive groups of the given sizes."""
     sums_, start = [], 0
     for size in sizes:
-        sums_.append(sum(values[start:start + size]))
+        sums_.append(sum(values[start : start + size]))
         start += size
     return sums_
 
 
-def test_validation_inside_an_accumulation_window_and_checkpoint_saves(
-        sidecar: Sidecar) -> None:
+def test_validation_inside_an_accumulation_window_and_checkpoint_saves(sidecar: Sidecar) -> None:
     # 8 batches an epoch, a step every 3 (3, 3, 2), a validation every 4 batches: the
     # first falls inside the second step's window. ModelCheckpoint saves after each.
-    truth, folder = fit(sidecar, "--accumulation", "3", "--batches", "8",
-                        "--val-check-interval", "0.5", "--ckpt-dir", "ckpt")
+    truth, folder = fit(
+        sidecar,
+        "--accumulation",
+        "3",
+        "--batches",
+        "8",
+        "--val-check-interval",
+        "0.5",
+        "--ckpt-dir",
+        "ckpt",
+    )
     frame = read_tsv(split_dir(folder) / "logs" / "computational.tsv")
     for name in TRAINING:  # 2 epochs of 3 steps; the first is warmup
         assert frame[name].notna().sum() == 5, name
     assert frame["Validation (s)"].notna().sum() == 4
     assert frame["Validation loop (s)"].notna().sum() == 8
-    assert_close(frame["Evaluation (s)"].dropna().tolist(), truth["evaluation"][1:],
-                 "Evaluation")
+    assert_close(frame["Evaluation (s)"].dropna().tolist(), truth["evaluation"][1:], "Evaluation")
     # Neither the validation nor the save (25-45 ms here) is any batch's data loading:
     # the script's clock starts each batch's loading after them; Lightning's own work
     # between batches is inside it.
     for name, part in (("Training data loading (s)", "loading"), ("Forward (s)", "forward")):
-        assert_between(frame[name].dropna().tolist(),
-                       grouped(truth[part], [3, 3, 2] * 2)[1:],
-                       grouped(truth[f"outer_{part}"], [3, 3, 2] * 2)[1:], name)
+        assert_between(
+            frame[name].dropna().tolist(),
+            grouped(truth[part], [3, 3, 2] * 2)[1:],
+            grouped(truth[f"outer_{part}"], [3, 3, 2] * 2)[1:],
+            name,
+        )
     # Each save is the checkpoint phase (the first is warmup): the monitor's wrapper
     # holds the job's, which times the save itself.
     phases = read_tsv(split_dir(folder) / "logs" / "phases.tsv")
@@ -112,7 +133,8 @@ def test_validation_inside_an_accumulation_window_and_checkpoint_saves(
 
 
 def test_a_run_resumed_from_a_lightning_checkpoint_continues_the_split(
-        serve: Callable[..., Sidecar]) -> None:
+    serve: Callable[..., Sidecar],
+) -> None:
     first = serve()
     _truth, folder = fit(first, "--epochs", "1", "--ckpt-dir", "ckpt")
     first.stop()
@@ -130,8 +152,7 @@ def test_a_run_resumed_from_a_lightning_checkpoint_continues_the_split(
     assert json.loads((folder / "run.json").read_text())["status"] == "completed"
 
 
-def test_resume_keeps_the_epoch_open_at_the_checkpoint(
-        serve: Callable[..., Sidecar]) -> None:
+def test_resume_keeps_the_epoch_open_at_the_checkpoint(serve: Callable[..., Sidecar]) -> None:
     # 6 batches an epoch, a validation every 3: ModelCheckpoint saves at the end of each,
     # the last one of epoch 1 (step 12) before the epoch ends. The job is killed inside
     # epoch 2; Lightning resumes from step 12 at epoch 2.
@@ -145,13 +166,17 @@ def test_resume_keeps_the_epoch_open_at_the_checkpoint(
     epochs = phases[phases["phase"] == "Epoch"]
     flags = [flag if isinstance(flag, str) else "" for flag in epochs["flag"]]
     assert list(zip(epochs["epoch"], epochs["session"], flags, strict=True)) == [
-        (0, 0, ""), (1, 0, "part"), (2, 1, "")]
+        (0, 0, ""),
+        (1, 0, "part"),
+        (2, 1, ""),
+    ]
     part = epochs.iloc[flags.index("part")]
     validations = phases[(phases["phase"] == "Validation") & (phases["epoch"] == 1)]
     # The part runs up to the checkpoint, taken at the end of epoch 1's last validation.
     assert part["start (s)"] + part["wall (s)"] >= validations["start (s)"].max()
-    assert read_tsv(split_dir(folder) / "logs" / "computational.tsv")[
-        "Epoch (s)"].notna().sum() == 2
+    assert (
+        read_tsv(split_dir(folder) / "logs" / "computational.tsv")["Epoch (s)"].notna().sum() == 2
+    )
 
 
 def test_ddp_on_two_cpu_processes_writes_the_rank_files(sidecar: Sidecar) -> None:
@@ -184,6 +209,7 @@ def test_the_pytorch_lightning_namespace_accepts_the_callback() -> None:
     from markers.integrations.lightning import MonitorCallback
 
     callback = MonitorCallback()
-    trainer = pytorch_lightning.Trainer(callbacks=[callback], logger=False,
-                                        enable_checkpointing=False, enable_progress_bar=False)
+    trainer = pytorch_lightning.Trainer(
+        callbacks=[callback], logger=False, enable_checkpointing=False, enable_progress_bar=False
+    )
     assert callback in trainer.callbacks

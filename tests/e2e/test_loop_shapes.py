@@ -56,14 +56,34 @@ def run_shape(folder: Path, shape: str, *args: str) -> Result:
     """``sidecar run -- python shapes_job.py SHAPE`` in ``folder``; its files read back."""
     truth = folder / "truth.json"
     process = subprocess.run(
-        [sys.executable, "-m", "sidecar", "run", "--quiet", "--", sys.executable, str(JOB),
-         shape, str(truth), *args], cwd=folder, env=env(), capture_output=True, text=True,
-        timeout=180)
+        [
+            sys.executable,
+            "-m",
+            "sidecar",
+            "run",
+            "--quiet",
+            "--",
+            sys.executable,
+            str(JOB),
+            shape,
+            str(truth),
+            *args,
+        ],
+        cwd=folder,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     logs = split_dir(folder / "maps") / "logs"
-    return Result(json.loads(truth.read_text()), read_tsv(logs / "computational.tsv"),
-                  read_tsv(logs / "phases.tsv"),
-                  (split_dir(folder / "maps") / "summary.log").read_text(),
-                  process.returncode, process.stderr)
+    return Result(
+        json.loads(truth.read_text()),
+        read_tsv(logs / "computational.tsv"),
+        read_tsv(logs / "phases.tsv"),
+        (split_dir(folder / "maps") / "summary.log").read_text(),
+        process.returncode,
+        process.stderr,
+    )
 
 
 def slack(outer_s: float) -> float:
@@ -79,13 +99,15 @@ def assert_phase(rows: list[float], truth: list[dict[str, float]], what: str) ->
         assert inner - EDGE_S <= got <= seen["outer"] + EDGE_S, f"{what}: {got} vs {seen}"
 
 
-def assert_loops(rows: list[float], parts: list[float], windows: list[float],
-                 what: str = "Training loop") -> None:
+def assert_loops(
+    rows: list[float], parts: list[float], windows: list[float], what: str = "Training loop"
+) -> None:
     """Each loop row holds its parts and fits the loop's window around it."""
     assert len(rows) == len(parts) == len(windows), what
     for got, inner, outer in zip(rows, parts, windows, strict=True):
-        assert inner - EDGE_S <= got <= outer + slack(outer), f"{what}: {got} not in " \
-                                                              f"[{inner}, {outer}]"
+        assert inner - EDGE_S <= got <= outer + slack(outer), (
+            f"{what}: {got} not in [{inner}, {outer}]"
+        )
 
 
 def inner(truth: list[dict[str, float]]) -> list[float]:
@@ -112,10 +134,13 @@ def test_plain_loop(folder: Path) -> None:
     truth = result.truth
     for label in ("Training data loading", *STEP):
         assert_phase(result.column(label), truth[label], label)
-    parts = [sum(t[i]["inner"] for t in (truth["Training data loading"],
-                                         *(truth[p] for p in STEP))) for i in range(3)]
-    assert_loops(result.column("Training loop"), parts,
-                 [t["outer"] for t in truth["Training loop"]])
+    parts = [
+        sum(t[i]["inner"] for t in (truth["Training data loading"], *(truth[p] for p in STEP)))
+        for i in range(3)
+    ]
+    assert_loops(
+        result.column("Training loop"), parts, [t["outer"] for t in truth["Training loop"]]
+    )
     assert_aligned(result)
     assert result.phases["flag"].isna().all()
     assert list(result.measured("Training loop")["batches"]) == [1, 1, 1]
@@ -135,15 +160,17 @@ def test_break_ends_its_iteration_there(folder: Path) -> None:
     used = [t for i, t in enumerate(truth["Training data loading"]) if i != 5]  # 6th: unused
     assert_phase(loading, used, "Training data loading")
     parts = [sum(x) for x in zip(inner(used), *(inner(truth[p]) for p in STEP), strict=True)]
-    assert_loops(result.column("Training loop"), parts,
-                 [t["outer"] for t in truth["Training loop"]])
+    assert_loops(
+        result.column("Training loop"), parts, [t["outer"] for t in truth["Training loop"]]
+    )
     # The iteration left before its batch was used: kept in phases.tsv, flagged, alone.
     cut = result.flagged("incomplete")
     assert sorted(cut["phase"]) == ["Training data loading", "Training loop"]
     assert set(cut["epoch"]) == {1} and set(cut["batches"]) == {0}
     (left,) = truth["left"]
     assert cut[cut["phase"] == "Training loop"]["wall (s)"].iloc[0] <= left["outer"] + slack(
-        left["outer"])
+        left["outer"]
+    )
     assert len(result.column("Epoch")) == 3
 
 
@@ -153,22 +180,40 @@ def test_validation_inside_the_training_loop_is_its_own_measurement(folder: Path
     truth = result.truth
     # Every training iteration keeps its rows; the two passes are Validation rows.
     assert_aligned(result)
-    for label in ("Training data loading", *STEP, "Validation data loading", "Evaluation",
-                  "Validation"):
+    for label in (
+        "Training data loading",
+        *STEP,
+        "Validation data loading",
+        "Evaluation",
+        "Validation",
+    ):
         assert_phase(result.column(label), truth[label], label)
-    parts = [sum(x) for x in zip(inner(truth["Training data loading"]),
-                                 *(inner(truth[p]) for p in STEP), strict=True)]
+    parts = [
+        sum(x)
+        for x in zip(
+            inner(truth["Training data loading"]), *(inner(truth[p]) for p in STEP), strict=True
+        )
+    ]
     # Its loop time excludes the pass: at most the window less the pass the loop timed.
     windows = [t["outer"] - t["away"] for t in truth["Training loop"]]
     assert_loops(result.column("Training loop"), parts, windows)
-    val_parts = [a + b for a, b in zip(inner(truth["Validation data loading"]),
-                                       inner(truth["Evaluation"]), strict=True)]
-    assert_loops(result.column("Validation loop"), val_parts,
-                 [t["outer"] for t in truth["Validation loop"]], "Validation loop")
+    val_parts = [
+        a + b
+        for a, b in zip(
+            inner(truth["Validation data loading"]), inner(truth["Evaluation"]), strict=True
+        )
+    ]
+    assert_loops(
+        result.column("Validation loop"),
+        val_parts,
+        [t["outer"] for t in truth["Validation loop"]],
+        "Validation loop",
+    )
     assert result.phases["flag"].isna().all()
     throughput = re.search(r"^Throughput: (\S+) images/s", result.summary, re.M)
     assert float(throughput[1]) == pytest.approx(
-        4 * 4 / sum(result.column("Training loop")), rel=1e-3)
+        4 * 4 / sum(result.column("Training loop")), rel=1e-3
+    )
 
 
 def test_custom_names_of_standard_labels_are_refused_once(folder: Path) -> None:
@@ -215,8 +260,9 @@ def test_loader_phases_belong_to_the_batch_they_load(folder: Path) -> None:
         assert got >= seen["inner"]
     assert result.flagged("outside").empty
     # Phases inside DataLoader worker processes cannot be measured: said once, with N.
-    lines = re.findall(r"^(\d+) phases inside DataLoader workers were not measured",
-                       result.summary, re.M)
+    lines = re.findall(
+        r"^(\d+) phases inside DataLoader workers were not measured", result.summary, re.M
+    )
     assert lines == ["4"]
     assert result.stderr.count("phases inside DataLoader workers were not measured") == 1
 
@@ -240,8 +286,7 @@ def test_a_phase_outside_any_iteration_is_flagged_and_kept_out(folder: Path) -> 
 
 
 @pytest.mark.parametrize("how", ["exception", "sigint"])
-def test_an_epoch_cut_by_an_exception_or_ctrl_c_is_kept_flagged(folder: Path,
-                                                                 how: str) -> None:
+def test_an_epoch_cut_by_an_exception_or_ctrl_c_is_kept_flagged(folder: Path, how: str) -> None:
     result = run_shape(folder, how)
     assert result.returncode != 0
     truth = result.truth
@@ -252,8 +297,7 @@ def test_an_epoch_cut_by_an_exception_or_ctrl_c_is_kept_flagged(folder: Path,
     assert_aligned(result, ("Forward", "Backward"))
     assert len(result.column("Training loop")) == 4
     cut = result.flagged("incomplete")
-    assert sorted(cut["phase"]) == ["Epoch", "Forward", "Training data loading",
-                                    "Training loop"]
+    assert sorted(cut["phase"]) == ["Epoch", "Forward", "Training data loading", "Training loop"]
     assert set(cut["epoch"]) == {1}
     forward = cut[cut["phase"] == "Forward"]["wall (s)"].iloc[0]
     assert_phase([forward], truth["Forward"][-1:], "the cut iteration's Forward")
@@ -263,9 +307,23 @@ def test_an_epoch_cut_by_an_exception_or_ctrl_c_is_kept_flagged(folder: Path,
 def test_an_epoch_cut_by_sigkill_is_kept_flagged(folder: Path) -> None:
     truth_path = folder / "truth.json"
     process = subprocess.Popen(
-        [sys.executable, "-m", "sidecar", "run", "--quiet", "--", sys.executable, str(JOB),
-         "killed", str(truth_path)], cwd=folder, env=env(), stderr=subprocess.PIPE,
-        text=True)
+        [
+            sys.executable,
+            "-m",
+            "sidecar",
+            "run",
+            "--quiet",
+            "--",
+            sys.executable,
+            str(JOB),
+            "killed",
+            str(truth_path),
+        ],
+        cwd=folder,
+        env=env(),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     _, stderr = process.communicate(timeout=180)
     assert process.returncode == -signal.SIGKILL or process.returncode == 128 + 9, stderr
     logs = split_dir(folder / "maps") / "logs"
@@ -301,25 +359,38 @@ def test_accumulation_with_a_short_last_step_counts_its_own_batches(folder: Path
     assert f"Throughput: {4 * 7 / loop_s:.2f} images/s" in result.summary
 
 
-def test_custom_phases_survive_a_sidecar_takeover_and_a_full_queue(serve,
-                                                                   short_tmp: Path) -> None:
+def test_custom_phases_survive_a_sidecar_takeover_and_a_full_queue(serve, short_tmp: Path) -> None:
     first = serve()
     out, state = short_tmp / "root" / "taken", short_tmp
-    job = subprocess.Popen([sys.executable, str(REPO / "tests" / "support" / "jobs" /
-                                                "takeover_job.py"), str(out), str(state)],
-                           cwd=short_tmp, env=env(SIDECAR_ENDPOINT=first.endpoint),
-                           stdin=subprocess.DEVNULL)
-    wait_for(lambda: (state / "checkpointed").exists() or job.poll() is not None, 60,
-             "the first checkpoint")
+    job = subprocess.Popen(
+        [
+            sys.executable,
+            str(REPO / "tests" / "support" / "jobs" / "takeover_job.py"),
+            str(out),
+            str(state),
+        ],
+        cwd=short_tmp,
+        env=env(SIDECAR_ENDPOINT=first.endpoint),
+        stdin=subprocess.DEVNULL,
+    )
+    wait_for(
+        lambda: (state / "checkpointed").exists() or job.poll() is not None,
+        60,
+        "the first checkpoint",
+    )
     first.process.send_signal(signal.SIGKILL)
     first.process.wait(10)
     (state / "go").touch()
     # 1000 declarations and their records while no sidecar listens: the queue overflows.
-    wait_for(lambda: (state / "declared").exists() or job.poll() is not None, 60,
-             "the names to be used")
+    wait_for(
+        lambda: (state / "declared").exists() or job.poll() is not None, 60, "the names to be used"
+    )
     second = serve()  # same endpoint: it learns the run, and every name, from the hello
-    wait_for(lambda: (v := second.status()) and v["runs"] and v["runs"][0]["records"] > 2000,
-             60, "the new sidecar to take the run over")
+    wait_for(
+        lambda: (v := second.status()) and v["runs"] and v["runs"][0]["records"] > 2000,
+        60,
+        "the new sidecar to take the run over",
+    )
     (state / "stop").touch()
     assert job.wait(60) == 0
     frame = read_tsv(split_dir(out) / "logs" / "computational.tsv")

@@ -29,15 +29,44 @@ SLOW_RANK = 2  # its data loading is slowed on purpose (rank 3's forward is the 
 def _node(cwd: Path, truth: Path, ranks: str, *extra: str) -> subprocess.Popen[str]:
     """``sidecar run -- ranks_job.py --spawn RANKS`` (one node of the 4-rank job)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "sidecar", "run", *SAME_PRIORITY, *extra, "--",
-         sys.executable, str(JOB), "--spawn", ranks, "--world", "4", "--truth", str(truth),
-         "--iters", str(ITERS), "--warmup", str(WARMUP), "--forward-s", str(FORWARD_S),
-         "--slow-rank", str(SLOW_RANK), "--slow-s", str(SLOW_S)],
-        cwd=cwd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "sidecar",
+            "run",
+            *SAME_PRIORITY,
+            *extra,
+            "--",
+            sys.executable,
+            str(JOB),
+            "--spawn",
+            ranks,
+            "--world",
+            "4",
+            "--truth",
+            str(truth),
+            "--iters",
+            str(ITERS),
+            "--warmup",
+            str(WARMUP),
+            "--forward-s",
+            str(FORWARD_S),
+            "--slow-rank",
+            str(SLOW_RANK),
+            "--slow-s",
+            str(SLOW_S),
+        ],
+        cwd=cwd,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
-def check_ranks_match_their_clocks(folder: Path, truth: Path, ranks: range,
-                                   iters: int = ITERS) -> float:
+def check_ranks_match_their_clocks(
+    folder: Path, truth: Path, ranks: range, iters: int = ITERS
+) -> float:
     """Every rank's stored Forward rows against the forward times it took itself; returns
     the largest error (s)."""
     worst = 0.0
@@ -55,8 +84,12 @@ def check_ranks_match_their_clocks(folder: Path, truth: Path, ranks: range,
 
 def check_straggler(summary: str, host: str) -> float:
     """The ``Straggler:`` line names SLOW_RANK on ``host`` in data loading; its margin (s)."""
-    match = re.search(rf"^Straggler: rank {SLOW_RANK} on (\S+), data loading, "
-                      r"\+([0-9.e+-]+) s", summary, re.M)
+    match = re.search(
+        rf"^Straggler: rank {SLOW_RANK} on (\S+), data loading, "
+        r"\+([0-9.e+-]+) s",
+        summary,
+        re.M,
+    )
     assert match, summary
     assert match[1] == host
     margin_s = float(match[2])
@@ -92,15 +125,29 @@ def test_two_sidecars_on_one_host_measure_every_rank_of_one_split(short_tmp: Pat
     assert table["iterations"].tolist() == [ITERS - WARMUP] * 4
     assert table.set_index("rank").loc[SLOW_RANK, "phase"] == "data loading"
     # the report: one job for the split of two sidecars, with its straggler
-    report = subprocess.run([sys.executable, "-m", "sidecar", "report", str(folder), "--out",
-                             str(short_tmp / "report")], env=env(), capture_output=True,
-                            text=True, timeout=120)
+    report = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sidecar",
+            "report",
+            str(folder),
+            "--out",
+            str(short_tmp / "report"),
+        ],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert report.returncode == 0, report.stderr
     jobs = read_tsv(short_tmp / "report" / "jobs.tsv")
     assert len(jobs) == 1
-    assert (jobs.loc[0, "straggler rank"], jobs.loc[0, "straggler host"],
-            jobs.loc[0, "straggler phase"]) == (SLOW_RANK, socket.gethostname(),
-                                                "data loading")
+    assert (
+        jobs.loc[0, "straggler rank"],
+        jobs.loc[0, "straggler host"],
+        jobs.loc[0, "straggler phase"],
+    ) == (SLOW_RANK, socket.gethostname(), "data loading")
 
 
 def test_a_node_that_never_wrote_is_named_and_the_wait_is_bounded(short_tmp: Path) -> None:
@@ -133,12 +180,37 @@ def test_a_resume_of_both_nodes_continues_every_rank(short_tmp: Path) -> None:
     truth = short_tmp / "truth"
     truth.mkdir()
     for extra in ((), ("--resume",)):
-        nodes = [subprocess.Popen(
-            [sys.executable, "-m", "sidecar", "run", *SAME_PRIORITY, "--",
-             sys.executable, str(JOB), "--spawn", ranks, "--world", "4", "--truth",
-             str(truth), "--iters", "6", "--warmup", "1", *extra],
-            cwd=short_tmp, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True) for ranks in ("0,1", "2,3")]
+        nodes = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "sidecar",
+                    "run",
+                    *SAME_PRIORITY,
+                    "--",
+                    sys.executable,
+                    str(JOB),
+                    "--spawn",
+                    ranks,
+                    "--world",
+                    "4",
+                    "--truth",
+                    str(truth),
+                    "--iters",
+                    "6",
+                    "--warmup",
+                    "1",
+                    *extra,
+                ],
+                cwd=short_tmp,
+                env=env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for ranks in ("0,1", "2,3")
+        ]
         outputs = [node.communicate(timeout=240)[0] for node in nodes]
         assert [node.returncode for node in nodes] == [0, 0], outputs
         assert "afresh" not in "".join(outputs), outputs
@@ -158,16 +230,41 @@ def test_plain_processes_each_with_its_private_sidecar(short_tmp: Path) -> None:
     truth = short_tmp / "truth"
     truth.mkdir()
     job = subprocess.run(
-        [sys.executable, str(JOB), "--spawn", "0,1,2,3", "--world", "4", "--truth",
-         str(truth), "--iters", str(ITERS), "--warmup", str(WARMUP), "--forward-s",
-         str(FORWARD_S), "--slow-rank", str(SLOW_RANK), "--slow-s", str(SLOW_S)],
-        cwd=short_tmp, env=env(), capture_output=True, text=True, timeout=240)
+        [
+            sys.executable,
+            str(JOB),
+            "--spawn",
+            "0,1,2,3",
+            "--world",
+            "4",
+            "--truth",
+            str(truth),
+            "--iters",
+            str(ITERS),
+            "--warmup",
+            str(WARMUP),
+            "--forward-s",
+            str(FORWARD_S),
+            "--slow-rank",
+            str(SLOW_RANK),
+            "--slow-s",
+            str(SLOW_S),
+        ],
+        cwd=short_tmp,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert job.returncode == 0, job.stderr
     folder = short_tmp / "maps"
     summary_path = split_dir(folder) / "summary.log"
     # rank 0's private sidecar writes the last summary once the other three are final
-    wait_for(lambda: summary_path.exists() and "Nodes: waited" in summary_path.read_text(),
-             60, "the final summary")
+    wait_for(
+        lambda: summary_path.exists() and "Nodes: waited" in summary_path.read_text(),
+        60,
+        "the final summary",
+    )
     check_ranks_match_their_clocks(folder, truth, range(4))
     entry = run_json(folder)["splits"]["0"]
     assert entry["ranks"] == [0, 1, 2, 3] and len(entry["nodes"]) == 4, entry

@@ -37,20 +37,51 @@ pytestmark = pytest.mark.skipif(bool(netns.unavailable()), reason=str(netns.unav
 ITERS = 20
 
 
-def _torchrun(node: netns.Node, master: netns.Node, rank: int, port: int, truth: Path,
-              iters: int = ITERS) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
-            "--nproc-per-node", "2", "--node-rank", str(rank), "--master-addr",
-            master.address, "--master-port", str(port), str(JOB), "--ddp", "--truth",
-            str(truth), "--iters", str(iters), "--warmup", str(WARMUP), "--forward-s",
-            str(FORWARD_S), "--slow-rank", str(SLOW_RANK), "--slow-s", str(SLOW_S)]
+def _torchrun(
+    node: netns.Node, master: netns.Node, rank: int, port: int, truth: Path, iters: int = ITERS
+) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--node-rank",
+        str(rank),
+        "--master-addr",
+        master.address,
+        "--master-port",
+        str(port),
+        str(JOB),
+        "--ddp",
+        "--truth",
+        str(truth),
+        "--iters",
+        str(iters),
+        "--warmup",
+        str(WARMUP),
+        "--forward-s",
+        str(FORWARD_S),
+        "--slow-rank",
+        str(SLOW_RANK),
+        "--slow-s",
+        str(SLOW_S),
+    ]
 
 
-def _under_run(node: netns.Node, command: Sequence[str], cwd: Path,
-               *extra: str) -> subprocess.Popen[str]:
-    return node.popen([sys.executable, "-m", "sidecar", "run", *SAME_PRIORITY, *extra, "--",
-                       *command], env(OMP_NUM_THREADS="1"), cwd=cwd,
-                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def _under_run(
+    node: netns.Node, command: Sequence[str], cwd: Path, *extra: str
+) -> subprocess.Popen[str]:
+    return node.popen(
+        [sys.executable, "-m", "sidecar", "run", *SAME_PRIORITY, *extra, "--", *command],
+        env(OMP_NUM_THREADS="1"),
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _truth_iterations(truth: Path, rank: int) -> int:
@@ -64,8 +95,10 @@ def test_torchrun_on_two_nodes_each_under_its_sidecar(short_tmp: Path) -> None:
     truth = short_tmp / "truth"
     truth.mkdir()
     with netns.nodes() as (node0, node1):
-        runs = [_under_run(node, _torchrun(node, node0, rank, 29541, truth), short_tmp)
-                for rank, node in enumerate((node0, node1))]
+        runs = [
+            _under_run(node, _torchrun(node, node0, rank, 29541, truth), short_tmp)
+            for rank, node in enumerate((node0, node1))
+        ]
         outputs = [run.communicate(timeout=240)[0] for run in runs]
     assert [run.returncode for run in runs] == [0, 0], outputs
     folder = short_tmp / "maps"
@@ -106,11 +139,21 @@ def test_a_node_killed_mid_run_leaves_its_ranks_incomplete(short_tmp: Path) -> N
     truth = short_tmp / "truth"
     truth.mkdir()
     with netns.nodes() as (node0, node1):
-        runs = [_under_run(node, _torchrun(node, node0, rank, 29542, truth, 400), short_tmp,
-                           "--nodes-wait", "3")
-                for rank, node in enumerate((node0, node1))]
-        wait_for(lambda: _node_iterations(short_tmp / "maps", "node1") > 0, 180,
-                 "node1's figures of measured iterations")
+        runs = [
+            _under_run(
+                node,
+                _torchrun(node, node0, rank, 29542, truth, 400),
+                short_tmp,
+                "--nodes-wait",
+                "3",
+            )
+            for rank, node in enumerate((node0, node1))
+        ]
+        wait_for(
+            lambda: _node_iterations(short_tmp / "maps", "node1") > 0,
+            180,
+            "node1's figures of measured iterations",
+        )
         _kill_tree(runs[1].pid)
         outputs = [run.communicate(timeout=240)[0] for run in runs]
     folder = short_tmp / "maps"
@@ -120,8 +163,12 @@ def test_a_node_killed_mid_run_leaves_its_ranks_incomplete(short_tmp: Path) -> N
         assert len(rows) >= _truth_iterations(truth, rank) - WARMUP - 1, (rank, outputs[0])
     summary = (split_dir(folder) / "summary.log").read_text()
     for rank in (2, 3):
-        assert re.search(rf"^Rank {rank} on node1: incomplete \(node node1 sent no final "
-                         r"figures within 3 s", summary, re.M), summary
+        assert re.search(
+            rf"^Rank {rank} on node1: incomplete \(node node1 sent no final "
+            r"figures within 3 s",
+            summary,
+            re.M,
+        ), summary
     entry = run_json(folder)["splits"]["0"]
     assert entry["status"] in ("incomplete", "failed"), entry
     dead = next(n for n in entry["nodes"] if n["node_host"] == "node1")
@@ -134,27 +181,56 @@ def test_torchrun_on_two_nodes_under_node_daemons(short_tmp: Path) -> None:
     root = short_tmp / "root"
     root.mkdir()
     with netns.nodes() as (node0, node1):
-        daemons = [node.popen([sys.executable, "-m", "sidecar", "serve", *SAME_PRIORITY,
-                               "--endpoint", f"ipc://{short_tmp}/{node.hostname}.sock",
-                               "--root", str(root)], env(),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                   for node in (node0, node1)]
+        daemons = [
+            node.popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "sidecar",
+                    "serve",
+                    *SAME_PRIORITY,
+                    "--endpoint",
+                    f"ipc://{short_tmp}/{node.hostname}.sock",
+                    "--root",
+                    str(root),
+                ],
+                env(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for node in (node0, node1)
+        ]
         try:
-            wait_for(lambda: all((short_tmp / f"{n.hostname}.sock").exists()
-                                 for n in (node0, node1)), 60, "the node daemons")
-            jobs = [node.popen(_torchrun(node, node0, rank, 29543, truth),
-                               env(OMP_NUM_THREADS="1", SIDECAR_ENDPOINT=
-                                   f"ipc://{short_tmp}/{node.hostname}.sock"),
-                               cwd=short_tmp, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
-                    for rank, node in enumerate((node0, node1))]
+            wait_for(
+                lambda: all((short_tmp / f"{n.hostname}.sock").exists() for n in (node0, node1)),
+                60,
+                "the node daemons",
+            )
+            jobs = [
+                node.popen(
+                    _torchrun(node, node0, rank, 29543, truth),
+                    env(
+                        OMP_NUM_THREADS="1",
+                        SIDECAR_ENDPOINT=f"ipc://{short_tmp}/{node.hostname}.sock",
+                    ),
+                    cwd=short_tmp,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+                for rank, node in enumerate((node0, node1))
+            ]
             outputs = [job.communicate(timeout=240)[0] for job in jobs]
             assert [job.returncode for job in jobs] == [0, 0], outputs
             folder = root / "maps"
-            wait_for(lambda: run_json(folder).get("splits", {}).get("0", {}).get("status")
-                     == "completed" and "Nodes: waited" in
-                     (split_dir(folder) / "summary.log").read_text(), 60,
-                     "the final summary")
+            wait_for(
+                lambda: (
+                    run_json(folder).get("splits", {}).get("0", {}).get("status") == "completed"
+                    and "Nodes: waited" in (split_dir(folder) / "summary.log").read_text()
+                ),
+                60,
+                "the final summary",
+            )
         finally:
             for daemon in daemons:
                 daemon.terminate()

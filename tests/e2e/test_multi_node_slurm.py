@@ -42,8 +42,17 @@ def test_srun_one_sidecar_per_task(short_tmp: Path) -> None:
     work = short_tmp / "work"
     work.mkdir()
     script = work / "train.sh"
-    script.write_text(BATCH.format(python=sys.executable, job=JOB, truth=truth, iters=ITERS,
-                                   warmup=WARMUP, forward_s=FORWARD_S, slow_s=SLOW_S))
+    script.write_text(
+        BATCH.format(
+            python=sys.executable,
+            job=JOB,
+            truth=truth,
+            iters=ITERS,
+            warmup=WARMUP,
+            forward_s=FORWARD_S,
+            slow_s=SLOW_S,
+        )
+    )
     script.chmod(0o755)
     with slurm.slurm(short_tmp / "slurm") as cluster:
         job_id = cluster.sbatch(script, workdir=work, env=env(PYTHONPATH=str(REPO)))

@@ -41,9 +41,15 @@ class Truth:
             yield [0] * size
 
 
-def train(run: markers.Run, epochs: int, train_batches: int, val_batches: int,
-          truth: Truth | None = None, sleeps: dict[str, float] | None = None,
-          custom: str | None = None) -> Truth:
+def train(
+    run: markers.Run,
+    epochs: int,
+    train_batches: int,
+    val_batches: int,
+    truth: Truth | None = None,
+    sleeps: dict[str, float] | None = None,
+    custom: str | None = None,
+) -> Truth:
     """A scripted training loop with every phase; ``sleeps`` injects known durations."""
     truth = truth or Truth()
     sleeps = sleeps or {}
@@ -81,17 +87,29 @@ def test_counts_follow_warmup_at_iteration_boundaries_and_caps(sidecar: Sidecar)
     # iterations (gates 0..9 against warmup 3) and all 5 validation ones (gates 10..14);
     # epoch 1 measures everything. 17 training and 10 validation iterations measured,
     # 8 of each stored.
-    with markers.start_run(out_dir="maps", warmup_iterations=3, num_measurements=8,
-                           train_batch_size=4, val_batch_size=4) as run:
+    with markers.start_run(
+        out_dir="maps",
+        warmup_iterations=3,
+        num_measurements=8,
+        train_batch_size=4,
+        val_batch_size=4,
+    ) as run:
         train(run, epochs=2, train_batches=10, val_batches=5)
     logs = sidecar.split_dir() / "logs"
     frame = read_tsv(logs / "computational.tsv")
     counts = frame.drop(columns="measurement #").notna().sum()
     expected = {"Training (s)": 1, "Epoch (s)": 2, "Validation (s)": 2}
-    for column in ("Training loop (s)", "Training data loading (s)", "Forward (s)",
-                   "Backward (s)", "Optimization (s)", "Validation loop (s)",
-                   "Validation data loading (s)", "Evaluation (s)",
-                   "Metrics computation (s)"):
+    for column in (
+        "Training loop (s)",
+        "Training data loading (s)",
+        "Forward (s)",
+        "Backward (s)",
+        "Optimization (s)",
+        "Validation loop (s)",
+        "Validation data loading (s)",
+        "Evaluation (s)",
+        "Metrics computation (s)",
+    ):
         expected[column] = 8
     for column, count in counts.items():
         assert count == expected.get(column, 0), column
@@ -99,13 +117,25 @@ def test_counts_follow_warmup_at_iteration_boundaries_and_caps(sidecar: Sidecar)
 
     phases = read_tsv(logs / "phases.tsv")
     per_phase = phases.groupby("phase").size().to_dict()
-    assert per_phase == {"Training loop": 8, "Training data loading": 8, "Forward": 8,
-                         "Backward": 8, "Optimization": 8, "Validation loop": 8,
-                         "Validation data loading": 8, "Evaluation": 8,
-                         "Metrics computation": 8, "Epoch": 2, "Validation": 2}
+    assert per_phase == {
+        "Training loop": 8,
+        "Training data loading": 8,
+        "Forward": 8,
+        "Backward": 8,
+        "Optimization": 8,
+        "Validation loop": 8,
+        "Validation data loading": 8,
+        "Evaluation": 8,
+        "Metrics computation": 8,
+        "Epoch": 2,
+        "Validation": 2,
+    }
     # The first stored training iteration is the first after warmup, in every phase.
-    first = phases[phases["phase"].isin(["Forward", "Backward", "Optimization",
-                                         "Training loop"])].groupby("phase")["iteration"].min()
+    first = (
+        phases[phases["phase"].isin(["Forward", "Backward", "Optimization", "Training loop"])]
+        .groupby("phase")["iteration"]
+        .min()
+    )
     assert set(first) == {3}
     assert set(phases[phases["phase"] == "Forward"]["batch"]) == set(range(3, 10)) | {15}
 
@@ -125,23 +155,38 @@ def test_injected_sleeps_are_recovered_in_the_right_columns(sidecar: Sidecar) ->
     # Each phase sleeps a different time; training and validation data loading differ,
     # so a column filled from the wrong phase (the reference copies Validation loop into
     # Validation data loading) is caught.
-    sleeps = {"train loading": 0.006, "forward": 0.002, "backward": 0.004,
-              "optimization": 0.001, "val loading": 0.003, "evaluation": 0.005,
-              "metrics": 0.0015}
+    sleeps = {
+        "train loading": 0.006,
+        "forward": 0.002,
+        "backward": 0.004,
+        "optimization": 0.001,
+        "val loading": 0.003,
+        "evaluation": 0.005,
+        "metrics": 0.0015,
+    }
     with markers.start_run(out_dir="maps", warmup_iterations=0, num_measurements=50) as run:
         truth = train(run, epochs=1, train_batches=6, val_batches=4, sleeps=sleeps)
     frame = read_tsv(sidecar.split_dir() / "logs" / "computational.tsv")
-    pairs = {"Training data loading (s)": "train loading", "Forward (s)": "forward",
-             "Backward (s)": "backward", "Optimization (s)": "optimization",
-             "Validation data loading (s)": "val loading", "Evaluation (s)": "evaluation",
-             "Metrics computation (s)": "metrics"}
+    pairs = {
+        "Training data loading (s)": "train loading",
+        "Forward (s)": "forward",
+        "Backward (s)": "backward",
+        "Optimization (s)": "optimization",
+        "Validation data loading (s)": "val loading",
+        "Evaluation (s)": "evaluation",
+        "Metrics computation (s)": "metrics",
+    }
     for column, phase in pairs.items():
         _assert_close(list(frame[column].dropna()), truth.seconds[phase], column)
     # A loop iteration holds its data loading and its phases (plus the markers' own cost).
     loop = list(frame["Training loop (s)"].dropna())
-    parts = [sum(t) for t in zip(*(truth.seconds[p] for p in
-                                   ("train loading", "forward", "backward", "optimization")),
-                                 strict=True)]
+    parts = [
+        sum(t)
+        for t in zip(
+            *(truth.seconds[p] for p in ("train loading", "forward", "backward", "optimization")),
+            strict=True,
+        )
+    ]
     # The slack covers the loop's own unmarked code and a descheduling on a busy 2-core
     # machine (seen: 3.6 ms); a loop that took in another phase's time (validation here
     # takes ~38 ms a pass) is still far outside.
@@ -153,8 +198,13 @@ def test_injected_sleeps_are_recovered_in_the_right_columns(sidecar: Sidecar) ->
 
 def test_accumulation_sums_batches_into_one_step(sidecar: Sidecar) -> None:
     sleeps = {"forward": 0.002}
-    with markers.start_run(out_dir="maps", warmup_iterations=0, accumulation_steps=4,
-                           train_batch_size=2, val_batch_size=2) as run:
+    with markers.start_run(
+        out_dir="maps",
+        warmup_iterations=0,
+        accumulation_steps=4,
+        train_batch_size=2,
+        val_batch_size=2,
+    ) as run:
         truth = train(run, epochs=1, train_batches=10, val_batches=2, sleeps=sleeps)
     frame = read_tsv(sidecar.split_dir() / "logs" / "computational.tsv")
     # 10 batches at 4 per step: steps of 4, 4 and the epoch's last 2.
@@ -170,16 +220,26 @@ def test_accumulation_sums_batches_into_one_step(sidecar: Sidecar) -> None:
 
 
 def test_throughput_is_batch_size_over_mean_training_loop(sidecar: Sidecar) -> None:
-    with markers.start_run(out_dir="maps", warmup_iterations=2, num_measurements=5,
-                           train_batch_size=32, val_batch_size=16) as run:
+    with markers.start_run(
+        out_dir="maps",
+        warmup_iterations=2,
+        num_measurements=5,
+        train_batch_size=32,
+        val_batch_size=16,
+    ) as run:
         train(run, epochs=1, train_batches=12, val_batches=6, sleeps={"forward": 0.001})
     frame = read_tsv(sidecar.split_dir() / "logs" / "computational.tsv")
-    lines = [line for line in (sidecar.split_dir() / "summary.log").read_text().splitlines()
-             if line.startswith("Throughput:")]
+    lines = [
+        line
+        for line in (sidecar.split_dir() / "summary.log").read_text().splitlines()
+        if line.startswith("Throughput:")
+    ]
     train_mean = statistics.fmean(frame["Training loop (s)"].dropna())
     val_mean = statistics.fmean(frame["Validation loop (s)"].dropna())
-    assert lines == [f"Throughput: {32 / train_mean:.2f} images/s",
-                     f"Throughput: {16 / val_mean:.2f} images/s"]
+    assert lines == [
+        f"Throughput: {32 / train_mean:.2f} images/s",
+        f"Throughput: {16 / val_mean:.2f} images/s",
+    ]
 
 
 def test_batch_size_is_read_from_the_batches_when_not_given(sidecar: Sidecar) -> None:
@@ -195,8 +255,14 @@ def test_custom_phases_get_their_own_columns(sidecar: Sidecar) -> None:
     with markers.start_run(out_dir="maps", warmup_iterations=1, num_measurements=3) as run:
         save = run.phase("checkpoint saving")
         for _ in range(3):
-            train(run, epochs=1, train_batches=4, val_batches=1, custom="augmentation",
-                  sleeps={"augmentation": 0.001})
+            train(
+                run,
+                epochs=1,
+                train_batches=4,
+                val_batches=1,
+                custom="augmentation",
+                sleeps={"augmentation": 0.001},
+            )
             with save:
                 time.sleep(0.002)
     frame = read_tsv(sidecar.split_dir() / "logs" / "computational.tsv")
@@ -214,6 +280,7 @@ def test_custom_phases_get_their_own_columns(sidecar: Sidecar) -> None:
 
 def test_phase_works_as_a_decorator(sidecar: Sidecar) -> None:
     with markers.start_run(out_dir="maps", warmup_iterations=0) as run:
+
         @run.phase("forward")
         def forward() -> None:
             time.sleep(0.001)
@@ -259,8 +326,7 @@ def test_rerun_replaces_our_files_and_keeps_text_of_others(sidecar: Sidecar) -> 
 
 
 def test_exception_in_the_loop_writes_files_marked_failed(sidecar: Sidecar) -> None:
-    with pytest.raises(RuntimeError), markers.start_run(out_dir="maps",
-                                                         warmup_iterations=0) as run:
+    with pytest.raises(RuntimeError), markers.start_run(out_dir="maps", warmup_iterations=0) as run:
         train(run, epochs=1, train_batches=3, val_batches=1)
         raise RuntimeError("loss is NaN")
     document = json.loads((sidecar.root / "maps" / "run.json").read_text())
@@ -276,12 +342,25 @@ def test_summary_block_is_laid_out_like_the_reference(sidecar: Sidecar) -> None:
     lines = (sidecar.split_dir() / "summary.log").read_text().splitlines()
     assert lines[0] == TITLE_LINE and len(lines[0]) == 106
     header = next(line for line in lines if line.lstrip().startswith("Phase"))
-    assert header == ("        Phase          |         Time (s)          |       GPU Time (s)"
-                      "        |    GPU Max Memory (MB)")
+    assert header == (
+        "        Phase          |         Time (s)          |       GPU Time (s)"
+        "        |    GPU Max Memory (MB)"
+    )
     labels = [line.split("|")[0].rstrip() for line in lines if "|" in line][1:13]
-    assert labels == ["Training", " Epoch", "  Iteration", "   Data loading", "   Forward",
-                      "   Backward", "   Optimization", "Validation", " Iteration",
-                      "  Data loading", "  Evaluation", "  Metrics computation"]
+    assert labels == [
+        "Training",
+        " Epoch",
+        "  Iteration",
+        "   Data loading",
+        "   Forward",
+        "   Backward",
+        "   Optimization",
+        "Validation",
+        " Iteration",
+        "  Data loading",
+        "  Evaluation",
+        "  Metrics computation",
+    ]
     training = next(line for line in lines if line.startswith("Training "))
     assert re.fullmatch(r"Training {15}\| \d\.\d\de[+-]\d\d \[1\] +\| +\|", training)
     assert all(len(line) <= 106 for line in lines)
@@ -291,8 +370,9 @@ def test_summary_block_is_laid_out_like_the_reference(sidecar: Sidecar) -> None:
     assert "Host: job processes" in "\n".join(lines)
 
 
-def test_without_endpoint_a_private_sidecar_is_started(tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_endpoint_a_private_sidecar_is_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("SIDECAR_ENDPOINT", raising=False)
     monkeypatch.chdir(tmp_path)
     with markers.start_run(out_dir="private", warmup_iterations=0) as run:
@@ -303,28 +383,50 @@ def test_without_endpoint_a_private_sidecar_is_started(tmp_path: Path,
     assert read_tsv(logs / "computational.tsv")["Training loop (s)"].notna().sum() == 2
 
 
-@pytest.mark.parametrize(("command", "status"), [
-    (["-c", "import sys; sys.exit(3)"], 3),
-    (["-c", "pass"], 0),
-])
-def test_sidecar_run_passes_the_exit_status_through(tmp_path: Path, command: list[str],
-                                                     status: int) -> None:
-    result = subprocess.run([sys.executable, "-m", "sidecar", "run", "--quiet", "--",
-                             sys.executable, *command], cwd=tmp_path, env=env(),
-                            capture_output=True, timeout=120)
+@pytest.mark.parametrize(
+    ("command", "status"),
+    [
+        (["-c", "import sys; sys.exit(3)"], 3),
+        (["-c", "pass"], 0),
+    ],
+)
+def test_sidecar_run_passes_the_exit_status_through(
+    tmp_path: Path, command: list[str], status: int
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "sidecar", "run", "--quiet", "--", sys.executable, *command],
+        cwd=tmp_path,
+        env=env(),
+        capture_output=True,
+        timeout=120,
+    )
     assert result.returncode == status, result.stderr
 
 
 def test_sidecar_run_of_a_missing_command_says_so(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "sidecar", "run", "--quiet", "--",
-                             str(tmp_path / "no-such-program")], cwd=tmp_path, env=env(),
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sidecar",
+            "run",
+            "--quiet",
+            "--",
+            str(tmp_path / "no-such-program"),
+        ],
+        cwd=tmp_path,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 127
     assert "cannot start" in result.stderr
 
 
 def test_ranks_write_their_own_files_and_the_summary_compares_them(
-        sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch) -> None:
+    sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch
+) -> None:
     runs = []
     for rank in (0, 1):  # two ranks of one job sharing the node's sidecar
         monkeypatch.setenv("RANK", str(rank))
@@ -340,8 +442,10 @@ def test_ranks_write_their_own_files_and_the_summary_compares_them(
     assert "Ranks (stored rows, mean s):" in summary
     assert re.search(r"^ +0 \| +3 \|", summary, re.M)
     assert re.search(r"^ +1 \| +4 \|", summary, re.M)
-    assert json.loads((sidecar.root / "maps" / "run.json").read_text())["splits"]["0"][
-        "ranks"] == [0, 1]
+    assert json.loads((sidecar.root / "maps" / "run.json").read_text())["splits"]["0"]["ranks"] == [
+        0,
+        1,
+    ]
 
 
 def _busy(ns: int) -> int:
@@ -361,8 +465,13 @@ def test_a_fast_loop_is_counted_and_timed_whole(sidecar: Sidecar) -> None:
     iterations, warmup, cap = 30_000, 5, 50
     forward_ns: list[int] = []
     evaluation_ns: list[int] = []
-    with markers.start_run(out_dir="maps", warmup_iterations=warmup, num_measurements=cap,
-                           train_batch_size=2, val_batch_size=2) as run:
+    with markers.start_run(
+        out_dir="maps",
+        warmup_iterations=warmup,
+        num_measurements=cap,
+        train_batch_size=2,
+        val_batch_size=2,
+    ) as run:
         for i, _batch in enumerate(run.train_batches(range(iterations))):
             with run.phase("forward"):
                 forward_ns.append(_busy(10_000 * (1 + i % 3)))

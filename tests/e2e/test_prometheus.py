@@ -35,39 +35,76 @@ LOOP = marked_loop(input_s=0.003)
 
 
 def test_prometheus_scrapes_the_phase_times_and_reports_like_the_files(
-        prometheus: tuple[str, int], tmp_path: Path) -> None:
+    prometheus: tuple[str, int], tmp_path: Path
+) -> None:
     url, port = prometheus
     job, stop = start_loop_job(tmp_path, port)
     try:
         # enough scrapes of a running loop for a rate over 10 s
-        wait_for(lambda: promql(url, 'count_over_time(trainmon_phase_duration_seconds_count'
-                                '{phase="forward"}[1m]) >= 10'), 90, "10 scrapes", 0.5)
+        wait_for(
+            lambda: promql(
+                url,
+                'count_over_time(trainmon_phase_duration_seconds_count{phase="forward"}[1m]) >= 10',
+            ),
+            90,
+            "10 scrapes",
+            0.5,
+        )
         scrape = http(f"http://127.0.0.1:{port}/metrics")
-        listening = [c.laddr for c in psutil.Process(job.pid).net_connections("tcp")
-                     if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
-        rate = promql(url, 'rate(trainmon_phase_duration_seconds_sum{phase="forward"}[10s]) '
-                      '/ rate(trainmon_phase_duration_seconds_count{phase="forward"}[10s])')
+        listening = [
+            c.laddr
+            for c in psutil.Process(job.pid).net_connections("tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr.port == port
+        ]
+        rate = promql(
+            url,
+            'rate(trainmon_phase_duration_seconds_sum{phase="forward"}[10s]) '
+            '/ rate(trainmon_phase_duration_seconds_count{phase="forward"}[10s])',
+        )
     finally:
         stop.touch()
         _, stderr = job.communicate(timeout=60)
     assert job.returncode == 0, stderr
     assert [a.ip for a in listening] == ["127.0.0.1"]  # loopback unless --metrics-addr
-    check = subprocess.run(["promtool", "check", "metrics"], input=scrape, text=True,
-                           capture_output=True, timeout=60)
+    check = subprocess.run(
+        ["promtool", "check", "metrics"], input=scrape, text=True, capture_output=True, timeout=60
+    )
     assert check.returncode == 0 and not check.stdout.strip(), check.stdout + check.stderr
 
-    table = read_tsv(tmp_path / "runs" / "job" / "training" / "split-0" / "logs"
-                     / "computational.tsv")
+    table = read_tsv(
+        tmp_path / "runs" / "job" / "training" / "split-0" / "logs" / "computational.tsv"
+    )
     forward_s = table["Forward (s)"].mean()
     assert len(rate) == 1
     assert abs(float(rate[0]["value"][1]) - forward_s) <= 0.1 * forward_s
 
-    files = subprocess.run([sys.executable, "-m", "sidecar", "report", "runs", "--out",
-                            "from-files"], cwd=tmp_path, env=env(), capture_output=True,
-                           text=True, timeout=120)
-    series = subprocess.run([sys.executable, "-m", "sidecar", "report", "--prometheus", url,
-                             "--since", "5m", "--out", "from-prometheus"], cwd=tmp_path,
-                            env=env(), capture_output=True, text=True, timeout=120)
+    files = subprocess.run(
+        [sys.executable, "-m", "sidecar", "report", "runs", "--out", "from-files"],
+        cwd=tmp_path,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    series = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sidecar",
+            "report",
+            "--prometheus",
+            url,
+            "--since",
+            "5m",
+            "--out",
+            "from-prometheus",
+        ],
+        cwd=tmp_path,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert files.returncode == 0 and series.returncode == 0, files.stderr + series.stderr
     by_files = read_tsv(tmp_path / "from-files" / "jobs.tsv").iloc[0]
     by_series = read_tsv(tmp_path / "from-prometheus" / "jobs.tsv")
@@ -92,9 +129,25 @@ def test_a_taken_metrics_port_is_said_once_and_the_run_goes_on(tmp_path: Path) -
         (tmp_path / "stop").touch()  # the loop ends at once
         began = time.monotonic()
         result = subprocess.run(
-            [sys.executable, "-m", "sidecar", "run", "--metrics-port", str(port), "--",
-             sys.executable, "loop.py", "runs/job", "stop"], cwd=tmp_path, env=env(),
-            capture_output=True, text=True, timeout=120)
+            [
+                sys.executable,
+                "-m",
+                "sidecar",
+                "run",
+                "--metrics-port",
+                str(port),
+                "--",
+                sys.executable,
+                "loop.py",
+                "runs/job",
+                "stop",
+            ],
+            cwd=tmp_path,
+            env=env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stderr.splitlines() if "metrics" in line]
     assert len(lines) == 1 and f"cannot serve on 127.0.0.1:{port}" in lines[0], lines
@@ -116,30 +169,62 @@ FINITE = textwrap.dedent("""
 
 
 def test_a_run_that_ended_is_reported_with_its_status_and_end_while_still_exported(
-        serve: Callable[..., Sidecar], short_tmp: Path) -> None:
+    serve: Callable[..., Sidecar], short_tmp: Path
+) -> None:
     target = free_port()
     sidecar = serve(args=["--metrics-port", str(target)])
-    with prometheus_server(short_tmp, textwrap.dedent(f"""
+    with prometheus_server(
+        short_tmp,
+        textwrap.dedent(f"""
         global: {{scrape_interval: 1s, evaluation_interval: 1s}}
         scrape_configs:
           - job_name: trainmon
             static_configs: [{{targets: ["127.0.0.1:{target}"]}}]
-    """)) as url:
+    """),
+    ) as url:
         (short_tmp / "finite.py").write_text(FINITE)
-        job = subprocess.run([sys.executable, "finite.py", "maps"], cwd=short_tmp,
-                             env=env(SIDECAR_ENDPOINT=sidecar.endpoint), capture_output=True,
-                             text=True, timeout=120)
+        job = subprocess.run(
+            [sys.executable, "finite.py", "maps"],
+            cwd=short_tmp,
+            env=env(SIDECAR_ENDPOINT=sidecar.endpoint),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert job.returncode == 0, job.stderr
-        wait_for(lambda: run_json(sidecar.root / "maps").get("end_unix"), 60,
-                 "run.json with the run's end")
+        wait_for(
+            lambda: run_json(sidecar.root / "maps").get("end_unix"),
+            60,
+            "run.json with the run's end",
+        )
         meta = run_json(sidecar.root / "maps")
         # the daemon goes on exporting the ended run; a scrape after its end has it
-        wait_for(lambda: promql(url, 'trainmon_run_status{status="completed"} == 1'), 60,
-                 "a scrape of the completed run", 0.5)
+        wait_for(
+            lambda: promql(url, 'trainmon_run_status{status="completed"} == 1'),
+            60,
+            "a scrape of the completed run",
+            0.5,
+        )
         assert promql(url, 'trainmon_phase_duration_seconds_sum{phase="training"}')
-        report = subprocess.run([sys.executable, "-m", "sidecar", "report", "--prometheus",
-                                 url, "--since", "5m", "--out", "out"], cwd=short_tmp,
-                                env=env(), capture_output=True, text=True, timeout=120)
+        report = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "sidecar",
+                "report",
+                "--prometheus",
+                url,
+                "--since",
+                "5m",
+                "--out",
+                "out",
+            ],
+            cwd=short_tmp,
+            env=env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert report.returncode == 0, report.stderr
     rows = read_tsv(short_tmp / "out" / "jobs.tsv")
     assert len(rows) == 1

@@ -44,8 +44,12 @@ def fenced(language: str) -> list[tuple[str, str]]:
 
 def expressions() -> list[tuple[str, str]]:
     """(document name, expression) of every PromQL expression the docs show."""
-    return [(doc, part.strip()) for doc, block in fenced("promql")
-            for part in re.split(r"\n\s*\n", block) if part.strip()]
+    return [
+        (doc, part.strip())
+        for doc, block in fenced("promql")
+        for part in re.split(r"\n\s*\n", block)
+        if part.strip()
+    ]
 
 
 def _key(expression: str) -> str:
@@ -116,44 +120,65 @@ def _gpu_hours_by_user(result: Result, files: dict[str, float]) -> None:
 
 
 # what each expression of the docs returns, by its text without whitespace
-CHECKS: dict[str, Callable[[Result, dict[str, float]], None]] = {_key(e): check for e, check in (
-    ('rate(trainmon_phase_duration_seconds_sum{phase="forward"}[5m]) '
-     '/ rate(trainmon_phase_duration_seconds_count{phase="forward"}[5m])', _forward),
-    ("avg_over_time(trainmon_gpu_utilization_ratio[15m]) < 0.1", _idle),
-    ('(rate(trainmon_phase_duration_seconds_sum{phase="train_loading",rank="0"}[10m]) '
-     '/ rate(trainmon_phase_duration_seconds_count{phase="train_loading",rank="0"}[10m])) '
-     '/ ignoring(phase) '
-     '(rate(trainmon_phase_duration_seconds_sum{phase="train_loop",rank="0"}[10m]) '
-     '/ rate(trainmon_phase_duration_seconds_count{phase="train_loop",rank="0"}[10m])) '
-     '> 0.3', _input_bound),
-    ('irate(trainmon_samples_total{loop="train"}[1m])', _throughput),
-    ("trainmon_run_status == 1", _status),
-    ('trainmon_goodput_seconds{part="productive"} / ignoring(part) '
-     'trainmon_goodput_wall_seconds', _goodput_share),
-    ('sum by (user, part) (trainmon_goodput_seconds{part!="productive"}) / 3600',
-     _badput_by_user),
-    ('sum by (phase) (rate(trainmon_phase_duration_seconds_sum'
-     '{phase=~"train_loading|forward|backward|optimization"}[5m])) / ignoring(phase) '
-     'group_left sum(rate(trainmon_phase_duration_seconds_sum{phase="train_loop"}[5m]))',
-     _phase_shares),
-    ("sum by (user) (max by (user, run) (trainmon_goodput_wall_seconds) * on (run) "
-     "group_left count by (run) (trainmon_gpu_utilization_ratio)) / 3600",
-     _gpu_hours_by_user),
-)}
+CHECKS: dict[str, Callable[[Result, dict[str, float]], None]] = {
+    _key(e): check
+    for e, check in (
+        (
+            'rate(trainmon_phase_duration_seconds_sum{phase="forward"}[5m]) '
+            '/ rate(trainmon_phase_duration_seconds_count{phase="forward"}[5m])',
+            _forward,
+        ),
+        ("avg_over_time(trainmon_gpu_utilization_ratio[15m]) < 0.1", _idle),
+        (
+            '(rate(trainmon_phase_duration_seconds_sum{phase="train_loading",rank="0"}[10m]) '
+            '/ rate(trainmon_phase_duration_seconds_count{phase="train_loading",rank="0"}[10m])) '
+            "/ ignoring(phase) "
+            '(rate(trainmon_phase_duration_seconds_sum{phase="train_loop",rank="0"}[10m]) '
+            '/ rate(trainmon_phase_duration_seconds_count{phase="train_loop",rank="0"}[10m])) '
+            "> 0.3",
+            _input_bound,
+        ),
+        ('irate(trainmon_samples_total{loop="train"}[1m])', _throughput),
+        ("trainmon_run_status == 1", _status),
+        (
+            'trainmon_goodput_seconds{part="productive"} / ignoring(part) '
+            "trainmon_goodput_wall_seconds",
+            _goodput_share,
+        ),
+        (
+            'sum by (user, part) (trainmon_goodput_seconds{part!="productive"}) / 3600',
+            _badput_by_user,
+        ),
+        (
+            "sum by (phase) (rate(trainmon_phase_duration_seconds_sum"
+            '{phase=~"train_loading|forward|backward|optimization"}[5m])) / ignoring(phase) '
+            'group_left sum(rate(trainmon_phase_duration_seconds_sum{phase="train_loop"}[5m]))',
+            _phase_shares,
+        ),
+        (
+            "sum by (user) (max by (user, run) (trainmon_goodput_wall_seconds) * on (run) "
+            "group_left count by (run) (trainmon_gpu_utilization_ratio)) / 3600",
+            _gpu_hours_by_user,
+        ),
+    )
+}
 
 
 def scrape_config() -> dict[str, Any]:
     """The docs' scrape config (every copy of it in the docs must be the same)."""
-    configs = [yaml.safe_load(block) for _, block in fenced("yaml") if "scrape_configs"
-               in block]
+    configs = [yaml.safe_load(block) for _, block in fenced("yaml") if "scrape_configs" in block]
     assert configs and all(c == configs[0] for c in configs), configs
     return configs[0]
 
 
 def test_the_docs_scrape_config_passes_promtool(tmp_path: Path) -> None:
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(scrape_config()))
-    check = subprocess.run(["promtool", "check", "config", str(tmp_path / "prometheus.yml")],
-                           capture_output=True, text=True, timeout=60)
+    check = subprocess.run(
+        ["promtool", "check", "config", str(tmp_path / "prometheus.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert check.returncode == 0, check.stdout + check.stderr
 
 
@@ -171,10 +196,30 @@ def test_every_promql_expression_of_the_docs_returns_what_they_say(tmp_path: Pat
     stop = tmp_path / "stop"
     with prometheus_server(tmp_path, yaml.safe_dump(config)) as url:
         job = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.launcher", "--fake-nvml",
-             "busy_and_idle_gpu", "--", "run", "--metrics-port", str(target), "--interval",
-             "0.2", "--", sys.executable, "loop.py", "runs/job", str(stop)], cwd=tmp_path,
-            env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            [
+                sys.executable,
+                "-m",
+                "tests.support.launcher",
+                "--fake-nvml",
+                "busy_and_idle_gpu",
+                "--",
+                "run",
+                "--metrics-port",
+                str(target),
+                "--interval",
+                "0.2",
+                "--",
+                sys.executable,
+                "loop.py",
+                "runs/job",
+                str(stop),
+            ],
+            cwd=tmp_path,
+            env=env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             # the docs' scrape interval: every expression has data after two scrapes
             deadline = time.monotonic() + 180
@@ -191,16 +236,23 @@ def test_every_promql_expression_of_the_docs_returns_what_they_say(tmp_path: Pat
     assert job.returncode == 0, stderr
     logs = tmp_path / "runs" / "job" / "training" / "split-0" / "logs"
     table = read_tsv(logs / "computational.tsv")
-    report = subprocess.run([sys.executable, "-m", "sidecar", "report", "runs", "--out", "r"],
-                            cwd=tmp_path, env=env(), capture_output=True, text=True,
-                            timeout=120)
+    report = subprocess.run(
+        [sys.executable, "-m", "sidecar", "report", "runs", "--out", "r"],
+        cwd=tmp_path,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert report.returncode == 0, report.stderr
     row = read_tsv(tmp_path / "r" / "jobs.tsv").iloc[0]
-    files = {"forward_s": table["Forward (s)"].mean(),
-             "loading_share": table["Training data loading (s)"].mean()
-             / table["Training loop (s)"].mean(),
-             "throughput": row["train throughput (samples/s)"],
-             "user": row["user"]}
+    files = {
+        "forward_s": table["Forward (s)"].mean(),
+        "loading_share": table["Training data loading (s)"].mean()
+        / table["Training loop (s)"].mean(),
+        "throughput": row["train throughput (samples/s)"],
+        "user": row["user"],
+    }
     for doc, expression in shown:
         try:
             CHECKS[_key(expression)](results[expression], files)

@@ -51,8 +51,11 @@ TWO_SPLITS = textwrap.dedent("""
                     with run.phase("forward"):
                         time.sleep(sleep_s)
 """)
-FAST = ("cluster/alice/fast", [str(JOB), "--iters", "40", "--sleep", "0.005"],
-        ["--fake-nvml", "two_busy_gpus"])
+FAST = (
+    "cluster/alice/fast",
+    [str(JOB), "--iters", "40", "--sleep", "0.005"],
+    ["--fake-nvml", "two_busy_gpus"],
+)
 SLOW_INPUT = ("cluster/bob/2026/week1/input", ["input_bound.py"], [])
 FAILED = ("cluster/failed", [str(JOB), "--raise-at-epoch", "1", "--iters", "10"], [])
 SPLITS = ("cluster/carol/two-splits", ["two_splits.py"], [])
@@ -61,11 +64,27 @@ SPLITS = ("cluster/carol/two-splits", ["two_splits.py"], [])
 def _sidecar_run(root: Path, out_dir: str, args: list[str], seams: list[str]) -> int:
     """``sidecar run`` of a job (through the test launcher: ``seams`` are its options)."""
     return subprocess.run(
-        [sys.executable, "-m", "tests.support.launcher", *seams, "--", "run", "--quiet",
-         "--interval", "0.2", "--", sys.executable, *args,
-         *([] if args[0].endswith("s.py") or args[0] == "input_bound.py" else ["--out-dir"]),
-         out_dir],
-        cwd=root, env=env(), capture_output=True, timeout=120).returncode
+        [
+            sys.executable,
+            "-m",
+            "tests.support.launcher",
+            *seams,
+            "--",
+            "run",
+            "--quiet",
+            "--interval",
+            "0.2",
+            "--",
+            sys.executable,
+            *args,
+            *([] if args[0].endswith("s.py") or args[0] == "input_bound.py" else ["--out-dir"]),
+            out_dir,
+        ],
+        cwd=root,
+        env=env(),
+        capture_output=True,
+        timeout=120,
+    ).returncode
 
 
 @pytest.fixture(scope="module")
@@ -92,9 +111,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def report(cluster: Path) -> tuple[Path, subprocess.CompletedProcess[str]]:
     out = cluster / "out"
-    result = subprocess.run([sys.executable, "-m", "sidecar", "report", "cluster",
-                             "--out", str(out)], cwd=cluster, env=env(), capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "sidecar", "report", "cluster", "--out", str(out)],
+        cwd=cluster,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     return out, result
 
@@ -116,8 +140,7 @@ def _check_row(row: pd.Series, folder: Path) -> None:
     summary = (split / "summary.log").read_text()
     comp = read_tsv(split / "logs" / "computational.tsv")
     assert row["run_id"] == meta["run_id"] and len(meta["run_id"]) == 32
-    assert (row["host"], row["user"], row["status"]) == (meta["host"], meta["user"],
-                                                         meta["status"])
+    assert (row["host"], row["user"], row["status"]) == (meta["host"], meta["user"], meta["status"])
     assert row["start"] == meta["start"] and row["end"] == meta["end"]
     assert _close(row["wall (s)"], meta["end_unix"] - meta["start_unix"])
     assert (row["cause"] if isinstance(row["cause"], str) else None) == meta["cause"]
@@ -131,8 +154,9 @@ def _check_row(row: pd.Series, folder: Path) -> None:
     else:
         assert math.isnan(row["val throughput (samples/s)"])
     # summary.log prints these rounded: 0.1 % and whole MB
-    assert abs(row["CPU mean (%)"] - _summary_number(summary, r"CPU \(%\) +mean ([0-9.]+)")) \
-        <= 0.051
+    assert (
+        abs(row["CPU mean (%)"] - _summary_number(summary, r"CPU \(%\) +mean ([0-9.]+)")) <= 0.051
+    )
     assert abs(row["memory peak (MB)"] - _summary_number(summary, r"RSS peak ([0-9]+)")) <= 0.51
     assert row["records dropped"] == _summary_number(summary, r"dropped ([0-9]+) \(not sent")
     gpus = re.findall(r"^GPU \d+: '[^']*' (\S+)", summary, re.M)
@@ -145,23 +169,30 @@ def _check_row(row: pd.Series, folder: Path) -> None:
         assert abs(row["power mean (W)"] - sum(power)) <= 0.051 * len(power)
         used = re.findall(r"Memory used \(MB\) +peak ([0-9]+) of ([0-9]+)", summary)
         assert abs(row["GPU memory peak (MB)"] - max(float(u) for u, _ in used)) <= 0.51
-        assert _close(row["GPU memory peak (%)"],
-                      max(float(u) / float(t) * 100 for u, t in used), rel=1e-3)
+        assert _close(
+            row["GPU memory peak (%)"], max(float(u) / float(t) * 100 for u, t in used), rel=1e-3
+        )
         energy = [float(e) for e in re.findall(r"Energy \(J\) +([0-9.e+-]+)", summary)]
         assert _close(row["energy (kWh)"], sum(energy) / 3.6e6, rel=1e-3)
     else:
         assert math.isnan(row["GPU utilization mean (%)"]) and row["GPU-hours"] == 0
-    expected = [name for name, on in (
-        ("idle-gpu", gpus and row["GPU utilization mean (%)"] < 10),
-        ("input-bound", share > 30),
-        ("memory-pressure", gpus and row["GPU memory peak (%)"] > 90),
-        ("failed", meta["status"] == "failed"),
-        ("incomplete", meta["status"] == "incomplete")) if on]
+    expected = [
+        name
+        for name, on in (
+            ("idle-gpu", gpus and row["GPU utilization mean (%)"] < 10),
+            ("input-bound", share > 30),
+            ("memory-pressure", gpus and row["GPU memory peak (%)"] > 90),
+            ("failed", meta["status"] == "failed"),
+            ("incomplete", meta["status"] == "incomplete"),
+        )
+        if on
+    ]
     assert (row["flags"] if isinstance(row["flags"], str) else "") == ",".join(expected)
 
 
 def test_jobs_tsv_figures_come_from_the_folders_own_files(
-        cluster: Path, report: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    cluster: Path, report: tuple[Path, subprocess.CompletedProcess[str]]
+) -> None:
     out, result = report
     jobs = read_tsv(out / "jobs.tsv")
     assert list(jobs.columns) == JOB_COLUMNS
@@ -181,7 +212,8 @@ def test_jobs_tsv_figures_come_from_the_folders_own_files(
 
 
 def test_a_run_of_two_splits_weighs_them_by_training_time(
-        cluster: Path, report: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    cluster: Path, report: tuple[Path, subprocess.CompletedProcess[str]]
+) -> None:
     out, _ = report
     row = read_tsv(out / "jobs.tsv").set_index("folder").loc[SPLITS[0]]
     folder = cluster / SPLITS[0]
@@ -190,17 +222,23 @@ def test_a_run_of_two_splits_weighs_them_by_training_time(
     for split in ("0", "1"):
         logs = folder / "training" / f"split-{split}"
         weights.append(meta["splits"][split]["training_s"])
-        throughputs.append(_summary_number((logs / "summary.log").read_text(),
-                                           r"^Throughput: ([0-9.]+) images/s"))
+        throughputs.append(
+            _summary_number((logs / "summary.log").read_text(), r"^Throughput: ([0-9.]+) images/s")
+        )
         comp = read_tsv(logs / "logs" / "computational.tsv")
-        shares.append(comp["Training data loading (s)"].mean()
-                      / comp["Training loop (s)"].mean() * 100)
+        shares.append(
+            comp["Training data loading (s)"].mean() / comp["Training loop (s)"].mean() * 100
+        )
     assert throughputs[0] > 1.2 * throughputs[1]  # the splits differ: the weights matter
     total = sum(weights)
-    assert _close(row["train throughput (samples/s)"],
-                  sum(w * t for w, t in zip(weights, throughputs, strict=True)) / total)
-    assert _close(row["data loading share (%)"],
-                  sum(w * s for w, s in zip(weights, shares, strict=True)) / total)
+    assert _close(
+        row["train throughput (samples/s)"],
+        sum(w * t for w, t in zip(weights, throughputs, strict=True)) / total,
+    )
+    assert _close(
+        row["data loading share (%)"],
+        sum(w * s for w, s in zip(weights, shares, strict=True)) / total,
+    )
     # run.json: from the earliest split's start to the latest split's end
     starts = [meta["splits"][k]["start_unix"] for k in ("0", "1")]
     ends = [meta["splits"][k]["end_unix"] for k in ("0", "1")]
@@ -209,8 +247,7 @@ def test_a_run_of_two_splits_weighs_them_by_training_time(
     assert row["run_id"] == meta["splits"]["0"]["run_id"] != meta["splits"]["1"]["run_id"]
 
 
-def test_gpus_and_summary_tables(report: tuple[Path, subprocess.CompletedProcess[str]]
-                                 ) -> None:
+def test_gpus_and_summary_tables(report: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
     out, _ = report
     jobs = read_tsv(out / "jobs.tsv")
     gpus = read_tsv(out / "gpus.tsv")
@@ -222,16 +259,22 @@ def test_gpus_and_summary_tables(report: tuple[Path, subprocess.CompletedProcess
     assert _close(user["GPU-hours"], jobs["GPU-hours"].sum())
     model = summary.loc[("GPU model", "NVIDIA Fake 0, NVIDIA Fake 1")]
     assert model["jobs"] == 1
-    assert _close(model["GPU utilization mean (%)"],
-                  jobs["GPU utilization mean (%)"].dropna().iloc[0])
+    assert _close(
+        model["GPU utilization mean (%)"], jobs["GPU utilization mean (%)"].dropna().iloc[0]
+    )
 
 
 def test_progress_bar_on_a_terminal_only(cluster: Path, tmp_path: Path) -> None:
     leader, follower = os.openpty()
     try:
-        result = subprocess.run([sys.executable, "-m", "sidecar", "report", "cluster",
-                                 "--out", str(tmp_path)], cwd=cluster, env=env(),
-                                stdout=subprocess.DEVNULL, stderr=follower, timeout=120)
+        result = subprocess.run(
+            [sys.executable, "-m", "sidecar", "report", "cluster", "--out", str(tmp_path)],
+            cwd=cluster,
+            env=env(),
+            stdout=subprocess.DEVNULL,
+            stderr=follower,
+            timeout=120,
+        )
         os.close(follower)
         follower = -1
         shown = b""
@@ -252,15 +295,26 @@ def test_progress_bar_on_a_terminal_only(cluster: Path, tmp_path: Path) -> None:
 
 
 def test_report_html_draws_offline_in_chromium(
-        report: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path) -> None:
+    report: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path
+) -> None:
     out, _ = report
     page = (out / "report.html").read_text()
     assert not re.search(r"""<(script|link|img)[^>]*\s(src|href)=""", page)
     assert shutil.which(CHROMIUM), f"{CHROMIUM} is needed (Debian package; .ci/run installs it)"
-    offline = ["--no-sandbox", "--headless", "--disable-gpu", "--hide-scrollbars",
-               "--host-resolver-rules=MAP * ~NOTFOUND", "--virtual-time-budget=10000"]
-    dom = subprocess.run([CHROMIUM, *offline, "--dump-dom", (out / "report.html").as_uri()],
-                         capture_output=True, text=True, timeout=120).stdout
+    offline = [
+        "--no-sandbox",
+        "--headless",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        "--host-resolver-rules=MAP * ~NOTFOUND",
+        "--virtual-time-budget=10000",
+    ]
+    dom = subprocess.run(
+        [CHROMIUM, *offline, "--dump-dom", (out / "report.html").as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
     assert 'data-drawn="yes"' in dom  # our script ran to its end
     # GPU-hours per user and per model and the phase breakdown as bars, utilization (the
     # one job with GPUs) as a uPlot line plot
@@ -272,32 +326,53 @@ def test_report_html_draws_offline_in_chromium(
     assert dom.count("<tr>") >= 1 + 3 + 1 + 2  # jobs, gpus, ... rows drawn from the data
     assert not re.search(r"""\s(src|href)="https?:""", dom)
     shot = tmp_path / "report.png"
-    subprocess.run([CHROMIUM, *offline, f"--screenshot={shot}", "--window-size=1200,900",
-                    (out / "report.html").as_uri()], capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            CHROMIUM,
+            *offline,
+            f"--screenshot={shot}",
+            "--window-size=1200,900",
+            (out / "report.html").as_uri(),
+        ],
+        capture_output=True,
+        timeout=120,
+    )
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
 
 
 def test_no_run_folder_gives_empty_tables_and_a_missing_path_exit_2(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     run = [sys.executable, "-m", "sidecar", "report"]
-    result = subprocess.run([*run, "empty", "--out", "out"], cwd=tmp_path, env=env(),
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [*run, "empty", "--out", "out"],
+        cwd=tmp_path,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
-    assert (tmp_path / "out" / "jobs.tsv").read_text().split("\n") == [
-        "\t".join(JOB_COLUMNS), ""]
-    missing = subprocess.run([*run, "nowhere"], cwd=tmp_path, env=env(), capture_output=True,
-                             text=True, timeout=120)
+    assert (tmp_path / "out" / "jobs.tsv").read_text().split("\n") == ["\t".join(JOB_COLUMNS), ""]
+    missing = subprocess.run(
+        [*run, "nowhere"], cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=120
+    )
     assert missing.returncode == 2
     assert missing.stderr.strip() == "sidecar report: no such folder: nowhere"
 
 
 def test_a_split_without_samples_is_reported_without_resource_figures(
-        cluster: Path, tmp_path: Path) -> None:
+    cluster: Path, tmp_path: Path
+) -> None:
     shutil.copytree(cluster / SLOW_INPUT[0], tmp_path / "runs" / "quick")
     (tmp_path / "runs" / "quick" / "training" / "split-0" / "logs" / "resources.tsv").unlink()
-    result = subprocess.run([sys.executable, "-m", "sidecar", "report", "runs", "--out",
-                             "out"], cwd=tmp_path, env=env(), capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "sidecar", "report", "runs", "--out", "out"],
+        cwd=tmp_path,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0 and "skipped" not in result.stderr, result.stderr
     row = read_tsv(tmp_path / "out" / "jobs.tsv").iloc[0]
     assert math.isnan(row["CPU mean (%)"]) and math.isnan(row["memory peak (MB)"])
@@ -305,7 +380,8 @@ def test_a_split_without_samples_is_reported_without_resource_figures(
 
 
 def test_folders_of_older_and_newer_versions_are_read_not_skipped(
-        cluster: Path, tmp_path: Path) -> None:
+    cluster: Path, tmp_path: Path
+) -> None:
     """resources.tsv of another version: an older one without the session column, a newer
     one with a column appended. Both read, with the figures of the original."""
     for name in ("now", "older", "newer"):
@@ -316,14 +392,23 @@ def test_folders_of_older_and_newer_versions_are_read_not_skipped(
     newer = read_tsv(tmp_path / "runs" / "newer" / logs)
     newer["pcie rx (MB/s)"] = 12.5
     newer.to_csv(tmp_path / "runs" / "newer" / logs, sep="\t", index=False)
-    result = subprocess.run([sys.executable, "-m", "sidecar", "report", "runs", "--out",
-                             "out"], cwd=tmp_path, env=env(), capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "sidecar", "report", "runs", "--out", "out"],
+        cwd=tmp_path,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0 and "skipped" not in result.stderr, result.stderr
     jobs = read_tsv(tmp_path / "out" / "jobs.tsv").set_index("folder")
     assert sorted(jobs.index) == ["runs/newer", "runs/now", "runs/older"]
-    for column in ("power mean (W)", "GPU utilization mean (%)", "CPU mean (%)",
-                   "memory peak (MB)"):
+    for column in (
+        "power mean (W)",
+        "GPU utilization mean (%)",
+        "CPU mean (%)",
+        "memory peak (MB)",
+    ):
         now = jobs.loc["runs/now", column]
         assert not math.isnan(now), column
         assert _close(jobs.loc["runs/older", column], now), column

@@ -42,9 +42,13 @@ def _folders(root: Path, jobs: int, gpus: int) -> Path:
 
 
 def _report(root: Path, runs: Path) -> Path:
-    result = subprocess.run([sys.executable, "-m", "sidecar", "report", str(runs), "--out",
-                             str(root / "out")], env=env(), capture_output=True, text=True,
-                            timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "sidecar", "report", str(runs), "--out", str(root / "out")],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     return root / "out" / "report.html"
 
@@ -53,28 +57,58 @@ def _check(page: Path) -> dict[str, Any]:
     """The page's layout check as Chromium's DOM holds it after the scripts ran."""
     assert shutil.which(CHROMIUM), f"{CHROMIUM} is needed (Debian package; .ci/run installs it)"
     dom = subprocess.run(
-        [CHROMIUM, "--no-sandbox", "--headless", "--disable-gpu", "--hide-scrollbars",
-         "--window-size=1400,1000", "--virtual-time-budget=30000", "--dump-dom",
-         page.as_uri()], capture_output=True, text=True, timeout=300).stdout
+        [
+            CHROMIUM,
+            "--no-sandbox",
+            "--headless",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--window-size=1400,1000",
+            "--virtual-time-budget=30000",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    ).stdout
     assert 'data-drawn="yes"' in dom, dom[-2000:]
-    match = re.search(r'<div id="layout-check" hidden="" data-texts="(\d+)" '
-                      r'data-overlaps="(\d+)" data-empty="(\d+)" data-cut="(\d+)">(.*?)</div>',
-                      dom)
+    match = re.search(
+        r'<div id="layout-check" hidden="" data-texts="(\d+)" '
+        r'data-overlaps="(\d+)" data-empty="(\d+)" data-cut="(\d+)">(.*?)</div>',
+        dom,
+    )
     assert match, "no layout check in the page"
     texts, overlaps, empty, cut = (int(g) for g in match.groups()[:4])
-    found = json.loads(match[5].replace("&amp;", "&").replace("&lt;", "<")
-                       .replace("&gt;", ">").replace("&quot;", '"'))
-    return {**found, "texts": texts, "n_overlaps": overlaps, "n_empty": empty, "n_cut": cut,
-            "gpu_notes": dom.count('class="no-data">No GPU data'), "dom": dom}
+    found = json.loads(
+        match[5]
+        .replace("&amp;", "&")
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", '"')
+    )
+    return {
+        **found,
+        "texts": texts,
+        "n_overlaps": overlaps,
+        "n_empty": empty,
+        "n_cut": cut,
+        "gpu_notes": dom.count('class="no-data">No GPU data'),
+        "dom": dom,
+    }
 
 
 @pytest.mark.parametrize(("jobs", "gpus"), [(3, 0), (30, 2), (2000, 2)])
-def test_the_page_reads_well_from_a_few_jobs_to_thousands(tmp_path: Path, jobs: int,
-                                                          gpus: int) -> None:
+def test_the_page_reads_well_from_a_few_jobs_to_thousands(
+    tmp_path: Path, jobs: int, gpus: int
+) -> None:
     check = _check(_report(tmp_path, _folders(tmp_path, jobs, gpus)))
     assert check["texts"] > 100  # the check saw the page's text
     assert (check["n_overlaps"], check["n_empty"], check["n_cut"]) == (0, 0, 0), (
-        check["overlaps"], check["empty"], check["cut"])
+        check["overlaps"],
+        check["empty"],
+        check["cut"],
+    )
     if gpus == 0:  # GPU-hours per user and per model, utilization, the GPUs table
         assert check["gpu_notes"] == 4
     else:
@@ -83,7 +117,11 @@ def test_the_page_reads_well_from_a_few_jobs_to_thousands(tmp_path: Path, jobs: 
     # status, wall time and flags beside the job's name, the long command folded
     head = re.search(r'id="jobs".*?<thead><tr>(.*?)</tr>', check["dom"], re.S)
     assert head and re.findall(r"<th[^>]*>([^<]*)</th>", head[1])[:4] == [
-        "job", "status", "wall (s)", "flags"]
+        "job",
+        "status",
+        "wall (s)",
+        "flags",
+    ]
     assert 'class="text fold" title="python train.py --option-0' in check["dom"]
 
 
@@ -96,6 +134,9 @@ def test_the_check_finds_an_overlap_and_a_silent_empty_plot(tmp_path: Path) -> N
     page.write_text(broken)
     check = _check(page)
     assert check["n_empty"] >= 3, check["empty"]
-    page.write_text(text.replace("</style>", "td { margin-left: -3em; display: block; "
-                                 "float: left; }</style>", 1))
+    page.write_text(
+        text.replace(
+            "</style>", "td { margin-left: -3em; display: block; float: left; }</style>", 1
+        )
+    )
     assert _check(page)["n_overlaps"] > 0

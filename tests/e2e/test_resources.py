@@ -32,9 +32,22 @@ def test_sidecar_run_samples_gpus_and_attributes_them_to_phases(tmp_path: Path) 
     script = tmp_path / "loop.py"
     script.write_text(LOOP)
     result = subprocess.run(
-        sidecar_command("run", "--quiet", "--interval", "0.2", "--", sys.executable,
-                        str(script), seams=["--fake-nvml", "two_busy_gpus"]),
-        cwd=tmp_path, capture_output=True, text=True, env=env(), timeout=120)
+        sidecar_command(
+            "run",
+            "--quiet",
+            "--interval",
+            "0.2",
+            "--",
+            sys.executable,
+            str(script),
+            seams=["--fake-nvml", "two_busy_gpus"],
+        ),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env(),
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     split = tmp_path / "maps" / "training" / "split-0"
     summary = (split / "summary.log").read_text()

@@ -30,28 +30,58 @@ def _phases(out: Path) -> pd.DataFrame:
 
 
 def _time_account(summary: str) -> dict[str, float]:
-    match = re.search(r"Training time: effective (\S+) s over (\d+) sessions?; wall (\S+) s\n"
-                      r" +including downtime (\S+) s and redone work (\S+) s", summary)
+    match = re.search(
+        r"Training time: effective (\S+) s over (\d+) sessions?; wall (\S+) s\n"
+        r" +including downtime (\S+) s and redone work (\S+) s",
+        summary,
+    )
     assert match, summary
     effective, sessions, wall, downtime, redone = match.groups()
-    return {"effective": float(effective), "sessions": int(sessions), "wall": float(wall),
-            "downtime": float(downtime), "redone": float(redone)}
+    return {
+        "effective": float(effective),
+        "sessions": int(sessions),
+        "wall": float(wall),
+        "downtime": float(downtime),
+        "redone": float(redone),
+    }
 
 
 def _streaming_count(summary: str, label: str) -> int:
-    streaming = summary[summary.index("All post-warmup measurements"):]
+    streaming = summary[summary.index("All post-warmup measurements") :]
     return int(re.search(rf"^\s*{label}\s+\|[^\[]*\[(\d+)\]", streaming, re.M)[1])
 
 
 def test_resume_after_sigkill_continues_every_count(serve, short_tmp: Path) -> None:
     sidecar = serve()
     out = short_tmp / "root" / "resumed"
-    common = ["--out-dir", str(out), "--iters", str(ITERS), "--val-iters", str(VAL_ITERS),
-              "--warmup", str(WARMUP), "--cap", str(CAP), "--sleep", "0.01"]
-    first = start_job(sidecar.endpoint, short_tmp, *common, "--epochs", "1000", "--gpu",
-                      "GPU-a:A", "--progress", str(short_tmp / "p1.json"))
-    wait_for(lambda: progress(short_tmp / "p1.json").get("checkpoints_ok", 0) >= 2, 60,
-             "two checkpoints")
+    common = [
+        "--out-dir",
+        str(out),
+        "--iters",
+        str(ITERS),
+        "--val-iters",
+        str(VAL_ITERS),
+        "--warmup",
+        str(WARMUP),
+        "--cap",
+        str(CAP),
+        "--sleep",
+        "0.01",
+    ]
+    first = start_job(
+        sidecar.endpoint,
+        short_tmp,
+        *common,
+        "--epochs",
+        "1000",
+        "--gpu",
+        "GPU-a:A",
+        "--progress",
+        str(short_tmp / "p1.json"),
+    )
+    wait_for(
+        lambda: progress(short_tmp / "p1.json").get("checkpoints_ok", 0) >= 2, 60, "two checkpoints"
+    )
     time.sleep(0.3)  # training after the checkpoint: redone after the resume
     killed_unix = time.time()
     first.send_signal(signal.SIGKILL)
@@ -62,8 +92,18 @@ def test_resume_after_sigkill_continues_every_count(serve, short_tmp: Path) -> N
     saved_iterations = saved["stored_iterations"]["train"]
     saved_counted = saved["series"][str(markers.wire.TRAINING_LOOP)]["wall"][0]
     time.sleep(1.0)  # downtime
-    second = start_job(sidecar.endpoint, short_tmp, *common, "--epochs", "2", "--resume",
-                       "--gpu", "GPU-b:B", "--progress", str(short_tmp / "p2.json"))
+    second = start_job(
+        sidecar.endpoint,
+        short_tmp,
+        *common,
+        "--epochs",
+        "2",
+        "--resume",
+        "--gpu",
+        "GPU-b:B",
+        "--progress",
+        str(short_tmp / "p2.json"),
+    )
     assert second.wait(60) == 0
     elapsed2 = progress(short_tmp / "p2.json")["elapsed_s"]
 
@@ -92,8 +132,10 @@ def test_resume_after_sigkill_continues_every_count(serve, short_tmp: Path) -> N
     assert account["downtime"] >= 0.9
     # redone: from the last checkpoint to the kill (the last records came just before it)
     assert abs(account["redone"] - (killed_unix - saved["saved_unix"])) < 0.3
-    assert abs(account["wall"] - (account["effective"] + account["downtime"]
-                                  + account["redone"])) < 0.5
+    assert (
+        abs(account["wall"] - (account["effective"] + account["downtime"] + account["redone"]))
+        < 0.5
+    )
     table_training = float(re.search(r"^Training\s+\|\s+(\S+) \[1\]", summary, re.M)[1])
     assert abs(table_training - account["effective"]) < 0.01 * account["effective"] + 0.01
 
@@ -102,16 +144,42 @@ def test_state_dict_round_trip_through_the_training_process(serve, short_tmp: Pa
     sidecar = serve()
     out = short_tmp / "root" / "own"
     kept = short_tmp / "my-checkpoint.json"
-    common = ["--out-dir", str(out), "--iters", str(ITERS), "--warmup", str(WARMUP),
-              "--gpu", "GPU-x:X"]
-    first = start_job(sidecar.endpoint, short_tmp, *common, "--epochs", "2", "--state-out",
-                      str(kept), "--progress", str(short_tmp / "p1.json"))
+    common = [
+        "--out-dir",
+        str(out),
+        "--iters",
+        str(ITERS),
+        "--warmup",
+        str(WARMUP),
+        "--gpu",
+        "GPU-x:X",
+    ]
+    first = start_job(
+        sidecar.endpoint,
+        short_tmp,
+        *common,
+        "--epochs",
+        "2",
+        "--state-out",
+        str(kept),
+        "--progress",
+        str(short_tmp / "p1.json"),
+    )
     assert first.wait(60) == 0
     saved = json.loads(kept.read_text())
     assert saved["schema"] == state.SCHEMA
     state.state_path(split_dir(out)).unlink()  # only the user's own copy is left
-    second = start_job(sidecar.endpoint, short_tmp, *common, "--epochs", "1", "--state-in",
-                       str(kept), "--progress", str(short_tmp / "p2.json"))
+    second = start_job(
+        sidecar.endpoint,
+        short_tmp,
+        *common,
+        "--epochs",
+        "1",
+        "--state-in",
+        str(kept),
+        "--progress",
+        str(short_tmp / "p2.json"),
+    )
     assert second.wait(60) == 0
     phases = _phases(out)
     assert list(phases[phases.phase == "Epoch"].epoch) == [0, 1, 2]
@@ -139,20 +207,25 @@ def test_schema_1_state_file_is_upgraded(serve, short_tmp: Path) -> None:
         for key in ("saved_unix", "downtime_s", "redone_s"):
             del rank[key]
     path.write_text(json.dumps(document))
-    assert start_job(sidecar.endpoint, short_tmp, *common, "--epochs", "1",
-                     "--resume").wait(60) == 0
+    assert (
+        start_job(sidecar.endpoint, short_tmp, *common, "--epochs", "1", "--resume").wait(60) == 0
+    )
     phases = _phases(out)
     assert list(phases[phases.phase == "Epoch"].epoch) == [0, 1]
     assert "starting this split afresh" not in sidecar.log.read_text()
 
 
-@pytest.mark.parametrize(("schema", "message"), [
-    (99, "schema 99, newer than this sidecar's"),
-    ("one", "no valid schema number"),
-    (None, "no valid schema number"),
-])
-def test_unusable_state_is_refused_with_a_clear_message(serve, short_tmp: Path, schema: object,
-                                                        message: str) -> None:
+@pytest.mark.parametrize(
+    ("schema", "message"),
+    [
+        (99, "schema 99, newer than this sidecar's"),
+        ("one", "no valid schema number"),
+        (None, "no valid schema number"),
+    ],
+)
+def test_unusable_state_is_refused_with_a_clear_message(
+    serve, short_tmp: Path, schema: object, message: str
+) -> None:
     sidecar = serve()
     out = short_tmp / "root" / "bad"
     path = state.state_path(split_dir(out))
@@ -172,11 +245,26 @@ def test_unusable_state_is_refused_with_a_clear_message(serve, short_tmp: Path, 
 
 
 def test_upgrade_fills_schema_2_fields() -> None:
-    upgraded = state.upgrade({"schema": 1, "split": 0, "settings": {}, "gpus": [],
-                              "batch_sizes": {}, "dropped": {}, "lost": {}, "rejected": 0,
-                              "ranks": {"0": {"run_start_unix": 5.0, "sessions": [
-                                  {"start_unix": 5.0, "start_ns": 0, "last_ns": 2 * 10**9,
-                                   "end_ns": None}]}}})
+    upgraded = state.upgrade(
+        {
+            "schema": 1,
+            "split": 0,
+            "settings": {},
+            "gpus": [],
+            "batch_sizes": {},
+            "dropped": {},
+            "lost": {},
+            "rejected": 0,
+            "ranks": {
+                "0": {
+                    "run_start_unix": 5.0,
+                    "sessions": [
+                        {"start_unix": 5.0, "start_ns": 0, "last_ns": 2 * 10**9, "end_ns": None}
+                    ],
+                }
+            },
+        }
+    )
     assert upgraded["schema"] == state.SCHEMA
     assert upgraded["received"] == {} and upgraded["gaps"] == []
     assert upgraded["ranks"]["0"]["saved_unix"] == 7.0

@@ -12,8 +12,9 @@ RULES = Path(__file__).parents[2] / "deploy" / "prometheus"
 
 def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
     assert shutil.which("promtool"), "promtool is needed (Debian package prometheus)"
-    return subprocess.run(["promtool", *args], cwd=RULES, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        ["promtool", *args], cwd=RULES, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_rules_check() -> None:
@@ -30,8 +31,11 @@ def test_rules_unit_tests() -> None:
 def test_every_alert_has_a_test() -> None:
     rules = (RULES / "trainmon.rules.yml").read_text()
     tests = (RULES / "trainmon.rules.test.yml").read_text()
-    alerts = [line.split(":", 1)[1].strip() for line in rules.splitlines()
-              if line.strip().startswith("- alert:")]
+    alerts = [
+        line.split(":", 1)[1].strip()
+        for line in rules.splitlines()
+        if line.strip().startswith("- alert:")
+    ]
     assert len(alerts) == 6
     for alert in alerts:
         assert f"alertname: {alert}\n" in tests, alert

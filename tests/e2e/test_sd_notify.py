@@ -25,14 +25,26 @@ def manager(short_tmp: Path) -> Iterator[Manager]:
     sock.sock.close()
 
 
-def _daemon(short_tmp: Path, extra_env: dict[str, str], *args: str,
-            seams: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+def _daemon(
+    short_tmp: Path, extra_env: dict[str, str], *args: str, seams: tuple[str, ...] = ()
+) -> subprocess.Popen[bytes]:
     (short_tmp / "root").mkdir(exist_ok=True)
     log = (short_tmp / "sidecar.log").open("ab")
     return subprocess.Popen(
-        sidecar_command("serve", "--endpoint", f"ipc://{short_tmp}/s.sock", "--root",
-                        str(short_tmp / "root"), *args, seams=seams),
-        env=env(**extra_env), stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        sidecar_command(
+            "serve",
+            "--endpoint",
+            f"ipc://{short_tmp}/s.sock",
+            "--root",
+            str(short_tmp / "root"),
+            *args,
+            seams=seams,
+        ),
+        env=env(**extra_env),
+        stdout=log,
+        stderr=log,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def _stop(process: subprocess.Popen[bytes]) -> int:
@@ -42,8 +54,7 @@ def _stop(process: subprocess.Popen[bytes]) -> int:
 
 
 def test_ready_watchdog_status_and_stopping(manager: Manager, short_tmp: Path) -> None:
-    daemon = _daemon(short_tmp, {"NOTIFY_SOCKET": str(manager.path),
-                                 "WATCHDOG_USEC": "1000000"})
+    daemon = _daemon(short_tmp, {"NOTIFY_SOCKET": str(manager.path), "WATCHDOG_USEC": "1000000"})
     try:
         ready_at = manager.until("READY=1", 30)
         assert status(f"ipc://{short_tmp}/s.sock", 5) is not None  # READY means it serves
@@ -59,9 +70,12 @@ def test_ready_watchdog_status_and_stopping(manager: Manager, short_tmp: Path) -
 
 
 def test_no_watchdog_for_another_process_and_nothing_without_notify_socket(
-        manager: Manager, short_tmp: Path) -> None:
-    daemon = _daemon(short_tmp, {"NOTIFY_SOCKET": str(manager.path),
-                                 "WATCHDOG_USEC": "1000000", "WATCHDOG_PID": "1"})
+    manager: Manager, short_tmp: Path
+) -> None:
+    daemon = _daemon(
+        short_tmp,
+        {"NOTIFY_SOCKET": str(manager.path), "WATCHDOG_USEC": "1000000", "WATCHDOG_PID": "1"},
+    )
     try:
         manager.until("READY=1", 30)
         manager.collect(1.5)
@@ -81,9 +95,13 @@ def test_no_watchdog_for_another_process_and_nothing_without_notify_socket(
 
 def test_a_hung_nvml_call_stops_the_pings(manager: Manager, short_tmp: Path) -> None:
     endpoint = f"ipc://{short_tmp}/s.sock"
-    daemon = _daemon(short_tmp, {"NOTIFY_SOCKET": str(manager.path),
-                                 "WATCHDOG_USEC": "1000000"}, "--interval", "0.2",
-                     seams=("--fake-nvml", "hanging_gpu"))
+    daemon = _daemon(
+        short_tmp,
+        {"NOTIFY_SOCKET": str(manager.path), "WATCHDOG_USEC": "1000000"},
+        "--interval",
+        "0.2",
+        seams=("--fake-nvml", "hanging_gpu"),
+    )
     stop_file = short_tmp / "stop"
     job = None
     try:
@@ -91,10 +109,23 @@ def test_a_hung_nvml_call_stops_the_pings(manager: Manager, short_tmp: Path) -> 
         manager.collect(1.5)
         assert manager.count("WATCHDOG=1", ready_at) >= 2  # idle: rounds complete
         # A job makes the samplers read the GPU: its utilization call hangs.
-        job = start_job(endpoint, short_tmp, "--out-dir", "hang", "--stop-file",
-                        str(stop_file), "--sleep", "0.01")
-        wait_for(lambda: "did not return" in (status(endpoint, 2) or {}).get(
-            "samplers", {}).get("gpu", ""), 30, "GPU sampling to stop on the hung call")
+        job = start_job(
+            endpoint,
+            short_tmp,
+            "--out-dir",
+            "hang",
+            "--stop-file",
+            str(stop_file),
+            "--sleep",
+            "0.01",
+        )
+        wait_for(
+            lambda: (
+                "did not return" in (status(endpoint, 2) or {}).get("samplers", {}).get("gpu", "")
+            ),
+            30,
+            "GPU sampling to stop on the hung call",
+        )
         manager.collect(2.4 + 1.0)  # the last round's age passes stall_s_for(0.2) = 2.4 s
         quiet_from = time.monotonic()
         manager.collect(2.0)

@@ -34,12 +34,22 @@ def test_a_refused_secret_is_said_and_counted_once(short_tmp: Path) -> None:
         wrong = shared_secret.new()
         said = {}
         for name, extra in (("wrong", {shared_secret.ENV: wrong}), ("missing", {})):
-            probe = subprocess.run([sys.executable, "-c", PROBE], cwd=short_tmp,
-                                   env=env(SIDECAR_ENDPOINT=endpoint, **extra),
-                                   capture_output=True, text=True, timeout=60)
+            probe = subprocess.run(
+                [sys.executable, "-c", PROBE],
+                cwd=short_tmp,
+                env=env(SIDECAR_ENDPOINT=endpoint, **extra),
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             said[name] = probe.stdout
-            cli = subprocess.run(sidecar_command("status", "--endpoint", endpoint),
-                                 env=env(**extra), capture_output=True, text=True, timeout=60)
+            cli = subprocess.run(
+                sidecar_command("status", "--endpoint", endpoint),
+                env=env(**extra),
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert cli.returncode != 0
             assert "no sidecar answered" not in cli.stderr, cli.stderr
             assert shared_secret.ENV in cli.stderr, cli.stderr
@@ -48,9 +58,15 @@ def test_a_refused_secret_is_said_and_counted_once(short_tmp: Path) -> None:
         assert "none connected" not in said["wrong"] + said["missing"]
         # two refused clients of their own each time (the probe, the status command), each
         # counted once, though ZeroMQ retried their handshakes many times
-        view = wait_for(lambda: (v := status(endpoint, 2.0, secret))
-                        and v["rejected_by_kind"].get("unauthenticated", 0) >= 4 and v,
-                        30, "the refused clients to be counted")
+        view = wait_for(
+            lambda: (
+                (v := status(endpoint, 2.0, secret))
+                and v["rejected_by_kind"].get("unauthenticated", 0) >= 4
+                and v
+            ),
+            30,
+            "the refused clients to be counted",
+        )
         assert view["rejected_by_kind"]["unauthenticated"] == 4, view["rejected_by_kind"]
         stop.touch()
         assert sidecar.wait(60) == 0

@@ -36,7 +36,8 @@ from tests.support.jobs.loop_job import Batch
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("useradd") is None,
-    reason="the two-user test needs root and useradd (it creates two local users)")
+    reason="the two-user test needs root and useradd (it creates two local users)",
+)
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +45,12 @@ def users() -> Iterator[tuple[str, str]]:
     """Two fresh local users (no home, no login shell); deleted afterwards."""
     names = (f"tm{os.getpid()}a", f"tm{os.getpid()}b")
     for name in names:
-        subprocess.run(["useradd", "--no-create-home", "--user-group", "--shell",
-                        "/usr/sbin/nologin", name], check=True, capture_output=True, timeout=60)
+        subprocess.run(
+            ["useradd", "--no-create-home", "--user-group", "--shell", "/usr/sbin/nologin", name],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
     try:
         yield names
     finally:
@@ -95,15 +100,20 @@ def train(endpoint: str, out_dir: str, job_id: str, stop_file: str | None = None
             if stop_file is None or Path(stop_file).exists() or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
-    return {"monitored": run.monitored, "out_dir": str(run.out_dir),
-            "warnings": [str(w.message) for w in caught]}
+    return {
+        "monitored": run.monitored,
+        "out_dir": str(run.out_dir),
+        "warnings": [str(w.message) for w in caught],
+    }
 
 
 def try_files(folder: str) -> dict[str, str]:
     """What happens when this user lists, reads and writes in ``folder``."""
     outcome = {}
-    for what, act in (("list", lambda: os.listdir(folder)),
-                      ("write", lambda: Path(folder, "intruder").write_text("x"))):
+    for what, act in (
+        ("list", lambda: os.listdir(folder)),
+        ("write", lambda: Path(folder, "intruder").write_text("x")),
+    ):
         try:
             act()
             outcome[what] = "allowed"
@@ -119,36 +129,74 @@ def runs_seen(endpoint: str) -> dict[str, Any]:
         reply = sender.request({"type": "status"}, 5.0, connect_timeout_s=5.0) or {}
     finally:
         sender.close()
-    return {"users": sorted({run["user"] for run in reply.get("runs", [])}),
-            "error": reply.get("error")}
+    return {
+        "users": sorted({run["user"] for run in reply.get("runs", [])}),
+        "error": reply.get("error"),
+    }
 
 
 def _daemon(short_tmp: Path, *args: str) -> subprocess.Popen[bytes]:
     log = (short_tmp / "sidecar.log").open("ab")
-    return subprocess.Popen(sidecar_command("serve", "--endpoint", f"ipc://{short_tmp}/s.sock",
-                                            "--root", str(short_tmp / "root"), *args),
-                            env=env(), stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+    return subprocess.Popen(
+        sidecar_command(
+            "serve",
+            "--endpoint",
+            f"ipc://{short_tmp}/s.sock",
+            "--root",
+            str(short_tmp / "root"),
+            *args,
+        ),
+        env=env(),
+        stdout=log,
+        stderr=log,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def _owners(folder: Path) -> set[int]:
     return {path.lstat().st_uid for path in [folder, *folder.rglob("*")]}
 
 
-def _job_of_alice(user: str, short_tmp: Path, endpoint: str, stop_file: Path,
-                  ) -> subprocess.Popen[bytes]:
+def _job_of_alice(
+    user: str,
+    short_tmp: Path,
+    endpoint: str,
+    stop_file: Path,
+) -> subprocess.Popen[bytes]:
     """A training loop of ``user`` started, as Slurm would, with ``SLURM_JOB_ID=41`` in
     its environment (Debian's Python and a readable copy of the markers)."""
     site = local_users.readable_markers(short_tmp / "py")
     return subprocess.Popen(
-        ["runuser", "-u", user, "--", local_users.SYSTEM_PYTHON, "-m", "jobs.loop_job",
-         "--out-dir", "maps-a", "--stop-file", str(stop_file), "--sleep", "0.01"],
-        cwd=short_tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(site),
-             "SIDECAR_ENDPOINT": endpoint, "SLURM_JOB_ID": "41"})
+        [
+            "runuser",
+            "-u",
+            user,
+            "--",
+            local_users.SYSTEM_PYTHON,
+            "-m",
+            "jobs.loop_job",
+            "--out-dir",
+            "maps-a",
+            "--stop-file",
+            str(stop_file),
+            "--sleep",
+            "0.01",
+        ],
+        cwd=short_tmp,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={
+            "PATH": os.environ["PATH"],
+            "PYTHONPATH": str(site),
+            "SIDECAR_ENDPOINT": endpoint,
+            "SLURM_JOB_ID": "41",
+        },
+    )
 
 
-@pytest.mark.skipif(bool(local_users.user_python_unavailable()),
-                    reason=str(local_users.user_python_unavailable()))
+@pytest.mark.skipif(
+    bool(local_users.user_python_unavailable()), reason=str(local_users.user_python_unavailable())
+)
 def test_two_users_are_kept_apart(users: tuple[str, str], short_tmp: Path) -> None:
     alice, bob = users
     uid = {name: pwd.getpwnam(name).pw_uid for name in users}
@@ -165,8 +213,9 @@ def test_two_users_are_kept_apart(users: tuple[str, str], short_tmp: Path) -> No
         # alice trains (job 41) while bob runs a short job and then tries her folder
         long_job = _job_of_alice(alice, short_tmp, endpoint, stop_file)
         theirs = root / alice
-        wait_for(lambda: any(r["job_id"] == "41" for r in status(endpoint, 2)["runs"]),
-                 30, "alice's run")
+        wait_for(
+            lambda: any(r["job_id"] == "41" for r in status(endpoint, 2)["runs"]), 30, "alice's run"
+        )
         # bob's jobs claim Slurm jobs they do not belong to (no SLURM_JOB_ID in their
         # environment): the ids are dropped, and the epilog of 666 leaves the run alone
         forged = os.fork()
@@ -175,17 +224,27 @@ def test_two_users_are_kept_apart(users: tuple[str, str], short_tmp: Path) -> No
                 as_user(bob, train, endpoint, "maps-f", "666", str(stop_file))
             finally:
                 os._exit(0)
-        wait_for(lambda: any(r["out_dir"].endswith("maps-f")
-                             for r in status(endpoint, 2)["runs"]), 30, "bob's forged run")
+        wait_for(
+            lambda: any(r["out_dir"].endswith("maps-f") for r in status(endpoint, 2)["runs"]),
+            30,
+            "bob's forged run",
+        )
         mine = as_user(bob, train, endpoint, "maps-b", "42")
         assert mine["monitored"] and mine["out_dir"] == str(root / bob / "maps-b")
         view = status(endpoint, 5)
         assert view["job_ids_dropped"] == 2
         assert {r["out_dir"].rsplit("/", 1)[1]: r["job_id"] for r in view["runs"]} == {
-            "maps-a": "41", "maps-f": None, "maps-b": None}
-        epilog_666 = subprocess.run(sidecar_command("finish", "--job", "666", "--endpoint",
-                                                    endpoint), env=env(), capture_output=True,
-                                    text=True, timeout=30)
+            "maps-a": "41",
+            "maps-f": None,
+            "maps-b": None,
+        }
+        epilog_666 = subprocess.run(
+            sidecar_command("finish", "--job", "666", "--endpoint", endpoint),
+            env=env(),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert "job 666: 0 runs ended" in epilog_666.stdout, epilog_666.stderr
         for out_dir in (str(theirs / "stolen"), f"../{alice}/stolen"):
             refused = as_user(bob, train, endpoint, out_dir, "42")
@@ -195,14 +254,25 @@ def test_two_users_are_kept_apart(users: tuple[str, str], short_tmp: Path) -> No
         assert as_user(bob, try_files, str(theirs)) == {"list": "denied", "write": "denied"}
         assert as_user(bob, runs_seen, endpoint) == {"users": [bob], "error": None}
         # the Slurm epilog (root) ends job 41; `status --job` shows that job only
-        finished = subprocess.run(sidecar_command("finish", "--job", "41", "--endpoint",
-                                                  endpoint), env=env(), capture_output=True,
-                                  text=True, timeout=30)
+        finished = subprocess.run(
+            sidecar_command("finish", "--job", "41", "--endpoint", endpoint),
+            env=env(),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert finished.returncode == 0, finished.stderr
         assert "job 41: 1 runs ended" in finished.stdout
-        view = json.loads(subprocess.run(
-            sidecar_command("status", "--job", "41", "--json", "--endpoint", endpoint),
-            env=env(), capture_output=True, text=True, timeout=30, check=True).stdout)
+        view = json.loads(
+            subprocess.run(
+                sidecar_command("status", "--job", "41", "--json", "--endpoint", endpoint),
+                env=env(),
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=True,
+            ).stdout
+        )
         assert [(r["user"], r["status"]) for r in view["runs"]] == [(alice, "incomplete")]
     finally:
         stop_file.touch()
@@ -225,8 +295,9 @@ def test_two_users_are_kept_apart(users: tuple[str, str], short_tmp: Path) -> No
     assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == sorted(users)
 
 
-def test_a_daemon_that_is_not_shared_refuses_other_users(users: tuple[str, str],
-                                                         short_tmp: Path) -> None:
+def test_a_daemon_that_is_not_shared_refuses_other_users(
+    users: tuple[str, str], short_tmp: Path
+) -> None:
     short_tmp.chmod(0o755)
     (short_tmp / "root").mkdir()
     endpoint = f"ipc://{short_tmp}/s.sock"
@@ -236,8 +307,9 @@ def test_a_daemon_that_is_not_shared_refuses_other_users(users: tuple[str, str],
         (short_tmp / "s.sock").chmod(0o666)  # left open by mistake: the kernel still says who
         refused = as_user(users[1], train, endpoint, "maps", "7")
         assert not refused["monitored"]
-        assert any(f"user {users[1]} may not use the sidecar of root" in w
-                   for w in refused["warnings"])
+        assert any(
+            f"user {users[1]} may not use the sidecar of root" in w for w in refused["warnings"]
+        )
         view = status(endpoint, 5)
         assert view["rejected_by_kind"].get("foreign_user", 0) >= 1 and view["runs"] == []
     finally:
@@ -247,7 +319,21 @@ def test_a_daemon_that_is_not_shared_refuses_other_users(users: tuple[str, str],
 
 
 def test_shared_needs_root_and_ipc(short_tmp: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "sidecar", "serve", "--shared", "--root",
-                             str(short_tmp), "--endpoint", "tcp://:5999"], env=env(),
-                            capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sidecar",
+            "serve",
+            "--shared",
+            "--root",
+            str(short_tmp),
+            "--endpoint",
+            "tcp://:5999",
+        ],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode == 2 and "needs an ipc:// --endpoint" in result.stderr

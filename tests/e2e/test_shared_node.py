@@ -27,16 +27,18 @@ WHY_NOT = local_users.unavailable() or local_users.user_python_unavailable()
 pytestmark = pytest.mark.skipif(bool(WHY_NOT), reason=str(WHY_NOT))
 
 
-def test_a_run_finished_on_a_shared_daemon_is_written(serve: Callable[..., Sidecar],
-                                                      short_tmp: Path) -> None:
+def test_a_run_finished_on_a_shared_daemon_is_written(
+    serve: Callable[..., Sidecar], short_tmp: Path
+) -> None:
     """The final write of a run that never checkpointed comes from its finish(), while
     the daemon handles that user's message: it must not need to import anything as
     that user."""
     site = prepare(short_tmp)
     daemon = start_shared(serve)
     with local_users.local_users(1, tag="w") as (user,):
-        job = user_job(user, site, daemon.endpoint, short_tmp, "user_job", "--epochs", "0",
-                       "--out-dir", "maps")
+        job = user_job(
+            user, site, daemon.endpoint, short_tmp, "user_job", "--epochs", "0", "--out-dir", "maps"
+        )
         _out, err = job.communicate(timeout=120)
         assert job.returncode == 0, err
         meta = run_json(daemon.root / user / "maps")
@@ -58,8 +60,9 @@ def _resume(*pids: int) -> None:
             os.kill(pid, signal.SIGCONT)
 
 
-def test_a_neighbour_cannot_take_a_run_over_after_a_restart(serve: Callable[..., Sidecar],
-                                                           short_tmp: Path) -> None:
+def test_a_neighbour_cannot_take_a_run_over_after_a_restart(
+    serve: Callable[..., Sidecar], short_tmp: Path
+) -> None:
     """bob names alice's run id in a hello to the daemon started after a crash, before
     alice's own hello came back: refused, counted, nothing changes; alice's run goes on
     in her folder and is written whole."""
@@ -67,9 +70,23 @@ def test_a_neighbour_cannot_take_a_run_over_after_a_restart(serve: Callable[...,
     stop_file = short_tmp / "stop"
     first = start_shared(serve)
     with local_users.local_users(2, tag="o") as (alice, bob):
-        job = user_job(alice, site, first.endpoint, short_tmp, "loop_job", "--out-dir",
-                       "maps-a", "--stop-file", str(stop_file), "--sleep", "0.01",
-                       "--iters", "10", "--warmup", "0")
+        job = user_job(
+            alice,
+            site,
+            first.endpoint,
+            short_tmp,
+            "loop_job",
+            "--out-dir",
+            "maps-a",
+            "--stop-file",
+            str(stop_file),
+            "--sleep",
+            "0.01",
+            "--iters",
+            "10",
+            "--warmup",
+            "0",
+        )
         try:
             run = wait_for(lambda: _run_of(first, "maps-a"), 60, "alice's run")
             os.kill(run["pid"], signal.SIGSTOP)  # her next hello comes after bob's
@@ -77,17 +94,34 @@ def test_a_neighbour_cannot_take_a_run_over_after_a_restart(serve: Callable[...,
             first.process.wait(30)
             second = start_shared(serve)
             claim = subprocess.run(
-                ["runuser", "-u", bob, "--", local_users.SYSTEM_PYTHON, "-m", "jobs.claim_run",
-                 second.endpoint, run["run_id"]], cwd=short_tmp, capture_output=True,
-                text=True, timeout=60, env={"PATH": os.environ["PATH"], "PYTHONPATH": str(site)})
+                [
+                    "runuser",
+                    "-u",
+                    bob,
+                    "--",
+                    local_users.SYSTEM_PYTHON,
+                    "-m",
+                    "jobs.claim_run",
+                    second.endpoint,
+                    run["run_id"],
+                ],
+                cwd=short_tmp,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env={"PATH": os.environ["PATH"], "PYTHONPATH": str(site)},
+            )
             reply = json.loads(claim.stdout or "null")
             assert reply is not None and not reply["ok"], (reply, claim.stderr)
             assert f"belongs to {alice}" in reply["error"]
             assert second.status()["rejected_by_kind"].get("foreign_user") == 1
             assert _run_of(second, "stolen") is None
             _resume(run["pid"], job.pid)
-            wait_for(lambda: (_run_of(second, "maps-a") or {}).get("records"), 60,
-                     "alice's run to come back")
+            wait_for(
+                lambda: (_run_of(second, "maps-a") or {}).get("records"),
+                60,
+                "alice's run to come back",
+            )
         finally:
             stop_file.touch()
             with contextlib.suppress(NameError):
@@ -116,8 +150,9 @@ def _scrape_with(port: int, text: str) -> str | None:
     return scraped if text in scraped else None
 
 
-def test_metrics_show_each_viewer_what_is_theirs(serve: Callable[..., Sidecar],
-                                                 short_tmp: Path) -> None:
+def test_metrics_show_each_viewer_what_is_theirs(
+    serve: Callable[..., Sidecar], short_tmp: Path
+) -> None:
     """A plain scrape (any local user's curl) sees the node-wide figures only; a user's
     token, their own runs; the admin's token, every run."""
     site = prepare(short_tmp)
@@ -125,20 +160,34 @@ def test_metrics_show_each_viewer_what_is_theirs(serve: Callable[..., Sidecar],
     admin_file.write_text("s3cret-of-the-admin\n")
     admin_file.chmod(0o600)
     port = free_port()
-    daemon = start_shared(serve, "--metrics-port", str(port), "--metrics-token-file",
-                          str(admin_file))
+    daemon = start_shared(
+        serve, "--metrics-port", str(port), "--metrics-token-file", str(admin_file)
+    )
     stop_file = short_tmp / "stop"
     with local_users.local_users(2, tag="m") as (alice, bob):
-        jobs = [user_job(user, site, daemon.endpoint, short_tmp, "loop_job", "--out-dir",
-                         f"maps-{user}", "--stop-file", str(stop_file), "--sleep", "0.01")
-                for user in (alice, bob)]
+        jobs = [
+            user_job(
+                user,
+                site,
+                daemon.endpoint,
+                short_tmp,
+                "loop_job",
+                "--out-dir",
+                f"maps-{user}",
+                "--stop-file",
+                str(stop_file),
+                "--sleep",
+                "0.01",
+            )
+            for user in (alice, bob)
+        ]
         try:
-            runs = wait_for(lambda: len(r := daemon.status()["runs"]) == 2 and r, 60,
-                            "both runs")
+            runs = wait_for(lambda: len(r := daemon.status()["runs"]) == 2 and r, 60, "both runs")
             ids = {run["user"]: run["run_id"] for run in runs}
             # the exporter's snapshot is the loop's latest, taken at most 0.2 s ago
-            plain = wait_for(lambda: _scrape_with(port, RUNNING_2), 30,
-                             "both runs counted in /metrics")
+            plain = wait_for(
+                lambda: _scrape_with(port, RUNNING_2), 30, "both runs counted in /metrics"
+            )
             assert not any(ids[u] in plain or u in plain for u in ids), plain
             token_file = daemon.root / bob / ".metrics-token"
             info = token_file.stat()
@@ -165,7 +214,8 @@ def _own_folder(home: Path, user: str) -> Path:
 
 
 def test_a_run_goes_into_the_users_own_folder_under_an_allowed_root(
-        serve: Callable[..., Sidecar], short_tmp: Path) -> None:
+    serve: Callable[..., Sidecar], short_tmp: Path
+) -> None:
     """``--allow HOME``: alice's run is written where her job says, as her; bob cannot
     name her folder, nor lead a link out of the allowed root; a job elsewhere is told
     that its run goes under the daemon's root."""
@@ -179,12 +229,14 @@ def test_a_run_goes_into_the_users_own_folder_under_an_allowed_root(
         (theirs / "link").symlink_to("/etc")
         outcomes = {}
         for name, user, cwd, out_dir in (
-                ("in place", alice, mine, "maps"),
-                ("her folder", bob, theirs, str(mine / "stolen")),
-                ("a link out", bob, theirs, "link/trainmon-test"),
-                ("elsewhere", bob, short_tmp, "maps-e")):
-            job = user_job(user, site, daemon.endpoint, cwd, "loop_job", "--out-dir",
-                           out_dir, *quick)
+            ("in place", alice, mine, "maps"),
+            ("her folder", bob, theirs, str(mine / "stolen")),
+            ("a link out", bob, theirs, "link/trainmon-test"),
+            ("elsewhere", bob, short_tmp, "maps-e"),
+        ):
+            job = user_job(
+                user, site, daemon.endpoint, cwd, "loop_job", "--out-dir", out_dir, *quick
+            )
             _out, err = job.communicate(timeout=120)
             assert job.returncode == 0, err
             outcomes[name] = err
@@ -197,6 +249,5 @@ def test_a_run_goes_into_the_users_own_folder_under_an_allowed_root(
         assert not (mine / "stolen").exists()
         assert not Path("/etc/trainmon-test").exists()
         for name, folder in (("a link out", "link/trainmon-test"), ("elsewhere", "maps-e")):
-            assert f"is written in {daemon.root / bob / folder}" in outcomes[name], \
-                outcomes[name]
+            assert f"is written in {daemon.root / bob / folder}" in outcomes[name], outcomes[name]
             assert run_json(daemon.root / bob / folder).get("status") == "completed"

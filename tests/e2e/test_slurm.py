@@ -27,8 +27,7 @@ import pytest
 from tests.support import local_users, slurm
 from tests.support.helpers import REPO, Sidecar, env, run_json, sidecar_command, wait_for
 
-WHY_NOT = (slurm.unavailable() or local_users.unavailable()
-           or local_users.user_python_unavailable())
+WHY_NOT = slurm.unavailable() or local_users.unavailable() or local_users.user_python_unavailable()
 pytestmark = pytest.mark.skipif(bool(WHY_NOT), reason=str(WHY_NOT))
 
 SCRIPTS = REPO / "systemd" / "slurm"
@@ -57,37 +56,49 @@ def _installed(folder: Path, sockets: Path) -> dict[str, Path]:
     """slurm.conf's script keys: the repository's TaskProlog and Epilog, as installed on a
     node, with the sidecar command and the sockets' folder of this test. The TaskProlog runs
     as the job's user: a copy where that user can read it."""
-    cli = _script(folder / "sidecar", f'#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} '
-                  '-m sidecar "$@"\n')
+    cli = _script(
+        folder / "sidecar", f'#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m sidecar "$@"\n'
+    )
     prolog = folder / "task_prolog.sh"
     shutil.copy(SCRIPTS / "task_prolog.sh", prolog)
     prolog.chmod(0o755)
     return {
-        "TaskProlog": _script(folder / "task_prolog_here.sh", (
-            f"#!/bin/sh\nexport SIDECAR_SOCKET_ROOT={sockets}\nexec {prolog}\n")),
-        "Epilog": _script(folder / "epilog_here.sh", (
-            f"#!/bin/sh\nexport SIDECAR={cli} SIDECAR_SOCKET_ROOT={sockets}\n"
-            f"exec {SCRIPTS / 'epilog.sh'}\n")),
+        "TaskProlog": _script(
+            folder / "task_prolog_here.sh",
+            (f"#!/bin/sh\nexport SIDECAR_SOCKET_ROOT={sockets}\nexec {prolog}\n"),
+        ),
+        "Epilog": _script(
+            folder / "epilog_here.sh",
+            (
+                f"#!/bin/sh\nexport SIDECAR={cli} SIDECAR_SOCKET_ROOT={sockets}\n"
+                f"exec {SCRIPTS / 'epilog.sh'}\n"
+            ),
+        ),
     }
 
 
 def _status(endpoint: str, job: str) -> list[dict[str, Any]]:
     """The runs ``sidecar status --job JOB`` shows (root's view: every user's)."""
-    done = subprocess.run(sidecar_command("status", "--job", job, "--json", "--endpoint",
-                                          endpoint), env=env(), capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        sidecar_command("status", "--job", job, "--json", "--endpoint", endpoint),
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return json.loads(done.stdout)["runs"] if done.returncode == 0 else []
 
 
 def _running(endpoint: str, job: str) -> Callable[[], list[dict[str, Any]]]:
     """A predicate: the job's runs while one of them is running and has sent records."""
-    return lambda: [run for run in _status(endpoint, job)
-                    if run["status"] == "running" and run["records"] > 0]
+    return lambda: [
+        run for run in _status(endpoint, job) if run["status"] == "running" and run["records"] > 0
+    ]
 
 
 def test_batch_jobs_under_slurm_and_the_node_daemon(
-        short_tmp: Path, serve: Callable[..., Sidecar],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    short_tmp: Path, serve: Callable[..., Sidecar], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("SIDECAR_ENDPOINT", raising=False)  # sbatch passes our environment
     short_tmp.chmod(0o755)
     site = local_users.readable_markers(short_tmp / "py")
@@ -97,25 +108,38 @@ def test_batch_jobs_under_slurm_and_the_node_daemon(
     sockets = short_tmp / "run"
     (sockets / "sidecar").mkdir(parents=True, mode=0o755)
     root = short_tmp / "root"  # made by ``serve``
-    daemon = serve(endpoint=f"ipc://{sockets}/sidecar/sidecar.sock", root=root,
-                   args=["--shared"])
+    daemon = serve(endpoint=f"ipc://{sockets}/sidecar/sidecar.sock", root=root, args=["--shared"])
     endpoint = daemon.endpoint
-    batch = _script(work / "train.sh", BATCH.format(site=site, work=work,
-                                                      python=local_users.SYSTEM_PYTHON))
-    with local_users.local_users(1, tag="j") as (user,), \
-            slurm.slurm(short_tmp / "slurm", **_installed(short_tmp, sockets)) as cluster:
+    batch = _script(
+        work / "train.sh", BATCH.format(site=site, work=work, python=local_users.SYSTEM_PYTHON)
+    )
+    with (
+        local_users.local_users(1, tag="j") as (user,),
+        slurm.slurm(short_tmp / "slurm", **_installed(short_tmp, sockets)) as cluster,
+    ):
         uid = pwd.getpwnam(user).pw_uid
         trained = str(cluster.sbatch(batch, user=user, workdir=work))
         cancelled = str(cluster.sbatch(batch, user=user, workdir=work))
         forger = subprocess.Popen(
-            ["runuser", "-u", user, "--", local_users.SYSTEM_PYTHON, "-c", FORGER,
-             str(work / "stop-forged")], cwd=work, stdout=subprocess.DEVNULL,
-            env={"PATH": os.environ["PATH"], "PYTHONPATH": str(site),
-                 "SIDECAR_ENDPOINT": endpoint})
+            [
+                "runuser",
+                "-u",
+                user,
+                "--",
+                local_users.SYSTEM_PYTHON,
+                "-c",
+                FORGER,
+                str(work / "stop-forged"),
+            ],
+            cwd=work,
+            stdout=subprocess.DEVNULL,
+            env={"PATH": os.environ["PATH"], "PYTHONPATH": str(site), "SIDECAR_ENDPOINT": endpoint},
+        )
         try:
             # `sidecar status --job` shows the job while it trains, under its user
-            (run,) = wait_for(_running(endpoint, trained), 90,
-                              f"job {trained} training in `sidecar status --job`")
+            (run,) = wait_for(
+                _running(endpoint, trained), 90, f"job {trained} training in `sidecar status --job`"
+            )
             assert (run["user"], run["job_id"]) == (user, trained), run
             assert run["out_dir"] == str(root / user / "maps" / trained)
             (work / f"stop-{trained}").touch()
@@ -126,36 +150,51 @@ def test_batch_jobs_under_slurm_and_the_node_daemon(
             cluster.wait_gone(int(cancelled))
             # the forger's run is served, without the job id it claimed; the epilog of
             # job 666 (the repository's, as root) leaves it running
-            forged = wait_for(lambda: [r for r in daemon.status()["runs"]
-                                       if r["out_dir"].endswith("forged")
-                                       and r["status"] == "running"], 60, "the forged run")
+            forged = wait_for(
+                lambda: [
+                    r
+                    for r in daemon.status()["runs"]
+                    if r["out_dir"].endswith("forged") and r["status"] == "running"
+                ],
+                60,
+                "the forged run",
+            )
             assert forged[0]["job_id"] is None and daemon.status()["job_ids_dropped"] == 1
-            subprocess.run([str(short_tmp / "epilog_here.sh")], check=True, timeout=60,
-                           env={**os.environ, "SLURM_JOB_ID": "666", "SLURM_JOB_USER": user})
-            assert [r["status"] for r in daemon.status()["runs"]
-                    if r["out_dir"].endswith("forged")] == ["running"]
+            subprocess.run(
+                [str(short_tmp / "epilog_here.sh")],
+                check=True,
+                timeout=60,
+                env={**os.environ, "SLURM_JOB_ID": "666", "SLURM_JOB_USER": user},
+            )
+            assert [
+                r["status"] for r in daemon.status()["runs"] if r["out_dir"].endswith("forged")
+            ] == ["running"]
         finally:
             (work / "stop-forged").touch()
             forger.wait(60)
         slurm_log = cluster.log()
     folder = root / user / "maps"
     # the user's folder: every folder and file of the runs belongs to the user
-    assert {path.lstat().st_uid for path in [root / user, *(root / user).rglob("*")]} \
-        == {uid}
-    done, killed, forged_run = (run_json(folder / name)
-                                for name in (trained, cancelled, "forged"))
-    assert (done["status"], done["job_id"], done["user"]) == ("completed", trained, user), \
-        slurm_log
+    assert {path.lstat().st_uid for path in [root / user, *(root / user).rglob("*")]} == {uid}
+    done, killed, forged_run = (run_json(folder / name) for name in (trained, cancelled, "forged"))
+    assert (done["status"], done["job_id"], done["user"]) == ("completed", trained, user), slurm_log
     assert (killed["status"], killed["cause"]) == ("incomplete", f"Slurm job {cancelled} ended")
     assert (forged_run["status"], forged_run["job_id"]) == ("completed", None)
     # `sidecar report` over the root lists each run under its Slurm job id
-    report = subprocess.run(sidecar_command("report", str(root), "--out",
-                                            str(short_tmp / "report")), env=env(),
-                            capture_output=True, text=True, timeout=300)
+    report = subprocess.run(
+        sidecar_command("report", str(root), "--out", str(short_tmp / "report")),
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert report.returncode == 0, report.stderr
     with (short_tmp / "report" / "jobs.tsv").open() as table:
         rows = {Path(row["folder"]).name: row for row in csv.DictReader(table, delimiter="\t")}
-    assert {name: (row["slurm_job_id"], row["user"], row["status"])
-            for name, row in rows.items()} == {
-        trained: (trained, user, "completed"), cancelled: (cancelled, user, "incomplete"),
-        "forged": ("", user, "completed")}
+    assert {
+        name: (row["slurm_job_id"], row["user"], row["status"]) for name, row in rows.items()
+    } == {
+        trained: (trained, user, "completed"),
+        cancelled: (cancelled, user, "incomplete"),
+        "forged": ("", user, "completed"),
+    }

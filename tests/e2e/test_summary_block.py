@@ -76,15 +76,22 @@ LOOP = textwrap.dedent("""
 BATCH_SIZE = 4
 # The reference's rows: label, indent, the computational.tsv column of the phase, and
 # whether the phase has GPU columns.
-TRAIN_ROWS = [("Training", 0, "Training", False), ("Epoch", 1, "Epoch", False),
-              ("Iteration", 2, "Training loop", False),
-              ("Data loading", 3, "Training data loading", False),
-              ("Forward", 3, "Forward", True), ("Backward", 3, "Backward", True),
-              ("Optimization", 3, "Optimization", True)]
-VAL_ROWS = [("Validation", 0, "Validation", False), ("Iteration", 1, "Validation loop", False),
-            ("Data loading", 2, "Validation data loading", False),
-            ("Evaluation", 2, "Evaluation", True),
-            ("Metrics computation", 2, "Metrics computation", True)]
+TRAIN_ROWS = [
+    ("Training", 0, "Training", False),
+    ("Epoch", 1, "Epoch", False),
+    ("Iteration", 2, "Training loop", False),
+    ("Data loading", 3, "Training data loading", False),
+    ("Forward", 3, "Forward", True),
+    ("Backward", 3, "Backward", True),
+    ("Optimization", 3, "Optimization", True),
+]
+VAL_ROWS = [
+    ("Validation", 0, "Validation", False),
+    ("Iteration", 1, "Validation loop", False),
+    ("Data loading", 2, "Validation data loading", False),
+    ("Evaluation", 2, "Evaluation", True),
+    ("Metrics computation", 2, "Metrics computation", True),
+]
 
 
 def reference_cell(column: pd.Series) -> str:
@@ -102,8 +109,9 @@ def reference_line(label: str, cells: list[str]) -> str:
     return " | ".join([f"{label:<22}", *(f"{c:<25}" for c in cells)]).rstrip()
 
 
-def reference_throughput(frame: pd.DataFrame, loop: str, gpu_phases: list[str],
-                         on_gpu: bool) -> list[str]:
+def reference_throughput(
+    frame: pd.DataFrame, loop: str, gpu_phases: list[str], on_gpu: bool
+) -> list[str]:
     """Images per second over the stored loop rows (every batch here is full), and over
     the summed GPU time of ``gpu_phases`` on a GPU."""
     rows = frame[f"{loop} (s)"].dropna()
@@ -123,17 +131,27 @@ def reference_block(frame: pd.DataFrame, gpu_names: list[str]) -> list[str]:
     lines = ["*" * stars_left + title + "*" * (106 - len(title) - stars_left), ""]
     if gpu_names:
         lines += ["GPU: " + " then ".join(f"'{name}'" for name in gpu_names), ""]
-    lines += [reference_line(f"{'Phase':^22}", [f"{'Time (s)':^25}", f"{'GPU Time (s)':^25}",
-                                                f"{'GPU Max Memory (MB)':^25}"]),
-              "-" * 106]
+    lines += [
+        reference_line(
+            f"{'Phase':^22}",
+            [f"{'Time (s)':^25}", f"{'GPU Time (s)':^25}", f"{'GPU Max Memory (MB)':^25}"],
+        ),
+        "-" * 106,
+    ]
     for rows, loop, gpu_phases, closing in (
-            (TRAIN_ROWS, "Training loop", ["Forward", "Backward", "Optimization"], "-" * 106),
-            (VAL_ROWS, "Validation loop", ["Evaluation"], "*" * 106)):
+        (TRAIN_ROWS, "Training loop", ["Forward", "Backward", "Optimization"], "-" * 106),
+        (VAL_ROWS, "Validation loop", ["Evaluation"], "*" * 106),
+    ):
         for label, indent, phase, has_gpu in rows:
             cells = [reference_cell(frame[f"{phase} (s)"])]
-            cells += ([reference_cell(frame[f"{phase} GPU (s)"]),
-                       reference_cell(frame[f"{phase} GPU max memory (MB)"])]
-                      if has_gpu and gpu_names else ["", ""])
+            cells += (
+                [
+                    reference_cell(frame[f"{phase} GPU (s)"]),
+                    reference_cell(frame[f"{phase} GPU max memory (MB)"]),
+                ]
+                if has_gpu and gpu_names
+                else ["", ""]
+            )
             lines.append(reference_line(" " * indent + label, cells))
         lines += ["", *reference_throughput(frame, loop, gpu_phases, bool(gpu_names)), closing]
     return lines
@@ -143,35 +161,52 @@ def run_loop(tmp_path: Path, *args: str) -> tuple[pd.DataFrame, list[str]]:
     """Run the loop through ``sidecar run``; its computational.tsv and summary.log lines."""
     script = tmp_path / "loop.py"
     script.write_text(LOOP)
-    result = subprocess.run([sys.executable, "-m", "sidecar", "run", "--quiet", "--",
-                             sys.executable, str(script), *args], cwd=tmp_path, env=env(),
-                            capture_output=True, text=True, timeout=180)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sidecar",
+            "run",
+            "--quiet",
+            "--",
+            sys.executable,
+            str(script),
+            *args,
+        ],
+        cwd=tmp_path,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert result.returncode == 0, result.stderr
     split = split_dir(tmp_path / "maps")
     frame = read_tsv(split / "logs" / "computational.tsv")
     return frame, (split / "summary.log").read_text().splitlines()
 
 
-def assert_reference_block_then_ours(frame: pd.DataFrame, lines: list[str],
-                                     gpu_names: list[str]) -> None:
+def assert_reference_block_then_ours(
+    frame: pd.DataFrame, lines: list[str], gpu_names: list[str]
+) -> None:
     """summary.log starts with the reference's block line for line, then our additions,
     the Goodput block and the resources block follow, each closed by a star line."""
     expected = reference_block(frame, gpu_names)
     for number, (got, want) in enumerate(zip(lines, expected, strict=False)):
         assert got == want, f"line {number}:\n{got!r}\n{want!r}"
     assert len(lines) > len(expected)
-    rest = lines[len(expected):]
+    rest = lines[len(expected) :]
     assert rest[0] == ""
     assert rest[1].startswith("*") and " Beyond the reference: " in rest[1]
     assert len(rest[1]) == 106
     assert rest[2].startswith("Training time: effective ")
-    goodput = next(i for i, line in enumerate(rest)
-                   if " Goodput: where the wall time went " in line)
-    assert rest[goodput - 2:goodput] == ["*" * 106, ""] and len(rest[goodput]) == 106
+    goodput = next(
+        i for i, line in enumerate(rest) if " Goodput: where the wall time went " in line
+    )
+    assert rest[goodput - 2 : goodput] == ["*" * 106, ""] and len(rest[goodput]) == 106
     resources = rest.index("Resources")
-    assert goodput < resources and rest[resources - 2:resources] == ["*" * 106, ""]
+    assert goodput < resources and rest[resources - 2 : resources] == ["*" * 106, ""]
     assert rest[-1] == "*" * 106 and rest.count("*" * 106) == 3
-    assert "Resources" not in lines[:len(expected)]
+    assert "Resources" not in lines[: len(expected)]
 
 
 def streaming_cell(lines: list[str], label: str) -> str:
@@ -212,8 +247,7 @@ def test_block_with_empty_columns(tmp_path: Path) -> None:
 
 def test_block_on_a_gpu(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    frame, lines = run_loop(tmp_path, "--epochs", "2", "--train", "3", "--val", "2",
-                            "--fake-gpu")
+    frame, lines = run_loop(tmp_path, "--epochs", "2", "--train", "3", "--val", "2", "--fake-gpu")
     assert frame["Forward GPU (s)"].count() == 6
     assert frame["Forward GPU (s)"].nunique() > 1  # a std that is not zero
     assert_reference_block_then_ours(frame, lines, ["Fake GPU"])

@@ -38,13 +38,12 @@ def test_read_write_paths_follow_the_allowed_roots() -> None:
     assert "$SIDECAR_ALLOW" in (UNITS / "sidecar.service").read_text()
 
 
-@pytest.mark.skipif(shutil.which("systemd-analyze") is None,
-                    reason="systemd-analyze not installed")
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
 def test_the_unit_with_the_drop_in_verifies(tmp_path: Path) -> None:
     unit = _installed_copy(tmp_path, "sidecar.service")
     (tmp_path / "sidecar.service.d").mkdir()
     shutil.copy(DROP_IN, tmp_path / "sidecar.service.d" / "allow.conf")
-    result = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True,
-                            text=True, timeout=60)
-    assert result.returncode == 0 and result.stderr == "" and result.stdout == "", \
-        result.stderr
+    result = subprocess.run(
+        ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0 and result.stderr == "" and result.stdout == "", result.stderr

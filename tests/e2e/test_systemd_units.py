@@ -25,9 +25,10 @@ UNITS = REPO / "systemd"
 # The scores of `systemd-analyze security --offline=true` recorded in docs/node-daemon.md.
 RECORDED_EXPOSURE = {"sidecar.service": 2.6, "sidecar@.service": 1.7}
 
-needs_analyze = pytest.mark.skipif(shutil.which("systemd-analyze") is None,
-                                   reason="systemd-analyze not installed (apt-get install "
-                                   "systemd)")
+needs_analyze = pytest.mark.skipif(
+    shutil.which("systemd-analyze") is None,
+    reason="systemd-analyze not installed (apt-get install systemd)",
+)
 
 
 def _installed_copy(tmp_path: Path, unit: str) -> Path:
@@ -46,8 +47,12 @@ def _installed_copy(tmp_path: Path, unit: str) -> Path:
 @needs_analyze
 @pytest.mark.parametrize("unit", sorted(RECORDED_EXPOSURE))
 def test_unit_verifies_without_a_word(tmp_path: Path, unit: str) -> None:
-    result = subprocess.run(["systemd-analyze", "verify", str(_installed_copy(tmp_path, unit))],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        ["systemd-analyze", "verify", str(_installed_copy(tmp_path, unit))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stderr == "" and result.stdout == ""
 
@@ -55,9 +60,12 @@ def test_unit_verifies_without_a_word(tmp_path: Path, unit: str) -> None:
 @needs_analyze
 @pytest.mark.parametrize("unit", sorted(RECORDED_EXPOSURE))
 def test_hardening_keeps_the_recorded_exposure(tmp_path: Path, unit: str) -> None:
-    result = subprocess.run(["systemd-analyze", "security", "--offline=true",
-                             str(_installed_copy(tmp_path, unit))],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        ["systemd-analyze", "security", "--offline=true", str(_installed_copy(tmp_path, unit))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     found = re.search(r"Overall exposure level for \S+: ([0-9.]+)", result.stdout)
     assert found, result.stdout + result.stderr
     assert float(found.group(1)) <= RECORDED_EXPOSURE[unit]
@@ -77,7 +85,7 @@ def _options(unit_text: str) -> dict[str, str]:
     values: dict[str, str] = {}
     for line in unit_text.splitlines():
         if line.startswith("Environment="):
-            values.update(word.split("=", 1) for word in shlex.split(line[len("Environment="):]))
+            values.update(word.split("=", 1) for word in shlex.split(line[len("Environment=") :]))
     for line in (UNITS / "sidecar.env").read_text().splitlines():
         if line.strip() and not line.lstrip().startswith("#"):
             key, _, value = line.partition("=")
@@ -94,7 +102,7 @@ def _exec_start(unit: str, run_dir: Path, state_dir: Path) -> list[str]:
     options = _options(text)
     options["SIDECAR_ROOT"] = str(state_dir / "sidecar")  # not /var/lib/sidecar
     words = []
-    for word in line[len("ExecStart="):].split():
+    for word in line[len("ExecStart=") :].split():
         word = word.replace("%t", str(run_dir)).replace("%S", str(state_dir))
         word = word.replace("%i", "root")
         if word.startswith("$") and not word.startswith("${"):
@@ -116,9 +124,13 @@ def test_exec_start_runs_a_daemon_that_says_ready(short_tmp: Path, unit: str) ->
     endpoint = command[command.index("--endpoint") + 1]
     manager = Manager(short_tmp / "notify")
     log = (short_tmp / "daemon.log").open("ab")
-    daemon = subprocess.Popen(command, env=env(NOTIFY_SOCKET=str(manager.path),
-                                               WATCHDOG_USEC="30000000"),
-                              stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+    daemon = subprocess.Popen(
+        command,
+        env=env(NOTIFY_SOCKET=str(manager.path), WATCHDOG_USEC="30000000"),
+        stdout=log,
+        stderr=log,
+        stdin=subprocess.DEVNULL,
+    )
     try:
         manager.until("READY=1", 30)
         view = status(endpoint, 5)
@@ -131,5 +143,7 @@ def test_exec_start_runs_a_daemon_that_says_ready(short_tmp: Path, unit: str) ->
             daemon.kill()
             daemon.wait()
         manager.sock.close()
-    assert str(128 + signal.SIGTERM) in (UNITS / unit).read_text().split(
-        "SuccessExitStatus=")[1].split("\n")[0].split()
+    assert (
+        str(128 + signal.SIGTERM)
+        in (UNITS / unit).read_text().split("SuccessExitStatus=")[1].split("\n")[0].split()
+    )

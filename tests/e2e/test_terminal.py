@@ -27,8 +27,9 @@ from tests.support.helpers import (
 )
 
 JOB = REPO / "tests" / "support" / "jobs" / "terminal_job.py"
-pytestmark = pytest.mark.skipif(shutil.which("script") is None,
-                                reason="needs util-linux script (a pseudo-terminal)")
+pytestmark = pytest.mark.skipif(
+    shutil.which("script") is None, reason="needs util-linux script (a pseudo-terminal)"
+)
 
 
 class Terminal:
@@ -37,9 +38,13 @@ class Terminal:
 
     def __init__(self, cwd: Path) -> None:
         self.process = subprocess.Popen(
-            ["script", "-qfec", "bash --norc --noprofile -i", "/dev/null"], cwd=cwd,
+            ["script", "-qfec", "bash --norc --noprofile -i", "/dev/null"],
+            cwd=cwd,
             env=env(PYTHONBREAKPOINT="", TERM="dumb", PS1="$ ", XDG_RUNTIME_DIR=str(cwd)),
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
         self.screen = ""
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -57,15 +62,22 @@ class Terminal:
 
     def wait_for(self, text: str, timeout_s: float = 60) -> str:
         """Wait until ``text`` appears on the screen; the screen after it."""
-        wait_for(lambda: text in self.screen, timeout_s, f"{text!r} on the screen; it "
-                 f"shows {self.screen[-500:]!r}")
+        wait_for(
+            lambda: text in self.screen,
+            timeout_s,
+            f"{text!r} on the screen; it shows {self.screen[-500:]!r}",
+        )
         return self.screen.rsplit(text, 1)[1]
 
 
 def test_job_reads_the_terminal_takes_ctrl_z_ctrl_c_and_stops_in_pdb(tmp_path: Path) -> None:
     terminal = Terminal(tmp_path)
-    terminal.type(shlex.join([sys.executable, "-m", "sidecar", "run", "--quiet", "--",
-                              sys.executable, str(JOB)]) + "\n")
+    terminal.type(
+        shlex.join(
+            [sys.executable, "-m", "sidecar", "run", "--quiet", "--", sys.executable, str(JOB)]
+        )
+        + "\n"
+    )
     pid = int(terminal.wait_for("ready ").split()[0])
     terminal.wait_for("name? ")
     terminal.type("world\n")  # input() gets the line: no SIGTTIN, no stop
@@ -108,21 +120,54 @@ def test_job_reads_the_terminal_takes_ctrl_z_ctrl_c_and_stops_in_pdb(tmp_path: P
     assert "Traceback" not in terminal.screen
 
 
-def test_closing_the_terminal_writes_the_files_and_leaves_no_socket_folder(
-        tmp_path: Path) -> None:
+def test_closing_the_terminal_writes_the_files_and_leaves_no_socket_folder(tmp_path: Path) -> None:
     terminal = Terminal(tmp_path)
-    terminal.type(shlex.join([
-        sys.executable, "-m", "sidecar", "run", "--quiet", "--", sys.executable,
-        str(LOOP_JOB), "--out-dir", "maps", "--iters", "50", "--stop-file",
-        str(tmp_path / "never"), "--progress", str(tmp_path / "p.json")]) + "\n")
-    job = wait_for(lambda: progress(tmp_path / "p.json").get("iterations", 0) >= 200
-                   and progress(tmp_path / "p.json"), 60, "the job to train")
+    terminal.type(
+        shlex.join(
+            [
+                sys.executable,
+                "-m",
+                "sidecar",
+                "run",
+                "--quiet",
+                "--",
+                sys.executable,
+                str(LOOP_JOB),
+                "--out-dir",
+                "maps",
+                "--iters",
+                "50",
+                "--stop-file",
+                str(tmp_path / "never"),
+                "--progress",
+                str(tmp_path / "p.json"),
+            ]
+        )
+        + "\n"
+    )
+    job = wait_for(
+        lambda: (
+            progress(tmp_path / "p.json").get("iterations", 0) >= 200
+            and progress(tmp_path / "p.json")
+        ),
+        60,
+        "the job to train",
+    )
     sidecar = psutil.Process(job["pid"]).parent()
     assert sidecar is not None
     terminal.process.kill()  # the terminal window closes: the kernel hangs the terminal up
-    document = wait_for(lambda: run_json(tmp_path / "maps").get("status") == "incomplete"
-                        and run_json(tmp_path / "maps"), 30, "the run written")
+    document = wait_for(
+        lambda: (
+            run_json(tmp_path / "maps").get("status") == "incomplete"
+            and run_json(tmp_path / "maps")
+        ),
+        30,
+        "the run written",
+    )
     assert document["cause"] == "job killed by signal 1 (SIGHUP)"
-    wait_for(lambda: not sidecar.is_running() or sidecar.status() == psutil.STATUS_ZOMBIE,
-             30, "the sidecar to exit")
+    wait_for(
+        lambda: not sidecar.is_running() or sidecar.status() == psutil.STATUS_ZOMBIE,
+        30,
+        "the sidecar to exit",
+    )
     assert not list((tmp_path / "sidecar").glob("job-*"))

@@ -18,21 +18,31 @@ from tests.support.spin import assert_close
 
 pytest.importorskip("transformers")
 JOB = REPO / "tests" / "support" / "jobs" / "transformers_job.py"
-TRAINING = ["Training loop (s)", "Training data loading (s)", "Forward (s)", "Backward (s)",
-            "Optimization (s)"]
+TRAINING = [
+    "Training loop (s)",
+    "Training data loading (s)",
+    "Forward (s)",
+    "Backward (s)",
+    "Optimization (s)",
+]
 BATCH = 4  # per_device_train_batch_size of the job
 
 
-def train(sidecar: Sidecar, *args: str, killed: bool = False
-          ) -> tuple[dict[str, list[float]], Path]:
+def train(
+    sidecar: Sidecar, *args: str, killed: bool = False
+) -> tuple[dict[str, list[float]], Path]:
     """Run the Trainer job with its output_dir (the run folder) under the sidecar's root;
     its truth (empty when ``killed``: the job SIGKILLs itself) and output_dir."""
     out = sidecar.root / "hf"
     truth = sidecar.root / f"truth-{len(list(sidecar.root.glob('truth-*')))}.json"
     result = subprocess.run(
         [sys.executable, str(JOB), "--truth", str(truth), "--out", str(out), *args],
-        cwd=sidecar.root, capture_output=True, text=True, timeout=300,
-        env=env(SIDECAR_ENDPOINT=sidecar.endpoint, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1"))
+        cwd=sidecar.root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env(SIDECAR_ENDPOINT=sidecar.endpoint, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1"),
+    )
     if killed:
         assert result.returncode == -9, result.stderr[-3000:]
         return {}, out
@@ -47,7 +57,7 @@ def computational(out: Path) -> pd.DataFrame:
 
 def sums(values: list[float], group: int) -> list[float]:
     """Consecutive groups of ``group`` values summed."""
-    return [sum(values[i:i + group]) for i in range(0, len(values), group)]
+    return [sum(values[i : i + group]) for i in range(0, len(values), group)]
 
 
 def step_loading(samples: list[float], batches: int, accumulation: int) -> list[float]:
@@ -57,19 +67,17 @@ def step_loading(samples: list[float], batches: int, accumulation: int) -> list[
     per_batch = sums(samples, BATCH)
     windows = []
     for epoch in range(0, len(per_batch), batches):
-        loads = per_batch[epoch:epoch + batches]
+        loads = per_batch[epoch : epoch + batches]
         for step in range(0, batches, accumulation):
             first = 0 if step == 0 else step + 1
-            windows.append(sum(loads[first:step + accumulation + 1]))
+            windows.append(sum(loads[first : step + accumulation + 1]))
     return windows
 
 
-def test_tiny_bert_with_accumulation_and_evaluation_inside_training(
-        sidecar: Sidecar) -> None:
+def test_tiny_bert_with_accumulation_and_evaluation_inside_training(sidecar: Sidecar) -> None:
     # 16 samples, batches of 4, accumulation 2: 2 steps per epoch, 2 epochs; evaluation
     # (2 batches) every 2 steps. The first step is warmup.
-    _truth, out = train(sidecar, "--model", "bert", "--accumulation", "2",
-                        "--eval-steps", "2")
+    _truth, out = train(sidecar, "--model", "bert", "--accumulation", "2", "--eval-steps", "2")
     frame = computational(out)
     counts = frame.drop(columns="measurement #").notna().sum()
     for name in TRAINING:
@@ -93,15 +101,18 @@ def test_evaluation_at_epoch_ends_lies_inside_its_epoch(sidecar: Sidecar) -> Non
     passes = phases[phases["phase"] == "Validation"].sort_values("start (s)")
     for (_, epoch), (_, validation) in zip(epochs.iterrows(), passes.iterrows(), strict=True):
         assert epoch["start (s)"] <= validation["start (s)"]
-        assert (validation["start (s)"] + validation["wall (s)"]
-                <= epoch["start (s)"] + epoch["wall (s)"] + 1e-6)
+        assert (
+            validation["start (s)"] + validation["wall (s)"]
+            <= epoch["start (s)"] + epoch["wall (s)"] + 1e-6
+        )
 
 
 def test_rows_against_known_costs(sidecar: Sidecar) -> None:
     # 32 samples, batches of 4, accumulation 2: 4 steps per epoch, 2 epochs, 7 rows after
     # warmup (enough that a step descheduled on this busy machine is not a third of them).
-    truth, out = train(sidecar, "--model", "spin", "--accumulation", "2", "--samples", "32",
-                       "--eval-steps", "4")
+    truth, out = train(
+        sidecar, "--model", "spin", "--accumulation", "2", "--samples", "32", "--eval-steps", "4"
+    )
     frame = computational(out)
 
     def column(name: str) -> list[float]:
@@ -110,9 +121,11 @@ def test_rows_against_known_costs(sidecar: Sidecar) -> None:
     assert_close(column("Forward (s)"), sums(truth["forward"], 2)[1:], "Forward")
     assert_close(column("Backward (s)"), sums(truth["backward"], 2)[1:], "Backward")
     assert_close(column("Optimization (s)"), truth["optimization"][1:], "Optimization")
-    assert_close(column("Training data loading (s)"),
-                 step_loading(truth["loading"], batches=8, accumulation=2)[1:],
-                 "Data loading")
+    assert_close(
+        column("Training data loading (s)"),
+        step_loading(truth["loading"], batches=8, accumulation=2)[1:],
+        "Data loading",
+    )
     assert_close(column("Evaluation (s)"), truth["evaluation"], "Evaluation")
 
 
@@ -120,13 +133,24 @@ def test_resume_from_checkpoint_continues_the_split(serve: Callable[..., Sidecar
     # 32 samples, batches of 4: 8 steps per epoch. The first process stops at step 4 with a
     # checkpoint; the second, with a new sidecar, resumes from it to step 8.
     first = serve()
-    _truth, out = train(first, "--model", "bert", "--samples", "32", "--max-steps", "4",
-                        "--save-steps", "4")
+    _truth, out = train(
+        first, "--model", "bert", "--samples", "32", "--max-steps", "4", "--save-steps", "4"
+    )
     assert (out / "checkpoint-4" / "trainmon-state.json").is_file()
     first.stop()
     second = serve()
-    train(second, "--model", "bert", "--samples", "32", "--max-steps", "8",
-          "--save-steps", "4", "--resume")
+    train(
+        second,
+        "--model",
+        "bert",
+        "--samples",
+        "32",
+        "--max-steps",
+        "8",
+        "--save-steps",
+        "4",
+        "--resume",
+    )
     frame = computational(out)
     assert frame["Training loop (s)"].notna().sum() == 6  # 3 + 3: warmup in each process
     phases = read_tsv(split_dir(out) / "logs" / "phases.tsv")
@@ -135,7 +159,8 @@ def test_resume_from_checkpoint_continues_the_split(serve: Callable[..., Sidecar
 
 
 def test_an_epoch_open_at_the_checkpoint_is_kept_as_two_parts(
-        serve: Callable[..., Sidecar]) -> None:
+    serve: Callable[..., Sidecar],
+) -> None:
     # 8 steps an epoch, a checkpoint every 4: the first process is killed at step 6, the
     # second resumes from checkpoint-4 inside epoch 0.
     first = serve()
@@ -148,7 +173,10 @@ def test_an_epoch_open_at_the_checkpoint_is_kept_as_two_parts(
     epochs = phases[phases["phase"] == "Epoch"]
     flags = [flag if isinstance(flag, str) else "" for flag in epochs["flag"]]
     assert list(zip(epochs["epoch"], epochs["session"], flags, strict=True)) == [
-        (0, 0, "part"), (0, 1, "part"), (1, 1, "")]
+        (0, 0, "part"),
+        (0, 1, "part"),
+        (1, 1, ""),
+    ]
     loops = phases[(phases["phase"] == "Training loop") & (phases["session"] == 0)]
     first_part = epochs.iloc[0]
     # The first part runs up to the checkpoint (after step 4), not past the kill.
@@ -175,9 +203,24 @@ def test_a_private_sidecars_start_up_is_not_inside_train(tmp_path: Path) -> None
     out, truth = tmp_path / "hf", tmp_path / "truth.json"
     environment = env(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     result = subprocess.run(
-        [sys.executable, str(JOB), "--truth", str(truth), "--out", str(out), "--model",
-         "spin", "--epochs", "1"], cwd=tmp_path, capture_output=True, text=True,
-        timeout=300, env=environment)
+        [
+            sys.executable,
+            str(JOB),
+            "--truth",
+            str(truth),
+            "--out",
+            str(out),
+            "--model",
+            "spin",
+            "--epochs",
+            "1",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=environment,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(truth.read_text())["on_train_begin"] < 0.3
     assert computational(out)["Training loop (s)"].notna().sum() == 3  # 4 steps, 1 warmup

@@ -20,16 +20,35 @@ ROOM = 8000  # bytes left: run.json (a few KB: goodput, nodes) fits, the tables 
 
 
 def test_a_run_never_written_is_named_and_not_left_running(
-        serve: Callable[..., Sidecar], short_tmp: Path) -> None:
+    serve: Callable[..., Sidecar], short_tmp: Path
+) -> None:
     root = short_tmp / "disk"
     root.mkdir()
     sidecar = serve(root=root, seams=["--disk-quota", f"{root}:{SIZE}"])
     stop, path = short_tmp / "stop", short_tmp / "p.json"
-    job = start_job(sidecar.endpoint, short_tmp, "--out-dir", "run", "--iters", "30",
-                    "--cap", "20", "--stop-file", str(stop), "--progress", str(path))
+    job = start_job(
+        sidecar.endpoint,
+        short_tmp,
+        "--out-dir",
+        "run",
+        "--iters",
+        "30",
+        "--cap",
+        "20",
+        "--stop-file",
+        str(stop),
+        "--progress",
+        str(path),
+    )
     folder = root / "run"
-    wait_for(lambda: run_json(folder).get("status") == "running"
-             and progress(path).get("checkpoints_ok", 0) >= 1, 60, "a first checkpoint")
+    wait_for(
+        lambda: (
+            run_json(folder).get("status") == "running"
+            and progress(path).get("checkpoints_ok", 0) >= 1
+        ),
+        60,
+        "a first checkpoint",
+    )
     (root / "filler").write_bytes(b"\0" * ((DiskQuota(root, SIZE).room(root) or 0) - ROOM))
     stop.touch()
     assert job.wait(60) == 0

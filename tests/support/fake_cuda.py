@@ -130,8 +130,9 @@ class Stream:
             self.captured_ns += duration_ns
             return 0
         delay_ns = int(self.cuda.queue_delay_s * 1e9) if self.cuda is not None else 0
-        self.busy_until_ns = max(time.perf_counter_ns() + delay_ns,
-                                 self.busy_until_ns) + duration_ns
+        self.busy_until_ns = (
+            max(time.perf_counter_ns() + delay_ns, self.busy_until_ns) + duration_ns
+        )
         return self.busy_until_ns
 
 
@@ -141,8 +142,9 @@ class Device:
     name: str
     uuid: bytes
     allocator: str = "native"
-    stats: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
-        ("current", "peak", "allocated", "freed"), 0))
+    stats: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(("current", "peak", "allocated", "freed"), 0)
+    )
     context: bool = False  # a CUDA context exists on it
     streams: list[Stream] = field(default_factory=list)
     current: Stream | None = None
@@ -170,8 +172,9 @@ class FakeCudaEvent:
         # forked child CUDA is unusable and that call fails ("initialization error").
         if self.device is not None and os.getpid() != self._pid:
             self._cuda.destroyed_in_child += 1
-            os.write(2, b"CUDA warning: initialization error (an event destroyed in a "
-                        b"forked child)\n")
+            os.write(
+                2, b"CUDA warning: initialization error (an event destroyed in a forked child)\n"
+            )
 
     def record(self, stream: Stream | None = None) -> None:
         cuda = self._cuda
@@ -194,12 +197,14 @@ class FakeCudaEvent:
             cuda.capture_invalidated = True  # global capture mode: an unsafe call
             raise RuntimeError("operation not permitted when stream is capturing")
         return (self.at_ns is None and not self.in_graph) or (
-            self.at_ns is not None and time.perf_counter_ns() >= self.at_ns)
+            self.at_ns is not None and time.perf_counter_ns() >= self.at_ns
+        )
 
     def elapsed_time(self, end: FakeCudaEvent) -> float:
         if not (self.timing and end.timing) or self.in_graph or end.in_graph:
-            raise RuntimeError("Both events must be recorded with timing before "
-                               "calling elapsed_time()")
+            raise RuntimeError(
+                "Both events must be recorded with timing before calling elapsed_time()"
+            )
         if self.at_ns is None or end.at_ns is None or not (self.query() and end.query()):
             raise RuntimeError("device not ready")
         # CUDA computes it in float32 milliseconds
@@ -215,10 +220,11 @@ class FakeCuda:
     """Use as ``torch.cuda``: ``types.ModuleType("torch")`` with ``.cuda = FakeCuda(...)``
     in ``sys.modules``, or hand it to ``TorchCudaBackend`` through such a namespace."""
 
-    def __init__(self, names: list[str], allocator: str = "native",
-                 current: int = 0) -> None:
-        self.devices = [Device(i, name, _uuid.UUID(int=0xC0DA0000 + i).bytes, allocator)
-                        for i, name in enumerate(names)]
+    def __init__(self, names: list[str], allocator: str = "native", current: int = 0) -> None:
+        self.devices = [
+            Device(i, name, _uuid.UUID(int=0xC0DA0000 + i).bytes, allocator)
+            for i, name in enumerate(names)
+        ]
         for device in self.devices:
             device.current = Stream(device.index, self)
             device.streams.append(device.current)
@@ -363,8 +369,10 @@ class FakeCuda:
             yield graph
         side.capturing = False
         if self.capture_invalidated:
-            raise RuntimeError("CUDA error: operation failed due to a previous error "
-                               "during capture (cudaErrorStreamCaptureInvalidated)")
+            raise RuntimeError(
+                "CUDA error: operation failed due to a previous error "
+                "during capture (cudaErrorStreamCaptureInvalidated)"
+            )
         work = side.captured_ns
         graph.work_ns = work
         graph.replay = lambda: self.current_stream().enqueue(work)
@@ -376,8 +384,17 @@ class FakeCuda:
         self.syncs.append(what)  # counted, never raised: torch's sync-debug mode skips these
 
 
-_STAT_ARRAYS = ("allocation", "segment", "active", "inactive_split", "allocated_bytes",
-                "reserved_bytes", "active_bytes", "inactive_split_bytes", "requested_bytes")
+_STAT_ARRAYS = (
+    "allocation",
+    "segment",
+    "active",
+    "inactive_split",
+    "allocated_bytes",
+    "reserved_bytes",
+    "active_bytes",
+    "inactive_split_bytes",
+    "requested_bytes",
+)
 _POOLS = ("all", "small_pool", "large_pool")
 _COUNTERS = ("current", "peak", "allocated", "freed")
 
@@ -387,13 +404,20 @@ def allocator_stats(allocated_all: dict[str, int]) -> dict[str, Any]:
     arrays of three pools of four counters, two more stats and six scalars (39 dicts).
     ``allocated_all`` gives ``allocated_bytes.all``; the rest is 0. Built anew each call,
     as torch does, so the host cost of a read on the fake has the right order."""
-    stats: dict[str, Any] = {name: {pool: dict.fromkeys(_COUNTERS, 0) for pool in _POOLS}
-                             for name in _STAT_ARRAYS}
+    stats: dict[str, Any] = {
+        name: {pool: dict.fromkeys(_COUNTERS, 0) for pool in _POOLS} for name in _STAT_ARRAYS
+    }
     stats["allocated_bytes"]["all"] = dict(allocated_all)
     for name in ("oversize_allocations", "oversize_segments"):
         stats[name] = dict.fromkeys(_COUNTERS, 0)
-    for name in ("num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc",
-                 "num_device_free", "max_split_size"):
+    for name in (
+        "num_alloc_retries",
+        "num_ooms",
+        "num_sync_all_streams",
+        "num_device_alloc",
+        "num_device_free",
+        "max_split_size",
+    ):
         stats[name] = 0
     return stats
 

@@ -97,8 +97,9 @@ class FakeGpu:
             self.energy_mj += round(self.power_avg_mw * (t1 - t0) / 1e9)
         else:
             share = self.busy_share(t0, t1)
-            self.energy_mj += round((share * self.busy_mw + (1 - share) * self.idle_mw)
-                                    * (t1 - t0) / 1e9)
+            self.energy_mj += round(
+                (share * self.busy_mw + (1 - share) * self.idle_mw) * (t1 - t0) / 1e9
+            )
         self._energy_from = now
         return self.energy_mj
 
@@ -119,9 +120,13 @@ class FakeNvml:
 
     c_nvmlGpmMetricsGet_t = GpmMetricsGet
 
-    def __init__(self, gpus: list[FakeGpu], init_error: int | None = None,
-                 init_hang: bool = False,
-                 clock_ns: Callable[[], int] = time.monotonic_ns) -> None:
+    def __init__(
+        self,
+        gpus: list[FakeGpu],
+        init_error: int | None = None,
+        init_hang: bool = False,
+        clock_ns: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
         self.gpus = gpus
         self.clock_ns = clock_ns  # the busy timelines' and the energy counter's clock
         self._util_seen: dict[str, list[tuple[int, int]]] = {}  # uuid: (clock ns, util)
@@ -155,8 +160,9 @@ class FakeNvml:
         if function in gpu.unsupported:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         if function in gpu.mismatch:
-            raise pynvml.NVMLLibraryMismatchError("Unversioned function called and the "
-                                                  "pyNVML version does not match")
+            raise pynvml.NVMLLibraryMismatchError(
+                "Unversioned function called and the pyNVML version does not match"
+            )
         if gpu.flaky[function] > 0:
             gpu.flaky[function] -= 1
             raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
@@ -228,12 +234,14 @@ class FakeNvml:
         if handle.busy is not None:
             now = self.clock_ns()
             low, high = handle.busy_util
-            util = round(low + (high - low) * handle.busy_share(
-                now - int(UTIL_WINDOW_S * 1e9), now))
+            util = round(
+                low + (high - low) * handle.busy_share(now - int(UTIL_WINDOW_S * 1e9), now)
+            )
         return SimpleNamespace(gpu=util, memory=handle.mem_util)
 
-    def nvmlDeviceGetSamples(self, handle: FakeGpu, sampling_type: int,
-                             last_seen_us: int) -> tuple[int, list[Any]]:
+    def nvmlDeviceGetSamples(
+        self, handle: FakeGpu, sampling_type: int, last_seen_us: int
+    ) -> tuple[int, list[Any]]:
         """The driver's utilization samples: one every UTIL_WINDOW_S on the monotonic
         clock, each the utilization of the window before it, the last DRIVER_SAMPLES of
         them kept; timestamps in µs of the CPU's wall clock. NOT_FOUND when none is newer
@@ -256,13 +264,13 @@ class FakeNvml:
             if stamp_us <= last_seen_us:
                 continue
             middle_ns = at_ns - window_ns // 2
-            util = next((value for seen_ns, value in history if seen_ns >= middle_ns),
-                        handle.util)
+            util = next((value for seen_ns, value in history if seen_ns >= middle_ns), handle.util)
             if handle.busy is not None:
                 low, high = handle.busy_util
                 util = round(low + (high - low) * handle.busy_share(at_ns - window_ns, at_ns))
-            samples.append(SimpleNamespace(timeStamp=stamp_us,
-                                           sampleValue=SimpleNamespace(uiVal=util)))
+            samples.append(
+                SimpleNamespace(timeStamp=stamp_us, sampleValue=SimpleNamespace(uiVal=util))
+            )
         if not samples:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
         return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, samples
@@ -271,16 +279,18 @@ class FakeNvml:
         self._enter("nvmlDeviceGetMemoryInfo", handle)
         if version is None:
             used = handle.mem_used + handle.mem_reserved
-            return SimpleNamespace(total=handle.mem_total, used=used,
-                                   free=handle.mem_total - used)
+            return SimpleNamespace(total=handle.mem_total, used=used, free=handle.mem_total - used)
         if not handle.memory_v2:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
         if version != pynvml.nvmlMemory_v2:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
         return pynvml.c_nvmlMemory_v2_t(
-            version=version, total=handle.mem_total, reserved=handle.mem_reserved,
+            version=version,
+            total=handle.mem_total,
+            reserved=handle.mem_reserved,
             free=handle.mem_total - handle.mem_used - handle.mem_reserved,
-            used=handle.mem_used)
+            used=handle.mem_used,
+        )
 
     def nvmlDeviceGetFieldValues(self, handle: FakeGpu, fieldIds: list[int]) -> Any:
         self._whole_only("nvmlDeviceGetFieldValues", handle)
@@ -324,8 +334,11 @@ class FakeNvml:
     def nvmlDeviceGetProcessUtilization(self, handle: FakeGpu, timeStamp: int) -> list[Any]:
         """Samples newer than ``timeStamp``; NotFound when there are none, as NVML does."""
         self._whole_only("nvmlDeviceGetProcessUtilization", handle)
-        samples = [pynvml.c_nvmlProcessUtilizationSample_t(pid=pid, timeStamp=ts, smUtil=sm)
-                   for pid, ts, sm in handle.proc_samples if ts > timeStamp]
+        samples = [
+            pynvml.c_nvmlProcessUtilizationSample_t(pid=pid, timeStamp=ts, smUtil=sm)
+            for pid, ts, sm in handle.proc_samples
+            if ts > timeStamp
+        ]
         if not samples:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
         return samples
@@ -357,16 +370,22 @@ class FakeNvml:
         return request
 
 
-def periodic_busy(start_ns: int, seconds: float, period_s: float = 0.5,
-                  busy_s: float = 0.3) -> list[tuple[int, int]]:
+def periodic_busy(
+    start_ns: int, seconds: float, period_s: float = 0.5, busy_s: float = 0.3
+) -> list[tuple[int, int]]:
     """Busy intervals: the first ``busy_s`` of every ``period_s`` for ``seconds``."""
     period, busy = int(period_s * 1e9), int(busy_s * 1e9)
     first = start_ns - start_ns % period
     return [(t, t + busy) for t in range(first, start_ns + int(seconds * 1e9), period)]
 
 
-def periodic_energy_mj(t_s: float, period_s: float = 0.5, busy_s: float = 0.3,
-                       busy_w: float = 300.0, idle_w: float = 80.0) -> float:
+def periodic_energy_mj(
+    t_s: float,
+    period_s: float = 0.5,
+    busy_s: float = 0.3,
+    busy_w: float = 300.0,
+    idle_w: float = 80.0,
+) -> float:
     """The energy counter of a GPU busy the first ``busy_s`` of every ``period_s`` of the
     monotonic clock since its origin (``periodic_busy``'s grid), in mJ."""
     busy_total_s = t_s // period_s * busy_s + min(t_s % period_s, busy_s)
@@ -379,32 +398,68 @@ def two_busy_gpus() -> FakeNvml:
     clock whoever reads it (as a driver's counter does between two jobs): the fake the test
     launcher plugs in with ``--fake-nvml two_busy_gpus``."""
     timeline = periodic_busy(time.monotonic_ns(), 3600.0)
-    return FakeNvml([FakeGpu(uuid=uuid, name=f"NVIDIA Fake {i}", busy=timeline,
-                             busy_util=(10, 90), energy_at=periodic_energy_mj)
-                     for i, uuid in enumerate(("GPU-0a0a0a0a", "GPU-1b1b1b1b"))])
+    return FakeNvml(
+        [
+            FakeGpu(
+                uuid=uuid,
+                name=f"NVIDIA Fake {i}",
+                busy=timeline,
+                busy_util=(10, 90),
+                energy_at=periodic_energy_mj,
+            )
+            for i, uuid in enumerate(("GPU-0a0a0a0a", "GPU-1b1b1b1b"))
+        ]
+    )
 
 
 def hanging_gpu() -> FakeNvml:
     """One GPU whose utilization call blocks (30 s): a wedged driver in a sampling round."""
-    return FakeNvml([FakeGpu(uuid="GPU-2c2c2c2c", name="NVIDIA Fake Hanging",
-                             hang={"nvmlDeviceGetUtilizationRates"})])
+    return FakeNvml(
+        [
+            FakeGpu(
+                uuid="GPU-2c2c2c2c",
+                name="NVIDIA Fake Hanging",
+                hang={"nvmlDeviceGetUtilizationRates"},
+            )
+        ]
+    )
 
 
 def gpu_without_energy() -> FakeNvml:
     """Two GPUs without GPM; the second one's energy counter answers NotSupported."""
-    return FakeNvml([FakeGpu(uuid="GPU-3d3d3d3d", name="NVIDIA Fake 0"),
-                     FakeGpu(uuid="GPU-4e4e4e4e", name="NVIDIA Fake 1",
-                             unsupported={"nvmlDeviceGetTotalEnergyConsumption"})])
+    return FakeNvml(
+        [
+            FakeGpu(uuid="GPU-3d3d3d3d", name="NVIDIA Fake 0"),
+            FakeGpu(
+                uuid="GPU-4e4e4e4e",
+                name="NVIDIA Fake 1",
+                unsupported={"nvmlDeviceGetTotalEnergyConsumption"},
+            ),
+        ]
+    )
 
 
 def busy_and_idle_gpu() -> FakeNvml:
     """A GPU at 95 % utilization and one at 3 % (a job that holds a GPU it never uses)."""
-    return FakeNvml([FakeGpu(uuid="GPU-5f5f5f5f", name="NVIDIA Fake 0", util=95),
-                     FakeGpu(uuid="GPU-6a6a6a6a", name="NVIDIA Fake 1", util=3)])
+    return FakeNvml(
+        [
+            FakeGpu(uuid="GPU-5f5f5f5f", name="NVIDIA Fake 0", util=95),
+            FakeGpu(uuid="GPU-6a6a6a6a", name="NVIDIA Fake 1", util=3),
+        ]
+    )
 
 
 def idle_full_gpu() -> FakeNvml:
     """One GPU 2 % busy with 7900 of its 8000 MiB used: the idle-GPU and memory-near-full
     alerts' stand-in (``--fake-nvml idle_full_gpu``)."""
-    return FakeNvml([FakeGpu(uuid="GPU-6f6f6f6f", name="NVIDIA Fake Idle", util=2,
-                             mem_used=7900 * MIB, mem_total=8000 * MIB)])
+    return FakeNvml(
+        [
+            FakeGpu(
+                uuid="GPU-6f6f6f6f",
+                name="NVIDIA Fake Idle",
+                util=2,
+                mem_used=7900 * MIB,
+                mem_total=8000 * MIB,
+            )
+        ]
+    )

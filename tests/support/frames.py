@@ -40,9 +40,19 @@ class Client:
 
     def hello(self, out_dir: str, **extra: Any) -> bytes:
         """A hello asking for a reply (``reply_to`` "h")."""
-        body = {"type": "hello", "out_dir": out_dir, "cwd": "/", "split": 0,
-                "warmup_iterations": 0, "num_measurements": 1_000_000, "pid": os.getpid(),
-                "host": os.uname().nodename, "start_ns": 0, "reply_to": "h", **extra}
+        body = {
+            "type": "hello",
+            "out_dir": out_dir,
+            "cwd": "/",
+            "split": 0,
+            "warmup_iterations": 0,
+            "num_measurements": 1_000_000,
+            "pid": os.getpid(),
+            "host": os.uname().nodename,
+            "start_ns": 0,
+            "reply_to": "h",
+            **extra,
+        }
         return wire.encode_control(self._header(wire.KIND_CONTROL), body)
 
     def control(self, body: dict[str, Any]) -> bytes:
@@ -59,8 +69,16 @@ class Client:
 RUN_ID_SLICE = slice(struct.calcsize("<4sBBHIQQ"), wire.HEADER.size)  # in a header
 
 # Kinds a generated bad frame is rejected as, per generator below.
-BAD_KINDS = ("malformed", "truncated", "unknown_version", "unknown_run", "out_of_order",
-             "bad_record", "unknown_control", "oversized")
+BAD_KINDS = (
+    "malformed",
+    "truncated",
+    "unknown_version",
+    "unknown_run",
+    "out_of_order",
+    "bad_record",
+    "unknown_control",
+    "oversized",
+)
 
 
 def bad_frame(rng: random.Random, good: Client, kind: str) -> bytes:
@@ -76,22 +94,28 @@ def bad_frame(rng: random.Random, good: Client, kind: str) -> bytes:
         if choice == 0:  # bad magic
             return b"XXXX" + rng.randbytes(rng.randrange(wire.HEADER.size, 200))
         if choice == 1:  # unknown message kind
-            header = wire.HEADER.pack(wire.MAGIC, wire.VERSION, rng.randrange(3, 256), 0, 0,
-                                      0, 0, stranger.run_id)
+            header = wire.HEADER.pack(
+                wire.MAGIC, wire.VERSION, rng.randrange(3, 256), 0, 0, 0, 0, stranger.run_id
+            )
             return header + rng.randbytes(rng.randrange(50))
         if choice == 2:  # control body that is not JSON
             return stranger._header(wire.KIND_CONTROL) + b"\xff{" + rng.randbytes(20)
-        return stranger._header(wire.KIND_CONTROL) + json.dumps(  # JSON without a type
-            rng.choice([[1, 2], {"kind": "x"}, "text", {"type": 3}])).encode()
+        return (
+            stranger._header(wire.KIND_CONTROL)
+            + json.dumps(  # JSON without a type
+                rng.choice([[1, 2], {"kind": "x"}, "text", {"type": 3}])
+            ).encode()
+        )
     if kind == "truncated":
         if rng.random() < 0.5:
             return rng.randbytes(rng.randrange(wire.HEADER.size))
         frame = stranger.records(rng.randrange(1, 5))
-        return frame[:len(frame) - rng.randrange(1, wire.SLOT_BYTES)]
+        return frame[: len(frame) - rng.randrange(1, wire.SLOT_BYTES)]
     if kind == "unknown_version":
         version = rng.choice([v for v in (0, 1, 2, 3, 255) if v != wire.VERSION])
-        header = wire.HEADER.pack(wire.MAGIC, version, wire.KIND_RECORDS,
-                                  0, 0, 0, 0, stranger.run_id)
+        header = wire.HEADER.pack(
+            wire.MAGIC, version, wire.KIND_RECORDS, 0, 0, 0, 0, stranger.run_id
+        )
         return header + records(1).tobytes()
     if kind == "unknown_run":
         return stranger.records(rng.randrange(1, 4))
@@ -117,11 +141,19 @@ def noise(rng: random.Random) -> bytes:
     if rng.random() < 0.3:
         return rng.randbytes(rng.randrange(0, 300))
     stranger = Client()
-    frame = bytearray(stranger.records(rng.randrange(0, 4)) if rng.random() < 0.5 else
-                      stranger.control({"type": rng.choice(["phase", "gpu", "finish",
-                                                            "checkpoint", "batch_size"]),
-                                        "id": rng.randrange(-5, 70000), "name": "n",
-                                        "status": "completed", "value": rng.randrange(-2, 5)}))
+    frame = bytearray(
+        stranger.records(rng.randrange(0, 4))
+        if rng.random() < 0.5
+        else stranger.control(
+            {
+                "type": rng.choice(["phase", "gpu", "finish", "checkpoint", "batch_size"]),
+                "id": rng.randrange(-5, 70000),
+                "name": "n",
+                "status": "completed",
+                "value": rng.randrange(-2, 5),
+            }
+        )
+    )
     for _ in range(rng.randrange(1, 4)):
         frame[rng.randrange(len(frame))] = rng.randrange(256)
     if frame[RUN_ID_SLICE] == bytes(16):  # never the status client's id: it gets replies

@@ -40,8 +40,9 @@ def env(**extra: str) -> dict[str, str]:
     return result
 
 
-def wait_for(predicate: Callable[[], T], timeout_s: float, what: str,
-             interval_s: float = 0.05) -> T:
+def wait_for(
+    predicate: Callable[[], T], timeout_s: float, what: str, interval_s: float = 0.05
+) -> T:
     """Poll ``predicate`` until it returns a true value; fail after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -53,8 +54,9 @@ def wait_for(predicate: Callable[[], T], timeout_s: float, what: str,
         time.sleep(interval_s)
 
 
-def status(endpoint: str, timeout_s: float = 2.0,
-           secret: str | None = None) -> dict[str, Any] | None:
+def status(
+    endpoint: str, timeout_s: float = 2.0, secret: str | None = None
+) -> dict[str, Any] | None:
     """The sidecar's status view, asked over its socket (showing ``secret`` to a job's own
     sidecar); None when none answers."""
     sender = Sender(connect_address(endpoint), bytes(16), 0, secret)
@@ -83,16 +85,36 @@ class Sidecar:
     """A ``sidecar serve`` subprocess; its log goes to ``log`` (a file). ``seams`` are
     test-launcher options (see ``sidecar_command``), ``args`` more options of serve."""
 
-    def __init__(self, endpoint: str, root: Path, log: Path, seams: Sequence[str] = (),
-                 args: Sequence[str] = (), **popen: Any) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        root: Path,
+        log: Path,
+        seams: Sequence[str] = (),
+        args: Sequence[str] = (),
+        **popen: Any,
+    ) -> None:
         self.endpoint = endpoint
         self.root = root
         self.log = log
         with log.open("ab") as handle:
             self.process = subprocess.Popen(
-                sidecar_command("serve", "--endpoint", endpoint, "--root", str(root),
-                                *SAME_PRIORITY, *args, seams=seams),
-                env=env(), stdout=handle, stderr=handle, stdin=subprocess.DEVNULL, **popen)
+                sidecar_command(
+                    "serve",
+                    "--endpoint",
+                    endpoint,
+                    "--root",
+                    str(root),
+                    *SAME_PRIORITY,
+                    *args,
+                    seams=seams,
+                ),
+                env=env(),
+                stdout=handle,
+                stderr=handle,
+                stdin=subprocess.DEVNULL,
+                **popen,
+            )
         self._wait_until_it_answers()
         assert self.process.poll() is None, self.log.read_text()
 
@@ -105,8 +127,11 @@ class Sidecar:
         """
         probe = Sender(connect_address(self.endpoint), bytes(16), 0)
         try:
-            wait_for(lambda: self.process.poll() is not None or probe.connected, timeout_s,
-                     "the sidecar to accept a connection")
+            wait_for(
+                lambda: self.process.poll() is not None or probe.connected,
+                timeout_s,
+                "the sidecar to accept a connection",
+            )
             if self.process.poll() is None:
                 reply = probe.request({"type": wire.STATUS}, timeout_s)
                 assert reply is not None, "the sidecar did not answer"
@@ -150,10 +175,21 @@ def serve(short_tmp: Path) -> Iterator[Callable[..., Sidecar]]:
     started: list[Sidecar] = []
     (short_tmp / "root").mkdir(exist_ok=True)
 
-    def start(endpoint: str | None = None, root: Path | None = None,
-              seams: Sequence[str] = (), args: Sequence[str] = (), **popen: Any) -> Sidecar:
-        sidecar = Sidecar(endpoint or f"ipc://{short_tmp}/s.sock", root or short_tmp / "root",
-                          short_tmp / "sidecar.log", seams, args, **popen)
+    def start(
+        endpoint: str | None = None,
+        root: Path | None = None,
+        seams: Sequence[str] = (),
+        args: Sequence[str] = (),
+        **popen: Any,
+    ) -> Sidecar:
+        sidecar = Sidecar(
+            endpoint or f"ipc://{short_tmp}/s.sock",
+            root or short_tmp / "root",
+            short_tmp / "sidecar.log",
+            seams,
+            args,
+            **popen,
+        )
         started.append(sidecar)
         return sidecar
 
@@ -166,9 +202,13 @@ def start_job(endpoint: str, cwd: Path, *args: str, **popen: Any) -> subprocess.
     """Start ``tests/support/jobs/loop_job.py`` with ``args``, talking to the sidecar at
     ``endpoint``.
     """
-    return subprocess.Popen([sys.executable, str(JOB), *args], cwd=cwd,
-                            env=env(SIDECAR_ENDPOINT=endpoint), stdin=subprocess.DEVNULL,
-                            **popen)
+    return subprocess.Popen(
+        [sys.executable, str(JOB), *args],
+        cwd=cwd,
+        env=env(SIDECAR_ENDPOINT=endpoint),
+        stdin=subprocess.DEVNULL,
+        **popen,
+    )
 
 
 def progress(path: Path) -> dict[str, Any]:

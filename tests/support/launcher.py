@@ -21,8 +21,9 @@ from tests.support.disk_quota import DiskQuota
 from tests.support.slow_disk import SlowDisk
 
 
-def seams(fake_nvml: str | None, disk_quota: str | None,
-          slow_disk: float | None = None) -> dict[str, Any]:
+def seams(
+    fake_nvml: str | None, disk_quota: str | None, slow_disk: float | None = None
+) -> dict[str, Any]:
     """The ``Server`` keyword arguments for the options given."""
     result: dict[str, Any] = {}
     if fake_nvml:
@@ -45,7 +46,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--slow-disk", type=float)
     split = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:split])
-    return cli.main(argv[split + 1:], **seams(args.fake_nvml, args.disk_quota, args.slow_disk))
+    return cli.main(argv[split + 1 :], **seams(args.fake_nvml, args.disk_quota, args.slow_disk))
 
 
 if __name__ == "__main__":

@@ -34,9 +34,19 @@ def local_users(count: int, tag: str = "") -> Iterator[list[str]]:
     made: list[str] = []
     try:
         for name in names:
-            subprocess.run(["useradd", "--no-create-home", "--user-group", "--shell",
-                            "/usr/sbin/nologin", name], check=True, capture_output=True,
-                           timeout=60)
+            subprocess.run(
+                [
+                    "useradd",
+                    "--no-create-home",
+                    "--user-group",
+                    "--shell",
+                    "/usr/sbin/nologin",
+                    name,
+                ],
+                check=True,
+                capture_output=True,
+                timeout=60,
+            )
             made.append(name)
         yield made
     finally:
@@ -48,8 +58,7 @@ def user_python_unavailable() -> str | None:
     """Why the users' Python cannot run the markers (no Debian python3 or python3-zmq)."""
     if not Path(SYSTEM_PYTHON).exists():
         return f"{SYSTEM_PYTHON} is not installed"
-    probe = subprocess.run([SYSTEM_PYTHON, "-c", "import zmq"], capture_output=True,
-                           timeout=60)
+    probe = subprocess.run([SYSTEM_PYTHON, "-c", "import zmq"], capture_output=True, timeout=60)
     return None if probe.returncode == 0 else "python3-zmq is not installed"
 
 
@@ -58,10 +67,18 @@ def readable_markers(folder: Path) -> Path:
     read, under ``folder`` (made readable down from it); returns the folder to put on
     ``PYTHONPATH``."""
     site = folder / "site"
-    shutil.copytree(REPO / "markers", site / "markers",
-                    ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
-    shutil.copytree(REPO / "tests" / "support" / "jobs", site / "jobs",
-                    ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
+    shutil.copytree(
+        REPO / "markers",
+        site / "markers",
+        ignore=shutil.ignore_patterns("__pycache__"),
+        dirs_exist_ok=True,
+    )
+    shutil.copytree(
+        REPO / "tests" / "support" / "jobs",
+        site / "jobs",
+        ignore=shutil.ignore_patterns("__pycache__"),
+        dirs_exist_ok=True,
+    )
     for path in (folder, *folder.rglob("*")):
         path.chmod(0o755 if path.is_dir() else 0o644)
     return site

@@ -39,14 +39,27 @@ class Node:
     def argv(self, command: Sequence[str]) -> list[str]:
         """``command`` run inside this node: its namespace, its hostname."""
         script = f'hostname {self.hostname} && exec "$@"'
-        return ["ip", "netns", "exec", self.namespace, "unshare", "--uts", "sh", "-c",
-                script, "sh", *command]
+        return [
+            "ip",
+            "netns",
+            "exec",
+            self.namespace,
+            "unshare",
+            "--uts",
+            "sh",
+            "-c",
+            script,
+            "sh",
+            *command,
+        ]
 
-    def popen(self, command: Sequence[str], env: Mapping[str, str],
-              **kwargs: Any) -> subprocess.Popen[Any]:
+    def popen(
+        self, command: Sequence[str], env: Mapping[str, str], **kwargs: Any
+    ) -> subprocess.Popen[Any]:
         """Start ``command`` on this node (gloo told to use the node's interface)."""
-        return subprocess.Popen(self.argv(command),
-                                env={**env, "GLOO_SOCKET_IFNAME": self.interface}, **kwargs)
+        return subprocess.Popen(
+            self.argv(command), env={**env, "GLOO_SOCKET_IFNAME": self.interface}, **kwargs
+        )
 
 
 def _ip(*argv: str) -> None:
@@ -63,20 +76,18 @@ def nodes(count: int = 2) -> Iterator[list[Node]]:
     made: list[Node] = []
     try:
         for index in range(count):
-            node = Node(f"{tag}n{index}", f"node{index}", f"{tag}v{index}",
-                        f"{SUBNET_PREFIX}{index + 1}")
+            node = Node(
+                f"{tag}n{index}", f"node{index}", f"{tag}v{index}", f"{SUBNET_PREFIX}{index + 1}"
+            )
             _ip("netns", "add", node.namespace)
             made.append(node)
-        _ip("link", "add", made[0].interface, "type", "veth", "peer", "name",
-            made[1].interface)
+        _ip("link", "add", made[0].interface, "type", "veth", "peer", "name", made[1].interface)
         for node in made:
             _ip("link", "set", node.interface, "netns", node.namespace)
-            _ip("-n", node.namespace, "addr", "add", f"{node.address}/24", "dev",
-                node.interface)
+            _ip("-n", node.namespace, "addr", "add", f"{node.address}/24", "dev", node.interface)
             _ip("-n", node.namespace, "link", "set", node.interface, "up")
             _ip("-n", node.namespace, "link", "set", "lo", "up")
         yield made
     finally:
         for node in made:
-            subprocess.run(["ip", "netns", "del", node.namespace], capture_output=True,
-                           timeout=30)
+            subprocess.run(["ip", "netns", "del", node.namespace], capture_output=True, timeout=30)

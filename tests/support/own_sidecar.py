@@ -30,7 +30,23 @@ def run_job(short_tmp: Path, endpoint: str, stop: Path) -> subprocess.Popen[byte
     ``sidecar.log``, its progress in ``p.json``), training until ``stop`` exists."""
     with (short_tmp / "sidecar.log").open("wb") as log:
         return subprocess.Popen(
-            sidecar_command("run", "--endpoint", endpoint, "--", sys.executable, str(JOB),
-                            "--out-dir", "maps", "--stop-file", str(stop), "--progress",
-                            str(short_tmp / "p.json")),
-            cwd=short_tmp, env=env(), stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+            sidecar_command(
+                "run",
+                "--endpoint",
+                endpoint,
+                "--",
+                sys.executable,
+                str(JOB),
+                "--out-dir",
+                "maps",
+                "--stop-file",
+                str(stop),
+                "--progress",
+                str(short_tmp / "p.json"),
+            ),
+            cwd=short_tmp,
+            env=env(),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+        )

@@ -11,15 +11,19 @@ import subprocess
 import sys
 
 CHILDREN = {
-    "alloc": ("import sys, time\n"
-              "block = bytearray(b'\\x01') * (int(sys.argv[1]) * 1024 * 1024)\n"
-              "print('ready', flush=True)\n"
-              "time.sleep(120)\n"),
-    "spin": ("import time\n"
-             "print('ready', flush=True)\n"
-             "end = time.monotonic() + 120\n"
-             "while time.monotonic() < end:\n"
-             "    pass\n"),
+    "alloc": (
+        "import sys, time\n"
+        "block = bytearray(b'\\x01') * (int(sys.argv[1]) * 1024 * 1024)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(120)\n"
+    ),
+    "spin": (
+        "import time\n"
+        "print('ready', flush=True)\n"
+        "end = time.monotonic() + 120\n"
+        "while time.monotonic() < end:\n"
+        "    pass\n"
+    ),
 }
 
 
@@ -33,8 +37,9 @@ def main() -> None:
             child.wait()
             print(child.pid, flush=True)
             continue
-        child = subprocess.Popen([sys.executable, "-c", CHILDREN[command], *args],
-                                 stdout=subprocess.PIPE, text=True)
+        child = subprocess.Popen(
+            [sys.executable, "-c", CHILDREN[command], *args], stdout=subprocess.PIPE, text=True
+        )
         assert child.stdout is not None and child.stdout.readline().strip() == "ready"
         children.append(child)
         print(child.pid, flush=True)

@@ -63,8 +63,7 @@ def http(url: str) -> str:
 
 def promql(server: str, query: str) -> list[dict[str, Any]]:
     """The ``result`` list of an instant query; fails the test when the server refuses."""
-    reply = json.loads(http(f"{server}/api/v1/query?"
-                            + urllib.parse.urlencode({"query": query})))
+    reply = json.loads(http(f"{server}/api/v1/query?" + urllib.parse.urlencode({"query": query})))
     assert reply["status"] == "success", reply
     return reply["data"]["result"]
 
@@ -78,9 +77,16 @@ def prometheus_server(folder: Path, config: str) -> Iterator[str]:
     (folder / "prometheus.yml").write_text(config)
     log = (folder / "prometheus.log").open("wb")
     server = subprocess.Popen(
-        ["prometheus", f"--config.file={folder / 'prometheus.yml'}",
-         f"--storage.tsdb.path={folder / 'tsdb'}", f"--web.listen-address=127.0.0.1:{web}"],
-        stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        [
+            "prometheus",
+            f"--config.file={folder / 'prometheus.yml'}",
+            f"--storage.tsdb.path={folder / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{web}",
+        ],
+        stdout=log,
+        stderr=log,
+        stdin=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{web}"
 
     def ready() -> bool:
@@ -104,13 +110,16 @@ def scraping(folder: Path, rule_file: Path | None = None) -> Iterator[tuple[str,
     ``rule_file``'s rules every second when given: yields (its URL, the port)."""
     target = free_port()
     rules = f"rule_files: [{json.dumps(str(rule_file))}]" if rule_file else ""
-    with prometheus_server(folder, textwrap.dedent(f"""
+    with prometheus_server(
+        folder,
+        textwrap.dedent(f"""
         global: {{scrape_interval: 1s, evaluation_interval: 1s}}
         {rules}
         scrape_configs:
           - job_name: trainmon
             static_configs: [{{targets: ["127.0.0.1:{target}"]}}]
-    """)) as url:
+    """),
+    ) as url:
         yield url, target
 
 
@@ -121,15 +130,36 @@ def prometheus(tmp_path: Path) -> Iterator[tuple[str, int]]:
         yield server
 
 
-def start_loop_job(folder: Path, port: int, input_s: float = 0.003
-                   ) -> tuple[subprocess.Popen[str], Path]:
+def start_loop_job(
+    folder: Path, port: int, input_s: float = 0.003
+) -> tuple[subprocess.Popen[str], Path]:
     """``marked_loop(input_s)`` into ``folder/runs/job`` under ``sidecar run --metrics-port
     port`` with two stand-in GPUs; the job ends once the returned stop file exists."""
     (folder / "loop.py").write_text(marked_loop(input_s))
     stop = folder / "stop"
     job = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.launcher", "--fake-nvml", "two_busy_gpus",
-         "--", "run", "--metrics-port", str(port), "--interval", "0.2", "--",
-         sys.executable, "loop.py", "runs/job", str(stop)], cwd=folder, env=env(),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "tests.support.launcher",
+            "--fake-nvml",
+            "two_busy_gpus",
+            "--",
+            "run",
+            "--metrics-port",
+            str(port),
+            "--interval",
+            "0.2",
+            "--",
+            sys.executable,
+            "loop.py",
+            "runs/job",
+            str(stop),
+        ],
+        cwd=folder,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     return job, stop

@@ -23,20 +23,48 @@ def prepare(short_tmp: Path) -> Path:
     return local_users.readable_markers(short_tmp / "py")
 
 
-def start_shared(serve: Callable[..., Sidecar], *args: str, seams: Sequence[str] = (),
-                 ) -> Sidecar:
+def start_shared(
+    serve: Callable[..., Sidecar],
+    *args: str,
+    seams: Sequence[str] = (),
+) -> Sidecar:
     """A ``sidecar serve --shared`` on ``short_tmp/s.sock`` serving ``short_tmp/root``."""
     return serve(args=("--shared", *args), seams=seams)
 
 
-def user_job(user: str, site: Path, endpoint: str, cwd: Path, module: str, *args: str,
-             extra_env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+def user_job(
+    user: str,
+    site: Path,
+    endpoint: str,
+    cwd: Path,
+    module: str,
+    *args: str,
+    extra_env: dict[str, str] | None = None,
+) -> subprocess.Popen[str]:
     """Start ``python -m jobs.<module> ARGS`` as ``user`` (Debian's Python), its output
     captured as text."""
     return subprocess.Popen(
-        ["runuser", "-u", user, "--", local_users.SYSTEM_PYTHON, "-W", "always", "-m",
-         f"jobs.{module}", *args],
-        cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            "runuser",
+            "-u",
+            user,
+            "--",
+            local_users.SYSTEM_PYTHON,
+            "-W",
+            "always",
+            "-m",
+            f"jobs.{module}",
+            *args,
+        ],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         stdin=subprocess.DEVNULL,
-        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(site), "SIDECAR_ENDPOINT": endpoint,
-             **(extra_env or {})})
+        env={
+            "PATH": os.environ["PATH"],
+            "PYTHONPATH": str(site),
+            "SIDECAR_ENDPOINT": endpoint,
+            **(extra_env or {}),
+        },
+    )

@@ -44,15 +44,32 @@ class Slurm:
     node: str
     _daemons: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
-    def client(self, *argv: str, user: str | None = None, timeout_s: float = 60.0,
-               env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    def client(
+        self,
+        *argv: str,
+        user: str | None = None,
+        timeout_s: float = 60.0,
+        env: Mapping[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[str]:
         """Run a Slurm client command (as ``user`` when given); raises on a non-zero exit."""
         command = list(argv) if user is None else ["runuser", "-u", user, "--", *argv]
-        return subprocess.run(command, env={**self.env, **(env or {})}, check=True,
-                              capture_output=True, text=True, timeout=timeout_s)
+        return subprocess.run(
+            command,
+            env={**self.env, **(env or {})},
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
 
-    def sbatch(self, script: Path, *, user: str | None = None, workdir: Path | None = None,
-               env: Mapping[str, str] | None = None) -> int:
+    def sbatch(
+        self,
+        script: Path,
+        *,
+        user: str | None = None,
+        workdir: Path | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> int:
         """Submit ``script``; returns the job id at once (the job runs on its own)."""
         argv = ["sbatch", "--parsable"]
         if workdir is not None:
@@ -62,36 +79,61 @@ class Slurm:
 
     def state(self, job_id: int) -> str:
         """The job's state as squeue tells it ("" once the job is gone from the queue)."""
-        result = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"],
-                                env=self.env, capture_output=True, text=True, timeout=30)
+        result = subprocess.run(
+            ["squeue", "-h", "-j", str(job_id), "-o", "%T"],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         return result.stdout.strip()
 
     def wait_gone(self, job_id: int, timeout_s: float = 120.0) -> None:
         """Wait until the job left the queue: its Epilog has finished then (``sbatch
         --wait`` returns before)."""
-        wait_for(lambda: self.state(job_id) == "", timeout_s, f"job {job_id} to leave squeue",
-                 interval_s=0.2)
+        wait_for(
+            lambda: self.state(job_id) == "",
+            timeout_s,
+            f"job {job_id} to leave squeue",
+            interval_s=0.2,
+        )
 
     def wait_running(self, job_id: int, timeout_s: float = 60.0) -> None:
         """Wait until the job runs."""
-        wait_for(lambda: self.state(job_id) == "RUNNING", timeout_s,
-                 f"job {job_id} to run", interval_s=0.1)
+        wait_for(
+            lambda: self.state(job_id) == "RUNNING",
+            timeout_s,
+            f"job {job_id} to run",
+            interval_s=0.1,
+        )
 
     def log(self) -> str:
         """Both daemons' logs, for assertion messages."""
-        return "\n".join((self.folder / name).read_text(errors="replace")
-                         for name in ("slurmctld.log", "slurmd.log")
-                         if (self.folder / name).exists())
+        return "\n".join(
+            (self.folder / name).read_text(errors="replace")
+            for name in ("slurmctld.log", "slurmd.log")
+            if (self.folder / name).exists()
+        )
 
 
 def _conf(folder: Path, node: str, scripts: Mapping[str, Path]) -> str:
     lines = [
-        "ClusterName=ci", f"SlurmctldHost={node}", "SlurmUser=root",
-        "AuthType=auth/munge", "CredType=cred/munge", "MpiDefault=none",
-        "MailProg=/bin/true", "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
-        "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core", "ReturnToService=2",
-        f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}",
-        f"StateSaveLocation={folder / 'state'}", f"SlurmdSpoolDir={folder / 'spool'}",
+        "ClusterName=ci",
+        f"SlurmctldHost={node}",
+        "SlurmUser=root",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        "MpiDefault=none",
+        "MailProg=/bin/true",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core",
+        "ReturnToService=2",
+        f"SlurmctldPort={_free_port()}",
+        f"SlurmdPort={_free_port()}",
+        f"StateSaveLocation={folder / 'state'}",
+        f"SlurmdSpoolDir={folder / 'spool'}",
         f"SlurmctldPidFile={folder / 'slurmctld.pid'}",
         f"SlurmdPidFile={folder / 'slurmd.pid'}",
         f"SlurmctldLogFile={folder / 'slurmctld.log'}",
@@ -118,11 +160,19 @@ def _munge() -> Iterator[None]:
     key.chmod(0o400)
     Path("/run/munge").mkdir(exist_ok=True)
     shutil.chown("/run/munge", "munge", "munge")
-    daemon = subprocess.Popen(["runuser", "-u", "munge", "--", "munged", "--foreground"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    daemon = subprocess.Popen(
+        ["runuser", "-u", "munge", "--", "munged", "--foreground"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
-        wait_for(lambda: subprocess.run(["munge", "-n"], capture_output=True,
-                                        timeout=10).returncode == 0, 30, "munged")
+        wait_for(
+            lambda: (
+                subprocess.run(["munge", "-n"], capture_output=True, timeout=10).returncode == 0
+            ),
+            30,
+            "munged",
+        )
         yield
     finally:
         daemon.terminate()
@@ -144,12 +194,29 @@ def slurm(folder: Path, **scripts: Path) -> Iterator[Slurm]:
         cluster = Slurm(folder, env, node)
         try:
             for daemon in ("slurmctld", "slurmd"):
-                cluster._daemons.append(subprocess.Popen(
-                    [daemon, "-D"], env=env, stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL, start_new_session=True))
-            wait_for(lambda: subprocess.run(
-                ["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True,
-                timeout=10).stdout.strip() == "idle", 60, "the Slurm node to be idle")
+                cluster._daemons.append(
+                    subprocess.Popen(
+                        [daemon, "-D"],
+                        env=env,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                        start_new_session=True,
+                    )
+                )
+            wait_for(
+                lambda: (
+                    subprocess.run(
+                        ["sinfo", "-h", "-o", "%T"],
+                        env=env,
+                        capture_output=True,
+                        text=True,
+                        timeout=10,
+                    ).stdout.strip()
+                    == "idle"
+                ),
+                60,
+                "the Slurm node to be idle",
+            )
             yield cluster
         finally:
             for daemon_process in reversed(cluster._daemons):

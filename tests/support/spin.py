@@ -123,10 +123,16 @@ class SpinSGD(torch.optim.SGD):
 class SpinBatches:
     """A re-iterable loader of ``batches`` spinning batches (``spin_loader`` per pass)."""
 
-    def __init__(self, truth: Truth, batches: int, seconds: float, part: str = "loading",
-                 size: int = 4) -> None:
+    def __init__(
+        self, truth: Truth, batches: int, seconds: float, part: str = "loading", size: int = 4
+    ) -> None:
         self.truth, self.batches, self.seconds, self.part, self.size = (
-            truth, batches, seconds, part, size)
+            truth,
+            batches,
+            seconds,
+            part,
+            size,
+        )
 
     def __len__(self) -> int:
         return self.batches
@@ -135,18 +141,22 @@ class SpinBatches:
         return spin_loader(self.truth, self.batches, self.seconds, self.size, self.part)
 
 
-def spin_loader(truth: Truth, batches: int, seconds: float = 0.0, size: int = 4,
-                part: str = "loading") -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def spin_loader(
+    truth: Truth, batches: int, seconds: float = 0.0, size: int = 4, part: str = "loading"
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """``batches`` batches of ``size`` samples, each spinning 1-3 x ``seconds`` to arrive."""
     generator = torch.Generator().manual_seed(0)
     for _ in range(batches):
         truth.spin(part, truth.cost(part, seconds))
-        yield torch.randn(size, FEATURES, generator=generator), torch.randn(size, 1,
-                                                                          generator=generator)
+        yield (
+            torch.randn(size, FEATURES, generator=generator),
+            torch.randn(size, 1, generator=generator),
+        )
 
 
-def assert_close(measured: list[float], truth: list[float], what: str,
-                 rel: float = 0.15, abs_s: float = 0.4e-3) -> None:
+def assert_close(
+    measured: list[float], truth: list[float], what: str, rel: float = 0.15, abs_s: float = 0.4e-3
+) -> None:
     """Measured values against their truths, row by row, within ``rel`` or ``abs_s``
     seconds: none below (a row missing a batch, or shifted to another iteration, whose
     costs differ, fails here), and at least two rows in three not above. The others may
@@ -158,17 +168,30 @@ def assert_close(measured: list[float], truth: list[float], what: str,
     rows = list(zip(measured, truth, strict=True))
     text = [f"{got * 1e3:.3f}/{want * 1e3:.3f}" for got, want in rows]
     slack = [max(rel * want, abs_s) for _got, want in rows]
-    below = [i for i, ((got, want), allowed) in enumerate(zip(rows, slack, strict=True))
-             if got < want - allowed]
-    above = [i for i, ((got, want), allowed) in enumerate(zip(rows, slack, strict=True))
-             if got > want + allowed]
+    below = [
+        i
+        for i, ((got, want), allowed) in enumerate(zip(rows, slack, strict=True))
+        if got < want - allowed
+    ]
+    above = [
+        i
+        for i, ((got, want), allowed) in enumerate(zip(rows, slack, strict=True))
+        if got > want + allowed
+    ]
     assert not below, f"{what}: rows {below} below their truth (measured/true ms: {text})"
-    assert 3 * len(above) <= len(rows), \
+    assert 3 * len(above) <= len(rows), (
         f"{what}: rows {above} above their truth (measured/true ms: {text})"
+    )
 
 
-def assert_between(measured: list[float], inner: list[float], outer: list[float], what: str,
-                   rel: float = 0.15, slack_s: float = 0.4e-3) -> None:
+def assert_between(
+    measured: list[float],
+    inner: list[float],
+    outer: list[float],
+    what: str,
+    rel: float = 0.15,
+    slack_s: float = 0.4e-3,
+) -> None:
     """Each stored row between the script's clock inside the work (``inner``: the part's
     own spin, less ``rel`` or ``slack_s``) and around the whole window the row should
     hold (``outer``, plus ``slack_s``). A pause anywhere inside the window (the scheduler,
@@ -176,10 +199,14 @@ def assert_between(measured: list[float], inner: list[float], outer: list[float]
     busy machine; a row missing a batch, or holding another iteration's (whose costs
     differ by a third or more), falls outside.
     """
-    assert len(measured) == len(inner) == len(outer), \
+    assert len(measured) == len(inner) == len(outer), (
         f"{what}: {len(measured)} rows for {len(inner)} inner, {len(outer)} outer times"
+    )
     rows = list(zip(measured, inner, outer, strict=True))
     text = [f"{got * 1e3:.3f} in [{low * 1e3:.3f}, {high * 1e3:.3f}]" for got, low, high in rows]
-    wrong = [i for i, (got, low, high) in enumerate(rows)
-             if not low - max(rel * low, slack_s) <= got <= high + slack_s]
+    wrong = [
+        i
+        for i, (got, low, high) in enumerate(rows)
+        if not low - max(rel * low, slack_s) <= got <= high + slack_s
+    ]
     assert not wrong, f"{what}: rows {wrong} outside their bounds (ms: {text})"

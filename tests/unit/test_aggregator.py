@@ -17,29 +17,52 @@ TRAIN = wire.FLAG_IN_ITERATION
 VAL = wire.FLAG_IN_ITERATION | wire.FLAG_VALIDATION
 
 
-def record(phase: int, start_ms: float, end_ms: float, flags: int = TRAIN, epoch: int = 0,
-           iteration: int = 0, batch: int = 0, gpu_ns: int = -1, peak: int = -1,
-           batches: int = 0, lag_ns: int = 0) -> list[int]:
+def record(
+    phase: int,
+    start_ms: float,
+    end_ms: float,
+    flags: int = TRAIN,
+    epoch: int = 0,
+    iteration: int = 0,
+    batch: int = 0,
+    gpu_ns: int = -1,
+    peak: int = -1,
+    batches: int = 0,
+    lag_ns: int = 0,
+) -> list[int]:
     """One decoded record (``wire.RECORD_FIELDS`` order; fields not named here are 0)."""
     values = [0] * wire.RECORD_WIDTH
-    for offset, value in ((wire.P_PHASE, phase), (wire.P_FLAGS, flags), (wire.P_EPOCH, epoch),
-                          (wire.P_ITERATION, iteration), (wire.P_BATCH, batch),
-                          (wire.P_START, int(start_ms * MS)), (wire.P_END, int(end_ms * MS)),
-                          (wire.P_GPU, gpu_ns), (wire.P_PEAK, peak),
-                          (wire.P_BATCHES, batches), (wire.P_LAG, lag_ns)):
+    for offset, value in (
+        (wire.P_PHASE, phase),
+        (wire.P_FLAGS, flags),
+        (wire.P_EPOCH, epoch),
+        (wire.P_ITERATION, iteration),
+        (wire.P_BATCH, batch),
+        (wire.P_START, int(start_ms * MS)),
+        (wire.P_END, int(end_ms * MS)),
+        (wire.P_GPU, gpu_ns),
+        (wire.P_PEAK, peak),
+        (wire.P_BATCHES, batches),
+        (wire.P_LAG, lag_ns),
+    ):
         values[offset] = value
     return values
 
 
-def iteration(i: int, t_ms: float, batch: int, forward_ms: float = 2.0,
-              flags: int = TRAIN) -> list[int]:
+def iteration(
+    i: int, t_ms: float, batch: int, forward_ms: float = 2.0, flags: int = TRAIN
+) -> list[int]:
     """Data loading 1 ms, forward, then the loop record over the whole iteration."""
-    loading, loop = ((wire.VALIDATION_DATA_LOADING, wire.VALIDATION_LOOP) if flags & 2
-                     else (wire.TRAINING_DATA_LOADING, wire.TRAINING_LOOP))
-    return (record(loading, t_ms, t_ms + 1, flags, iteration=i, batch=batch)
-            + record(wire.FORWARD, t_ms + 1, t_ms + 1 + forward_ms, flags, iteration=i,
-                     batch=batch)
-            + record(loop, t_ms, t_ms + 1 + forward_ms, flags, iteration=i, batch=batch))
+    loading, loop = (
+        (wire.VALIDATION_DATA_LOADING, wire.VALIDATION_LOOP)
+        if flags & 2
+        else (wire.TRAINING_DATA_LOADING, wire.TRAINING_LOOP)
+    )
+    return (
+        record(loading, t_ms, t_ms + 1, flags, iteration=i, batch=batch)
+        + record(wire.FORWARD, t_ms + 1, t_ms + 1 + forward_ms, flags, iteration=i, batch=batch)
+        + record(loop, t_ms, t_ms + 1 + forward_ms, flags, iteration=i, batch=batch)
+    )
 
 
 def aggregator(**settings: int) -> RankAggregator:
@@ -82,9 +105,14 @@ def test_caps_bound_the_rows_but_not_the_streaming_figures() -> None:
 def test_accumulation_sums_the_phases_of_one_step() -> None:
     agg = aggregator()
     # One optimization step of two batches: two loadings and forwards, one loop record.
-    values = (record(wire.TRAINING_DATA_LOADING, 0, 1) + record(wire.FORWARD, 1, 3)
-              + record(wire.TRAINING_DATA_LOADING, 3, 5) + record(wire.FORWARD, 5, 9)
-              + record(wire.OPTIMIZATION, 9, 10) + record(wire.TRAINING_LOOP, 0, 10))
+    values = (
+        record(wire.TRAINING_DATA_LOADING, 0, 1)
+        + record(wire.FORWARD, 1, 3)
+        + record(wire.TRAINING_DATA_LOADING, 3, 5)
+        + record(wire.FORWARD, 5, 9)
+        + record(wire.OPTIMIZATION, 9, 10)
+        + record(wire.TRAINING_LOOP, 0, 10)
+    )
     agg.add_records(array("q", values))
     assert walls(agg, wire.TRAINING_DATA_LOADING) == [3.0]
     assert walls(agg, wire.FORWARD) == [6.0]
@@ -100,8 +128,10 @@ def flagged(agg: RankAggregator, phase: int) -> list[tuple[float, str]]:
 
 def test_an_iteration_whose_loop_record_never_came_is_kept_flagged() -> None:
     agg = aggregator()
-    values = (record(wire.FORWARD, 0, 5, iteration=0)  # its loop record was lost
-              + iteration(1, 10.0, batch=1))
+    values = (
+        record(wire.FORWARD, 0, 5, iteration=0)  # its loop record was lost
+        + iteration(1, 10.0, batch=1)
+    )
     agg.add_records(array("q", values))
     assert walls(agg, wire.FORWARD) == [2.0]
     assert [r.iteration for r in agg.series[wire.FORWARD].rows] == [1]
@@ -112,9 +142,12 @@ def test_an_iteration_whose_loop_record_never_came_is_kept_flagged() -> None:
 def test_an_incomplete_loop_record_flags_its_iteration_and_measures_nothing() -> None:
     agg = aggregator()
     cut = TRAIN | wire.FLAG_INCOMPLETE
-    values = (record(wire.TRAINING_DATA_LOADING, 0, 1) + record(wire.FORWARD, 1, 4)
-              + record(wire.TRAINING_LOOP, 0, 6, flags=cut, batches=1)
-              + iteration(1, 10.0, batch=1))
+    values = (
+        record(wire.TRAINING_DATA_LOADING, 0, 1)
+        + record(wire.FORWARD, 1, 4)
+        + record(wire.TRAINING_LOOP, 0, 6, flags=cut, batches=1)
+        + iteration(1, 10.0, batch=1)
+    )
     agg.add_records(array("q", values))
     assert walls(agg, wire.TRAINING_LOOP) == [3.0]  # iteration 1 only
     assert flagged(agg, wire.TRAINING_LOOP) == [(6.0, "incomplete")]
@@ -126,12 +159,15 @@ def test_an_incomplete_loop_record_flags_its_iteration_and_measures_nothing() ->
 def test_spans_cut_short_or_never_ended_are_kept_flagged() -> None:
     agg = aggregator()
     begin = wire.FLAG_BEGIN
-    values = (record(wire.EPOCH, 0, 0, flags=begin) + record(wire.EPOCH, 0, 50, flags=0)
-              + record(wire.EPOCH, 50, 50, flags=begin)
-              + record(wire.EPOCH, 50, 70, flags=wire.FLAG_INCOMPLETE, epoch=1)
-              + record(wire.VALIDATION, 70, 70, flags=begin, epoch=2)
-              + record(wire.EPOCH, 70, 70, flags=begin, epoch=2)
-              + record(wire.FORWARD, 71, 90, epoch=2))  # then the process ends
+    values = (
+        record(wire.EPOCH, 0, 0, flags=begin)
+        + record(wire.EPOCH, 0, 50, flags=0)
+        + record(wire.EPOCH, 50, 50, flags=begin)
+        + record(wire.EPOCH, 50, 70, flags=wire.FLAG_INCOMPLETE, epoch=1)
+        + record(wire.VALIDATION, 70, 70, flags=begin, epoch=2)
+        + record(wire.EPOCH, 70, 70, flags=begin, epoch=2)
+        + record(wire.FORWARD, 71, 90, epoch=2)
+    )  # then the process ends
     agg.add_records(array("q", values))
     agg.end_session(None)
     assert walls(agg, wire.EPOCH) == [50.0]
@@ -143,8 +179,12 @@ def test_spans_cut_short_or_never_ended_are_kept_flagged() -> None:
 def test_phases_outside_iterations_stay_out_of_the_aligned_columns() -> None:
     agg = aggregator()
     probe = agg.custom_key("probe")
-    values = (iteration(0, 0.0, 0) + record(wire.FORWARD, 5, 9, flags=0)
-              + record(probe, 9, 10, flags=0) + record(probe, 10, 12, flags=0))
+    values = (
+        iteration(0, 0.0, 0)
+        + record(wire.FORWARD, 5, 9, flags=0)
+        + record(probe, 9, 10, flags=0)
+        + record(probe, 10, 12, flags=0)
+    )
     agg.add_records(array("q", values))
     assert walls(agg, wire.FORWARD) == [2.0]
     assert flagged(agg, wire.FORWARD) == [(4.0, "outside")]
@@ -162,11 +202,14 @@ def test_phases_outside_iterations_stay_out_of_the_aligned_columns() -> None:
 
 def test_loop_records_carry_the_batches_their_step_held() -> None:
     agg = aggregator(accumulation_steps=3, train_batch_size=4)
-    values = (record(wire.FORWARD, 0, 3) + record(wire.TRAINING_LOOP, 0, 4, batches=3)
-              + record(wire.FORWARD, 5, 6, iteration=1)
-              + record(wire.TRAINING_LOOP, 5, 7, iteration=1, batches=1)
-              + record(wire.FORWARD, 8, 9, iteration=2)
-              + record(wire.TRAINING_LOOP, 8, 10, iteration=2))  # no count: a whole step
+    values = (
+        record(wire.FORWARD, 0, 3)
+        + record(wire.TRAINING_LOOP, 0, 4, batches=3)
+        + record(wire.FORWARD, 5, 6, iteration=1)
+        + record(wire.TRAINING_LOOP, 5, 7, iteration=1, batches=1)
+        + record(wire.FORWARD, 8, 9, iteration=2)
+        + record(wire.TRAINING_LOOP, 8, 10, iteration=2)
+    )  # no count: a whole step
     agg.add_records(array("q", values))
     assert [r.batches for r in agg.series[wire.TRAINING_LOOP].rows] == [3, 1, 3]
     assert [r.batches for r in agg.series[wire.FORWARD].rows] == [3, 1, 3]
@@ -183,8 +226,14 @@ def test_custom_phases_are_keyed_by_name_and_survive_the_state() -> None:
     a, b = agg.custom_key("a"), agg.custom_key("b")
     assert (a, b) == (wire.FIRST_CUSTOM_ID, wire.FIRST_CUSTOM_ID + 1)
     assert agg.custom_key("a") == a
-    agg.add_records(array("q", record(a, 0, 1) + record(wire.TRAINING_LOOP, 0, 2)
-                          + record(wire.FORWARD, 3, 4, flags=0)))
+    agg.add_records(
+        array(
+            "q",
+            record(a, 0, 1)
+            + record(wire.TRAINING_LOOP, 0, 2)
+            + record(wire.FORWARD, 3, 4, flags=0),
+        )
+    )
     copy = RankAggregator(0, Settings(), 0.0)
     state.load_rank(copy, state.rank_state(agg))
     assert copy.custom_key("b") == b and copy.custom_key("c") == b + 1
@@ -208,10 +257,12 @@ def test_uncapped_phases_are_always_stored_and_validation_has_its_own_cap() -> N
 
 def test_gpu_times_and_peaks_are_summed_and_maxed_and_drops_counted() -> None:
     agg = aggregator()
-    values = (record(wire.FORWARD, 0, 1, gpu_ns=2 * MS, peak=4 * 1024 * 1024)
-              + record(wire.FORWARD, 1, 2, gpu_ns=3 * MS, peak=8 * 1024 * 1024)
-              + record(wire.BACKWARD, 2, 3, flags=TRAIN | wire.FLAG_GPU_DROPPED)
-              + record(wire.TRAINING_LOOP, 0, 3))
+    values = (
+        record(wire.FORWARD, 0, 1, gpu_ns=2 * MS, peak=4 * 1024 * 1024)
+        + record(wire.FORWARD, 1, 2, gpu_ns=3 * MS, peak=8 * 1024 * 1024)
+        + record(wire.BACKWARD, 2, 3, flags=TRAIN | wire.FLAG_GPU_DROPPED)
+        + record(wire.TRAINING_LOOP, 0, 3)
+    )
     agg.add_records(array("q", values))
     (row,) = agg.series[wire.FORWARD].rows
     assert row.gpu_s == pytest.approx(0.005) and row.peak_mib == 8.0
@@ -238,20 +289,31 @@ def test_an_epoch_open_at_a_state_is_two_flagged_parts_on_resume() -> None:
     agg = RankAggregator(0, Settings(warmup_iterations=0), 1000.0)
     agg.begin_session(1000.0, 0, "first")
     begin = wire.FLAG_BEGIN
-    agg.add_records(array("q", record(wire.EPOCH, 0, 0, flags=begin) + iteration(0, 0.0, 0)
-                          + record(wire.EPOCH, 0, 10, flags=0)
-                          + record(wire.EPOCH, 10, 10, flags=begin, epoch=1)
-                          + iteration(1, 10.0, 1)))
+    agg.add_records(
+        array(
+            "q",
+            record(wire.EPOCH, 0, 0, flags=begin)
+            + iteration(0, 0.0, 0)
+            + record(wire.EPOCH, 0, 10, flags=0)
+            + record(wire.EPOCH, 10, 10, flags=begin, epoch=1)
+            + iteration(1, 10.0, 1),
+        )
+    )
     saved = state.rank_state(agg)  # epoch 1 open, its last record at 13 ms
     agg.add_records(array("q", record(wire.EPOCH, 10, 40, flags=0, epoch=1)))
     assert walls(agg, wire.EPOCH) == [10.0, 30.0]  # the process went on: whole
     resumed = RankAggregator(0, agg.settings, 0.0)
     state.load_rank(resumed, saved)
     resumed.begin_session(2000.0, 0)
-    resumed.add_records(array("q", record(wire.EPOCH, 0, 0, flags=begin, epoch=1)
-                              + record(wire.EPOCH, 0, 25, flags=0, epoch=1)
-                              + record(wire.EPOCH, 25, 25, flags=begin, epoch=2)
-                              + record(wire.EPOCH, 25, 45, flags=0, epoch=2)))
+    resumed.add_records(
+        array(
+            "q",
+            record(wire.EPOCH, 0, 0, flags=begin, epoch=1)
+            + record(wire.EPOCH, 0, 25, flags=0, epoch=1)
+            + record(wire.EPOCH, 25, 25, flags=begin, epoch=2)
+            + record(wire.EPOCH, 25, 45, flags=0, epoch=2),
+        )
+    )
     assert flagged(resumed, wire.EPOCH) == [(3.0, "part"), (25.0, "part")]
     assert walls(resumed, wire.EPOCH) == [10.0, 20.0]
     # A new sidecar taking over the same process: its epoch goes on and ends whole.

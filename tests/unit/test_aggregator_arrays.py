@@ -22,8 +22,17 @@ VAL = wire.FLAG_IN_ITERATION | wire.FLAG_VALIDATION
 CUSTOM = wire.FIRST_CUSTOM_ID
 
 
-def record(phase: int, flags: int, it: int, batch: int, start: int, end: int,
-           rng: random.Random, batches: int = 0, epoch: int = 0) -> list[int]:
+def record(
+    phase: int,
+    flags: int,
+    it: int,
+    batch: int,
+    start: int,
+    end: int,
+    rng: random.Random,
+    batches: int = 0,
+    epoch: int = 0,
+) -> list[int]:
     gpu = rng.choice([-1, -1, rng.randrange(0, 10**7)])
     peak = rng.choice([-1, rng.randrange(0, 10**9)])
     if gpu < 0 and rng.random() < 0.05:
@@ -36,8 +45,7 @@ def stream(rng: random.Random) -> list[list[int]]:
     out: list[list[int]] = []
     t = 1_000_000
     batch = 0
-    phases = [wire.TRAINING_DATA_LOADING, wire.FORWARD, wire.BACKWARD, wire.OPTIMIZATION,
-              CUSTOM]
+    phases = [wire.TRAINING_DATA_LOADING, wire.FORWARD, wire.BACKWARD, wire.OPTIMIZATION, CUSTOM]
     for epoch in range(rng.randint(1, 3)):
         out.append([wire.EPOCH, wire.FLAG_BEGIN, epoch, -1, batch, t, t, -1, -1, 0, 0])
         epoch_start = t
@@ -58,16 +66,46 @@ def stream(rng: random.Random) -> list[list[int]]:
             if shape < 0.03:
                 continue  # its loop record never comes (lost)
             flags = TRAIN | (wire.FLAG_INCOMPLETE if shape > cut_above else 0)
-            out.append(record(wire.TRAINING_LOOP, flags, it, batch - accumulation, start, t,
-                              rng, batches=rng.choice([0, accumulation]), epoch=epoch))
+            out.append(
+                record(
+                    wire.TRAINING_LOOP,
+                    flags,
+                    it,
+                    batch - accumulation,
+                    start,
+                    t,
+                    rng,
+                    batches=rng.choice([0, accumulation]),
+                    epoch=epoch,
+                )
+            )
             if rng.random() < 0.03:  # a phase outside any iteration
-                out.append(record(rng.choice([wire.FORWARD, CUSTOM + 1]), 0, -1, batch, t,
-                                  t + 50, rng, epoch=epoch))
+                out.append(
+                    record(
+                        rng.choice([wire.FORWARD, CUSTOM + 1]),
+                        0,
+                        -1,
+                        batch,
+                        t,
+                        t + 50,
+                        rng,
+                        epoch=epoch,
+                    )
+                )
             if rng.random() < 0.02:  # a flood of phases outside any iteration
                 for _ in range(rng.randint(50, 400)):
-                    out.append(record(rng.choice([wire.FORWARD, wire.BACKWARD, CUSTOM,
-                                                  CUSTOM + 1]), 0, -1, batch, t, t + 50,
-                                      rng, epoch=epoch))
+                    out.append(
+                        record(
+                            rng.choice([wire.FORWARD, wire.BACKWARD, CUSTOM, CUSTOM + 1]),
+                            0,
+                            -1,
+                            batch,
+                            t,
+                            t + 50,
+                            rng,
+                            epoch=epoch,
+                        )
+                    )
                     t += 60
             t += 100
         if rng.random() < 0.5:  # validation between epochs
@@ -85,12 +123,27 @@ def validation(rng: random.Random, t: int, epoch: int) -> list[list[int]]:
     shared = rng.random() < 0.2  # a custom phase timed in both kinds of iteration
     for it in range(rng.randint(1, 12)):
         start = t
-        for phase in (wire.VALIDATION_DATA_LOADING, wire.EVALUATION, wire.METRICS,
-                      *([CUSTOM + 1] if shared else [])):
+        for phase in (
+            wire.VALIDATION_DATA_LOADING,
+            wire.EVALUATION,
+            wire.METRICS,
+            *([CUSTOM + 1] if shared else []),
+        ):
             out.append(record(phase, VAL, it, it, t, t + 500, rng, epoch=epoch))
             t += 600
-        out.append(record(wire.VALIDATION_LOOP, VAL, it, it, start, t, rng,
-                          batches=rng.choice([0, 1]), epoch=epoch))
+        out.append(
+            record(
+                wire.VALIDATION_LOOP,
+                VAL,
+                it,
+                it,
+                start,
+                t,
+                rng,
+                batches=rng.choice([0, 1]),
+                epoch=epoch,
+            )
+        )
         t += 10
     return out
 
@@ -125,10 +178,12 @@ def close(a: Any, b: Any, path: str = "") -> None:
 @pytest.mark.parametrize("seed", range(150))
 def test_array_path_matches_record_path(seed: int) -> None:
     rng = random.Random(seed)
-    settings = Settings(warmup_iterations=rng.choice([0, 0, 3, 20]),
-                        num_measurements=rng.choice([2, 10, 40, 100_000]),
-                        train_batch_size=rng.choice([None, None, 8]),
-                        accumulation_steps=rng.choice([1, 2]))
+    settings = Settings(
+        warmup_iterations=rng.choice([0, 0, 3, 20]),
+        num_measurements=rng.choice([2, 10, 40, 100_000]),
+        train_batch_size=rng.choice([None, None, 8]),
+        accumulation_steps=rng.choice([1, 2]),
+    )
     records = stream(rng)
     one_by_one = new_aggregator(settings, random.Random(seed))
     for values in records:
@@ -137,12 +192,14 @@ def test_array_path_matches_record_path(seed: int) -> None:
     at = 0
     while at < len(records):
         size = rng.choice([1, 7, MIN_ARRAY_RECORDS, 150, 1000])
-        chunked.add_records([v for r in records[at:at + size] for v in r])
+        chunked.add_records([v for r in records[at : at + size] for v in r])
         at += size
-    chunked_open = {k: (c, {p: vars_of(x) for p, x in ph.items()})
-                    for k, (c, ph) in chunked._open.items()}
-    expected_open = {k: (c, {p: vars_of(x) for p, x in ph.items()})
-                     for k, (c, ph) in one_by_one._open.items()}
+    chunked_open = {
+        k: (c, {p: vars_of(x) for p, x in ph.items()}) for k, (c, ph) in chunked._open.items()
+    }
+    expected_open = {
+        k: (c, {p: vars_of(x) for p, x in ph.items()}) for k, (c, ph) in one_by_one._open.items()
+    }
     assert chunked_open == expected_open
     for agg in (one_by_one, chunked):
         agg.end_session(None)
@@ -157,8 +214,9 @@ def test_a_long_regular_run_takes_the_array_path() -> None:
     """A plain training loop of 10 000 iterations is decided by the array path (the
     record path would need ~50 000 Python steps): same figures as computed by hand."""
     rng = random.Random(1)
-    agg = new_aggregator(Settings(warmup_iterations=0, num_measurements=100,
-                                                train_batch_size=4), rng)
+    agg = new_aggregator(
+        Settings(warmup_iterations=0, num_measurements=100, train_batch_size=4), rng
+    )
     values = []
     for it in range(10_000):
         start = it * 10_000
@@ -183,8 +241,18 @@ def flood(kind: str, steps: int) -> list[int]:
             out.append(record(rng.choice([wire.FORWARD, CUSTOM + 1]), 0, -1, it, t, t + 5, rng))
         elif kind == "cut_short":
             out.append(record(wire.FORWARD, TRAIN, it, it, t, t + 5, rng))
-            out.append(record(wire.TRAINING_LOOP, TRAIN | wire.FLAG_INCOMPLETE, it, it, t,
-                              t + 9, rng, batches=1))
+            out.append(
+                record(
+                    wire.TRAINING_LOOP,
+                    TRAIN | wire.FLAG_INCOMPLETE,
+                    it,
+                    it,
+                    t,
+                    t + 9,
+                    rng,
+                    batches=1,
+                )
+            )
         elif kind == "validation_inside":
             out.append(record(wire.FORWARD, TRAIN, it, it, t, t + 5, rng))
             out.append([wire.VALIDATION, wire.FLAG_BEGIN, 0, -1, it, t, t, -1, -1, 0, 0])
@@ -198,17 +266,17 @@ def flood(kind: str, steps: int) -> list[int]:
 
 
 @pytest.mark.parametrize("kind", ["outside", "cut_short", "validation_inside", "custom"])
-def test_a_flood_of_any_kind_takes_the_array_path(kind: str,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_flood_of_any_kind_takes_the_array_path(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Floods of each kind in chunks of a message's size: only the few records that open
     a run or align a custom phase go one by one (the record path costs ~2 µs a record)."""
-    agg = new_aggregator(Settings(warmup_iterations=3, num_measurements=50),
-                         random.Random(0))
-    expected = new_aggregator(Settings(warmup_iterations=3, num_measurements=50),
-                              random.Random(0))
+    agg = new_aggregator(Settings(warmup_iterations=3, num_measurements=50), random.Random(0))
+    expected = new_aggregator(Settings(warmup_iterations=3, num_measurements=50), random.Random(0))
     values = flood(kind, 5000)
-    for record_values in [values[i:i + wire.RECORD_WIDTH]
-                          for i in range(0, len(values), wire.RECORD_WIDTH)]:
+    for record_values in [
+        values[i : i + wire.RECORD_WIDTH] for i in range(0, len(values), wire.RECORD_WIDTH)
+    ]:
         expected.add_records(record_values)
     one_by_one = 0
     add_one = RankAggregator._add_one
@@ -221,7 +289,7 @@ def test_a_flood_of_any_kind_takes_the_array_path(kind: str,
     monkeypatch.setattr(RankAggregator, "_add_one", counted)
     chunk = 1024 * wire.RECORD_WIDTH
     for at in range(0, len(values), chunk):
-        agg.add_records(values[at:at + chunk])
+        agg.add_records(values[at : at + chunk])
     total = len(values) // wire.RECORD_WIDTH
     spans = 2 * 5000 if kind == "validation_inside" else 0  # begin and end: one by one
     assert one_by_one - spans < total // 100

@@ -26,21 +26,24 @@ class Tensor:
         self.shape = shape
 
 
-@pytest.mark.parametrize(("batch", "size"), [
-    (Tensor(8, 3), 8),
-    ((Tensor(8, 3), Tensor(8)), 8),  # (inputs, labels)
-    ([Tensor(8, 3), Tensor(8)], 8),  # default_collate of tuple samples gives a list
-    ({"input_ids": Tensor(4, 16), "attention_mask": Tensor(4, 16)}, 4),
-    ((Tensor(5, 3), ["a.png"] * 5), 5),  # images and their file names
-    (["some text"] * 6, 6),
-    ([1.0, 2.0, 3.0], 3),  # scalar samples
-    ([(Tensor(3, 32, 32), 1)] * 8, None),  # collate_fn=lambda b: b: not the channels (3)
-    ([[101, 7, 102]] * 8, None),  # token lists: not the first sample's length
-    ([{"x": Tensor(3)}] * 8, None),
-    ((Tensor(8, 3), Tensor(4)), None),  # first dimensions disagree
-    (object(), None),
-    (Tensor(), None),
-])
+@pytest.mark.parametrize(
+    ("batch", "size"),
+    [
+        (Tensor(8, 3), 8),
+        ((Tensor(8, 3), Tensor(8)), 8),  # (inputs, labels)
+        ([Tensor(8, 3), Tensor(8)], 8),  # default_collate of tuple samples gives a list
+        ({"input_ids": Tensor(4, 16), "attention_mask": Tensor(4, 16)}, 4),
+        ((Tensor(5, 3), ["a.png"] * 5), 5),  # images and their file names
+        (["some text"] * 6, 6),
+        ([1.0, 2.0, 3.0], 3),  # scalar samples
+        ([(Tensor(3, 32, 32), 1)] * 8, None),  # collate_fn=lambda b: b: not the channels (3)
+        ([[101, 7, 102]] * 8, None),  # token lists: not the first sample's length
+        ([{"x": Tensor(3)}] * 8, None),
+        ((Tensor(8, 3), Tensor(4)), None),  # first dimensions disagree
+        (object(), None),
+        (Tensor(), None),
+    ],
+)
 def test_batch_size_is_read_only_where_unambiguous(batch: object, size: int | None) -> None:
     assert _batch_size(batch) == size
 
@@ -82,13 +85,21 @@ def test_rewrite_in_place_puts_the_old_text_back_when_the_write_fails(tmp_path: 
 
 
 def test_a_split_claim_is_exclusive_across_processes_and_dies_with_its_holder(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
-         "from sidecar.sinks.locks import SplitClaim; c = SplitClaim(Path(sys.argv[1])); "
-         "c.record({'sidecar_pid': 1}); print('held', flush=True); time.sleep(60)",
-         str(tmp_path)], stdout=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; "
+            "from sidecar.sinks.locks import SplitClaim; c = SplitClaim(Path(sys.argv[1])); "
+            "c.record({'sidecar_pid': 1}); print('held', flush=True); time.sleep(60)",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(Busy) as busy:
@@ -103,14 +114,34 @@ def test_a_split_claim_is_exclusive_across_processes_and_dies_with_its_holder(
 
 
 def _state_2() -> dict:
-    row = {"wall_s": 0.1, "gpu_s": None, "peak_mib": None, "epoch": 0, "iteration": 0,
-           "batch": 0, "session": 0, "start_s": 0.0}
-    return {"schema": 2, "split": 0, "settings": {"train_batch_size": None},
-            "gpus": [], "batch_sizes": {"train": 16}, "dropped": {}, "lost": {},
-            "rejected": 0, "received": {}, "gaps": [],
-            "ranks": {"0": {"sessions": [{"run_id": "abc"}],
-                            "series": {"2": {"rows": [dict(row)]},
-                                       "4": {"rows": [dict(row)]}}}}}
+    row = {
+        "wall_s": 0.1,
+        "gpu_s": None,
+        "peak_mib": None,
+        "epoch": 0,
+        "iteration": 0,
+        "batch": 0,
+        "session": 0,
+        "start_s": 0.0,
+    }
+    return {
+        "schema": 2,
+        "split": 0,
+        "settings": {"train_batch_size": None},
+        "gpus": [],
+        "batch_sizes": {"train": 16},
+        "dropped": {},
+        "lost": {},
+        "rejected": 0,
+        "received": {},
+        "gaps": [],
+        "ranks": {
+            "0": {
+                "sessions": [{"run_id": "abc"}],
+                "series": {"2": {"rows": [dict(row)]}, "4": {"rows": [dict(row)]}},
+            }
+        },
+    }
 
 
 def test_schema_2_rows_get_the_one_batch_size_and_the_lineage_is_the_first_run() -> None:
@@ -125,8 +156,24 @@ def test_schema_2_rows_get_the_one_batch_size_and_the_lineage_is_the_first_run()
 
 
 def _gpu(t_s: float, energy_j: float, util: float) -> GpuSample:
-    return GpuSample(int(t_s * 1e9), 0, "GPU-a", "A", util, 10.0, 100.0, 1000.0, 200.0,
-                     "average", energy_j, 50.0, None, None, None, None)
+    return GpuSample(
+        int(t_s * 1e9),
+        0,
+        "GPU-a",
+        "A",
+        util,
+        10.0,
+        100.0,
+        1000.0,
+        200.0,
+        "average",
+        energy_j,
+        50.0,
+        None,
+        None,
+        None,
+        None,
+    )
 
 
 def test_figures_over_sessions_leave_the_downtime_out() -> None:
@@ -138,8 +185,10 @@ def test_figures_over_sessions_leave_the_downtime_out() -> None:
     assert merged.n_samples == 4 and merged.duration_s == 30
     assert merged.figures["energy_j"] == 1000 + 2000
     assert merged.figures["util_mean_pct"] == pytest.approx((10 * 10 + 40 * 20) / 30)
-    host = [HostSample(int(t * 1e9), cpu, 100.0 * (1 + t / 100), None, 20.0, 1)
-            for t, cpu in ((0, 50), (10, 50), (100, 200), (120, 200))]
+    host = [
+        HostSample(int(t * 1e9), cpu, 100.0 * (1 + t / 100), None, 20.0, 1)
+        for t, cpu in ((0, 50), (10, 50), (100, 200), (120, 200))
+    ]
     host_summary = summarize_host_over_sessions(host, starts)
     assert host_summary.n_samples == 4
     assert host_summary.figures["cpu_mean_pct"] == pytest.approx((50 * 10 + 200 * 20) / 30)

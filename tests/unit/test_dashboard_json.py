@@ -18,9 +18,17 @@ def _load() -> dict[str, Any]:
 
 def test_dashboard_fields() -> None:
     board = _load()
-    for key, kind in (("uid", str), ("title", str), ("schemaVersion", int), ("version", int),
-                      ("panels", list), ("templating", dict), ("time", dict),
-                      ("editable", bool), ("tags", list)):
+    for key, kind in (
+        ("uid", str),
+        ("title", str),
+        ("schemaVersion", int),
+        ("version", int),
+        ("panels", list),
+        ("templating", dict),
+        ("time", dict),
+        ("editable", bool),
+        ("tags", list),
+    ):
         assert isinstance(board.get(key), kind), key
     assert re.fullmatch(r"[A-Za-z0-9_-]{1,40}", board["uid"])
     assert board["schemaVersion"] >= 36  # the panel types used need Grafana 9+

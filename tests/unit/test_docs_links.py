@@ -25,10 +25,20 @@ _EXTERNAL = re.compile(r"^[a-z][a-z0-9+.-]*:", re.IGNORECASE)  # http:, mailto:,
 
 # Citations of something outside the repository; the places checked for now are the
 # prose ones (the code's comments and docstrings are checked once they are swept).
-_CITATION = re.compile(r"SPEC ?§|SPEC\.md|§ ?\d|\bissues? \d+|\(issue\b|\bitems? \d+\b",
-                       re.IGNORECASE)
-CITATION_PLACES = ("README.md", "docs", "bench", "pyproject.toml", "markers", "sidecar", "tests",
-                   "systemd", ".ci")
+_CITATION = re.compile(
+    r"SPEC ?§|SPEC\.md|§ ?\d|\bissues? \d+|\(issue\b|\bitems? \d+\b", re.IGNORECASE
+)
+CITATION_PLACES = (
+    "README.md",
+    "docs",
+    "bench",
+    "pyproject.toml",
+    "markers",
+    "sidecar",
+    "tests",
+    "systemd",
+    ".ci",
+)
 
 
 def markdown_files(root: Path = ROOT) -> list[Path]:
@@ -134,28 +144,38 @@ def test_the_docs_cite_no_outside_document_issue_or_item() -> None:
     assert citations([ROOT / place for place in CITATION_PLACES]) == []
 
 
-@pytest.mark.parametrize(("text", "broken"), [
-    ("[ok](b.md) and [ok](b.md#two-words) and [self](#top-heading)", []),
-    ("[gone](missing.md)", ["missing.md (no such file)"]),
-    ("[wrong anchor](b.md#nowhere)", ["b.md#nowhere (no heading #nowhere)"]),
-    ("[own anchor](#nowhere)", ["#nowhere (no heading #nowhere)"]),
-    ("`[in code](missing.md)` and [web](https://example.org/x.md)", []),
-    ("```\n[in a fence](missing.md)\n```", []),
-])
-def test_the_link_check_finds_what_is_broken(tmp_path: Path, text: str,
-                                             broken: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("text", "broken"),
+    [
+        ("[ok](b.md) and [ok](b.md#two-words) and [self](#top-heading)", []),
+        ("[gone](missing.md)", ["missing.md (no such file)"]),
+        ("[wrong anchor](b.md#nowhere)", ["b.md#nowhere (no heading #nowhere)"]),
+        ("[own anchor](#nowhere)", ["#nowhere (no heading #nowhere)"]),
+        ("`[in code](missing.md)` and [web](https://example.org/x.md)", []),
+        ("```\n[in a fence](missing.md)\n```", []),
+    ],
+)
+def test_the_link_check_finds_what_is_broken(tmp_path: Path, text: str, broken: list[str]) -> None:
     (tmp_path / "b.md").write_text("# Title\n\n## Two `words`\n", encoding="utf-8")
     page = tmp_path / "a.md"
     page.write_text(f"# Top heading\n\n{text}\n", encoding="utf-8")
     assert [p.split(": ", 1)[1] for p in broken_links(page)] == broken
 
 
-@pytest.mark.parametrize(("line", "cites"), [
-    ("as SPEC §4 says", True), ("see /work/shared/SPEC.md", True), ("(issue 16)", True),
-    ("fixed in issue 14", True), ("item 3: a name", True), ("the series of §7", True),
-    ("docs/contract.md, Files", False), ("one item of the list", False),
-    ("an issue tracker", False),
-])
+@pytest.mark.parametrize(
+    ("line", "cites"),
+    [
+        ("as SPEC §4 says", True),
+        ("see /work/shared/SPEC.md", True),
+        ("(issue 16)", True),
+        ("fixed in issue 14", True),
+        ("item 3: a name", True),
+        ("the series of §7", True),
+        ("docs/contract.md, Files", False),
+        ("one item of the list", False),
+        ("an issue tracker", False),
+    ],
+)
 def test_the_citation_check_finds_outside_citations(line: str, cites: bool) -> None:
     assert bool(_CITATION.search(line)) is cites
 

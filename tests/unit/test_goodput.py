@@ -14,10 +14,11 @@ from tests.unit.test_aggregator import MS, TRAIN, record
 
 def _iteration(i: int, t_ms: float, gpu_ms: float) -> list[int]:
     """10 ms: data loading 4 ms, then Forward 6 ms of which ``gpu_ms`` on the GPU."""
-    return (record(wire.TRAINING_DATA_LOADING, t_ms, t_ms + 4, iteration=i, batch=i)
-            + record(wire.FORWARD, t_ms + 4, t_ms + 10, iteration=i, batch=i,
-                     gpu_ns=int(gpu_ms * MS))
-            + record(wire.TRAINING_LOOP, t_ms, t_ms + 10, iteration=i, batch=i))
+    return (
+        record(wire.TRAINING_DATA_LOADING, t_ms, t_ms + 4, iteration=i, batch=i)
+        + record(wire.FORWARD, t_ms + 4, t_ms + 10, iteration=i, batch=i, gpu_ns=int(gpu_ms * MS))
+        + record(wire.TRAINING_LOOP, t_ms, t_ms + 10, iteration=i, batch=i)
+    )
 
 
 def _run(warmup: int = 1) -> RankAggregator:

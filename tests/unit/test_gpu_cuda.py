@@ -45,8 +45,13 @@ def wait(timer: GpuTimer, slot: int, host_start_ns: int = 0) -> tuple[int, int, 
 
 def test_device_given_as_index_string_device_tensor_or_module() -> None:
     cuda = FakeCuda(["A", "B", "C"])
-    for spec in (2, "cuda:2", cuda_device(2), types.SimpleNamespace(device=cuda_device(2)),
-                 module_on(2)):
+    for spec in (
+        2,
+        "cuda:2",
+        cuda_device(2),
+        types.SimpleNamespace(device=cuda_device(2)),
+        module_on(2),
+    ):
         assert choose_device(cuda, spec) == (2, "argument"), spec
     for bad in (-1, "gpu0", 1.5, True):
         with pytest.raises(ValueError):
@@ -89,8 +94,10 @@ def test_mig_instance_uuid_is_spelled_as_nvml_does() -> None:
     cuda = FakeCuda(["NVIDIA A100-SXM4-40GB MIG 1g.5gb"])
     backend = TorchCudaBackend(fake_torch(cuda), 0)
     assert backend.device_uuid.startswith("MIG-")
-    assert format_uuid("GPU-8F1C0000-1111-2222-3333-444444444444", mig=True) == \
-        "MIG-8f1c0000-1111-2222-3333-444444444444"
+    assert (
+        format_uuid("GPU-8F1C0000-1111-2222-3333-444444444444", mig=True)
+        == "MIG-8f1c0000-1111-2222-3333-444444444444"
+    )
 
 
 # ---- what the timer does on a GPU that runs behind the host ---------------------------
@@ -190,7 +197,7 @@ def test_the_gpu_start_lag_holds_in_a_loop_that_stays_ahead_of_its_gpu() -> None
 
 
 def test_a_phase_builds_the_allocator_dict_twice_through_the_c_function_alone() -> None:
-    """"bound" peaks read the allocator at begin and end: one C call each, without the
+    """ "bound" peaks read the allocator at begin and end: one C call each, without the
     public wrapper's checks (no torch call returns fewer counters; see gpu-timing.md)."""
     cuda = FakeCuda(["A"])
     timer = GpuTimer(TorchCudaBackend(fake_torch(cuda), 0), pool_size=4)

@@ -42,8 +42,9 @@ def timer() -> GpuTimer:
     return t
 
 
-def wait(timer: GpuTimer, slot: int, timeout_s: float = 60.0,
-         host_start_ns: int = 0) -> tuple[int, int, int]:
+def wait(
+    timer: GpuTimer, slot: int, timeout_s: float = 60.0, host_start_ns: int = 0
+) -> tuple[int, int, int]:
     """The test's own bounded wait for one slot (the training loop never does this)."""
     deadline = time.monotonic() + timeout_s
     while (res := timer.poll(slot, host_start_ns)) is None:
@@ -79,6 +80,7 @@ def no_host_sync(monkeypatch: pytest.MonkeyPatch):
     """torch.cuda.synchronize() and Event.synchronize() do not go through the sync-debug
     mode: make them fail outright while the test runs; the rest (.item(), .cpu(), ...)
     raises under set_sync_debug_mode("error")."""
+
     def forbidden(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("a synchronizing call")
 
@@ -90,7 +92,8 @@ def no_host_sync(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_a_phase_queuing_a_second_of_gpu_work_leaves_the_host_at_once(
-        cycles_per_ms, timer, no_host_sync):
+    cycles_per_ms, timer, no_host_sync
+):
     second = int(cycles_per_ms * 1000)
     for _ in range(3):  # the pool's events are created by torch at their first record
         slot = timer.begin()
@@ -183,10 +186,14 @@ def test_cuda_malloc_async_peaks_are_never_flagged_exact():
         assert timer.inexact_peaks == 1  # and not flagged exact
         print("ok")
     """)
-    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="backend:cudaMallocAsync",
-               PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                          text=True, timeout=120)
+    env = dict(
+        os.environ,
+        PYTORCH_CUDA_ALLOC_CONF="backend:cudaMallocAsync",
+        PYTHONPATH=str(Path(__file__).resolve().parents[2]),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
 
 
@@ -205,8 +212,9 @@ def test_the_device_holding_the_model_is_timed_without_set_device():
         print("ok")
     """)
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
 
 
@@ -342,8 +350,9 @@ def test_forked_dataloader_workers_leave_the_parents_cuda_events_alone():
         print("ok")
     """)
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr
     assert "initialization error" not in proc.stderr, proc.stderr
 

@@ -270,10 +270,14 @@ def test_bad_options_are_refused():
 def test_format_uuid_like_nvml():
     raw = types.SimpleNamespace(bytes=bytes(range(16)))
     assert format_uuid(raw) == "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"
-    assert format_uuid("8F1C0000-1111-2222-3333-444444444444") == \
-        "GPU-8f1c0000-1111-2222-3333-444444444444"
-    assert format_uuid("GPU-8F1C0000-1111-2222-3333-444444444444") == \
-        "GPU-8f1c0000-1111-2222-3333-444444444444"
+    assert (
+        format_uuid("8F1C0000-1111-2222-3333-444444444444")
+        == "GPU-8f1c0000-1111-2222-3333-444444444444"
+    )
+    assert (
+        format_uuid("GPU-8F1C0000-1111-2222-3333-444444444444")
+        == "GPU-8f1c0000-1111-2222-3333-444444444444"
+    )
 
 
 def test_open_returns_none_without_torch(monkeypatch):
@@ -301,8 +305,13 @@ def test_open_touches_only_is_initialized(monkeypatch):
 
 def _run(code: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
-                          capture_output=True, text=True, timeout=240)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
 
 
 def test_import_and_open_without_torch_in_a_fresh_process():

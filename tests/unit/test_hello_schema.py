@@ -20,13 +20,16 @@ def sidecar_accepts(name: str, value: object) -> bool:
     return nullable if value is None else check(value)
 
 
-@pytest.mark.parametrize(("name", "refused", "accepted"), [
-    ("num_measurements", 0, 1),
-    ("warmup_iterations", -1, 0),
-    ("accumulation_steps", 0, 1),
-    ("train_batch_size", 0, 1),
-    ("split", -1, 0),
-])
+@pytest.mark.parametrize(
+    ("name", "refused", "accepted"),
+    [
+        ("num_measurements", 0, 1),
+        ("warmup_iterations", -1, 0),
+        ("accumulation_steps", 0, 1),
+        ("train_batch_size", 0, 1),
+        ("split", -1, 0),
+    ],
+)
 def test_both_sides_draw_the_same_line(name: str, refused: int, accepted: int) -> None:
     with pytest.raises(ValueError, match=name):
         start_run(**{name: refused})  # refused before any connection is tried

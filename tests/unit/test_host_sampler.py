@@ -20,8 +20,12 @@ class Tree:
     """A job root process that starts children on request."""
 
     def __init__(self) -> None:
-        self.root = subprocess.Popen([sys.executable, str(PROC_TREE)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
+        self.root = subprocess.Popen(
+            [sys.executable, str(PROC_TREE)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self.pid = self.root.pid
 
     def command(self, line: str) -> int:
@@ -50,8 +54,10 @@ def tree() -> Iterator[Tree]:
 @pytest.fixture
 def unrelated() -> Iterator[subprocess.Popen[str]]:
     """A process holding 200 MiB that is not part of the job (a child of pytest)."""
-    code = ("import time\nblock = bytearray(b'\\x01') * (200 * 1024 * 1024)\n"
-            "print('ready', flush=True)\ntime.sleep(120)\n")
+    code = (
+        "import time\nblock = bytearray(b'\\x01') * (200 * 1024 * 1024)\n"
+        "print('ready', flush=True)\ntime.sleep(120)\n"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     yield proc

@@ -57,9 +57,14 @@ def graph(package: str) -> dict[str, set[str]]:
     """Per module of ``package``: the modules of the same top-level package it imports."""
     found = modules(package)
     known = set(found)
-    return {name: {target for target in imported(name, path, known)
-                   if target.split(".")[0] == package and target != name}
-            for name, path in found.items()}
+    return {
+        name: {
+            target
+            for target in imported(name, path, known)
+            if target.split(".")[0] == package and target != name
+        }
+        for name, path in found.items()
+    }
 
 
 def layer(module: str) -> tuple[str, int]:
@@ -76,7 +81,7 @@ def cycle(edges: dict[str, set[str]]) -> list[str] | None:
         state[node] = 1
         for target in sorted(edges.get(node, ())):
             if state.get(target) == 1:
-                return [*path[path.index(target):], target]
+                return [*path[path.index(target) :], target]
             if target not in state and (found := visit(target, [*path, target])):
                 return found
         state[node] = 2
@@ -116,22 +121,30 @@ def test_sidecar_imports_only_downward() -> None:
 def test_markers_never_imports_sidecar() -> None:
     found = modules("markers")
     for name, path in found.items():
-        assert not [target for target in imported(name, path, set(found))
-                    if target.split(".")[0] == "sidecar"], name
+        assert not [
+            target
+            for target in imported(name, path, set(found))
+            if target.split(".")[0] == "sidecar"
+        ], name
 
 
-@pytest.mark.parametrize(("edges", "found"), [
-    ({"a": {"b"}, "b": {"c"}, "c": {"a"}}, ["a", "b", "c", "a"]),
-    ({"a": {"b"}, "b": {"c"}, "c": set()}, None),
-])
-def test_the_cycle_finder_finds_cycles(edges: dict[str, set[str]],
-                                       found: list[str] | None) -> None:
+@pytest.mark.parametrize(
+    ("edges", "found"),
+    [
+        ({"a": {"b"}, "b": {"c"}, "c": {"a"}}, ["a", "b", "c", "a"]),
+        ({"a": {"b"}, "b": {"c"}, "c": set()}, None),
+    ],
+)
+def test_the_cycle_finder_finds_cycles(edges: dict[str, set[str]], found: list[str] | None) -> None:
     assert cycle(edges) == found
 
 
 def test_the_layer_check_sees_an_upward_import() -> None:
-    edges = {"sidecar.sinks.metrics": {"sidecar.daemon.snapshot", "sidecar.model.split"},
-             "sidecar.ingest.streams": {"sidecar.sinks.layout"}}
+    edges = {
+        "sidecar.sinks.metrics": {"sidecar.daemon.snapshot", "sidecar.model.split"},
+        "sidecar.ingest.streams": {"sidecar.sinks.layout"},
+    }
     assert upward(edges) == [
         "sidecar.ingest.streams (layer 2) imports sidecar.sinks.layout (layer 2)",
-        "sidecar.sinks.metrics (layer 2) imports sidecar.daemon.snapshot (layer 3)"]
+        "sidecar.sinks.metrics (layer 2) imports sidecar.daemon.snapshot (layer 3)",
+    ]

@@ -45,39 +45,74 @@ CONTRACT_METRICS = {  # name: (type, labels) as docs/contract.md lists them
 }
 
 
-GOODPUT = Account(20.0, 12.0, {cause: 0.5 * (index + 1) for index, cause in enumerate(CAUSES)},
-                  50, 6.0)
+GOODPUT = Account(
+    20.0, 12.0, {cause: 0.5 * (index + 1) for index, cause in enumerate(CAUSES)}, 50, 6.0
+)
 
 
-def _split(run_id: str, status: str = "running", end_unix: float | None = None
-           ) -> SplitView:
-    phases = (PhaseStats(wire.FORWARD, "", 10, 0.5, 10, 0.25),
-              PhaseStats(wire.TRAINING_LOOP, "", 10, 1.0, 0, 0.0),
-              PhaseStats(wire.FIRST_CUSTOM_ID, "augment", 3, 0.3, 0, 0.0))
+def _split(run_id: str, status: str = "running", end_unix: float | None = None) -> SplitView:
+    phases = (
+        PhaseStats(wire.FORWARD, "", 10, 0.5, 10, 0.25),
+        PhaseStats(wire.TRAINING_LOOP, "", 10, 1.0, 0, 0.0),
+        PhaseStats(wire.FIRST_CUSTOM_ID, "augment", 3, 0.3, 0, 0.0),
+    )
     return SplitView(
-        run_id=run_id, user="ada", host="node1", slurm_job_id="42", split=0,
-        status=status, start_unix=1.8e9, end_unix=end_unix,
+        run_id=run_id,
+        user="ada",
+        host="node1",
+        slurm_job_id="42",
+        split=0,
+        status=status,
+        start_unix=1.8e9,
+        end_unix=end_unix,
         ranks=(RankView(0, phases, 12.5, 80, None, GOODPUT),),
         records={"received": 100, "dropped": 1, "lost": 0, "rejected": 2},
-        gpus=(GpuView(0, "GPU-a", "NVIDIA H200", {
-            "trainmon_gpu_utilization_ratio": 0.55,
-            "trainmon_gpu_memory_used_bytes": 1024.0 * MIB,
-            "trainmon_gpu_memory_total_bytes": 4096.0 * MIB,
-            "trainmon_gpu_job_memory_bytes": 512.0 * MIB, "trainmon_gpu_power_watts": 300.0,
-            "trainmon_gpu_energy_joules": 900.0, "trainmon_gpu_temperature_celsius": 60.0}),),
-        host_gauges={"trainmon_job_cpu_seconds": 3.5,
-                     "trainmon_job_memory_rss_bytes": 100.0 * MIB},
-        standings=(RankStanding(0, "node1", 0, 0.0, 0.0, None, 4.0),
-                   RankStanding(3, "node2", 9, 0.9, 0.02, "data loading", 0.0)))
+        gpus=(
+            GpuView(
+                0,
+                "GPU-a",
+                "NVIDIA H200",
+                {
+                    "trainmon_gpu_utilization_ratio": 0.55,
+                    "trainmon_gpu_memory_used_bytes": 1024.0 * MIB,
+                    "trainmon_gpu_memory_total_bytes": 4096.0 * MIB,
+                    "trainmon_gpu_job_memory_bytes": 512.0 * MIB,
+                    "trainmon_gpu_power_watts": 300.0,
+                    "trainmon_gpu_energy_joules": 900.0,
+                    "trainmon_gpu_temperature_celsius": 60.0,
+                },
+            ),
+        ),
+        host_gauges={"trainmon_job_cpu_seconds": 3.5, "trainmon_job_memory_rss_bytes": 100.0 * MIB},
+        standings=(
+            RankStanding(0, "node1", 0, 0.0, 0.0, None, 4.0),
+            RankStanding(3, "node2", 9, 0.9, 0.02, "data loading", 0.0),
+        ),
+    )
 
 
 def _snapshot(*splits: SplitView, job_ids_dropped: int = 0) -> Snapshot:
-    return Snapshot(pid=1, endpoint="ipc://x", root=None, taken_unix=0.0, loop_monotonic=0.0,
-                    sampler_round_monotonic=None, samplers_started=True, records=0,
-                    dropped=0, lost=0, rejected=0, rejected_by_kind={}, last_error=None,
-                    records_per_s=0.0,
-                    rate_window_s=0.0, samplers={}, runs=(), splits=splits,
-                    job_ids_dropped=job_ids_dropped)
+    return Snapshot(
+        pid=1,
+        endpoint="ipc://x",
+        root=None,
+        taken_unix=0.0,
+        loop_monotonic=0.0,
+        sampler_round_monotonic=None,
+        samplers_started=True,
+        records=0,
+        dropped=0,
+        lost=0,
+        rejected=0,
+        rejected_by_kind={},
+        last_error=None,
+        records_per_s=0.0,
+        rate_window_s=0.0,
+        samplers={},
+        runs=(),
+        splits=splits,
+        job_ids_dropped=job_ids_dropped,
+    )
 
 
 def _scrape(port: int) -> dict[str, object]:
@@ -88,8 +123,9 @@ def _scrape(port: int) -> dict[str, object]:
 
 def test_names_types_labels_and_forgotten_runs() -> None:
     exporter = MetricsExporter(0, "127.0.0.1")
-    exporter.ready(_snapshot(_split("a" * 32), _split("b" * 32, "completed", 1.8e9 + 60),
-                             job_ids_dropped=3))
+    exporter.ready(
+        _snapshot(_split("a" * 32), _split("b" * 32, "completed", 1.8e9 + 60), job_ids_dropped=3)
+    )
     try:
         assert exporter.bound_port
         families = _scrape(exporter.bound_port)
@@ -99,17 +135,22 @@ def test_names_types_labels_and_forgotten_runs() -> None:
             assert family.type == kind, name
             for sample in family.samples:
                 assert sorted(sample.labels) == sorted(labels), (name, sample)
-        phases = {(s.labels["phase"], s.name.rsplit("_", 1)[1]): s.value
-                  for s in families["trainmon_phase_duration_seconds"].samples
-                  if s.labels["run"] == "a" * 32}
+        phases = {
+            (s.labels["phase"], s.name.rsplit("_", 1)[1]): s.value
+            for s in families["trainmon_phase_duration_seconds"].samples
+            if s.labels["run"] == "a" * 32
+        }
         assert phases[("forward", "sum")] == 0.5 and phases[("forward", "count")] == 10
         assert phases[("train_loop", "count")] == 10 and phases[("augment", "sum")] == 0.3
         assert phases[("training", "sum")] == 12.5
         util = families["trainmon_gpu_utilization_ratio"].samples[0]
         assert util.value == 0.55
-        assert families["trainmon_gpu_memory_used_bytes"].samples[0].value == 1024 ** 3
-        parts = {s.labels["part"]: s.value for s in families["trainmon_goodput_seconds"].samples
-                 if s.labels["run"] == "a" * 32}
+        assert families["trainmon_gpu_memory_used_bytes"].samples[0].value == 1024**3
+        parts = {
+            s.labels["part"]: s.value
+            for s in families["trainmon_goodput_seconds"].samples
+            if s.labels["run"] == "a" * 32
+        }
         assert parts == {"productive": 12.0, **GOODPUT.badput_s}  # every cause, bounded
         assert families["trainmon_goodput_wall_seconds"].samples[0].value == 20.0
         assert families["trainmon_goodput_gpu_busy_seconds"].samples[0].value == 6.0
@@ -118,22 +159,37 @@ def test_names_types_labels_and_forgotten_runs() -> None:
         runs = {s.labels["status"]: s.value for s in families["trainmon_runs"].samples}
         assert runs == {"running": 1, "completed": 1, "incomplete": 0, "failed": 0}
         # how each run stands and when it started and ended
-        states = {(s.labels["run"], s.labels["status"]): s.value
-                  for s in families["trainmon_run_status"].samples}
-        assert states == {("a" * 32, "running"): 1, ("a" * 32, "completed"): 0,
-                          ("a" * 32, "incomplete"): 0, ("a" * 32, "failed"): 0,
-                          ("b" * 32, "running"): 0, ("b" * 32, "completed"): 1,
-                          ("b" * 32, "incomplete"): 0, ("b" * 32, "failed"): 0}
-        assert [s.value for s in families["trainmon_run_start_timestamp_seconds"].samples
-                ] == [1.8e9, 1.8e9]
+        states = {
+            (s.labels["run"], s.labels["status"]): s.value
+            for s in families["trainmon_run_status"].samples
+        }
+        assert states == {
+            ("a" * 32, "running"): 1,
+            ("a" * 32, "completed"): 0,
+            ("a" * 32, "incomplete"): 0,
+            ("a" * 32, "failed"): 0,
+            ("b" * 32, "running"): 0,
+            ("b" * 32, "completed"): 1,
+            ("b" * 32, "incomplete"): 0,
+            ("b" * 32, "failed"): 0,
+        }
+        assert [s.value for s in families["trainmon_run_start_timestamp_seconds"].samples] == [
+            1.8e9,
+            1.8e9,
+        ]
         ends = families["trainmon_run_end_timestamp_seconds"].samples
         assert [(s.labels["run"], s.value) for s in ends] == [("b" * 32, 1.8e9 + 60)]
-        slowest = {(s.labels["rank"], s.labels["host"]): s.value
-                   for s in families["trainmon_rank_slowest_ratio"].samples
-                   if s.labels["run"] == "a" * 32}
+        slowest = {
+            (s.labels["rank"], s.labels["host"]): s.value
+            for s in families["trainmon_rank_slowest_ratio"].samples
+            if s.labels["run"] == "a" * 32
+        }
         assert slowest == {("0", "node1"): 0.0, ("3", "node2"): 0.9}
-        assert [s.value for s in families["trainmon_job_ids_dropped"].samples
-                if s.name.endswith("_total")] == [3]
+        assert [
+            s.value
+            for s in families["trainmon_job_ids_dropped"].samples
+            if s.name.endswith("_total")
+        ] == [3]
 
         exporter.tick(_snapshot(_split("b" * 32)))  # the daemon forgot run a
         families = _scrape(exporter.bound_port)

@@ -52,13 +52,15 @@ def fake_nvml(gpus: list[FakeGpu]) -> Callable[[str | None], Any]:
     return lambda visible: open_nvml(visible, api=FakeNvml(gpus, clock_ns=CLOCK))
 
 
-def monitor_of(interval_s: float, share: bool,
-               open_gpus: Callable[[str | None], Any]) -> ResourceMonitor:
+def monitor_of(
+    interval_s: float, share: bool, open_gpus: Callable[[str | None], Any]
+) -> ResourceMonitor:
     # NVML stamps its samples on the real wall clock and the sampler starts from "now":
     # a test clock left behind the real one would make every driver sample look older.
     CLOCK.now_ns = max(CLOCK.now_ns, time.monotonic_ns())
-    return ResourceMonitor(interval_s, None, all_splits_share_gpus=share, open_gpus=open_gpus,
-                           clock_ns=CLOCK)
+    return ResourceMonitor(
+        interval_s, None, all_splits_share_gpus=share, open_gpus=open_gpus, clock_ns=CLOCK
+    )
 
 
 def wait_opened(monitor: ResourceMonitor) -> None:
@@ -87,10 +89,14 @@ def _report(monitor: ResourceMonitor, split: Split, records_lines: list[str]) ->
     """What the writer makes of the monitor's figures: the block's lines and the frame."""
     monitor.final_round(split)
     figures = monitor.figures(split)
-    lines = resources_block(figures.gpus, figures.host, figures.gpu_off_reason,
-                            figures.attribution, records_lines)
-    frame = resources_frame(figures.gpu_samples, figures.host_samples, figures.run_start_ns) \
-        if figures.host_samples or figures.gpu_samples else None
+    lines = resources_block(
+        figures.gpus, figures.host, figures.gpu_off_reason, figures.attribution, records_lines
+    )
+    frame = (
+        resources_frame(figures.gpu_samples, figures.host_samples, figures.run_start_ns)
+        if figures.host_samples or figures.gpu_samples
+        else None
+    )
     return _Report(lines, frame)
 
 
@@ -102,24 +108,32 @@ def test_gpu_use_is_attributed_to_the_phases_that_ran(tmp_path: Path) -> None:
     split = make_split(tmp_path)
     monitor.watch(split, os.getpid())
     records = array("q")
-    for label_id, util, power_mw in ((wire.FORWARD, 95, 300_000),
-                                     (wire.TRAINING_DATA_LOADING, 5, 80_000),
-                                     (wire.FORWARD, 95, 300_000)):
+    for label_id, util, power_mw in (
+        (wire.FORWARD, 95, 300_000),
+        (wire.TRAINING_DATA_LOADING, 5, 80_000),
+        (wire.FORWARD, 95, 300_000),
+    ):
         for gpu in gpus:
             gpu.util, gpu.power_instant_mw, gpu.power_avg_mw = util, power_mw, power_mw
         start, end = run_phase(monitor, 0.6)
-        records.extend((label_id, 0, 0, -1, 0, start, end, -1, -1)
-                       + (0,) * (wire.RECORD_WIDTH - 9))  # fields after peak_bytes
+        records.extend(
+            (label_id, 0, 0, -1, 0, start, end, -1, -1) + (0,) * (wire.RECORD_WIDTH - 9)
+        )  # fields after peak_bytes
     monitor.note_records(split, 0, records)
     split.set_status("completed", None)
     report = _report(monitor, split, ["Records: test"])
 
     text = "\n".join(report.lines)
     assert "GPU 0: 'Fake A' GPU-aaaa" in text and "GPU 1: 'Fake B' GPU-bbbb" in text
-    table = {line.split("|")[0].strip(): [c.strip() for c in line.split("|")[1:]]
-             for line in report.lines if line.count("|") == 4}
-    forward_util, loading_util = float(table["Forward"][2]), float(table["Training data "
-                                                                         "loading"][2])
+    table = {
+        line.split("|")[0].strip(): [c.strip() for c in line.split("|")[1:]]
+        for line in report.lines
+        if line.count("|") == 4
+    }
+    forward_util, loading_util = (
+        float(table["Forward"][2]),
+        float(table["Training data loading"][2]),
+    )
     # Windows at the phase boundaries mix both phases; the bulk of each is clean.
     assert forward_util > 75 and loading_util < 25
     assert float(table["Forward"][3]) > 200 > float(table["Training data loading"][3])
@@ -162,10 +176,10 @@ def test_a_mig_instance_the_job_reported_is_sampled_for_its_split(tmp_path: Path
     assert "shared by its MIG instances" in "\n".join(report.lines)
 
 
-def test_without_a_driver_gpu_sampling_is_off_and_host_sampling_goes_on(
-        tmp_path: Path) -> None:
-    monitor = monitor_of(INTERVAL_S, True,
-                         lambda visible: NvmlUnavailable("no NVIDIA driver: test"))
+def test_without_a_driver_gpu_sampling_is_off_and_host_sampling_goes_on(tmp_path: Path) -> None:
+    monitor = monitor_of(
+        INTERVAL_S, True, lambda visible: NvmlUnavailable("no NVIDIA driver: test")
+    )
     wait_opened(monitor)
     split = make_split(tmp_path)
     monitor.watch(split, os.getpid())
@@ -185,8 +199,10 @@ def test_utilization_and_power_go_to_the_phase_the_gpu_was_running(tmp_path: Pat
     cycle_s, cycles = 1.5, 2
     origin = CLOCK() + 200_000_000
     ns = 1_000_000_000
-    busy = [(origin + int((c * cycle_s + 0.2) * ns), origin + int((c * cycle_s + 0.8) * ns))
-            for c in range(cycles)]
+    busy = [
+        (origin + int((c * cycle_s + 0.2) * ns), origin + int((c * cycle_s + 0.8) * ns))
+        for c in range(cycles)
+    ]
     gpus = [FakeGpu(uuid="GPU-aaaa", name="Fake A", busy=busy)]
     # 0.2 s rounds: two 100 ms steps of the energy counter per window, as in real use
     monitor = monitor_of(0.2, True, fake_nvml(gpus))
@@ -198,10 +214,12 @@ def test_utilization_and_power_go_to_the_phase_the_gpu_was_running(tmp_path: Pat
         at = origin + int(c * cycle_s * ns)
         ms = 1_000_000
         records.extend((wire.FORWARD, 0, 0, -1, 0, at, at + 10 * ms, 600 * ms, -1, 0, 200 * ms))
-        records.extend((wire.METRICS, 0, 0, -1, 0, at + 10 * ms, at + 800 * ms, 10 * ms, -1, 0,
-                        790 * ms))
-        records.extend((wire.TRAINING_DATA_LOADING, 0, 0, -1, 0, at + 800 * ms,
-                        at + 1500 * ms, -1, -1, 0, 0))
+        records.extend(
+            (wire.METRICS, 0, 0, -1, 0, at + 10 * ms, at + 800 * ms, 10 * ms, -1, 0, 790 * ms)
+        )
+        records.extend(
+            (wire.TRAINING_DATA_LOADING, 0, 0, -1, 0, at + 800 * ms, at + 1500 * ms, -1, -1, 0, 0)
+        )
     run_phase(monitor, 0.2 + cycle_s * cycles + 0.3)
     CLOCK.advance(2.2)  # the records come more than 2 s after their phases
     monitor.note_records(split, 0, records)
@@ -218,7 +236,8 @@ def test_utilization_and_power_go_to_the_phase_the_gpu_was_running(tmp_path: Pat
 
 
 def test_samples_restored_from_an_earlier_session_open_no_attribution_window(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     gpus = [FakeGpu(uuid="GPU-aaaa", name="Fake A")]
     monitor = monitor_of(INTERVAL_S, True, fake_nvml(gpus))
     wait_opened(monitor)
@@ -236,8 +255,13 @@ def test_samples_restored_from_an_earlier_session_open_no_attribution_window(
     # saw the earlier session's last busy moments out of this session's phases.
     CLOCK.advance(UTIL_WINDOW_S)
     start, end = run_phase(monitor, 0.6)
-    monitor.note_records(split, 0, array("q", (wire.FORWARD, 0, 0, -1, 0, start, end, -1, -1)
-                                         + (0,) * (wire.RECORD_WIDTH - 9)))
+    monitor.note_records(
+        split,
+        0,
+        array(
+            "q", (wire.FORWARD, 0, 0, -1, 0, start, end, -1, -1) + (0,) * (wire.RECORD_WIDTH - 9)
+        ),
+    )
     split.set_status("completed", None)
     monitor.final_round(split)
     figures = monitor.figures(split)

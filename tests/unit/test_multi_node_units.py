@@ -20,16 +20,28 @@ from sidecar.sinks import nodes, writer
 
 def _figures(rank: int, loading_s: float, iterations: int = 10) -> RankFigures:
     keys = [[0, i] for i in range(iterations)]
-    return RankFigures(rank, f"host{rank // 2}", f"node{rank // 2}", "completed", None,
-                       iterations, iterations, 8 * iterations, {"Forward": 0.01},
-                       {"Forward": [iterations, 0.01, 0.0]}, keys,
-                       [[loading_s, 0.01, 0.02, 0.001] for _ in keys],
-                       [loading_s + 0.031] * iterations)
+    return RankFigures(
+        rank,
+        f"host{rank // 2}",
+        f"node{rank // 2}",
+        "completed",
+        None,
+        iterations,
+        iterations,
+        8 * iterations,
+        {"Forward": 0.01},
+        {"Forward": [iterations, 0.01, 0.0]},
+        keys,
+        [[loading_s, 0.01, 0.02, 0.001] for _ in keys],
+        [loading_s + 0.031] * iterations,
+    )
 
 
 def test_rank_figures_survive_a_node_file_and_name_the_straggler() -> None:
-    read = [RankFigures.from_json(json.loads(json.dumps(f.to_json())))
-            for f in (_figures(2, 0.001), _figures(3, 0.05))]
+    read = [
+        RankFigures.from_json(json.loads(json.dumps(f.to_json())))
+        for f in (_figures(2, 0.001), _figures(3, 0.05))
+    ]
     view = merged([_figures(0, 0.001), _figures(1, 0.001)], read, world_size=5)
     assert [f.rank for f in view.ranks] == [0, 1, 2, 3]
     assert view.missing == [4]
@@ -40,8 +52,9 @@ def test_rank_figures_survive_a_node_file_and_name_the_straggler() -> None:
 
 
 def _node(node_id: str, final: bool, written_unix: float, ranks: list[int]) -> nodes.NodeFile:
-    return nodes.NodeFile(node_id, "h", final, "completed", None, written_unix,
-                          [_figures(r, 0.0) for r in ranks], [])
+    return nodes.NodeFile(
+        node_id, "h", final, "completed", None, written_unix, [_figures(r, 0.0) for r in ranks], []
+    )
 
 
 def test_only_final_node_files_of_this_session_cover_their_ranks() -> None:
@@ -56,9 +69,17 @@ def test_run_json_keeps_every_node_and_the_worst_status_wins(tmp_path: Path) -> 
     for rank in (0, 1):
         split.rank(rank).begin_session(1000.0, 0, "r")
     split.status = "completed"
-    other = {"node_id": "elsewhere", "node_host": "b", "ranks": [2, 3], "status": "incomplete",
-             "cause": "its sidecar stopped", "start_unix": 999.0, "end_unix": 1010.0,
-             "hosts": {"b": [2, 3]}, "gpus": [{"uuid": "GPU-b", "name": "B"}]}
+    other = {
+        "node_id": "elsewhere",
+        "node_host": "b",
+        "ranks": [2, 3],
+        "status": "incomplete",
+        "cause": "its sidecar stopped",
+        "start_unix": 999.0,
+        "end_unix": 1010.0,
+        "hosts": {"b": [2, 3]},
+        "gpus": [{"uuid": "GPU-b", "name": "B"}],
+    }
     replaced = {"node_id": "restarted", "node_host": "a", "ranks": [1], "status": "running"}
     text = writer.run_json(split, json.dumps({"splits": {"0": {"nodes": [other, replaced]}}}))
     entry = json.loads(text)["splits"]["0"]
@@ -70,14 +91,18 @@ def test_run_json_keeps_every_node_and_the_worst_status_wins(tmp_path: Path) -> 
 
 
 def test_the_report_counts_the_gpu_hours_spent_waiting(tmp_path: Path) -> None:
-    ranks = ("rank\thost\titerations\tmeasured\twaited (s)\n"
-             "0\ta\t10\t100\t36\n1\ta\t10\t100\t0\n2\tb\t10\t100\t36\n3\tb\t10\t100\t0\n")
-    summary = ("Straggler: rank 3 on b, data loading, +1.0e-02 s over the median before "
-               "the sync\n")
+    ranks = (
+        "rank\thost\titerations\tmeasured\twaited (s)\n"
+        "0\ta\t10\t100\t36\n1\ta\t10\t100\t0\n2\tb\t10\t100\t36\n3\tb\t10\t100\t0\n"
+    )
+    summary = "Straggler: rank 3 on b, data loading, +1.0e-02 s over the median before the sync\n"
     run = RunFolder(tmp_path, {}, [SplitFiles(0, 1.0, b"", 1, b"", (), summary, ranks)])
     frame = straggler_frame([run], pd.Series([8]))
     row = frame.iloc[0]
     assert (row["straggler rank"], row["straggler host"], row["straggler phase"]) == (
-        "3", "b", "data loading")
+        "3",
+        "b",
+        "data loading",
+    )
     # 2 ranks × 36 s × 10 (measured / stored) × 2 GPUs per rank / 3600
     assert row["waiting GPU-hours"] == pytest.approx(0.4)

@@ -43,15 +43,38 @@ def manager(tmp_path: Path) -> Iterator[Manager]:
     sock.sock.close()
 
 
-def Snap(loop_monotonic: float, sampler_round_monotonic: float | None,
-         statuses: tuple[str, ...] = (), records_per_s: float = 0.0,
-         started: bool = True) -> Snapshot:
+def Snap(
+    loop_monotonic: float,
+    sampler_round_monotonic: float | None,
+    statuses: tuple[str, ...] = (),
+    records_per_s: float = 0.0,
+    started: bool = True,
+) -> Snapshot:
     """A daemon snapshot with these times, runs of these statuses, this rate, samplers
     set up or not."""
-    runs = tuple(RunView(f"{i:032x}", "/r", 0, 0, 1, "h", 0, status, None, None, None)
-                 for i, status in enumerate(statuses))
-    return Snapshot(1, "ipc:///s", "/r", 0.0, loop_monotonic, sampler_round_monotonic,
-                    started, 0, 0, 0, 0, {}, None, records_per_s, 10.0, {}, runs)
+    runs = tuple(
+        RunView(f"{i:032x}", "/r", 0, 0, 1, "h", 0, status, None, None, None)
+        for i, status in enumerate(statuses)
+    )
+    return Snapshot(
+        1,
+        "ipc:///s",
+        "/r",
+        0.0,
+        loop_monotonic,
+        sampler_round_monotonic,
+        started,
+        0,
+        0,
+        0,
+        0,
+        {},
+        None,
+        records_per_s,
+        10.0,
+        {},
+        runs,
+    )
 
 
 def test_path_socket_gets_the_datagram(manager: Manager, tmp_path: Path) -> None:
@@ -91,28 +114,33 @@ def test_a_manager_that_stops_reading_never_blocks_the_daemon(manager: Manager) 
     assert sent[0] and not all(sent)  # the first ones queued, the rest dropped
 
 
-@pytest.mark.parametrize(("environ", "period_s"), [
-    ({"WATCHDOG_USEC": "1000000"}, 0.5),
-    ({"WATCHDOG_USEC": "1000000", "WATCHDOG_PID": str(os.getpid())}, 0.5),
-    ({"WATCHDOG_USEC": "1000000", "WATCHDOG_PID": str(os.getpid() + 1)}, None),
-    ({"WATCHDOG_USEC": "0"}, None),
-    ({"WATCHDOG_USEC": "soon"}, None),
-    ({}, None),
-])
-def test_watchdog_period_honours_the_owner(environ: dict[str, str],
-                                           period_s: float | None) -> None:
+@pytest.mark.parametrize(
+    ("environ", "period_s"),
+    [
+        ({"WATCHDOG_USEC": "1000000"}, 0.5),
+        ({"WATCHDOG_USEC": "1000000", "WATCHDOG_PID": str(os.getpid())}, 0.5),
+        ({"WATCHDOG_USEC": "1000000", "WATCHDOG_PID": str(os.getpid() + 1)}, None),
+        ({"WATCHDOG_USEC": "0"}, None),
+        ({"WATCHDOG_USEC": "soon"}, None),
+        ({}, None),
+    ],
+)
+def test_watchdog_period_honours_the_owner(environ: dict[str, str], period_s: float | None) -> None:
     assert watchdog_period_s(environ) == period_s
 
 
-def test_lifecycle_pings_only_while_loop_and_samplers_progress(manager: Manager,
-                                                               tmp_path: Path) -> None:
+def test_lifecycle_pings_only_while_loop_and_samplers_progress(
+    manager: Manager, tmp_path: Path
+) -> None:
     now = [100.0]
     environ = {"NOTIFY_SOCKET": str(tmp_path / "notify"), "WATCHDOG_USEC": "1000000"}
     notifier = SystemdNotifier(2.0, environ, clock=lambda: now[0])
     running = ("running", "completed")
     notifier.ready(Snap(100.0, None, running, 1234.4))
-    assert manager.messages() == ["READY=1\nSTATUS=2 runs (1 running), 1234 records/s",
-                                  "WATCHDOG=1"]
+    assert manager.messages() == [
+        "READY=1\nSTATUS=2 runs (1 running), 1234 records/s",
+        "WATCHDOG=1",
+    ]
     now[0] = 100.3  # not due yet (every 0.5 s)
     notifier.tick(Snap(100.3, 100.0, running, 1234.0))
     assert manager.messages() == []
@@ -143,5 +171,4 @@ def test_ready_waits_for_the_samplers(manager: Manager, tmp_path: Path) -> None:
     assert manager.messages() == []
     now[0] = 11.2
     notifier.tick(Snap(11.2, 11.0))
-    assert manager.messages() == ["READY=1\nSTATUS=0 runs (0 running), 0 records/s",
-                                  "WATCHDOG=1"]
+    assert manager.messages() == ["READY=1\nSTATUS=0 runs (0 running), 0 records/s", "WATCHDOG=1"]

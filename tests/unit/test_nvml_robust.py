@@ -56,8 +56,9 @@ def test_an_unknown_value_type_falls_back_to_the_averaged_power(nvml: FakeNvml) 
     sampler = opened(nvml, "0")
     [sample] = sampler.sample(set(), 1)
     assert (sample.power_w, sample.power_source) == (200.0, "average")
-    assert "unknown NVML value type 17" in sampler.status()["gpus"][0]["unsupported"][
-        "instant power"]
+    assert (
+        "unknown NVML value type 17" in sampler.status()["gpus"][0]["unsupported"]["instant power"]
+    )
 
 
 def test_a_transient_error_is_retried_not_switched_off_for_good(nvml: FakeNvml) -> None:
@@ -114,8 +115,7 @@ def test_calls_that_never_return_stop_gpu_sampling_within_bounds(nvml: FakeNvml)
 # ---- processes: no sample, other pid namespaces ------------------------------------
 
 
-def test_pids_of_another_namespace_make_the_job_figures_unknown_not_zero(
-        nvml: FakeNvml) -> None:
+def test_pids_of_another_namespace_make_the_job_figures_unknown_not_zero(nvml: FakeNvml) -> None:
     gpu = nvml.gpus[0]
     gpu.compute_procs = [(FOREIGN, 900 * MIB)]  # the host's pid of our own process
     gpu.proc_samples = [(FOREIGN, time.time_ns() // 1000 + 10_000_000, 70)]
@@ -127,8 +127,9 @@ def test_pids_of_another_namespace_make_the_job_figures_unknown_not_zero(
 
 def test_a_job_in_a_child_pid_namespace_is_found_by_its_inner_pid(nvml: FakeNvml) -> None:
     """A real child in its own pid namespace (unshare): NVML lists it by its inner pid 1."""
-    child = subprocess.Popen(["unshare", "--user", "--map-root-user", "--pid", "--fork",
-                              "sleep", "30"])
+    child = subprocess.Popen(
+        ["unshare", "--user", "--map-root-user", "--pid", "--fork", "sleep", "30"]
+    )
     try:
         inner = None
         deadline = time.monotonic() + 10
@@ -180,10 +181,19 @@ def test_power_is_the_energy_counters_mean_over_the_window(nvml: FakeNvml) -> No
 
 @pytest.fixture
 def mig() -> FakeNvml:
-    whole = FakeGpu(uuid=UUIDS[0], name="NVIDIA A100", mig=[
-        FakeGpu(uuid=MIGS[0], name="NVIDIA A100 MIG 1g.5gb", mem_used=300 * MIB,
-                mem_total=4864 * MIB),
-        FakeGpu(uuid=MIGS[1], name="NVIDIA A100 MIG 1g.5gb")])
+    whole = FakeGpu(
+        uuid=UUIDS[0],
+        name="NVIDIA A100",
+        mig=[
+            FakeGpu(
+                uuid=MIGS[0],
+                name="NVIDIA A100 MIG 1g.5gb",
+                mem_used=300 * MIB,
+                mem_total=4864 * MIB,
+            ),
+            FakeGpu(uuid=MIGS[1], name="NVIDIA A100 MIG 1g.5gb"),
+        ],
+    )
     return FakeNvml([whole, FakeGpu(uuid=UUIDS[1])])
 
 

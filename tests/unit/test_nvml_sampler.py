@@ -46,17 +46,41 @@ def test_every_field_with_units(nvml: FakeNvml) -> None:
     [sample] = sampler.sample({ME}, 123)
     assert sample.util_windows is not None  # the driver's samples: tested on their own
     assert dataclasses.replace(sample, util_windows=None) == GpuSample(
-        t_ns=123, gpu_index=0, uuid=UUIDS[1], name="Fake 1", util_pct=50.0, mem_util_pct=20.0,
-        mem_used_mib=1000.0, mem_total_mib=8000.0, power_w=250.0, power_source="instant",
-        energy_j=5000.0, temperature_c=60.0, sm_clock_mhz=1400.0, sm_activity_pct=None,
-        job_mem_mib=300.0, job_sm_util_pct=None)  # no per-process sample yet: unknown
+        t_ns=123,
+        gpu_index=0,
+        uuid=UUIDS[1],
+        name="Fake 1",
+        util_pct=50.0,
+        mem_util_pct=20.0,
+        mem_used_mib=1000.0,
+        mem_total_mib=8000.0,
+        power_w=250.0,
+        power_source="instant",
+        energy_j=5000.0,
+        temperature_c=60.0,
+        sm_clock_mhz=1400.0,
+        sm_activity_pct=None,
+        job_mem_mib=300.0,
+        job_sm_util_pct=None,
+    )  # no per-process sample yet: unknown
     assert sampler.status() == {
-        "gpu_sampling": "on", "reason": None,
-        "gpus": [{"index": 0, "uuid": UUIDS[1], "name": "Fake 1", "lost": False,
-                  "lost_reason": None, "power_source": "instant",
-                  "unsupported": {"sm activity": "GPM not supported on this GPU "
-                                                 "(Hopper and newer)"},
-                  "retrying": {}, "notes": {}, "whole_gpu": None}]}
+        "gpu_sampling": "on",
+        "reason": None,
+        "gpus": [
+            {
+                "index": 0,
+                "uuid": UUIDS[1],
+                "name": "Fake 1",
+                "lost": False,
+                "lost_reason": None,
+                "power_source": "instant",
+                "unsupported": {"sm activity": "GPM not supported on this GPU (Hopper and newer)"},
+                "retrying": {},
+                "notes": {},
+                "whole_gpu": None,
+            }
+        ],
+    }
     sampler.close()
     assert nvml.calls[("nvmlShutdown", None)] == 1
     assert sampler.status()["gpu_sampling"] == "off"
@@ -99,8 +123,9 @@ def test_samples_from_before_the_sampler_started_are_not_counted(nvml: FakeNvml)
     assert opened(nvml, "0").sample({ME}, 1)[0].job_sm_util_pct is None
 
 
-@pytest.mark.parametrize("code", [pynvml.NVML_ERROR_RESET_REQUIRED,
-                                  pynvml.NVML_ERROR_GPU_NOT_FOUND])
+@pytest.mark.parametrize(
+    "code", [pynvml.NVML_ERROR_RESET_REQUIRED, pynvml.NVML_ERROR_GPU_NOT_FOUND]
+)
 def test_errors_that_mean_the_gpu_is_gone(nvml: FakeNvml, code: int) -> None:
     sampler = opened(nvml, "0,1")
     nvml.gpus[0].errors = {"nvmlDeviceGetTotalEnergyConsumption": code}
@@ -214,8 +239,9 @@ def test_a_hanging_init_is_reported(nvml: FakeNvml) -> None:
     assert result == NvmlUnavailable("nvmlInit timed out after 0.3 s")
 
 
-@pytest.mark.parametrize("code", [pynvml.NVML_ERROR_LIBRARY_NOT_FOUND,
-                                  pynvml.NVML_ERROR_DRIVER_NOT_LOADED])
+@pytest.mark.parametrize(
+    "code", [pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, pynvml.NVML_ERROR_DRIVER_NOT_LOADED]
+)
 def test_no_driver(code: int) -> None:
     result = open_nvml(None, api=FakeNvml([], init_error=code))
     assert isinstance(result, NvmlUnavailable)
@@ -251,15 +277,20 @@ def test_add_uuids_reported_later(nvml: FakeNvml) -> None:
     assert sampler.add_uuids([UUIDS[2][4:], UUIDS[0], "GPU-not-a-gpu"]) == [UUIDS[2]]
     assert sampler.add_uuids([UUIDS[2]]) == []
     assert [(s.gpu_index, s.uuid) for s in sampler.sample(set(), 1)] == [
-        (0, UUIDS[0]), (1, UUIDS[2])]
+        (0, UUIDS[0]),
+        (1, UUIDS[2]),
+    ]
 
 
-@pytest.mark.parametrize(("code", "advice"), [
-    (pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH, "reboot, or reload the nvidia kernel modules"),
-    (pynvml.NVML_ERROR_NO_PERMISSION, "/dev/nvidia*"),
-    (pynvml.NVML_ERROR_FUNCTION_NOT_FOUND, "update the driver"),
-    (pynvml.NVML_ERROR_GPU_IS_LOST, "Xid"),
-])
+@pytest.mark.parametrize(
+    ("code", "advice"),
+    [
+        (pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH, "reboot, or reload the nvidia kernel modules"),
+        (pynvml.NVML_ERROR_NO_PERMISSION, "/dev/nvidia*"),
+        (pynvml.NVML_ERROR_FUNCTION_NOT_FOUND, "update the driver"),
+        (pynvml.NVML_ERROR_GPU_IS_LOST, "Xid"),
+    ],
+)
 def test_an_init_failure_says_what_it_means_and_what_to_do(code: int, advice: str) -> None:
     result = open_nvml(None, api=FakeNvml([], init_error=code))
     assert isinstance(result, NvmlUnavailable)
@@ -275,8 +306,7 @@ def test_utilization_per_phase_comes_from_the_drivers_samples_not_the_rounds() -
     window_ns = round(1e9 / 6)
     origin = (time.monotonic_ns() // window_ns + 2) * window_ns  # on the driver's grid
     cycle_ns, cycles = 3 * window_ns, 4
-    busy = [(origin + c * cycle_ns, origin + c * cycle_ns + 2 * window_ns)
-            for c in range(cycles)]
+    busy = [(origin + c * cycle_ns, origin + c * cycle_ns + 2 * window_ns) for c in range(cycles)]
     fake = FakeNvml([FakeGpu(uuid=UUIDS[0], busy=busy)])
     sampler = opened(fake)
     samples = []
@@ -305,7 +335,8 @@ def test_without_driver_samples_the_rounds_reading_stands_for_the_round() -> Non
 
 
 def test_a_driver_period_as_long_as_the_round_is_learnt_from_one_sample_a_round(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A product whose driver samples once a second, read by 1 s rounds: one new sample
     per round. Its period comes from the spacing to the sample seen before."""
     monkeypatch.setattr("tests.support.fake_pynvml.UTIL_WINDOW_S", 0.25)

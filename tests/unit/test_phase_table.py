@@ -24,25 +24,39 @@ def test_computational_header_follows_the_table_in_the_contract_order() -> None:
 
 def test_every_derived_list_is_a_view_of_the_table() -> None:
     assert list(wire.PHASE_LABELS) == [p.phase for p in wire.PHASES]
-    assert wire.CANONICAL_PHASE_NAMES == {"forward": wire.FORWARD, "backward": wire.BACKWARD,
-                                          "optimization": wire.OPTIMIZATION,
-                                          "evaluation": wire.EVALUATION,
-                                          "metrics": wire.METRICS}
+    assert wire.CANONICAL_PHASE_NAMES == {
+        "forward": wire.FORWARD,
+        "backward": wire.BACKWARD,
+        "optimization": wire.OPTIMIZATION,
+        "evaluation": wire.EVALUATION,
+        "metrics": wire.METRICS,
+    }
     assert {wire.TRAINING_LOOP, wire.VALIDATION_LOOP} == wire.LOOP_IDS
     assert LOOP_PHASES == {False: wire.TRAINING_LOOP, True: wire.VALIDATION_LOOP}
     assert wire.LAST_STANDARD_ID == wire.METRICS
     assert layout.TRAIN_GPU_PHASES == (wire.FORWARD, wire.BACKWARD, wire.OPTIMIZATION)
     assert layout.VAL_GPU_PHASES == (wire.EVALUATION,)
-    assert PHASE_COLUMNS == {"loop": "Training loop", "loading": "Training data loading",
-                             "forward": "Forward", "backward": "Backward",
-                             "optimization": "Optimization"}
+    assert PHASE_COLUMNS == {
+        "loop": "Training loop",
+        "loading": "Training data loading",
+        "forward": "Forward",
+        "backward": "Backward",
+        "optimization": "Optimization",
+    }
     assert metrics.PHASE_NAMES == {
-        wire.TRAINING: "training", wire.EPOCH: "epoch", wire.TRAINING_LOOP: "train_loop",
-        wire.TRAINING_DATA_LOADING: "train_loading", wire.FORWARD: "forward",
-        wire.BACKWARD: "backward", wire.OPTIMIZATION: "optimization",
-        wire.VALIDATION: "validation", wire.VALIDATION_LOOP: "val_loop",
-        wire.VALIDATION_DATA_LOADING: "val_loading", wire.EVALUATION: "evaluation",
-        wire.METRICS: "metrics"}
+        wire.TRAINING: "training",
+        wire.EPOCH: "epoch",
+        wire.TRAINING_LOOP: "train_loop",
+        wire.TRAINING_DATA_LOADING: "train_loading",
+        wire.FORWARD: "forward",
+        wire.BACKWARD: "backward",
+        wire.OPTIMIZATION: "optimization",
+        wire.VALIDATION: "validation",
+        wire.VALIDATION_LOOP: "val_loop",
+        wire.VALIDATION_DATA_LOADING: "val_loading",
+        wire.EVALUATION: "evaluation",
+        wire.METRICS: "metrics",
+    }
 
 
 def test_custom_names_may_not_take_a_standard_column_stem() -> None:

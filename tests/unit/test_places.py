@@ -14,22 +14,33 @@ from sidecar.daemon.policy import OutDirPolicy
 from sidecar.ingest.hello import Refused
 
 
-@pytest.mark.parametrize("endpoint", ["ipc:///run/s.sock", "tcp://127.0.0.1:5555",
-                                      "tcp://:5555", "tcp://*:5555", "tcp://[::1]:80",
-                                      "tcp://127.0.0.1:*"])
+@pytest.mark.parametrize(
+    "endpoint",
+    [
+        "ipc:///run/s.sock",
+        "tcp://127.0.0.1:5555",
+        "tcp://:5555",
+        "tcp://*:5555",
+        "tcp://[::1]:80",
+        "tcp://127.0.0.1:*",
+    ],
+)
 def test_endpoints_that_can_be_served(endpoint: str) -> None:
     assert check(endpoint) == endpoint
 
 
-@pytest.mark.parametrize(("endpoint", "says"), [
-    ("udp://127.0.0.1:5555", "unknown endpoint scheme 'udp'"),
-    ("127.0.0.1:5555", "no endpoint scheme"),
-    ("tcp://127.0.0.1", "needs a port"),
-    ("tcp://127.0.0.1:0", "needs a port"),
-    ("tcp://127.0.0.1:70000", "needs a port"),
-    ("ipc://", "1 to 107 bytes"),
-    ("ipc:///" + "x" * 120, "shorter path"),
-])
+@pytest.mark.parametrize(
+    ("endpoint", "says"),
+    [
+        ("udp://127.0.0.1:5555", "unknown endpoint scheme 'udp'"),
+        ("127.0.0.1:5555", "no endpoint scheme"),
+        ("tcp://127.0.0.1", "needs a port"),
+        ("tcp://127.0.0.1:0", "needs a port"),
+        ("tcp://127.0.0.1:70000", "needs a port"),
+        ("ipc://", "1 to 107 bytes"),
+        ("ipc:///" + "x" * 120, "shorter path"),
+    ],
+)
 def test_endpoints_refused_with_what_to_give(endpoint: str, says: str) -> None:
     with pytest.raises(ValueError) as raised:
         check(endpoint)
@@ -43,7 +54,8 @@ def test_a_jobs_own_sidecar_refuses_absurd_places(out_dir: str) -> None:
 
 
 def test_the_home_folder_itself_and_the_daemons_root_itself_are_refused(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     with pytest.raises(Refused, match="the home folder itself"):
         OutDirPolicy(None).resolve("..", str(tmp_path / "home" / "project"))

@@ -35,8 +35,11 @@ def test_a_users_runs_go_under_their_folder(root: Path) -> None:
 @pytest.mark.parametrize("out_dir", ["../{bob}/run", "{root}/{bob}/run", "to-bob/run"])
 def test_another_users_folder_is_refused_by_name(root: Path, out_dir: str) -> None:
     policy = OutDirPolicy(root, shared=True)
-    with pytest.raises(Refused, match=rf"lies in another user's folder \({BOB.name}\); the "
-                       rf"runs of {ALICE.name} go under"):
+    with pytest.raises(
+        Refused,
+        match=rf"lies in another user's folder \({BOB.name}\); the "
+        rf"runs of {ALICE.name} go under",
+    ):
         policy.resolve(out_dir.format(root=root, bob=BOB.name), "/", ALICE)
     assert policy.refusal(root / ALICE.name / "to-bob" / "run", ALICE) is not None
 

@@ -15,12 +15,21 @@ from sidecar.ingest.records import decode_bodies
 HEADER = wire.pack_header(wire.KIND_RECORDS, 0, 0, 0, 0, bytes(16))
 INT64 = st.integers(-(2**63), 2**63 - 1)
 TAGS = st.one_of(
-    st.builds(lambda flags, epoch: wire.TAG_CONTEXT | flags << 16 | epoch << 32,
-              st.integers(0, 0xFFFF), st.integers(-(2**31), 2**31 - 1)),
-    st.builds(lambda flags, lag: wire.TAG_GPU | flags << 16 | lag << 32,
-              st.integers(0, 0xFFFF), st.integers(-(2**31), 2**31 - 1)),
-    st.builds(lambda phase, batches: phase | batches << wire.BATCHES_SHIFT,
-              st.integers(0, wire.MAX_PHASE_ID), st.integers(-(2**47), 2**47 - 1)),
+    st.builds(
+        lambda flags, epoch: wire.TAG_CONTEXT | flags << 16 | epoch << 32,
+        st.integers(0, 0xFFFF),
+        st.integers(-(2**31), 2**31 - 1),
+    ),
+    st.builds(
+        lambda flags, lag: wire.TAG_GPU | flags << 16 | lag << 32,
+        st.integers(0, 0xFFFF),
+        st.integers(-(2**31), 2**31 - 1),
+    ),
+    st.builds(
+        lambda phase, batches: phase | batches << wire.BATCHES_SHIFT,
+        st.integers(0, wire.MAX_PHASE_ID),
+        st.integers(-(2**47), 2**47 - 1),
+    ),
     INT64,
 )
 SLOTS = st.lists(st.tuples(TAGS, INT64, INT64), max_size=12)
@@ -47,7 +56,7 @@ def test_numpy_decoder_matches_the_reference(messages: list) -> None:
     bodies = []
     for slots, context_first, cut in messages:
         body = body_of(slots, context_first)
-        bodies.append(body[:len(body) - cut] if cut < 8 else body)  # some truncated
+        bodies.append(body[: len(body) - cut] if cut < 8 else body)  # some truncated
     decoded = decode_bodies(bodies)
     for i, body in enumerate(bodies):
         expected = reference(body)

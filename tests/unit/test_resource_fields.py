@@ -30,14 +30,30 @@ START = 1_000 * S
 
 
 def _gpu(t_ns: int, cls: type[GpuSample] = GpuSample, **extra: Any) -> GpuSample:
-    return cls(t_ns, 0, "GPU-a", "Fake", 50.0, 10.0, 100.0, 1000.0, 200.0, "instant",
-               1000.0 + t_ns / S, 60.0, 1500.0, None, 80.0, 40.0, **extra)
+    return cls(
+        t_ns,
+        0,
+        "GPU-a",
+        "Fake",
+        50.0,
+        10.0,
+        100.0,
+        1000.0,
+        200.0,
+        "instant",
+        1000.0 + t_ns / S,
+        60.0,
+        1500.0,
+        None,
+        80.0,
+        40.0,
+        **extra,
+    )
 
 
 def _samples() -> tuple[list[GpuSample], list[HostSample]]:
     times = [START, START + S, START + 3 * S]
-    return [_gpu(t) for t in times], [HostSample(t, 150.0, 500.0, None, 30.0, 0)
-                                      for t in times]
+    return [_gpu(t) for t in times], [HostSample(t, 150.0, 500.0, None, 30.0, 0) for t in times]
 
 
 def _write(path: Path, frame: pd.DataFrame) -> Path:
@@ -72,21 +88,30 @@ class _PcieSample(GpuSample):
 
 
 PCIE = fields.Field(
-    "gpu", "pcie_rx_mib_s", "NVML nvmlDeviceGetPcieThroughput(RX)", "pcie rx (MB/s)",
-    "MiB/s", figures=(fields.Figure("pcie_rx_mean_mib_s", "mean"),),
+    "gpu",
+    "pcie_rx_mib_s",
+    "NVML nvmlDeviceGetPcieThroughput(RX)",
+    "pcie rx (MB/s)",
+    "MiB/s",
+    figures=(fields.Figure("pcie_rx_mean_mib_s", "mean"),),
     line=fields.Line("PCIe RX (MB/s)", "mean {pcie_rx_mean_mib_s:.1f}"),
-    gauge=fields.Gauge("trainmon_gpu_pcie_rx_bytes_per_second", "gauge", "PCIe receive",
-                       scale=1024 * 1024),
-    required=False)
+    gauge=fields.Gauge(
+        "trainmon_gpu_pcie_rx_bytes_per_second", "gauge", "PCIe receive", scale=1024 * 1024
+    ),
+    required=False,
+)
 
 
 def test_a_field_declared_in_the_table_reaches_every_output(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """One table entry (and the sample attribute): a column, a summary figure and line,
     a /metrics family; and an older file without the column still reads."""
     monkeypatch.setattr(fields, "GPU_FIELDS", (*fields.GPU_FIELDS, PCIE))
-    samples = [_gpu(t, _PcieSample, pcie_rx_mib_s=rx)
-               for t, rx in ((START, 0.0), (START + S, 10.0), (START + 3 * S, 40.0))]
+    samples = [
+        _gpu(t, _PcieSample, pcie_rx_mib_s=rx)
+        for t, rx in ((START, 0.0), (START + S, 10.0), (START + 3 * S, 40.0))
+    ]
 
     frame = resources_text.resources_frame(samples, [], START)
     assert frame["pcie rx (MB/s)"].tolist() == [0.0, 10.0, 40.0]
@@ -97,19 +122,49 @@ def test_a_field_declared_in_the_table_reaches_every_output(
     assert "  PCIe RX (MB/s)            mean 30.0" in lines
 
     gauges = fields.gauge_values(fields.GPU_FIELDS, samples[-1], {}, {})
-    view = SplitView(run_id="r", user="u", host="h", slurm_job_id="", split=0,
-                     status="running", start_unix=None, end_unix=None, ranks=(), records={},
-                     gpus=(GpuView(0, "GPU-a", "Fake", gauges),), host_gauges={})
+    view = SplitView(
+        run_id="r",
+        user="u",
+        host="h",
+        slurm_job_id="",
+        split=0,
+        status="running",
+        start_unix=None,
+        end_unix=None,
+        ranks=(),
+        records={},
+        gpus=(GpuView(0, "GPU-a", "Fake", gauges),),
+        host_gauges={},
+    )
     exporter = MetricsExporter(0, "127.0.0.1")
-    exporter.tick(Snapshot(pid=1, endpoint="", root=None, taken_unix=0.0, loop_monotonic=0.0,
-                           sampler_round_monotonic=None, samplers_started=True, records=0,
-                           dropped=0, lost=0, rejected=0, rejected_by_kind={},
-                           last_error=None, records_per_s=0.0, rate_window_s=0.0,
-                           samplers={}, runs=(), splits=(view,)))
+    exporter.tick(
+        Snapshot(
+            pid=1,
+            endpoint="",
+            root=None,
+            taken_unix=0.0,
+            loop_monotonic=0.0,
+            sampler_round_monotonic=None,
+            samplers_started=True,
+            records=0,
+            dropped=0,
+            lost=0,
+            rejected=0,
+            rejected_by_kind={},
+            last_error=None,
+            records_per_s=0.0,
+            rate_window_s=0.0,
+            samplers={},
+            runs=(),
+            splits=(view,),
+        )
+    )
     from prometheus_client import generate_latest
 
-    families = {f.name: f for f in text_string_to_metric_families(
-        generate_latest(exporter.registry).decode())}
+    families = {
+        f.name: f
+        for f in text_string_to_metric_families(generate_latest(exporter.registry).decode())
+    }
     [value] = families["trainmon_gpu_pcie_rx_bytes_per_second"].samples
     assert value.value == 40.0 * 1024 * 1024
 
@@ -145,11 +200,17 @@ def test_the_live_view_exports_each_gauge_by_its_rule(tmp_path: Path) -> None:
         resources.add_host(h)
         resources.add_gpus([g])
     view = split_view(split, resources)
-    assert view.host_gauges == {"trainmon_job_cpu_seconds": pytest.approx(1.5 * 3),
-                                "trainmon_job_memory_rss_bytes": 500.0 * MIB}
+    assert view.host_gauges == {
+        "trainmon_job_cpu_seconds": pytest.approx(1.5 * 3),
+        "trainmon_job_memory_rss_bytes": 500.0 * MIB,
+    }
     [gauges] = [g.gauges for g in view.gpus]
     assert gauges == {
-        "trainmon_gpu_utilization_ratio": 0.5, "trainmon_gpu_memory_used_bytes": 100.0 * MIB,
+        "trainmon_gpu_utilization_ratio": 0.5,
+        "trainmon_gpu_memory_used_bytes": 100.0 * MIB,
         "trainmon_gpu_memory_total_bytes": 1000.0 * MIB,
-        "trainmon_gpu_power_watts": 200.0, "trainmon_gpu_energy_joules": pytest.approx(3.0),
-        "trainmon_gpu_temperature_celsius": 60.0, "trainmon_gpu_job_memory_bytes": 80.0 * MIB}
+        "trainmon_gpu_power_watts": 200.0,
+        "trainmon_gpu_energy_joules": pytest.approx(3.0),
+        "trainmon_gpu_temperature_celsius": 60.0,
+        "trainmon_gpu_job_memory_bytes": 80.0 * MIB,
+    }

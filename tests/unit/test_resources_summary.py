@@ -27,25 +27,47 @@ TIMES = [START, START + 1 * S, START + 3 * S, START + 4 * S]  # uneven spacing
 
 def gpu_sample(t_ns: int, index: int = 0, **fields: float | str | None) -> GpuSample:
     values: dict[str, float | str | None] = {
-        "util_pct": 50.0, "mem_util_pct": 10.0, "mem_used_mib": 100.0,
-        "mem_total_mib": 1000.0, "power_w": 100.0, "power_source": "instant",
-        "energy_j": None, "temperature_c": 50.0, "sm_clock_mhz": 1000.0,
-        "sm_activity_pct": None, "job_mem_mib": 80.0, "job_sm_util_pct": 40.0,
+        "util_pct": 50.0,
+        "mem_util_pct": 10.0,
+        "mem_used_mib": 100.0,
+        "mem_total_mib": 1000.0,
+        "power_w": 100.0,
+        "power_source": "instant",
+        "energy_j": None,
+        "temperature_c": 50.0,
+        "sm_clock_mhz": 1000.0,
+        "sm_activity_pct": None,
+        "job_mem_mib": 80.0,
+        "job_sm_util_pct": 40.0,
     }
     values.update(fields)
-    return GpuSample(t_ns=t_ns, gpu_index=index, uuid=f"GPU-{index}", name=f"Fake {index}",
-                     **values)  # type: ignore[arg-type]
+    return GpuSample(
+        t_ns=t_ns, gpu_index=index, uuid=f"GPU-{index}", name=f"Fake {index}", **values
+    )  # type: ignore[arg-type]
 
 
 def gpu0(energy: bool = True) -> list[GpuSample]:
     """util 10, 40, 70, 100; power 100..400 W; counter 1000, 1200, 1800, 2200 J."""
-    return [gpu_sample(t, util_pct=u, power_w=p, energy_j=e if energy else None,
-                       mem_used_mib=m, temperature_c=c, mem_util_pct=u / 2)
-            for t, u, p, e, m, c in zip(TIMES, (10.0, 40.0, 70.0, 100.0),
-                                        (100.0, 200.0, 300.0, 400.0),
-                                        (1000.0, 1200.0, 1800.0, 2200.0),
-                                        (100.0, 900.0, 300.0, 200.0), (40.0, 70.0, 60.0, 50.0),
-                                        strict=True)]
+    return [
+        gpu_sample(
+            t,
+            util_pct=u,
+            power_w=p,
+            energy_j=e if energy else None,
+            mem_used_mib=m,
+            temperature_c=c,
+            mem_util_pct=u / 2,
+        )
+        for t, u, p, e, m, c in zip(
+            TIMES,
+            (10.0, 40.0, 70.0, 100.0),
+            (100.0, 200.0, 300.0, 400.0),
+            (1000.0, 1200.0, 1800.0, 2200.0),
+            (100.0, 900.0, 300.0, 200.0),
+            (40.0, 70.0, 60.0, 50.0),
+            strict=True,
+        )
+    ]
 
 
 def gpu1() -> list[GpuSample]:
@@ -74,48 +96,68 @@ def test_energy_integrated_from_power_without_a_counter() -> None:
 
 
 def test_gpus_kept_apart_and_ordered_single_sample_plain() -> None:
-    samples = gpu1() + gpu0() + [gpu_sample(START, index=2, util_pct=30.0,
-                                            power_source="average", sm_activity_pct=12.0)]
+    samples = (
+        gpu1()
+        + gpu0()
+        + [gpu_sample(START, index=2, util_pct=30.0, power_source="average", sm_activity_pct=12.0)]
+    )
     summaries = summarize_gpus(samples)
     assert [s.gpu_index for s in summaries] == [0, 1, 2]
     second, lone = summaries[1].figures, summaries[2].figures
     assert second["util_mean_pct"] == 0.0 and second["power_mean_w"] == 50.0
     assert (lone["util_mean_pct"], lone["sm_activity_mean_pct"], lone["energy_j"]) == (
-        30.0, 12.0, None)
+        30.0,
+        12.0,
+        None,
+    )
     assert lone["power_source"] == "average"
 
 
 def test_host_summary() -> None:
-    samples = [HostSample(t, cpu, rss, None, mem, 3)
-               for t, cpu, rss, mem in zip(TIMES[:3], (0.0, 100.0, 50.0), (10.0, 30.0, 20.0),
-                                           (40.0, 45.0, 42.0), strict=True)]
+    samples = [
+        HostSample(t, cpu, rss, None, mem, 3)
+        for t, cpu, rss, mem in zip(
+            TIMES[:3], (0.0, 100.0, 50.0), (10.0, 30.0, 20.0), (40.0, 45.0, 42.0), strict=True
+        )
+    ]
     summary = summarize_host(samples[::-1])  # order does not matter
     assert summary.figures["cpu_mean_pct"] == pytest.approx((100 * 1 + 50 * 2) / 3)
     assert (summary.figures["rss_peak_mib"], summary.figures["uss_peak_mib"]) == (30.0, None)
     assert (summary.figures["system_mem_used_max_pct"], summary.n_samples) == (45.0, 3)
 
 
-def attribution(samples: list[GpuSample], intervals: list[tuple[str, int, int]],
-                ) -> dict[str, PhaseAttribution]:
+def attribution(
+    samples: list[GpuSample],
+    intervals: list[tuple[str, int, int]],
+) -> dict[str, PhaseAttribution]:
     """``attribute_phases`` over (label, start, end) intervals, keyed by label."""
     labels = list(dict.fromkeys(label for label, _, _ in intervals))
-    phases, starts, ends = (np.array(column, dtype=np.int64) for column in zip(
-        *[(labels.index(label), start, end) for label, start, end in intervals],
-        strict=True))
-    return {labels[key]: part
-            for key, part in attribute_phases(samples, phases, starts, ends).items()}
+    phases, starts, ends = (
+        np.array(column, dtype=np.int64)
+        for column in zip(
+            *[(labels.index(label), start, end) for label, start, end in intervals], strict=True
+        )
+    )
+    return {
+        labels[key]: part for key, part in attribute_phases(samples, phases, starts, ends).items()
+    }
 
 
 def test_attribution_by_overlap() -> None:
-    intervals = [("Forward", START + S // 2, START + 3 * S // 2),      # 0.5-1.5 s
-                 ("Forward", START + 5 * S // 2, START + 7 * S // 2),  # 2.5-3.5 s
-                 ("Backward", START + 7 * S // 2, START + 9 * S // 2),  # 3.5-4.5 s
-                 ("Idle", START + 10 * S, START + 11 * S)]             # after the last
+    intervals = [
+        ("Forward", START + S // 2, START + 3 * S // 2),  # 0.5-1.5 s
+        ("Forward", START + 5 * S // 2, START + 7 * S // 2),  # 2.5-3.5 s
+        ("Backward", START + 7 * S // 2, START + 9 * S // 2),  # 3.5-4.5 s
+        ("Idle", START + 10 * S, START + 11 * S),
+    ]  # after the last
     result = attribution(gpu0(), intervals)
     # Forward overlaps window (0,1] by 0.5 s (util 40), (1,3] by 1 s (70), (3,4] by 0.5 s.
     assert result["Forward"] == PhaseAttribution(
-        covered_s=2.0, n_samples=3, util_mean_pct=pytest.approx(70.0),
-        power_mean_w=pytest.approx(300.0))
+        covered_s=2.0,
+        n_samples=3,
+        util_mean_pct=pytest.approx(70.0),
+        power_mean_w=pytest.approx(300.0),
+    )
     assert result["Backward"] == PhaseAttribution(0.5, 1, 100.0, 400.0)
     assert result["Idle"] == PhaseAttribution(0.0, 0, None, None)
     assert list(result) == ["Forward", "Backward", "Idle"]
@@ -127,13 +169,13 @@ def test_attribution_by_overlap() -> None:
 
 
 def test_attribution_without_gpu_samples() -> None:
-    assert attribution([], [("Forward", 0, S)]) == {
-        "Forward": PhaseAttribution(0.0, 0, None, None)}
+    assert attribution([], [("Forward", 0, S)]) == {"Forward": PhaseAttribution(0.0, 0, None, None)}
 
 
 def test_resources_frame_gpu_rows_joined_with_host() -> None:
-    host = [HostSample(t, 150.0, 500.0, 400.0 if i == 0 else None, 30.0, 4)
-            for i, t in enumerate(TIMES)]
+    host = [
+        HostSample(t, 150.0, 500.0, 400.0 if i == 0 else None, 30.0, 4) for i, t in enumerate(TIMES)
+    ]
     frame = resources_frame(gpu1() + gpu0(), host, START)
     assert tuple(frame.columns) == columns()
     assert len(frame) == 8
@@ -141,7 +183,10 @@ def test_resources_frame_gpu_rows_joined_with_host() -> None:
     assert list(frame["gpu index"]) == [0, 1] * 4
     first = frame.iloc[0]
     assert (first["gpu name"], first["gpu uuid"], first["power source"]) == (
-        "Fake 0", "GPU-0", "instant")
+        "Fake 0",
+        "GPU-0",
+        "instant",
+    )
     assert (first["utilization (%)"], first["energy (J)"]) == (10.0, 1000.0)
     assert list(frame["host cpu (%)"]) == [150.0] * 8
     assert frame["job memory uss (MB)"].iloc[:2].tolist() == [400.0, 400.0]
@@ -168,12 +213,24 @@ def test_resources_frame_host_rounds_after_gpu_sampling_stopped() -> None:
 
 
 def test_resources_block_with_gpu_off() -> None:
-    host = summarize_host([HostSample(START, 0.0, 10.0, None, 20.0, 1),
-                           HostSample(START + S, 100.0, 12.0, 11.0, 21.0, 1)])
-    lines = resources_block([], host, "no NVIDIA driver: NVML Shared Library Not Found", {},
-                            ["Records: dropped 3, rejected 2"])
-    assert lines[:3] == ["Resources", "-" * WIDTH,
-                         "GPU sampling: off (no NVIDIA driver: NVML Shared Library Not Found)"]
+    host = summarize_host(
+        [
+            HostSample(START, 0.0, 10.0, None, 20.0, 1),
+            HostSample(START + S, 100.0, 12.0, 11.0, 21.0, 1),
+        ]
+    )
+    lines = resources_block(
+        [],
+        host,
+        "no NVIDIA driver: NVML Shared Library Not Found",
+        {},
+        ["Records: dropped 3, rejected 2"],
+    )
+    assert lines[:3] == [
+        "Resources",
+        "-" * WIDTH,
+        "GPU sampling: off (no NVIDIA driver: NVML Shared Library Not Found)",
+    ]
     assert lines[-1] == "Records: dropped 3, rejected 2"
     text = "\n".join(lines)
     assert "mean 100.0 (100 = one core)" in text and "RSS peak 12, USS peak 11" in text
@@ -183,10 +240,12 @@ def test_resources_block_with_gpu_off() -> None:
 def test_resources_block_with_gpus_and_attribution() -> None:
     samples = gpu0() + gpu1()
     long_label = "A custom phase with a very long name that will not fit the column"
-    by_label = attribution(samples, [("Forward", START, START + 4 * S),
-                                     (long_label, START, START + S)])
-    lines = resources_block(summarize_gpus(samples), None, None, by_label,
-                            ["Records: dropped 0, rejected 0"])
+    by_label = attribution(
+        samples, [("Forward", START, START + 4 * S), (long_label, START, START + S)]
+    )
+    lines = resources_block(
+        summarize_gpus(samples), None, None, by_label, ["Records: dropped 0, rejected 0"]
+    )
     assert all(len(line) <= WIDTH for line in lines), max(lines, key=len)
     text = "\n".join(lines)
     assert "GPU 0: 'Fake 0' GPU-0 (4 samples over 4.0 s)" in text
@@ -201,8 +260,9 @@ def test_resources_block_with_gpus_and_attribution() -> None:
 
 
 def test_resources_block_fields_missing() -> None:
-    summary = summarize_gpus([gpu_sample(START, power_w=None, power_source=None,
-                                         temperature_c=None)])[0]
+    summary = summarize_gpus(
+        [gpu_sample(START, power_w=None, power_source=None, temperature_c=None)]
+    )[0]
     text = "\n".join(resources_block([summary], None, None, {}, ["Records: none"]))
     assert "Power (W)" in text and "mean n/a" in text
     assert "Energy (J)                n/a" in text
@@ -210,8 +270,10 @@ def test_resources_block_fields_missing() -> None:
 
 
 def test_a_mig_instance_says_its_power_and_energy_are_the_whole_gpus() -> None:
-    samples = [gpu_sample(t, power_source="energy", energy_j=1000.0 + i,
-                          whole_gpu_uuid="GPU-whole") for i, t in enumerate(TIMES)]
+    samples = [
+        gpu_sample(t, power_source="energy", energy_j=1000.0 + i, whole_gpu_uuid="GPU-whole")
+        for i, t in enumerate(TIMES)
+    ]
     [summary] = summarize_gpus(samples)
     assert summary.whole_gpu_uuid == "GPU-whole" and summary.figures["power_source"] == "energy"
     text = "\n".join(resources_block([summary], None, None, {}, []))
@@ -223,13 +285,16 @@ def test_a_mig_instance_says_its_power_and_energy_are_the_whole_gpus() -> None:
 
 def test_the_power_source_is_that_of_the_weighed_samples() -> None:
     """The first sample (a point reading before any energy window) weighs nothing."""
-    samples = [gpu_sample(t, power_source="instant" if i == 0 else "energy")
-               for i, t in enumerate(TIMES)]
+    samples = [
+        gpu_sample(t, power_source="instant" if i == 0 else "energy") for i, t in enumerate(TIMES)
+    ]
     assert summarize_gpus(samples)[0].figures["power_source"] == "energy"
 
 
-def overlap_by_hand(samples: list[GpuSample], intervals: list[tuple[str, int, int]],
-                    ) -> dict[str, tuple[float, int, float | None, float | None]]:
+def overlap_by_hand(
+    samples: list[GpuSample],
+    intervals: list[tuple[str, int, int]],
+) -> dict[str, tuple[float, int, float | None, float | None]]:
     """The attribution written the plain way: every interval against every window."""
     rounds = sorted({s.t_ns for s in samples})
     out = {}
@@ -248,8 +313,12 @@ def overlap_by_hand(samples: list[GpuSample], intervals: list[tuple[str, int, in
                             if value is not None:
                                 acc[0] += overlap * value
                                 acc[1] += overlap
-        out[label] = (covered / 1e9, len(windows), util[0] / util[1] if util[1] else None,
-                      power[0] / power[1] if power[1] else None)
+        out[label] = (
+            covered / 1e9,
+            len(windows),
+            util[0] / util[1] if util[1] else None,
+            power[0] / power[1] if power[1] else None,
+        )
     return out
 
 
@@ -257,14 +326,26 @@ def overlap_by_hand(samples: list[GpuSample], intervals: list[tuple[str, int, in
 def test_attribution_matches_the_plain_computation(seed: int) -> None:
     rng = random.Random(seed)
     times = sorted(rng.sample(range(0, 20 * S, S // 10), rng.randint(0, 12)))
-    samples = [gpu_sample(t, index=g, util_pct=rng.choice([None, rng.uniform(0, 100)]),
-                          power_w=rng.choice([None, rng.uniform(50, 500)]))
-               for t in times for g in range(rng.randint(1, 3))]
+    samples = [
+        gpu_sample(
+            t,
+            index=g,
+            util_pct=rng.choice([None, rng.uniform(0, 100)]),
+            power_w=rng.choice([None, rng.uniform(50, 500)]),
+        )
+        for t in times
+        for g in range(rng.randint(1, 3))
+    ]
     intervals = []
     for _ in range(rng.randint(1, 40)):
         start = rng.randrange(-S, 21 * S)
-        intervals.append((rng.choice(["Forward", "Backward", "Epoch", "custom"]), start,
-                          start + rng.choice([0, rng.randrange(S // 100), rng.randrange(8 * S)])))
+        intervals.append(
+            (
+                rng.choice(["Forward", "Backward", "Epoch", "custom"]),
+                start,
+                start + rng.choice([0, rng.randrange(S // 100), rng.randrange(8 * S)]),
+            )
+        )
     got = attribution(samples, intervals)
     expected = overlap_by_hand(samples, intervals)
     assert list(got) == list(expected)

@@ -32,20 +32,38 @@ CUSTOM = wire.FIRST_CUSTOM_ID
 def _iteration(i: int, t_ms: float, gpu: bool = True) -> list[int]:
     """A training iteration with GPU times (one Backward without: not measured) and a
     custom phase outside iterations after it."""
-    return (record(wire.TRAINING_DATA_LOADING, t_ms, t_ms + 1, iteration=i, batch=i)
-            + record(wire.FORWARD, t_ms + 1, t_ms + 3, iteration=i, batch=i,
-                     gpu_ns=1_500_000 + i, peak=(i + 1) << 20)
-            + record(wire.BACKWARD, t_ms + 3, t_ms + 4, iteration=i, batch=i,
-                     gpu_ns=700_000 if gpu else -1, peak=5 << 20)
-            + record(wire.TRAINING_LOOP, t_ms, t_ms + 5, iteration=i, batch=i, batches=1)
-            + record(CUSTOM, t_ms + 5, t_ms + 5.5, flags=0))
+    return (
+        record(wire.TRAINING_DATA_LOADING, t_ms, t_ms + 1, iteration=i, batch=i)
+        + record(
+            wire.FORWARD,
+            t_ms + 1,
+            t_ms + 3,
+            iteration=i,
+            batch=i,
+            gpu_ns=1_500_000 + i,
+            peak=(i + 1) << 20,
+        )
+        + record(
+            wire.BACKWARD,
+            t_ms + 3,
+            t_ms + 4,
+            iteration=i,
+            batch=i,
+            gpu_ns=700_000 if gpu else -1,
+            peak=5 << 20,
+        )
+        + record(wire.TRAINING_LOOP, t_ms, t_ms + 5, iteration=i, batch=i, batches=1)
+        + record(CUSTOM, t_ms + 5, t_ms + 5.5, flags=0)
+    )
 
 
 def _fresh(agg: RankAggregator) -> RankAggregator:
     """``agg`` with the same rows and no kept text (new series objects)."""
     fresh = copy.copy(agg)
-    fresh.series = {phase: PhaseSeries(list(s.rows), s.wall, s.gpu, list(s.flagged))
-                    for phase, s in agg.series.items()}
+    fresh.series = {
+        phase: PhaseSeries(list(s.rows), s.wall, s.gpu, list(s.flagged))
+        for phase, s in agg.series.items()
+    }
     return fresh
 
 
@@ -69,13 +87,17 @@ def _check(split: Split) -> None:
     loaded = Split(split.out_dir, 0, split.settings, split.info)
     copied = loaded.load_state(state.upgrade(json.loads(text)), 0)
     assert {p: (s.rows, s.flagged) for p, s in copied.series.items()} == {
-        p: (s.rows, s.flagged) for p, s in agg.series.items()}
+        p: (s.rows, s.flagged) for p, s in agg.series.items()
+    }
 
 
 def test_kept_text_equals_a_fresh_build_over_writes(tmp_path: Path) -> None:
-    split = Split(tmp_path, 0,
-                  Settings(warmup_iterations=0, num_measurements=6, train_batch_size=8),
-                  {"start_unix": 1000.0})
+    split = Split(
+        tmp_path,
+        0,
+        Settings(warmup_iterations=0, num_measurements=6, train_batch_size=8),
+        {"start_unix": 1000.0},
+    )
     agg = split.rank(0)
     agg.begin_session(1000.0, 0)
     assert agg.custom_key("augment\tx") == CUSTOM  # a name the tables must quote
@@ -90,20 +112,26 @@ def test_kept_text_equals_a_fresh_build_over_writes(tmp_path: Path) -> None:
     custom = agg.series[CUSTOM]
     assert len(custom.rows) == 3 and not custom.flagged
     # The custom phase inside an iteration: its rows become flagged, its column restarts.
-    values = (record(CUSTOM, 40.5, 41, iteration=3, batch=3) + _iteration(3, 40.0)
-              + record(wire.FORWARD, 50, 51, flags=TRAIN | wire.FLAG_INCOMPLETE, iteration=4,
-                       batch=4)  # ignored: an incomplete record of a phase
-              + record(wire.TRAINING_LOOP, 50, 52, flags=TRAIN | wire.FLAG_INCOMPLETE,
-                       iteration=4, batch=4)  # cut short: flagged rows
-              + record(wire.EPOCH, 0, 52, flags=0))  # starts before everything written
+    values = (
+        record(CUSTOM, 40.5, 41, iteration=3, batch=3)
+        + _iteration(3, 40.0)
+        + record(
+            wire.FORWARD, 50, 51, flags=TRAIN | wire.FLAG_INCOMPLETE, iteration=4, batch=4
+        )  # ignored: an incomplete record of a phase
+        + record(
+            wire.TRAINING_LOOP, 50, 52, flags=TRAIN | wire.FLAG_INCOMPLETE, iteration=4, batch=4
+        )  # cut short: flagged rows
+        + record(wire.EPOCH, 0, 52, flags=0)
+    )  # starts before everything written
     agg.add_records(array("q", values))
     assert len(custom.rows) == 1 and len(custom.flagged) == 4  # 3 moved, 1 outside
     _check(split)
     values = []
     for i in range(5, 12):  # past the cap of 6 stored iterations
         values += _iteration(i, 10.0 * i)
-    values += (record(wire.VALIDATION_LOOP, 130, 131, flags=VAL, iteration=0)
-               + record(wire.EPOCH, 52, 131, flags=0, epoch=1))
+    values += record(wire.VALIDATION_LOOP, 130, 131, flags=VAL, iteration=0) + record(
+        wire.EPOCH, 52, 131, flags=0, epoch=1
+    )
     agg.add_records(array("q", values))
     assert len(agg.series[wire.FORWARD].rows) == 6
     _check(split)
@@ -129,8 +157,7 @@ def test_files_written_with_kept_text_equal_a_fresh_writers(tmp_path: Path) -> N
             assert path.read_bytes() == twin.read_bytes(), path.name
 
 
-def test_the_text_is_kept_per_aggregator_and_goes_with_it(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_text_is_kept_per_aggregator_and_goes_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
     derived: list[int] = []  # rows formatted per derivation
 
     def counting(rows: list, **cells: Any) -> rowtext.RowText:
@@ -181,11 +208,28 @@ def test_a_replaced_or_shortened_list_is_derived_again() -> None:
 
 
 def test_schema_3_rows_become_columns() -> None:
-    row = {"wall_s": 0.5, "gpu_s": None, "peak_mib": None, "epoch": 0, "iteration": 1,
-           "batch": 1, "session": 0, "start_s": 2.0}
-    document = {"schema": 3, "split": 0, "settings": {}, "gpus": [], "dropped": {},
-                "lost": {}, "rejected": 0, "received": {}, "gaps": [],
-                "ranks": {"0": {"series": {"4": {"rows": [row, {**row, "flag": "outside"}]}}}}}
+    row = {
+        "wall_s": 0.5,
+        "gpu_s": None,
+        "peak_mib": None,
+        "epoch": 0,
+        "iteration": 1,
+        "batch": 1,
+        "session": 0,
+        "start_s": 2.0,
+    }
+    document = {
+        "schema": 3,
+        "split": 0,
+        "settings": {},
+        "gpus": [],
+        "dropped": {},
+        "lost": {},
+        "rejected": 0,
+        "received": {},
+        "gaps": [],
+        "ranks": {"0": {"series": {"4": {"rows": [row, {**row, "flag": "outside"}]}}}},
+    }
     upgraded = state.upgrade(copy.deepcopy(document))  # upgraded in place
     assert upgraded["schema"] == state.SCHEMA == 4
     series = upgraded["ranks"]["0"]["series"]["4"]

@@ -40,15 +40,18 @@ def records(run: Run, router: zmq.Socket) -> list[dict[str, int]]:
         _, frame = router.recv_multipart()
         if wire.decode_header(frame).kind == wire.KIND_RECORDS:
             values = wire.decode_records(frame)
-            out += [dict(zip(wire.RECORD_FIELDS, values[i:i + wire.RECORD_WIDTH], strict=True))
-                    for i in range(0, len(values), wire.RECORD_WIDTH)]
+            out += [
+                dict(zip(wire.RECORD_FIELDS, values[i : i + wire.RECORD_WIDTH], strict=True))
+                for i in range(0, len(values), wire.RECORD_WIDTH)
+            ]
     return out
 
 
 def loops(sent: list[dict[str, int]]) -> list[tuple[int, int, int]]:
     """(iteration, flags, batches) of each training loop record."""
-    return [(r["iteration"], r["flags"], r["batches"]) for r in sent
-            if r["phase"] == wire.TRAINING_LOOP]
+    return [
+        (r["iteration"], r["flags"], r["batches"]) for r in sent if r["phase"] == wire.TRAINING_LOOP
+    ]
 
 
 def test_an_iteration_begun_again_without_its_end_is_cut_not_merged(wired) -> None:
@@ -67,8 +70,11 @@ def test_an_iteration_begun_again_without_its_end_is_cut_not_merged(wired) -> No
     run.end_iteration()
     sent = records(run, router)
     cut = wire.FLAG_IN_ITERATION | wire.FLAG_INCOMPLETE
-    assert loops(sent) == [(0, cut, 0), (1, wire.FLAG_IN_ITERATION, 1),
-                           (2, wire.FLAG_IN_ITERATION, 1)]
+    assert loops(sent) == [
+        (0, cut, 0),
+        (1, wire.FLAG_IN_ITERATION, 1),
+        (2, wire.FLAG_IN_ITERATION, 1),
+    ]
     assert [r["iteration"] for r in sent if r["phase"] == wire.FORWARD] == [0]
 
 
@@ -169,14 +175,18 @@ def test_a_validation_loop_inside_a_training_loop_suspends_its_iteration(wired) 
     assert [r["end_ns"] - r["start_ns"] >= 10_000_000 for r in val] == [True, True]
     optimization = [r for r in sent if r["phase"] == wire.OPTIMIZATION]
     assert [(r["flags"], r["iteration"]) for r in optimization] == [
-        (wire.FLAG_IN_ITERATION, 0), (wire.FLAG_IN_ITERATION, 1)]
+        (wire.FLAG_IN_ITERATION, 0),
+        (wire.FLAG_IN_ITERATION, 1),
+    ]
 
 
 def test_the_send_after_a_validation_pass_stays_out_of_the_training_iteration(
-        wired, monkeypatch: pytest.MonkeyPatch) -> None:
+    wired, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The pass's records are sent when it ends; a slow send (a busy machine) is the
     pass's cost, not the training iteration's."""
     from markers.buffer import RecordBuffer
+
     run, router = wired
     flush = RecordBuffer.flush
 

@@ -58,10 +58,21 @@ def test_callbacks_take_every_start_run_keyword(module: str) -> None:
     constructors; an unknown one is a TypeError naming it."""
     pytest.importorskip(module)
     integration = __import__(f"markers.integrations.{module}", fromlist=["MonitorCallback"])
-    values = {"out_dir": "maps", "split": 1, "warmup_iterations": 0, "num_measurements": 5,
-              "train_batch_size": 2, "val_batch_size": 2, "accumulation_steps": 1,
-              "resume": False, "endpoint": "ipc:///tmp/x.sock", "rank": 0, "device": "cpu",
-              "flops_per_batch": 1e9, "flops_dtype": "fp32"}
+    values = {
+        "out_dir": "maps",
+        "split": 1,
+        "warmup_iterations": 0,
+        "num_measurements": 5,
+        "train_batch_size": 2,
+        "val_batch_size": 2,
+        "accumulation_steps": 1,
+        "resume": False,
+        "endpoint": "ipc:///tmp/x.sock",
+        "rank": 0,
+        "device": "cpu",
+        "flops_per_batch": 1e9,
+        "flops_dtype": "fp32",
+    }
     assert set(values) == set(inspect.signature(start_run).parameters)
     callback = integration.MonitorCallback(**values)
     assert callback.start_run_kwargs == values

@@ -34,10 +34,14 @@ class Recorder:
 
 
 def test_a_failing_snapshot_skips_the_hooks_and_the_loop_goes_on(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     hook = Recorder()
-    server = Server(Config(f"ipc://{tmp_path}/s.sock", root=tmp_path), hooks=[hook],
-                    open_gpus=lambda visible: NvmlUnavailable("no GPU in this test"))
+    server = Server(
+        Config(f"ipc://{tmp_path}/s.sock", root=tmp_path),
+        hooks=[hook],
+        open_gpus=lambda visible: NvmlUnavailable("no GPU in this test"),
+    )
     try:
         server._publish_for_hooks()
         assert len(hook.ticks) == 1
@@ -57,8 +61,10 @@ def test_one_read_is_bounded_in_bytes_and_nothing_waiting_is_lost(tmp_path: Path
     """Full flushes of 1023 records: one read stops near READ_BYTES (the bytes decoded at
     once bound the sidecar's memory); the reads after it take the rest, in order."""
     endpoint = f"ipc://{tmp_path}/s.sock"
-    server = Server(Config(endpoint, root=tmp_path),
-                    open_gpus=lambda visible: NvmlUnavailable("no GPU in this test"))
+    server = Server(
+        Config(endpoint, root=tmp_path),
+        open_gpus=lambda visible: NvmlUnavailable("no GPU in this test"),
+    )
     dealer = zmq.Context.instance().socket(zmq.DEALER)
     try:
         dealer.connect(endpoint)

@@ -55,8 +55,13 @@ def tree(tmp_path: Path) -> Iterator[object]:
         env = {k: v for k, v in os.environ.items() if k != "SLURM_JOB_ID"}
         if job_env is not None:
             env["SLURM_JOB_ID"] = job_env
-        process = subprocess.Popen([sys.executable, "-c", TREE, *child_env], env=env,
-                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        process = subprocess.Popen(
+            [sys.executable, "-c", TREE, *child_env],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         started.append(process)
         assert process.stdout is not None
         return [int(process.stdout.readline()) for _ in range(2 if child_env else 1)]
@@ -86,11 +91,12 @@ def test_ancestors_of_the_same_user_count_too(tree, tmp_path: Path) -> None:
 
 
 def test_a_job_cgroup_is_the_answer_and_confinement_overrides_the_environment(
-        tree, tmp_path: Path) -> None:
-    assert job_of_cgroup("0::/system.slice/slurmstepd.scope/job_77/step_batch/user/task_0\n"
-                         ) == "77"
-    assert job_of_cgroup("4:memory:/slurm/uid_1000/job_5/step_0/task_0\n"
-                         "1:cpu:/\n") == "5"
+    tree, tmp_path: Path
+) -> None:
+    assert (
+        job_of_cgroup("0::/system.slice/slurmstepd.scope/job_77/step_batch/user/task_0\n") == "77"
+    )
+    assert job_of_cgroup("4:memory:/slurm/uid_1000/job_5/step_0/task_0\n1:cpu:/\n") == "5"
     assert job_of_cgroup("4:memory:/process_api/job_x\n0::/\n") is None
     (with_job,) = tree("123")
     assert not slurm_confines_in_cgroups(tmp_path)
@@ -102,7 +108,8 @@ def test_a_job_cgroup_is_the_answer_and_confinement_overrides_the_environment(
 
 
 def test_the_check_keeps_true_ids_and_drops_forged_ones_once_logged(
-        tree, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tree, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     check = JobIdCheck(cgroup_fs=tmp_path)
     (with_job,) = tree("123")
     (without,) = tree(None)
@@ -112,14 +119,13 @@ def test_the_check_keeps_true_ids_and_drops_forged_ones_once_logged(
         assert check.believed(None, Peer(*me, without)) is None
         assert check.believed("666", Peer(*me, without)) is None
         assert check.believed("666", Peer(*me, with_job)) is None
-        assert check.believed("123", Peer(*me, 2 ** 22 + 1)) is None  # no such process
+        assert check.believed("123", Peer(*me, 2**22 + 1)) is None  # no such process
     assert check.dropped == 3
     dropped = [r.getMessage() for r in caplog.records if "Slurm job id" in r.getMessage()]
     assert len(dropped) == 1 and "'666'" in dropped[0] and "no Slurm job" in dropped[0]
 
 
-def test_a_run_found_dead_before_the_epilog_takes_the_jobs_end_as_its_cause(
-        tmp_path: Path) -> None:
+def test_a_run_found_dead_before_the_epilog_takes_the_jobs_end_as_its_cause(tmp_path: Path) -> None:
     gone = "process 7 ended without finish() (killed, ...)"
     epilog_unix = 1000.0
 
@@ -131,13 +137,16 @@ def test_a_run_found_dead_before_the_epilog_takes_the_jobs_end_as_its_cause(
 
     killed = ended(0, "incomplete", gone, 2.0)
     assert ended_by_job(killed, gone, "Slurm job 5 ended", epilog_unix)
-    assert (killed.status, killed.cause, killed.dirty) == ("incomplete", "Slurm job 5 ended",
-                                                           True)
-    kept = [ended(1, "failed", "RuntimeError: boom", 2.0),  # its own end
-            ended(2, "completed", None, 2.0),
-            ended(3, "incomplete", gone, 3600.0)]  # died an hour before the job ended
+    assert (killed.status, killed.cause, killed.dirty) == ("incomplete", "Slurm job 5 ended", True)
+    kept = [
+        ended(1, "failed", "RuntimeError: boom", 2.0),  # its own end
+        ended(2, "completed", None, 2.0),
+        ended(3, "incomplete", gone, 3600.0),
+    ]  # died an hour before the job ended
     for split in kept:
         assert not ended_by_job(split, gone, "Slurm job 5 ended", epilog_unix)
     assert [(s.status, s.cause, s.dirty) for s in kept] == [
-        ("failed", "RuntimeError: boom", False), ("completed", None, False),
-        ("incomplete", gone, False)]
+        ("failed", "RuntimeError: boom", False),
+        ("completed", None, False),
+        ("incomplete", gone, False),
+    ]

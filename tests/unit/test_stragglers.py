@@ -11,8 +11,9 @@ from sidecar.model.stragglers import RankIterations, straggler_line, stragglers
 LOOP_S = 0.100
 
 
-def ddp_job(slow: dict[int, tuple[slice, int, float]], ranks: int = 4,
-            iterations: int = 40, seed: int = 0) -> dict[int, RankIterations]:
+def ddp_job(
+    slow: dict[int, tuple[slice, int, float]], ranks: int = 4, iterations: int = 40, seed: int = 0
+) -> dict[int, RankIterations]:
     """Ranks whose phase ``phase`` (index) is ``extra_s`` longer over ``when``
     (``slow[rank] = (when, phase, extra_s)``); the rest of each loop waits in backward."""
     rng = np.random.default_rng(seed)
@@ -24,8 +25,10 @@ def ddp_job(slow: dict[int, tuple[slice, int, float]], ranks: int = 4,
     base[:, :, 2] += pre_sync.max(axis=0) - pre_sync  # waiting for the slowest, in backward
     loops = base.sum(axis=2)
     keys = np.array([(i // 10, i) for i in range(iterations)])
-    return {rank: RankIterations(f"node{rank // 2}", keys, base[rank], loops[rank])
-            for rank in range(ranks)}
+    return {
+        rank: RankIterations(f"node{rank // 2}", keys, base[rank], loops[rank])
+        for rank in range(ranks)
+    }
 
 
 def test_a_rank_slow_in_forward_is_named_with_its_host_phase_and_margin() -> None:

@@ -27,8 +27,9 @@ def test_ended_and_written_splits_are_forgotten_after_a_while(tmp_path: Path) ->
     assert registry.splits == {} and registry.streams == {}
 
 
-def _hello(registry: Registry, client: Client, out_dir: str, now: float = 100.0,
-           **extra: object) -> dict[str, object]:
+def _hello(
+    registry: Registry, client: Client, out_dir: str, now: float = 100.0, **extra: object
+) -> dict[str, object]:
     frame = client.hello(out_dir, **extra)
     return registry.hello(wire.decode_header(frame), wire.decode_control(frame), now)
 
@@ -92,8 +93,9 @@ def test_records_before_the_hello_wait_then_count(tmp_path: Path) -> None:
     client = Client()
     records_frame = client.records(5)
     hello_frame = client.hello("job")
-    registry.records(wire.decode_header(records_frame), wire.decode_records(records_frame),
-                     now=10.0)
+    registry.records(
+        wire.decode_header(records_frame), wire.decode_records(records_frame), now=10.0
+    )
     assert registry.records_received == 0
     registry.hello(wire.decode_header(hello_frame), wire.decode_control(hello_frame), 11.0)
     assert registry.records_received == 5

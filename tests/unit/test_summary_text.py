@@ -59,8 +59,20 @@ def test_streaming_std_is_pandas_std(values: list[float]) -> None:
 
 
 def test_replace_block_keeps_text_of_others_and_holds_ours_once() -> None:
-    ours = [summary.TITLE_LINE, "", "table", summary.STARS, "", summary.ADDITIONS_LINE,
-            "Training time: ...", summary.STARS, "", "Resources", "x", summary.STARS]
+    ours = [
+        summary.TITLE_LINE,
+        "",
+        "table",
+        summary.STARS,
+        "",
+        summary.ADDITIONS_LINE,
+        "Training time: ...",
+        summary.STARS,
+        "",
+        "Resources",
+        "x",
+        summary.STARS,
+    ]
     first = summary.replace_block("user line 1\n", ours)
     assert first.splitlines() == ["user line 1", "", *ours]
     again = summary.replace_block(first + "user line 2\n", [*ours[:2], "new", *ours[3:]])
@@ -73,9 +85,29 @@ def test_replace_block_keeps_text_of_others_and_holds_ours_once() -> None:
 def test_replace_takes_the_old_single_block_layout_whole() -> None:
     # Before our additions had a block of their own, they sat inside the reference's block, one
     # star line before Resources; a rerun with the new layout must leave none of it behind.
-    old = [summary.TITLE_LINE, "", "Throughput: 1.00 images/s", "", "Training time: old",
-           summary.STARS, "", "Resources", "-" * WIDTH, "Records: old", summary.STARS]
-    new = [summary.TITLE_LINE, "new", summary.STARS, "", summary.ADDITIONS_LINE,
-           summary.STARS, "", "Resources", summary.STARS]
+    old = [
+        summary.TITLE_LINE,
+        "",
+        "Throughput: 1.00 images/s",
+        "",
+        "Training time: old",
+        summary.STARS,
+        "",
+        "Resources",
+        "-" * WIDTH,
+        "Records: old",
+        summary.STARS,
+    ]
+    new = [
+        summary.TITLE_LINE,
+        "new",
+        summary.STARS,
+        "",
+        summary.ADDITIONS_LINE,
+        summary.STARS,
+        "",
+        "Resources",
+        summary.STARS,
+    ]
     text = summary.replace_block("\n".join(["user text", *old, "after"]) + "\n", new)
     assert text.splitlines() == ["user text", *new, "after"]

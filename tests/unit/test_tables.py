@@ -16,14 +16,34 @@ from sidecar.model.aggregator import RankAggregator
 from sidecar.sinks import layout, tables
 from tests.unit.test_aggregator import aggregator, iteration, record
 
-_PHASES_DTYPES = {"epoch": "int64", "iteration": "int64", "batch": "int64", "rank": "int64",
-                  "session": "int64", "start (s)": "float64", "wall (s)": "float64",
-                  "GPU (s)": "float64", "GPU peak (MB)": "float64", "batch size": "Int64",
-                  "batches": "int64", "phase": "object", "flag": "object"}
-_PHASES_FIELDS = {"epoch": "epoch", "iteration": "iteration", "batch": "batch",
-                  "session": "session", "start (s)": "start_s", "wall (s)": "wall_s",
-                  "GPU (s)": "gpu_s", "GPU peak (MB)": "peak_mib", "batch size": "batch_size",
-                  "batches": "batches", "flag": "flag"}
+_PHASES_DTYPES = {
+    "epoch": "int64",
+    "iteration": "int64",
+    "batch": "int64",
+    "rank": "int64",
+    "session": "int64",
+    "start (s)": "float64",
+    "wall (s)": "float64",
+    "GPU (s)": "float64",
+    "GPU peak (MB)": "float64",
+    "batch size": "Int64",
+    "batches": "int64",
+    "phase": "object",
+    "flag": "object",
+}
+_PHASES_FIELDS = {
+    "epoch": "epoch",
+    "iteration": "iteration",
+    "batch": "batch",
+    "session": "session",
+    "start (s)": "start_s",
+    "wall (s)": "wall_s",
+    "GPU (s)": "gpu_s",
+    "GPU peak (MB)": "peak_mib",
+    "batch size": "batch_size",
+    "batches": "batches",
+    "flag": "flag",
+}
 
 
 def _csv(frame: pd.DataFrame, index: bool) -> str:
@@ -42,7 +62,8 @@ def expected_computational(agg: RankAggregator) -> str:
         columns[label] = pd.Series(values, dtype="float64")
     for phase in agg.measured_custom():
         columns[f"{agg.custom_names[phase]} (s)"] = pd.Series(
-            [r.wall_s for r in agg.series[phase].rows], dtype="float64")
+            [r.wall_s for r in agg.series[phase].rows], dtype="float64"
+        )
     frame = pd.DataFrame(columns)
     frame.index.name = layout.INDEX_LABEL
     return _csv(frame, True)
@@ -51,13 +72,22 @@ def expected_computational(agg: RankAggregator) -> str:
 def expected_phases(agg: RankAggregator) -> str:
     """phases.tsv as pandas writes the long frame of ``agg``'s stored and flagged rows,
     stably sorted by start."""
-    rows = [(wire.phase_label(phase, agg.custom_names), r) for phase, s in agg.series.items()
-            for r in s.rows + s.flagged]
-    values = {"phase": [label for label, _ in rows], "rank": [agg.rank] * len(rows),
-              **{name: [getattr(r, field) for _, r in rows]
-                 for name, field in _PHASES_FIELDS.items()}}
-    frame = pd.DataFrame({name: pd.Series(values[name], dtype=_PHASES_DTYPES[name])
-                          for name in tables.PHASES_COLUMNS})
+    rows = [
+        (wire.phase_label(phase, agg.custom_names), r)
+        for phase, s in agg.series.items()
+        for r in s.rows + s.flagged
+    ]
+    values = {
+        "phase": [label for label, _ in rows],
+        "rank": [agg.rank] * len(rows),
+        **{name: [getattr(r, field) for _, r in rows] for name, field in _PHASES_FIELDS.items()},
+    }
+    frame = pd.DataFrame(
+        {
+            name: pd.Series(values[name], dtype=_PHASES_DTYPES[name])
+            for name in tables.PHASES_COLUMNS
+        }
+    )
     order = np.argsort(frame["start (s)"].to_numpy(), kind="stable")
     return _csv(frame.iloc[order].reset_index(drop=True), False)
 
@@ -104,20 +134,33 @@ def test_phases_text_is_long_and_ordered_by_start() -> None:
 
 def test_phases_text_keeps_flagged_rows_batches_and_batch_sizes() -> None:
     agg = aggregator(accumulation_steps=2, train_batch_size=4)
-    values = (record(wire.FORWARD, 0, 3) + record(wire.TRAINING_LOOP, 0, 4, batches=2)
-              + record(wire.FORWARD, 5, 7, flags=0)  # outside any iteration
-              + record(wire.FORWARD, 8, 9, iteration=1)
-              + record(wire.TRAINING_LOOP, 8, 10, iteration=1, batches=1))
+    values = (
+        record(wire.FORWARD, 0, 3)
+        + record(wire.TRAINING_LOOP, 0, 4, batches=2)
+        + record(wire.FORWARD, 5, 7, flags=0)  # outside any iteration
+        + record(wire.FORWARD, 8, 9, iteration=1)
+        + record(wire.TRAINING_LOOP, 8, 10, iteration=1, batches=1)
+    )
     agg.add_records(array("q", values))
     text = tables.phases_text(agg)
     assert text == expected_phases(agg)
     frame = _read(text, False)
-    assert frame["phase"].tolist() == ["Forward", "Training loop", "Forward", "Forward",
-                                       "Training loop"]
+    assert frame["phase"].tolist() == [
+        "Forward",
+        "Training loop",
+        "Forward",
+        "Forward",
+        "Training loop",
+    ]
     assert frame["flag"].fillna("").tolist() == ["", "", "outside", "", ""]
     assert frame["batches"].tolist() == [2, 2, 0, 1, 1]
     assert frame["batch size"].tolist()[1] == 4 and frame["batch size"].isna().tolist() == [
-        True, False, True, True, False]
+        True,
+        False,
+        True,
+        True,
+        False,
+    ]
 
 
 def test_empty_tables_are_their_header() -> None:
@@ -131,24 +174,39 @@ def test_layout_names_rank_files_and_the_phase_table_once() -> None:
     assert layout.computational_file(0) == "computational.tsv"
     assert layout.phases_file(2) == "phases-rank2.tsv"
     assert [r.summary_label for r in layout.TRAIN_ROWS] == [
-        "Training", "Epoch", "Iteration", "Data loading", "Forward", "Backward",
-        "Optimization"]
+        "Training",
+        "Epoch",
+        "Iteration",
+        "Data loading",
+        "Forward",
+        "Backward",
+        "Optimization",
+    ]
     assert [r.summary_label for r in layout.VAL_ROWS] == [
-        "Validation", "Iteration", "Data loading", "Evaluation", "Metrics computation"]
+        "Validation",
+        "Iteration",
+        "Data loading",
+        "Evaluation",
+        "Metrics computation",
+    ]
 
 
 def test_to_tsv_writes_what_pandas_to_csv_writes() -> None:
-    frame = pd.DataFrame({
-        "float": [0.1, float("nan"), 1e-05, 100.0, 2.5e-310],
-        "int": [1, -2, 3, 0, 10**15],
-        "nullable": pd.array([1, None, 3, 4, 5], dtype="Int64"),
-        "text": ["Forward", None, "tab\there", 'say "x"', "line\nbreak"],
-        'odd "name"\t': [True, False, True, True, False],
-    })
+    frame = pd.DataFrame(
+        {
+            "float": [0.1, float("nan"), 1e-05, 100.0, 2.5e-310],
+            "int": [1, -2, 3, 0, 10**15],
+            "nullable": pd.array([1, None, 3, 4, 5], dtype="Int64"),
+            "text": ["Forward", None, "tab\there", 'say "x"', "line\nbreak"],
+            'odd "name"\t': [True, False, True, True, False],
+        }
+    )
     frame.index.name = layout.INDEX_LABEL
     for index in (True, False):
         assert tables.to_tsv(frame, index) == frame.to_csv(
-            sep="\t", na_rep="", index=index, lineterminator="\n")
+            sep="\t", na_rep="", index=index, lineterminator="\n"
+        )
     empty = frame.iloc[:0]
-    assert tables.to_tsv(empty, True) == empty.to_csv(sep="\t", na_rep="", index=True,
-                                                      lineterminator="\n")
+    assert tables.to_tsv(empty, True) == empty.to_csv(
+        sep="\t", na_rep="", index=True, lineterminator="\n"
+    )

@@ -72,8 +72,9 @@ def test_a_peer_cannot_claim_other_credentials_in_its_handshake(short_tmp: Path)
     greeting = b""
     while len(greeting) < 64:  # libzmq may miss a READY sent before its greeting went out
         greeting += raw.recv(64 - len(greeting))
-    ready = b"\x05READY" + prop(b"Socket-Type", b"DEALER") + prop(
-        b"Peer-Address", b"evil:4242:4242:1")
+    ready = (
+        b"\x05READY" + prop(b"Socket-Type", b"DEALER") + prop(b"Peer-Address", b"evil:4242:4242:1")
+    )
     raw.sendall(bytes([0x04, len(ready)]) + ready + b"\x00\x01x")
     try:
         _, frame = router.recv_multipart(copy=False)

@@ -55,19 +55,37 @@ def received(router: zmq.Socket) -> list[array]:
 
 
 def rows(values: array) -> list[tuple[int, ...]]:
-    return [tuple(values[i:i + wire.RECORD_WIDTH])
-            for i in range(0, len(values), wire.RECORD_WIDTH)]
+    return [
+        tuple(values[i : i + wire.RECORD_WIDTH]) for i in range(0, len(values), wire.RECORD_WIDTH)
+    ]
 
 
 def test_slots_expand_to_records_with_their_context() -> None:
-    slots = array("q", [*wire.context_slot(wire.FLAG_IN_ITERATION, 3, 7, 40),
-                        wire.FORWARD, 100, 150, wire.gpu_tag(25_000), 30, 4096,
-                        wire.BACKWARD, 150, 300,
-                        wire.TRAINING_LOOP | 3 << wire.BATCHES_SHIFT, 90, 310,
-                        *wire.context_slot(0, 3, -1, 41), wire.EPOCH, 0, 400])
+    slots = array(
+        "q",
+        [
+            *wire.context_slot(wire.FLAG_IN_ITERATION, 3, 7, 40),
+            wire.FORWARD,
+            100,
+            150,
+            wire.gpu_tag(25_000),
+            30,
+            4096,
+            wire.BACKWARD,
+            150,
+            300,
+            wire.TRAINING_LOOP | 3 << wire.BATCHES_SHIFT,
+            90,
+            310,
+            *wire.context_slot(0, 3, -1, 41),
+            wire.EPOCH,
+            0,
+            400,
+        ],
+    )
     header = wire.pack_header(wire.KIND_RECORDS, 0, 0, 0, 0, b"x" * 16)
     records = rows(wire.decode_records(wire.encode_records(header, slots)))
-    assert [r[:wire.P_PEAK + 1] for r in records] == [
+    assert [r[: wire.P_PEAK + 1] for r in records] == [
         (wire.FORWARD, wire.FLAG_IN_ITERATION, 3, 7, 40, 100, 150, 30, 4096),
         (wire.BACKWARD, wire.FLAG_IN_ITERATION, 3, 7, 40, 150, 300, -1, -1),
         (wire.TRAINING_LOOP, wire.FLAG_IN_ITERATION, 3, 7, 40, 90, 310, -1, -1),
@@ -79,11 +97,14 @@ def test_slots_expand_to_records_with_their_context() -> None:
     assert [r[wire.P_LAG] for r in records] == [25_000, 0, 0, 0]
 
 
-@pytest.mark.parametrize(("body", "kind"), [
-    (array("q", [wire.FORWARD, 1, 2]), "malformed"),  # no leading context
-    (array("q", [*wire.context_slot(0, 0, 0, 0), wire.TAG_GPU, 1, 2]), "malformed"),
-    (array("q", [*wire.context_slot(0, 0, 0, 0), wire.FORWARD, 1]), "truncated"),
-])
+@pytest.mark.parametrize(
+    ("body", "kind"),
+    [
+        (array("q", [wire.FORWARD, 1, 2]), "malformed"),  # no leading context
+        (array("q", [*wire.context_slot(0, 0, 0, 0), wire.TAG_GPU, 1, 2]), "malformed"),
+        (array("q", [*wire.context_slot(0, 0, 0, 0), wire.FORWARD, 1]), "truncated"),
+    ],
+)
 def test_bad_slot_streams_are_rejected_by_kind(body: array, kind: str) -> None:
     header = wire.pack_header(wire.KIND_RECORDS, 0, 0, 0, 0, b"x" * 16)
     with pytest.raises(wire.WireError) as error:
@@ -92,7 +113,8 @@ def test_bad_slot_streams_are_rejected_by_kind(body: array, kind: str) -> None:
 
 
 def test_buffer_sends_in_batches_and_every_message_starts_with_its_context(
-        socket_pair: tuple[zmq.Socket, Sender]) -> None:
+    socket_pair: tuple[zmq.Socket, Sender],
+) -> None:
     router, sender = socket_pair
     buffer = RecordBuffer(sender, HELLO, 0)
     buffer.deadline_ns = 1 << 62  # only the size triggers flushes here
@@ -111,7 +133,8 @@ def test_buffer_sends_in_batches_and_every_message_starts_with_its_context(
 
 
 def test_gpu_results_hold_the_queue_in_order_and_never_wait(
-        socket_pair: tuple[zmq.Socket, Sender]) -> None:
+    socket_pair: tuple[zmq.Socket, Sender],
+) -> None:
     router, sender = socket_pair
     backend = FakeBackend()
     buffer = RecordBuffer(sender, HELLO, 0)
@@ -128,7 +151,9 @@ def test_gpu_results_hold_the_queue_in_order_and_never_wait(
     buffer.flush()
     first = [r for m in received(router) for r in rows(m)]
     assert [(r[P["phase"]], r[P["gpu_ns"]]) for r in first] == [
-        (wire.FORWARD, 1_500_000), (wire.TRAINING_LOOP, -1)]
+        (wire.FORWARD, 1_500_000),
+        (wire.TRAINING_LOOP, -1),
+    ]
     backend.finish_all()
     buffer.flush()
     rest = [r for m in received(router) for r in rows(m)]
@@ -139,7 +164,8 @@ def test_gpu_results_hold_the_queue_in_order_and_never_wait(
 
 
 def test_finish_drains_pending_gpu_results_within_its_bound(
-        socket_pair: tuple[zmq.Socket, Sender]) -> None:
+    socket_pair: tuple[zmq.Socket, Sender],
+) -> None:
     router, sender = socket_pair
     backend = FakeBackend()
     buffer = RecordBuffer(sender, HELLO, 0)
@@ -159,8 +185,9 @@ def _fill_send_queue(sender: Sender) -> None:
     """Send full records messages until one is dropped even after ZeroMQ's I/O threads
     had time to move what they could: the queue is full (the ROUTER reads nothing)."""
     assert sender.wait_connected(5.0)
-    full = array("q", [*wire.context_slot(0, 0, -1, 0)]
-                 + [wire.FORWARD, 1, 2] * (FLUSH_RECORDS - 1))
+    full = array(
+        "q", [*wire.context_slot(0, 0, -1, 0)] + [wire.FORWARD, 1, 2] * (FLUSH_RECORDS - 1)
+    )
     while True:
         dropped = sender.dropped
         sender.send_records(full, FLUSH_RECORDS - 1)
@@ -172,7 +199,8 @@ def _fill_send_queue(sender: Sender) -> None:
 
 
 def test_a_request_behind_a_full_send_queue_waits_while_the_sidecar_reads(
-        socket_pair: tuple[zmq.Socket, Sender]) -> None:
+    socket_pair: tuple[zmq.Socket, Sender],
+) -> None:
     """A fast loop left the queue full: finish's request must wait for room while the
     sidecar works through the backlog, not fail at once; nothing queued is lost."""
     router, sender = socket_pair
@@ -191,8 +219,9 @@ def test_a_request_behind_a_full_send_queue_waits_while_the_sidecar_reads(
             body = wire.decode_control(frame)
             if "reply_to" in body:
                 counted.append(records)
-                router.send_multipart([identity, json.dumps(
-                    {"reply_to": body["reply_to"], "ok": True}).encode()])
+                router.send_multipart(
+                    [identity, json.dumps({"reply_to": body["reply_to"], "ok": True}).encode()]
+                )
                 return
 
     reader = threading.Thread(target=slow_sidecar)
@@ -204,7 +233,8 @@ def test_a_request_behind_a_full_send_queue_waits_while_the_sidecar_reads(
 
 
 def test_a_request_behind_a_full_queue_of_a_stuck_sidecar_gives_up_in_its_time(
-        socket_pair: tuple[zmq.Socket, Sender]) -> None:
+    socket_pair: tuple[zmq.Socket, Sender],
+) -> None:
     _router, sender = socket_pair
     _fill_send_queue(sender)
     started = time.monotonic()
@@ -216,7 +246,8 @@ def test_a_request_behind_a_full_queue_of_a_stuck_sidecar_gives_up_in_its_time(
 
 
 def test_a_forked_child_never_destroys_the_parents_cuda_events(
-        socket_pair: tuple[zmq.Socket, Sender]) -> None:
+    socket_pair: tuple[zmq.Socket, Sender],
+) -> None:
     """A DataLoader worker (forked) enters the child state and collects its garbage: the
     parent's events must stay alive there, for their destructors touch the device."""
     _, sender = socket_pair
@@ -246,8 +277,7 @@ def test_a_forked_child_never_destroys_the_parents_cuda_events(
     assert buffer.gpu is not None and buffer.children.collect() == 1
 
 
-def test_the_parents_cuda_events_outlive_a_forked_child_that_exits_normally(
-        tmp_path: Path) -> None:
+def test_the_parents_cuda_events_outlive_a_forked_child_that_exits_normally(tmp_path: Path) -> None:
     """A child that leaves through interpreter shutdown (modules cleared) frees nothing."""
     script = tmp_path / "child.py"
     script.write_text(
@@ -267,8 +297,14 @@ def test_the_parents_cuda_events_outlive_a_forked_child_that_exits_normally(
         "if os.fork() == 0:\n"
         "    buffer.enter_child()\n"
         "    sys.exit(0)\n"
-        "os.wait()\n")
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        "os.wait()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert done.returncode == 0, done.stderr
     assert "initialization error" not in done.stderr

@@ -80,8 +80,9 @@ class HostSampler:
 
         Never raises for processes that vanish; an empty job reads 0 with n_processes 0.
         """
-        refresh = (self._last_refresh_ns is None
-                   or now_ns - self._last_refresh_ns >= self._refresh_ns)
+        refresh = (
+            self._last_refresh_ns is None or now_ns - self._last_refresh_ns >= self._refresh_ns
+        )
         if refresh:
             self._refresh_tree()
             self._last_refresh_ns = now_ns
@@ -102,7 +103,9 @@ class HostSampler:
                 except _GONE:  # gone since, or smaps unreadable: no USS this round
                     uss = None
         return HostSample(
-            t_ns=now_ns, cpu_pct=cpu, rss_mib=rss / BYTES_PER_MIB,
+            t_ns=now_ns,
+            cpu_pct=cpu,
+            rss_mib=rss / BYTES_PER_MIB,
             uss_mib=None if uss is None else uss / BYTES_PER_MIB,
             system_mem_used_pct=psutil.virtual_memory().percent,
             n_processes=len(self._procs),

@@ -50,8 +50,7 @@ from sidecar.resources.samplers.nvml_gpu import (
 from sidecar.resources.samplers.pids import PidAliases
 from sidecar.resources.samplers.worker import CallTimeout, Worker
 
-__all__ = ["GpuSample", "NvmlSampler", "NvmlUnavailable", "open_nvml",
-           "resolve_visible_devices"]
+__all__ = ["GpuSample", "NvmlSampler", "NvmlUnavailable", "open_nvml", "resolve_visible_devices"]
 
 # Worker threads left blocked in a call before sampling stops: a second call stuck while
 # the first has not come back (after its backoff) means a wedged driver, not a slow round.
@@ -69,8 +68,12 @@ class NvmlUnavailable:
         return {"gpu_sampling": "off", "reason": self.reason, "gpus": []}
 
 
-def open_nvml(visible_devices: str | None, timeout_s: float = 5.0, api: Any = None,
-              round_timeout_s: float = 1.0) -> NvmlSampler | NvmlUnavailable:
+def open_nvml(
+    visible_devices: str | None,
+    timeout_s: float = 5.0,
+    api: Any = None,
+    round_timeout_s: float = 1.0,
+) -> NvmlSampler | NvmlUnavailable:
     """Initialise NVML and select the job's GPUs.
 
     ``visible_devices`` is the job's ``CUDA_VISIBLE_DEVICES`` (see
@@ -106,8 +109,10 @@ def open_nvml(visible_devices: str | None, timeout_s: float = 5.0, api: Any = No
         return NvmlUnavailable(str(sampler.reason))
     if not wanted:
         sampler.close()
-        return NvmlUnavailable(f"no GPU: CUDA_VISIBLE_DEVICES={visible_devices!r} names none "
-                               f"of the {len(devices)} devices")
+        return NvmlUnavailable(
+            f"no GPU: CUDA_VISIBLE_DEVICES={visible_devices!r} names none "
+            f"of the {len(devices)} devices"
+        )
     return sampler
 
 
@@ -117,19 +122,25 @@ _INIT_ADVICE = {
     "NVML_ERROR_LIB_RM_VERSION_MISMATCH": (
         "the NVIDIA kernel module and the driver's user-space library are of different "
         "versions (a driver update without a reboot?): reboot, or reload the nvidia "
-        "kernel modules"),
+        "kernel modules"
+    ),
     "NVML_ERROR_NO_PERMISSION": (
         "no access to the GPU device files /dev/nvidia*: check their permissions, or the "
-        "container's device access (--gpus)"),
+        "container's device access (--gpus)"
+    ),
     "NVML_ERROR_FUNCTION_NOT_FOUND": (
         "the driver is older than nvidia-ml-py expects: update the driver, or install an "
-        "older nvidia-ml-py"),
+        "older nvidia-ml-py"
+    ),
     "NVML_ERROR_IRQ_ISSUE": (
-        "the driver cannot use the GPU's interrupts: see dmesg (IOMMU and IRQ settings)"),
+        "the driver cannot use the GPU's interrupts: see dmesg (IOMMU and IRQ settings)"
+    ),
     "NVML_ERROR_GPU_IS_LOST": (
-        "a GPU has fallen off the bus: see dmesg for Xid errors; reset the GPU or reboot"),
+        "a GPU has fallen off the bus: see dmesg for Xid errors; reset the GPU or reboot"
+    ),
     "NVML_ERROR_TIMEOUT": (
-        "the driver did not answer in time: enable persistence mode (nvidia-smi -pm 1)"),
+        "the driver did not answer in time: enable persistence mode (nvidia-smi -pm 1)"
+    ),
     "NVML_ERROR_UNKNOWN": "see dmesg for driver errors (Xid), and nvidia-smi",
 }
 
@@ -140,8 +151,10 @@ def _init_failure(api: Any, exc: Exception) -> str:
     if isinstance(exc, (api.NVMLError_LibraryNotFound, api.NVMLError_DriverNotLoaded)):
         return f"no NVIDIA driver: {exc}"
     if isinstance(exc, api.NVMLLibraryMismatchError):
-        return (f"NVML initialisation failed: {exc}: nvidia-ml-py is newer than the driver's "
-                "NVML library: update the driver, or install an older nvidia-ml-py")
+        return (
+            f"NVML initialisation failed: {exc}: nvidia-ml-py is newer than the driver's "
+            "NVML library: update the driver, or install an older nvidia-ml-py"
+        )
     code = getattr(exc, "value", None)
     for name, advice in _INIT_ADVICE.items():
         if code is not None and code == getattr(api, name, None):
@@ -152,8 +165,9 @@ def _init_failure(api: Any, exc: Exception) -> str:
 class NvmlSampler:
     """Samples the job's GPUs; built by ``open_nvml``. Not thread-safe: one caller."""
 
-    def __init__(self, api: Any, worker: Worker, devices: list[NvmlDevice],
-                 timeout_s: float) -> None:
+    def __init__(
+        self, api: Any, worker: Worker, devices: list[NvmlDevice], timeout_s: float
+    ) -> None:
         self._api = api
         self._worker = worker
         self._devices = {device.uuid: device for device in devices}
@@ -199,10 +213,16 @@ class NvmlSampler:
         except Exception:
             name = "unknown"
         mig = device.parent is not None
-        gpu = Gpu(index=len(self._gpus), uuid=uuid, name=name, handle=device.handle,
-                  whole_handle=device.parent if mig else device.handle,
-                  whole_uuid=device.parent_uuid, proc_seen_us=now_us(),
-                  util_seen_us=now_us())
+        gpu = Gpu(
+            index=len(self._gpus),
+            uuid=uuid,
+            name=name,
+            handle=device.handle,
+            whole_handle=device.parent if mig else device.handle,
+            whole_uuid=device.parent_uuid,
+            proc_seen_us=now_us(),
+            util_seen_us=now_us(),
+        )
         if mig:
             gpu.guard.off["sm activity"] = "GPM of a MIG instance is not read"
         else:
@@ -210,8 +230,9 @@ class NvmlSampler:
                 if api.nvmlGpmQueryDeviceSupport(device.handle).isSupportedDevice:
                     gpu.gpm = [api.nvmlGpmSampleAlloc(), api.nvmlGpmSampleAlloc()]
                 else:
-                    gpu.guard.off["sm activity"] = ("GPM not supported on this GPU "
-                                                    "(Hopper and newer)")
+                    gpu.guard.off["sm activity"] = (
+                        "GPM not supported on this GPU (Hopper and newer)"
+                    )
             except Exception as exc:
                 gpu.guard.off["sm activity"] = f"GPM: {exc}"
         self._gpus.append(gpu)
@@ -230,8 +251,7 @@ class NvmlSampler:
             return []
         self._round += 1
         aliases = self._pids.aliases(job_pids) if job_pids else {}
-        return self._run("sampling", lambda: self._sample_all(aliases, now_ns),
-                         recover=True) or []
+        return self._run("sampling", lambda: self._sample_all(aliases, now_ns), recover=True) or []
 
     def _sample_all(self, aliases: dict[int, int], now_ns: int) -> list[GpuSample]:
         samples = []
@@ -272,16 +292,23 @@ class NvmlSampler:
         calling = self._reader.calling
         if calling is not None:
             gpu, call = calling
-            gpu.guard.failed(call, "transient", f"did not return within {self._timeout_s:g} s",
-                             self._round, weight=3)
+            gpu.guard.failed(
+                call,
+                "transient",
+                f"did not return within {self._timeout_s:g} s",
+                self._round,
+                weight=3,
+            )
         self._reader.cancel()
         self._reader = GpuReader(self._api, self._pids)
         self._worker.stop()
         self._stuck = [w for w in (*self._stuck, self._worker) if w.alive]
         if len(self._stuck) >= MAX_STUCK_THREADS:
             self.hung = True
-            self._fail(f"NVML {what} did not return within {self._timeout_s:g} s "
-                       f"({len(self._stuck)} calls stuck)")
+            self._fail(
+                f"NVML {what} did not return within {self._timeout_s:g} s "
+                f"({len(self._stuck)} calls stuck)"
+            )
             return
         self._worker = Worker("nvml-sampler")
 
@@ -294,12 +321,21 @@ class NvmlSampler:
         lost flag and reason, power source, the calls switched off (with why), the calls
         waiting for a retry, notes on figures unknown, and for a MIG instance the whole
         GPU whose power and energy it shares."""
-        gpus = [{"index": gpu.index, "uuid": gpu.uuid, "name": gpu.name,
-                 "lost": gpu.lost is not None, "lost_reason": gpu.lost,
-                 "power_source": gpu.power_source, "unsupported": dict(gpu.guard.off),
-                 "retrying": gpu.guard.retrying(), "notes": dict(gpu.notes),
-                 "whole_gpu": gpu.whole_uuid}
-                for gpu in list(self._gpus)]
+        gpus = [
+            {
+                "index": gpu.index,
+                "uuid": gpu.uuid,
+                "name": gpu.name,
+                "lost": gpu.lost is not None,
+                "lost_reason": gpu.lost,
+                "power_source": gpu.power_source,
+                "unsupported": dict(gpu.guard.off),
+                "retrying": gpu.guard.retrying(),
+                "notes": dict(gpu.notes),
+                "whole_gpu": gpu.whole_uuid,
+            }
+            for gpu in list(self._gpus)
+        ]
         reason = self.reason
         if reason is None and self._closed:
             reason = "closed"

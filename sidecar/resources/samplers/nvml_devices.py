@@ -68,8 +68,7 @@ def _mig_instances(api: Any, handle: Any, uuid: str) -> list[NvmlDevice]:
     for slot in range(count):
         with contextlib.suppress(Exception):  # NotFound: an empty slot
             mig = api.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
-            instances.append(NvmlDevice(None, text(api.nvmlDeviceGetUUID(mig)), mig,
-                                        handle, uuid))
+            instances.append(NvmlDevice(None, text(api.nvmlDeviceGetUUID(mig)), mig, handle, uuid))
     return instances
 
 

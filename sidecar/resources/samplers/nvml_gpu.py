@@ -37,8 +37,10 @@ from sidecar.resources.samplers.pids import PidAliases
 
 # nvmlValueType_t -> the member of the c_nvmlValue_t union that holds the value.
 _VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
-_NAMESPACE_NOTE = ("NVML reports pids of another pid namespace (a container?) and none of "
-                   "the job's: job figures unknown")
+_NAMESPACE_NOTE = (
+    "NVML reports pids of another pid namespace (a container?) and none of "
+    "the job's: job figures unknown"
+)
 
 
 @dataclass(frozen=True)
@@ -121,8 +123,15 @@ class GpuReader:
     def cancel(self) -> None:
         self._cancelled = True
 
-    def read(self, gpu: Gpu, call: str, fn: Callable[..., Any], *args: Any,
-             round_no: int, whole: bool = False) -> Any:
+    def read(
+        self,
+        gpu: Gpu,
+        call: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        round_no: int,
+        whole: bool = False,
+    ) -> Any:
         """``fn(handle, *args)`` (the whole GPU's handle with ``whole``), or None when the
         call is off or backing off for this GPU, or fails now. Raises GpuLost / GpuSilent
         when the device itself no longer answers."""
@@ -157,8 +166,7 @@ class GpuReader:
                 raise GpuSilent(why) from None
         gpu.guard.failed(call, kind, reason, round_no)
 
-    def sample(self, gpu: Gpu, aliases: dict[int, int], now_ns: int,
-               round_no: int) -> GpuSample:
+    def sample(self, gpu: Gpu, aliases: dict[int, int], now_ns: int, round_no: int) -> GpuSample:
         """One GpuSample of ``gpu``; ``aliases`` maps every pid alias of the job's
         processes to its pid (empty: the job fields are None and not queried)."""
         api = self._api
@@ -174,17 +182,22 @@ class GpuReader:
             mem = read("memory", api.nvmlDeviceGetMemoryInfo)
         energy_mj = read("energy", api.nvmlDeviceGetTotalEnergyConsumption, whole=True)
         power_w, power_source = self._power(gpu, read, energy_mj, now_ns)
-        temp = read("temperature", api.nvmlDeviceGetTemperature, api.NVML_TEMPERATURE_GPU,
-                    whole=True)
+        temp = read(
+            "temperature", api.nvmlDeviceGetTemperature, api.NVML_TEMPERATURE_GPU, whole=True
+        )
         clock = read("sm clock", api.nvmlDeviceGetClockInfo, api.NVML_CLOCK_SM, whole=True)
         sm_activity = None if gpu.gpm is None else read("sm activity", self._gpm, gpu)
         return GpuSample(
-            t_ns=now_ns, gpu_index=gpu.index, uuid=gpu.uuid, name=gpu.name,
+            t_ns=now_ns,
+            gpu_index=gpu.index,
+            uuid=gpu.uuid,
+            name=gpu.name,
             util_pct=None if util is None else float(util.gpu),
             mem_util_pct=None if util is None else float(util.memory),
             mem_used_mib=None if mem is None else mem.used / BYTES_PER_MIB,
             mem_total_mib=None if mem is None else mem.total / BYTES_PER_MIB,
-            power_w=power_w, power_source=power_source,
+            power_w=power_w,
+            power_source=power_source,
             energy_j=None if energy_mj is None else energy_mj / 1000.0,
             temperature_c=None if temp is None else float(temp),
             sm_clock_mhz=None if clock is None else float(clock),
@@ -205,7 +218,8 @@ class GpuReader:
         api = self._api
         try:
             value_type, samples = api.nvmlDeviceGetSamples(
-                handle, api.NVML_GPU_UTILIZATION_SAMPLES, gpu.util_seen_us)
+                handle, api.NVML_GPU_UTILIZATION_SAMPLES, gpu.util_seen_us
+            )
         except api.NVMLError as exc:
             if exc.value == api.NVML_ERROR_NOT_FOUND:
                 return ()
@@ -213,8 +227,11 @@ class GpuReader:
         if not 0 <= value_type < len(_VALUE_MEMBERS):
             raise BadValue(f"unknown NVML value type {value_type}")
         member = _VALUE_MEMBERS[value_type]
-        points = sorted((int(s.timeStamp), float(getattr(s.sampleValue, member)))
-                        for s in samples if int(s.timeStamp) > gpu.util_seen_us)
+        points = sorted(
+            (int(s.timeStamp), float(getattr(s.sampleValue, member)))
+            for s in samples
+            if int(s.timeStamp) > gpu.util_seen_us
+        )
         if not points:
             return ()
         # The timestamps are on the CPU's wall clock (µs): move them onto the monotonic one.
@@ -241,13 +258,18 @@ class GpuReader:
         api = self._api
         return api.nvmlDeviceGetMemoryInfo(handle, api.nvmlMemory_v2)
 
-    def _power(self, gpu: Gpu, read: Callable[..., Any], energy_mj: float | None,
-               now_ns: int) -> tuple[float | None, str | None]:
+    def _power(
+        self, gpu: Gpu, read: Callable[..., Any], energy_mj: float | None, now_ns: int
+    ) -> tuple[float | None, str | None]:
         """The window's mean power from the energy counter, else a power reading; W."""
         previous = gpu.energy_at
         gpu.energy_at = None if energy_mj is None else (now_ns, float(energy_mj))
-        if (previous is not None and energy_mj is not None and now_ns > previous[0]
-                and energy_mj > previous[1]):  # a counter that did not move says nothing
+        if (
+            previous is not None
+            and energy_mj is not None
+            and now_ns > previous[0]
+            and energy_mj > previous[1]
+        ):  # a counter that did not move says nothing
             gpu.power_source = "energy"
             return (energy_mj - previous[1]) / 1000.0 / ((now_ns - previous[0]) / 1e9), "energy"
         milliwatts = read("instant power", self._instant_power_mw, whole=True)
@@ -297,16 +319,19 @@ class GpuReader:
             return True
         return False
 
-    def _job_memory(self, gpu: Gpu, read: Callable[..., Any],
-                    aliases: dict[int, int]) -> float | None:
+    def _job_memory(
+        self, gpu: Gpu, read: Callable[..., Any], aliases: dict[int, int]
+    ) -> float | None:
         """GPU memory used by the job's processes, MiB; None if neither list is readable
         or the lists speak another pid namespace."""
         api = self._api
         used: dict[int, int] = {}
         listed: list[int] = []
         answered = False
-        for call, fn in (("compute processes", api.nvmlDeviceGetComputeRunningProcesses),
-                         ("graphics processes", api.nvmlDeviceGetGraphicsRunningProcesses)):
+        for call, fn in (
+            ("compute processes", api.nvmlDeviceGetComputeRunningProcesses),
+            ("graphics processes", api.nvmlDeviceGetGraphicsRunningProcesses),
+        ):
             processes = read(call, fn)
             if processes is None:
                 continue
@@ -320,8 +345,9 @@ class GpuReader:
             return None
         return sum(used.values()) / BYTES_PER_MIB
 
-    def _job_sm_util(self, gpu: Gpu, read: Callable[..., Any],
-                     aliases: dict[int, int]) -> float | None:
+    def _job_sm_util(
+        self, gpu: Gpu, read: Callable[..., Any], aliases: dict[int, int]
+    ) -> float | None:
         """SM utilization of the job's processes since the last call, % (capped at 100).
 
         Per process, the mean of the samples NVML returns newer than the last-seen

@@ -26,9 +26,13 @@ from typing import Any
 MAX_BACKOFF_ROUNDS = 64
 
 _LOST = ("NVML_ERROR_GPU_IS_LOST", "NVML_ERROR_RESET_REQUIRED", "NVML_ERROR_GPU_NOT_FOUND")
-_PERMANENT = ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_NO_PERMISSION",
-              "NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_ERROR_ARGUMENT_VERSION_MISMATCH",
-              "NVML_ERROR_INVALID_ARGUMENT")
+_PERMANENT = (
+    "NVML_ERROR_NOT_SUPPORTED",
+    "NVML_ERROR_NO_PERMISSION",
+    "NVML_ERROR_FUNCTION_NOT_FOUND",
+    "NVML_ERROR_ARGUMENT_VERSION_MISMATCH",
+    "NVML_ERROR_INVALID_ARGUMENT",
+)
 
 
 class BadValue(Exception):
@@ -68,8 +72,7 @@ class CallGuard:
     def succeeded(self, call: str) -> None:
         self.waiting.pop(call, None)
 
-    def failed(self, call: str, kind: str, reason: str, round_no: int,
-               weight: int = 1) -> None:
+    def failed(self, call: str, kind: str, reason: str, round_no: int, weight: int = 1) -> None:
         """Note a failure of kind ``"permanent"`` or ``"transient"`` in ``round_no``;
         ``weight`` counts it as that many failures (a call that did not return in time
         costs a stuck thread: it waits longer before its next try)."""
@@ -78,10 +81,15 @@ class CallGuard:
             self.waiting.pop(call, None)
             return
         failures = self.waiting.get(call, (0, 0, ""))[1] + weight
-        self.waiting[call] = (round_no + min(2 ** (failures - 1), MAX_BACKOFF_ROUNDS),
-                              failures, reason)
+        self.waiting[call] = (
+            round_no + min(2 ** (failures - 1), MAX_BACKOFF_ROUNDS),
+            failures,
+            reason,
+        )
 
     def retrying(self) -> dict[str, str]:
         """For status: the calls waiting for a retry, with their last error."""
-        return {call: f"{reason} (retry in round {at}, failure {n})"
-                for call, (at, n, reason) in self.waiting.items()}
+        return {
+            call: f"{reason} (retry in round {at}, failure {n})"
+            for call, (at, n, reason) in self.waiting.items()
+        }

@@ -127,8 +127,9 @@ def _source(values: Sequence[str | None]) -> str | None:
     return (present.pop() if len(present) == 1 else "mixed") if present else None
 
 
-def _fold(rule: fields.Rule, ts: Sequence[int], seq: Sequence[Any],
-          attribute: str) -> float | str | None:
+def _fold(
+    rule: fields.Rule, ts: Sequence[int], seq: Sequence[Any], attribute: str
+) -> float | str | None:
     """One figure of ``seq`` (samples in time order) by ``rule`` (see ``fields.Rule``)."""
     values = [getattr(s, attribute) for s in seq]
     if rule == "mean":
@@ -143,8 +144,11 @@ def _fold(rule: fields.Rule, ts: Sequence[int], seq: Sequence[Any],
 
 def _figures(table: Sequence[fields.Field], seq: Sequence[Any]) -> Figures:
     ts = [s.t_ns for s in seq]
-    return {figure.name: _fold(figure.rule, ts, seq, field.attribute)
-            for field in table for figure in field.figures}
+    return {
+        figure.name: _fold(figure.rule, ts, seq, field.attribute)
+        for field in table
+        for figure in field.figures
+    }
 
 
 def summarize_gpus(samples: Sequence[GpuSample]) -> list[GpuSummary]:
@@ -156,10 +160,17 @@ def summarize_gpus(samples: Sequence[GpuSample]) -> list[GpuSummary]:
     summaries = []
     for seq in by_gpu.values():
         seq.sort(key=lambda s: s.t_ns)
-        summaries.append(GpuSummary(
-            gpu_index=seq[-1].gpu_index, uuid=seq[-1].uuid, name=seq[-1].name,
-            n_samples=len(seq), duration_s=(seq[-1].t_ns - seq[0].t_ns) / 1e9,
-            figures=_figures(fields.GPU_FIELDS, seq), whole_gpu_uuid=seq[-1].whole_gpu_uuid))
+        summaries.append(
+            GpuSummary(
+                gpu_index=seq[-1].gpu_index,
+                uuid=seq[-1].uuid,
+                name=seq[-1].name,
+                n_samples=len(seq),
+                duration_s=(seq[-1].t_ns - seq[0].t_ns) / 1e9,
+                figures=_figures(fields.GPU_FIELDS, seq),
+                whole_gpu_uuid=seq[-1].whole_gpu_uuid,
+            )
+        )
     summaries.sort(key=lambda g: g.gpu_index)
     return summaries
 
@@ -171,8 +182,9 @@ def summarize_host(samples: Sequence[HostSample]) -> HostSummary:
     return HostSummary(n_samples=len(seq), figures=_figures(fields.HOST_FIELDS, seq))
 
 
-def attribute_phases(gpu_samples: Sequence[GpuSample], phases: np.ndarray,
-                     starts_ns: np.ndarray, ends_ns: np.ndarray) -> dict[int, PhaseAttribution]:
+def attribute_phases(
+    gpu_samples: Sequence[GpuSample], phases: np.ndarray, starts_ns: np.ndarray, ends_ns: np.ndarray
+) -> dict[int, PhaseAttribution]:
     """Mean GPU utilization (%) and mean power per GPU (W) during each phase.
 
     The intervals are parallel arrays: ``phases`` (any integer key of a phase),
@@ -184,8 +196,9 @@ def attribute_phases(gpu_samples: Sequence[GpuSample], phases: np.ndarray,
     per interval. See the module docstring for the method.
     """
     keys, first_at, which = np.unique(phases, return_index=True, return_inverse=True)
-    rounds, of_sample = np.unique(np.array([s.t_ns for s in gpu_samples], dtype=np.int64),
-                                  return_inverse=True)
+    rounds, of_sample = np.unique(
+        np.array([s.t_ns for s in gpu_samples], dtype=np.int64), return_inverse=True
+    )
     by_rounds = [s.util_pct if s.util_windows is None else None for s in gpu_samples]
     util_sum, util_n = _per_round(by_rounds, of_sample, len(rounds))
     power_sum, power_n = _per_round([s.power_w for s in gpu_samples], of_sample, len(rounds))
@@ -194,12 +207,17 @@ def attribute_phases(gpu_samples: Sequence[GpuSample], phases: np.ndarray,
     phase, window = which[interval], window + 1  # a window's figures are its closing round's
     n = len(keys)
     covered_ns = np.bincount(phase, overlap, minlength=n)
-    windows = np.bincount(np.unique(phase * len(rounds) + window) // max(len(rounds), 1),
-                          minlength=n)
-    util = [np.bincount(phase, overlap * util_sum[window], minlength=n),
-            np.bincount(phase, overlap * util_n[window], minlength=n)]
-    power = (np.bincount(phase, overlap * power_sum[window], minlength=n),
-             np.bincount(phase, overlap * power_n[window], minlength=n))
+    windows = np.bincount(
+        np.unique(phase * len(rounds) + window) // max(len(rounds), 1), minlength=n
+    )
+    util = [
+        np.bincount(phase, overlap * util_sum[window], minlength=n),
+        np.bincount(phase, overlap * util_n[window], minlength=n),
+    ]
+    power = (
+        np.bincount(phase, overlap * power_sum[window], minlength=n),
+        np.bincount(phase, overlap * power_n[window], minlength=n),
+    )
     for lo, hi, value in _driver_windows(gpu_samples):
         interval, window, overlap = _overlaps(starts_ns, ends_ns, lo, hi)
         util[0] += np.bincount(which[interval], overlap * value[window], minlength=n)
@@ -207,30 +225,36 @@ def attribute_phases(gpu_samples: Sequence[GpuSample], phases: np.ndarray,
     result = {}
     for i in np.argsort(first_at).tolist():
         result[int(keys[i])] = PhaseAttribution(
-            covered_s=int(covered_ns[i]) / 1e9, n_samples=int(windows[i]),
+            covered_s=int(covered_ns[i]) / 1e9,
+            n_samples=int(windows[i]),
             util_mean_pct=float(util[0][i] / util[1][i]) if util[1][i] else None,
-            power_mean_w=float(power[0][i] / power[1][i]) if power[1][i] else None)
+            power_mean_w=float(power[0][i] / power[1][i]) if power[1][i] else None,
+        )
     return result
 
 
-def _overlaps(starts_ns: np.ndarray, ends_ns: np.ndarray, lo: np.ndarray,
-              hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _overlaps(
+    starts_ns: np.ndarray, ends_ns: np.ndarray, lo: np.ndarray, hi: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every (interval, window, overlap ns > 0) of intervals [start, end) and windows
     (lo, hi], the windows sorted and not overlapping one another."""
     low = np.searchsorted(hi, starts_ns, side="right")  # the first window ending after
     high = np.searchsorted(lo, ends_ns, side="left") - 1  # the last one starting before
     counts = np.maximum(high - low + 1, 0)
     interval = np.repeat(np.arange(len(starts_ns)), counts)
-    window = low[interval] + np.arange(len(interval)) - np.repeat(np.cumsum(counts) - counts,
-                                                                  counts)
-    overlap = (np.minimum(ends_ns[interval], hi[window])
-               - np.maximum(starts_ns[interval], lo[window]))
+    window = (
+        low[interval] + np.arange(len(interval)) - np.repeat(np.cumsum(counts) - counts, counts)
+    )
+    overlap = np.minimum(ends_ns[interval], hi[window]) - np.maximum(
+        starts_ns[interval], lo[window]
+    )
     met = overlap > 0
     return interval[met], window[met], overlap[met]
 
 
 def _driver_windows(
-        gpu_samples: Sequence[GpuSample]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    gpu_samples: Sequence[GpuSample],
+) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Per GPU: the (start, end, %) arrays of its driver utilization samples, sorted."""
     by_gpu: dict[str, list[tuple[int, int, float]]] = {}
     for sample in gpu_samples:
@@ -243,10 +267,13 @@ def _driver_windows(
     return out
 
 
-def _per_round(values: list[float | None], of_sample: np.ndarray,
-               rounds: int) -> tuple[np.ndarray, np.ndarray]:
+def _per_round(
+    values: list[float | None], of_sample: np.ndarray, rounds: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Per round: the sum of the values that were read, and how many were."""
     read = np.array([v is not None for v in values], dtype=bool)
     numbers = np.array([v if v is not None else 0.0 for v in values], dtype=np.float64)
-    return (np.bincount(of_sample, numbers * read, minlength=rounds),
-            np.bincount(of_sample, read.astype(np.float64), minlength=rounds))
+    return (
+        np.bincount(of_sample, numbers * read, minlength=rounds),
+        np.bincount(of_sample, read.astype(np.float64), minlength=rounds),
+    )

@@ -21,11 +21,21 @@ def main() -> None:
     args = parser.parse_args()
     sender = Sender(args.endpoint, bytes.fromhex(args.run_id), 0)
     try:
-        reply = sender.request({
-            "type": wire.HELLO, "out_dir": args.out_dir, "cwd": os.getcwd(), "pid": os.getpid(),
-            "repeat": True, "resume": True, "start_unix": time.time(),
-            "start_ns": time.perf_counter_ns(), "token": os.urandom(16).hex()},
-            10.0, connect_timeout_s=10.0)
+        reply = sender.request(
+            {
+                "type": wire.HELLO,
+                "out_dir": args.out_dir,
+                "cwd": os.getcwd(),
+                "pid": os.getpid(),
+                "repeat": True,
+                "resume": True,
+                "start_unix": time.time(),
+                "start_ns": time.perf_counter_ns(),
+                "token": os.urandom(16).hex(),
+            },
+            10.0,
+            connect_timeout_s=10.0,
+        )
     finally:
         sender.close()
     print(json.dumps(reply))

@@ -42,18 +42,34 @@ def _write(path: Path, clock: dict[str, Any]) -> None:
 def rank_main(args: argparse.Namespace, rank: int, barrier: Any) -> None:
     """One rank's training loop; its clock in ``<clock>.<rank>.json``."""
     time.sleep(args.startup_s)  # the script's own set-up before start_run
-    run = markers.start_run(out_dir=args.out_dir, split=0, rank=rank,
-                            warmup_iterations=args.warmup, num_measurements=args.cap,
-                            train_batch_size=4, resume=args.resume,
-                            flops_per_batch=args.flops)
+    run = markers.start_run(
+        out_dir=args.out_dir,
+        split=0,
+        rank=rank,
+        warmup_iterations=args.warmup,
+        num_measurements=args.cap,
+        train_batch_size=4,
+        resume=args.resume,
+        flops_per_batch=args.flops,
+    )
     if args.gpu:  # stands in for CUDA: the run names this GPU
         uuid, name = args.gpu.split(":", 1)
         run._sender.send_control({"type": "gpu", "uuid": uuid, "name": name})  # type: ignore[union-attr]
     path = Path(f"{args.clock}.{rank}.json")
-    clock = {"pid": os.getpid(), "process_start_unix": psutil.Process().create_time(),
-             "first_iteration_unix": None, "warmup": 0.0, "data_stall": 0.0,
-             "validation": 0.0, "checkpoint": 0.0, "productive": 0.0, "straggler": 0.0,
-             "iterations": 0, "checkpoint_unix": None, "end_unix": None}
+    clock = {
+        "pid": os.getpid(),
+        "process_start_unix": psutil.Process().create_time(),
+        "first_iteration_unix": None,
+        "warmup": 0.0,
+        "data_stall": 0.0,
+        "validation": 0.0,
+        "checkpoint": 0.0,
+        "productive": 0.0,
+        "straggler": 0.0,
+        "iterations": 0,
+        "checkpoint_unix": None,
+        "end_unix": None,
+    }
     stamps: list[float] = []
 
     def loader() -> Iterator[Batch]:
@@ -78,8 +94,7 @@ def rank_main(args: argparse.Namespace, rank: int, barrier: Any) -> None:
             with run.epoch():
                 for _ in run.train_batches(loader()):
                     with run.phase("forward"):
-                        time.sleep(args.step_s + (args.slow_s if rank == args.slow_rank
-                                                  else 0.0))
+                        time.sleep(args.step_s + (args.slow_s if rank == args.slow_rank else 0.0))
                     with run.phase("backward"):
                         began = time.perf_counter()
                         if barrier is not None:
@@ -116,8 +131,9 @@ def rank_main(args: argparse.Namespace, rank: int, barrier: Any) -> None:
                 else:
                     clock["data_stall"] += fetched[index]
                     clock["straggler"] += waited[index] if args.slow_s else 0.0
-                    clock["productive"] += wall - fetched[index] - (
-                        waited[index] if args.slow_s else 0.0)
+                    clock["productive"] += (
+                        wall - fetched[index] - (waited[index] if args.slow_s else 0.0)
+                    )
                     clock["iterations"] += 1
             began = time.perf_counter()
             with run.phase("checkpoint"):
@@ -147,17 +163,26 @@ def main() -> None:
     parser.add_argument("--val-iters", type=int, default=3)
     parser.add_argument("--val-s", type=float, default=0.01)
     parser.add_argument("--checkpoint-s", type=float, default=0.0)
-    parser.add_argument("--checkpoint-at", type=int, default=-1, help="run.checkpoint() "
-                        "after this epoch")
-    parser.add_argument("--die-after", type=int, default=-1,
-                        help="SIGKILL itself this many iterations after the checkpoint")
+    parser.add_argument(
+        "--checkpoint-at", type=int, default=-1, help="run.checkpoint() after this epoch"
+    )
+    parser.add_argument(
+        "--die-after",
+        type=int,
+        default=-1,
+        help="SIGKILL itself this many iterations after the checkpoint",
+    )
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--ranks", type=int, default=1)
     parser.add_argument("--slow-rank", type=int, default=1)
     parser.add_argument("--gpu", help="UUID:NAME: announce this GPU")
     parser.add_argument("--flops", type=float, help="flops_per_batch for start_run")
-    parser.add_argument("--pause-s", type=float, default=0.0,
-                        help="after the last epoch, before finish: sleep, sending nothing")
+    parser.add_argument(
+        "--pause-s",
+        type=float,
+        default=0.0,
+        help="after the last epoch, before finish: sleep, sending nothing",
+    )
     parser.add_argument("--slow-s", type=float, default=0.0, help="extra Forward seconds")
     args = parser.parse_args()
     if args.ranks == 1:
@@ -165,8 +190,9 @@ def main() -> None:
         return
     context = multiprocessing.get_context("fork")
     barrier = context.Barrier(args.ranks)
-    children = [context.Process(target=rank_main, args=(args, rank, barrier))
-                for rank in range(args.ranks)]
+    children = [
+        context.Process(target=rank_main, args=(args, rank, barrier)) for rank in range(args.ranks)
+    ]
     for child in children:
         child.start()
     for child in children:

@@ -22,8 +22,7 @@ from torch import nn
 from markers.integrations.lightning import MonitorCallback
 from tests.support.spin import SpinBatches, SpinNet, SpinSGD, Truth
 
-COSTS = {"forward": 0.008, "backward": 0.006, "optimization": 0.004, "loading": 0.006,
-         "val": 0.003}
+COSTS = {"forward": 0.008, "backward": 0.006, "optimization": 0.004, "loading": 0.006, "val": 0.003}
 
 
 class SpinModule(pl.LightningModule):
@@ -153,20 +152,31 @@ def main() -> None:
     torch.set_num_threads(1)
     truth = Truth()
     clock = OuterClock(truth)
-    callbacks: list[pl.Callback] = [Before(clock), MonitorCallback(warmup_iterations=args.warmup),
-                                    After(clock)]
+    callbacks: list[pl.Callback] = [
+        Before(clock),
+        MonitorCallback(warmup_iterations=args.warmup),
+        After(clock),
+    ]
     if args.ckpt_dir:
-        callbacks.append(pl.callbacks.ModelCheckpoint(dirpath=args.ckpt_dir, save_last=True,
-                                                      save_top_k=-1))
+        callbacks.append(
+            pl.callbacks.ModelCheckpoint(dirpath=args.ckpt_dir, save_last=True, save_top_k=-1)
+        )
     if args.kill_at_step:
         callbacks.append(KillAtStep(args.kill_at_step))
     trainer = pl.Trainer(
-        accelerator="cpu", devices=args.devices,
-        strategy="ddp" if args.devices > 1 else "auto", max_epochs=args.epochs,
-        accumulate_grad_batches=args.accumulation, callbacks=callbacks, logger=False,
-        enable_checkpointing=bool(args.ckpt_dir), enable_progress_bar=False,
-        enable_model_summary=False, num_sanity_val_steps=1,
-        val_check_interval=args.val_check_interval)
+        accelerator="cpu",
+        devices=args.devices,
+        strategy="ddp" if args.devices > 1 else "auto",
+        max_epochs=args.epochs,
+        accumulate_grad_batches=args.accumulation,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=bool(args.ckpt_dir),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=1,
+        val_check_interval=args.val_check_interval,
+    )
     save = trainer.save_checkpoint
 
     def save_checkpoint(*args: Any, **kwargs: Any) -> Any:
@@ -180,10 +190,12 @@ def main() -> None:
             clock.free()
 
     trainer.save_checkpoint = save_checkpoint  # type: ignore[method-assign]
-    trainer.fit(SpinModule(truth),
-                train_dataloaders=SpinBatches(truth, args.batches, COSTS["loading"]),
-                val_dataloaders=SpinBatches(truth, args.val_batches, COSTS["val"], "val"),
-                ckpt_path=args.resume)
+    trainer.fit(
+        SpinModule(truth),
+        train_dataloaders=SpinBatches(truth, args.batches, COSTS["loading"]),
+        val_dataloaders=SpinBatches(truth, args.val_batches, COSTS["val"], "val"),
+        ckpt_path=args.resume,
+    )
     rank = trainer.global_rank
     path = args.truth if rank == 0 else f"{args.truth}.rank{rank}"
     with open(path, "w") as handle:

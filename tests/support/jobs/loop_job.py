@@ -45,8 +45,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--cap", type=int, default=100)
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--unknown-batch-size", action="store_true",
-                        help="batches without a first dimension, no batch size given")
+    parser.add_argument(
+        "--unknown-batch-size",
+        action="store_true",
+        help="batches without a first dimension, no batch size given",
+    )
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--state-out", type=Path, help="save run.state_dict() here per epoch")
     parser.add_argument("--state-in", type=Path, help="run.load_state_dict() from here")
@@ -59,10 +62,14 @@ def main() -> None:
 
     started = time.monotonic()
     run = markers.start_run(
-        out_dir=args.out_dir, split=0, warmup_iterations=args.warmup,
-        num_measurements=args.cap, resume=args.resume,
+        out_dir=args.out_dir,
+        split=0,
+        warmup_iterations=args.warmup,
+        num_measurements=args.cap,
+        resume=args.resume,
         train_batch_size=None if args.unknown_batch_size else args.batch_size,
-        val_batch_size=None if args.unknown_batch_size else args.batch_size)
+        val_batch_size=None if args.unknown_batch_size else args.batch_size,
+    )
     if args.state_in is not None:
         run.load_state_dict(json.loads(args.state_in.read_text()))
     if args.gpu:
@@ -70,9 +77,17 @@ def main() -> None:
         run._sender.send_control({"type": "gpu", "uuid": uuid, "name": name})
     batch = object() if args.unknown_batch_size else Batch(args.batch_size)
     process = psutil.Process()
-    progress = {"iterations": 0, "epochs": 0, "checkpoints_ok": 0, "max_step_s": 0.0,
-                "max_checkpoint_s": 0.0, "rss": process.memory_info().rss, "dropped": 0,
-                "pid": os.getpid(), "done": False}
+    progress = {
+        "iterations": 0,
+        "epochs": 0,
+        "checkpoints_ok": 0,
+        "max_step_s": 0.0,
+        "max_checkpoint_s": 0.0,
+        "rss": process.memory_info().rss,
+        "dropped": 0,
+        "pid": os.getpid(),
+        "done": False,
+    }
     with run:
         epoch = 0
         while epoch < args.epochs or (args.stop_file and not args.stop_file.exists()):
@@ -87,8 +102,9 @@ def main() -> None:
                         sum(range(100))
                     with run.phase("optimization"):
                         pass
-                    progress["max_step_s"] = max(progress["max_step_s"],
-                                                 time.perf_counter() - step_start)
+                    progress["max_step_s"] = max(
+                        progress["max_step_s"], time.perf_counter() - step_start
+                    )
                     progress["iterations"] += 1
                     if args.burst_file is None or not args.burst_file.exists():
                         time.sleep(args.sleep)
@@ -104,8 +120,9 @@ def main() -> None:
                             pass
             checkpoint_start = time.perf_counter()
             progress["checkpoints_ok"] += run.checkpoint()
-            progress["max_checkpoint_s"] = max(progress["max_checkpoint_s"],
-                                               time.perf_counter() - checkpoint_start)
+            progress["max_checkpoint_s"] = max(
+                progress["max_checkpoint_s"], time.perf_counter() - checkpoint_start
+            )
             if args.state_out is not None:
                 args.state_out.write_text(json.dumps(run.state_dict()))
             epoch += 1

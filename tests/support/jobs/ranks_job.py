@@ -70,17 +70,20 @@ def _ddp_setup() -> dict:
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 4))
-    return {"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.01),
-            "dist": dist}
+    return {"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.01), "dist": dist}
 
 
 def train(args: argparse.Namespace) -> None:
     """One rank: the loop, its truth file, and (under --ddp) the process group."""
     rank = int(os.environ.get("RANK", "0"))
     state = _ddp_setup() if args.ddp else {}
-    run = markers.start_run(out_dir=args.out_dir, warmup_iterations=args.warmup,
-                            num_measurements=args.cap, train_batch_size=args.batch_size,
-                            resume=args.resume)
+    run = markers.start_run(
+        out_dir=args.out_dir,
+        warmup_iterations=args.warmup,
+        num_measurements=args.cap,
+        train_batch_size=args.batch_size,
+        resume=args.resume,
+    )
     forward_s: list[float] = []
     truth = args.truth / f"rank{rank}.json"
     with run:
@@ -100,8 +103,16 @@ def train(args: argparse.Namespace) -> None:
                             pass
                         with run.phase("optimization"):
                             pass
-                    truth.write_text(json.dumps({"rank": rank, "host": socket.gethostname(),
-                                                 "epochs": epoch, "forward_s": forward_s}))
+                    truth.write_text(
+                        json.dumps(
+                            {
+                                "rank": rank,
+                                "host": socket.gethostname(),
+                                "epochs": epoch,
+                                "forward_s": forward_s,
+                            }
+                        )
+                    )
             run.checkpoint()  # the resume state, in the split's folder
     if args.ddp:
         state["dist"].destroy_process_group()
@@ -129,10 +140,13 @@ def main() -> None:
         train(args)
         return
     argv = [a for a in sys.argv[1:] if a != "--spawn" and a != args.spawn]
-    children = [subprocess.Popen([sys.executable, __file__, *argv],
-                                 env={**os.environ, "RANK": rank, "LOCAL_RANK": str(i),
-                                      "WORLD_SIZE": str(args.world)})
-                for i, rank in enumerate(args.spawn.split(","))]
+    children = [
+        subprocess.Popen(
+            [sys.executable, __file__, *argv],
+            env={**os.environ, "RANK": rank, "LOCAL_RANK": str(i), "WORLD_SIZE": str(args.world)},
+        )
+        for i, rank in enumerate(args.spawn.split(","))
+    ]
     sys.exit(max(child.wait() for child in children))
 
 

@@ -24,9 +24,17 @@ def main() -> None:
     parser.add_argument("--idle", action="store_true")
     args = parser.parse_args()
     sender = Sender(args.endpoint, os.urandom(16), 0)
-    hello = {"type": wire.HELLO, "out_dir": args.out_dir, "cwd": "/", "split": 0,
-             "warmup_iterations": 0, "num_measurements": 100_000, "host": args.host,
-             "pid": os.getpid(), "start_ns": time.perf_counter_ns()}
+    hello = {
+        "type": wire.HELLO,
+        "out_dir": args.out_dir,
+        "cwd": "/",
+        "split": 0,
+        "warmup_iterations": 0,
+        "num_measurements": 100_000,
+        "host": args.host,
+        "pid": os.getpid(),
+        "start_ns": time.perf_counter_ns(),
+    }
     reply = sender.request(hello, 20.0, connect_timeout_s=20.0)
     assert reply and reply["ok"], reply
     print("ready", flush=True)
@@ -35,8 +43,9 @@ def main() -> None:
         if not args.idle:
             sender.send_records(records(5), 5)
         time.sleep(0.05)
-    reply = sender.request({"type": wire.FINISH, "status": "completed",
-                            "end_ns": time.perf_counter_ns()}, 20.0)
+    reply = sender.request(
+        {"type": wire.FINISH, "status": "completed", "end_ns": time.perf_counter_ns()}, 20.0
+    )
     print(f"finished {bool(reply and reply['ok'])}", flush=True)
     sender.close()
 

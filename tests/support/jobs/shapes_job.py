@@ -47,8 +47,13 @@ class Clock:
             inner = perf_counter() - inner
         self.add(label, inner=inner, outer=perf_counter() - outer)
 
-    def loader(self, batches: int, seconds: float, label: str = "Training data loading",
-               inside: str | None = None) -> Iterator[list[int]]:
+    def loader(
+        self,
+        batches: int,
+        seconds: float,
+        label: str = "Training data loading",
+        inside: str | None = None,
+    ) -> Iterator[list[int]]:
         """A loader whose batches take ``seconds`` to arrive; with ``inside``, that phase is
         timed within the loader (it belongs to the batch it loads). ``inner``: the sleep;
         ``outer`` is set by ``arrived``."""
@@ -64,8 +69,7 @@ class Clock:
     def arrived(self, loop: str = "Training loop") -> None:
         """First thing in a body: the fetch of its batch lay between the previous body's end
         (or the loop's start) and now."""
-        label = "Validation data loading" if loop == "Validation loop" \
-            else "Training data loading"
+        label = "Validation data loading" if loop == "Validation loop" else "Training data loading"
         self.truth[label][-1]["outer"] = perf_counter() - self.last_end[loop]
 
     def start_loop(self, label: str = "Training loop") -> None:
@@ -78,9 +82,12 @@ class Clock:
         self.last_end[label] = now
 
     def step(self, durations: tuple[float, float, float]) -> None:
-        for name, label, seconds in zip(("forward", "backward", "optimization"),
-                                        ("Forward", "Backward", "Optimization"), durations,
-                                        strict=True):
+        for name, label, seconds in zip(
+            ("forward", "backward", "optimization"),
+            ("Forward", "Backward", "Optimization"),
+            durations,
+            strict=True,
+        ):
             self.phase(name, label, seconds)
 
 
@@ -192,8 +199,9 @@ def loader_phases(run: Any, clock: Clock) -> None:
             clock.phase("forward", "Forward", 10 * MS)
             clock.end_body()
     with run.epoch():  # in worker processes: counted, not measured
-        loader = torch.utils.data.DataLoader(Dataset(), batch_size=1, num_workers=2,
-                                             multiprocessing_context="fork")
+        loader = torch.utils.data.DataLoader(
+            Dataset(), batch_size=1, num_workers=2, multiprocessing_context="fork"
+        )
         for _ in run.train_batches(loader):
             with run.phase("forward"):
                 time.sleep(2 * MS)
@@ -263,10 +271,16 @@ def accumulation(run: Any, clock: Clock) -> None:
                 clock.end_body()
 
 
-SHAPES = {"plain": (plain, {}), "break": (break_out, {}),
-          "validation": (validation_inside, {}), "names": (names, {}),
-          "loader": (loader_phases, {}), "nested": (nested, {}), "probe": (probe, {}),
-          "accumulation": (accumulation, {"accumulation_steps": 3})}
+SHAPES = {
+    "plain": (plain, {}),
+    "break": (break_out, {}),
+    "validation": (validation_inside, {}),
+    "names": (names, {}),
+    "loader": (loader_phases, {}),
+    "nested": (nested, {}),
+    "probe": (probe, {}),
+    "accumulation": (accumulation, {"accumulation_steps": 3}),
+}
 TRUTH = ""
 
 
@@ -287,9 +301,15 @@ def main() -> None:
     settings = {"accumulation_steps": 1}
     if args.shape in SHAPES:
         settings.update(SHAPES[args.shape][1])
-    run = markers.start_run(out_dir="maps", warmup_iterations=0, num_measurements=1000,
-                            train_batch_size=4, val_batch_size=4, resume=args.resume,
-                            **settings)
+    run = markers.start_run(
+        out_dir="maps",
+        warmup_iterations=0,
+        num_measurements=1000,
+        train_batch_size=4,
+        val_batch_size=4,
+        resume=args.resume,
+        **settings,
+    )
     clock = Clock(run)
     with run:
         if args.shape in SHAPES:

@@ -32,8 +32,13 @@ from transformers import (
 from markers.integrations.transformers import MonitorCallback
 from tests.support.spin import FEATURES, SpinNet, SpinSGD, Truth
 
-COSTS = {"forward": 0.008, "backward": 0.006, "optimization": 0.004, "loading": 0.004,
-         "evaluation": 0.003}
+COSTS = {
+    "forward": 0.008,
+    "backward": 0.006,
+    "optimization": 0.004,
+    "loading": 0.004,
+    "evaluation": 0.003,
+}
 SEQUENCE = 16
 
 
@@ -49,8 +54,10 @@ class SpinSamples(Dataset):
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         self.truth.spin(self.part, self.truth.cost(self.part, self.seconds))
         generator = torch.Generator().manual_seed(index)
-        return {"x": torch.randn(FEATURES, generator=generator),
-                "labels": torch.randn(1, generator=generator)}
+        return {
+            "x": torch.randn(FEATURES, generator=generator),
+            "labels": torch.randn(1, generator=generator),
+        }
 
 
 class TokenSamples(Dataset):
@@ -65,9 +72,11 @@ class TokenSamples(Dataset):
         return len(self.labels)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.ids[index], "attention_mask": torch.ones(SEQUENCE,
-                                                                           dtype=torch.long),
-                "labels": self.labels[index]}
+        return {
+            "input_ids": self.ids[index],
+            "attention_mask": torch.ones(SEQUENCE, dtype=torch.long),
+            "labels": self.labels[index],
+        }
 
 
 class SpinRegressor(nn.Module):
@@ -129,24 +138,44 @@ def main() -> None:
         evaluation = SpinSamples(truth, 8, COSTS["loading"], "val")
         optimizers = (SpinSGD(model.parameters(), truth, COSTS["optimization"]), None)
     else:
-        model = BertForSequenceClassification(BertConfig(
-            vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-            intermediate_size=64, max_position_embeddings=SEQUENCE))
+        model = BertForSequenceClassification(
+            BertConfig(
+                vocab_size=128,
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                intermediate_size=64,
+                max_position_embeddings=SEQUENCE,
+            )
+        )
         train, evaluation = TokenSamples(args.samples), TokenSamples(8)
     training_args = TrainingArguments(
-        output_dir=args.out, per_device_train_batch_size=4, per_device_eval_batch_size=4,
-        gradient_accumulation_steps=args.accumulation, num_train_epochs=args.epochs,
+        output_dir=args.out,
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=4,
+        gradient_accumulation_steps=args.accumulation,
+        num_train_epochs=args.epochs,
         max_steps=args.max_steps,
         eval_strategy="epoch" if args.eval_epochs else "steps" if args.eval_steps else "no",
         eval_steps=args.eval_steps or None,
-        save_strategy="steps" if args.save_steps else "no", save_steps=args.save_steps or 500,
-        logging_strategy="no", report_to=[], use_cpu=True, dataloader_num_workers=0,
-        disable_tqdm=True, seed=0)
+        save_strategy="steps" if args.save_steps else "no",
+        save_steps=args.save_steps or 500,
+        logging_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        seed=0,
+    )
     callback = TimedCallback(warmup_iterations=1)
-    trainer = Trainer(model=model, args=training_args, train_dataset=train,
-                      eval_dataset=evaluation, optimizers=optimizers,
-                      callbacks=[callback, *([KillAtStep(args.kill_at_step)]
-                                             if args.kill_at_step else [])])
+    trainer = Trainer(
+        model=model,
+        args=training_args,
+        train_dataset=train,
+        eval_dataset=evaluation,
+        optimizers=optimizers,
+        callbacks=[callback, *([KillAtStep(args.kill_at_step)] if args.kill_at_step else [])],
+    )
     trainer.train(resume_from_checkpoint=True if args.resume else None)
     with open(args.truth, "w") as handle:
         json.dump({**truth.seconds, "on_train_begin": callback.begin_s}, handle)

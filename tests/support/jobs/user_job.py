@@ -58,21 +58,35 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--cap", type=int, default=100)
     parser.add_argument("--batch-size", type=int, default=8, help="samples per batch")
-    parser.add_argument("--give-batch-size", action="store_true",
-                        help="pass the batch size to start_run (else it is read)")
+    parser.add_argument(
+        "--give-batch-size",
+        action="store_true",
+        help="pass the batch size to start_run (else it is read)",
+    )
     parser.add_argument("--shape", choices=("tensor", "tuples", "tokens"), default="tensor")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--state-in", type=Path, help="run.load_state_dict() from this file")
     parser.add_argument("--state-out", type=Path, help="save run.state_dict() per epoch")
-    parser.add_argument("--state-in-loop", type=int, default=-1,
-                        help="call run.state_dict() inside this iteration of epoch 0")
+    parser.add_argument(
+        "--state-in-loop",
+        type=int,
+        default=-1,
+        help="call run.state_dict() inside this iteration of epoch 0",
+    )
     parser.add_argument("--fail-at-epoch", type=int, default=-1)
-    parser.add_argument("--interrupt-at", type=int, default=-1,
-                        help="Ctrl-C (SIGINT to itself) in this iteration of epoch 0, caught: "
-                        "training stops there, the script ends normally")
+    parser.add_argument(
+        "--interrupt-at",
+        type=int,
+        default=-1,
+        help="Ctrl-C (SIGINT to itself) in this iteration of epoch 0, caught: "
+        "training stops there, the script ends normally",
+    )
     parser.add_argument("--exit", type=int, help="sys.exit(CODE) after the last epoch")
-    parser.add_argument("--user-log", action="store_true",
-                        help="log lines of our own into summary.log with a FileHandler")
+    parser.add_argument(
+        "--user-log",
+        action="store_true",
+        help="log lines of our own into summary.log with a FileHandler",
+    )
     parser.add_argument("--finish-timeout", type=float, help="markers' finish wait, seconds")
     parser.add_argument("--stop-file", type=Path, help="after the epochs, wait for it")
     parser.add_argument("--progress", type=Path)
@@ -81,9 +95,15 @@ def main() -> None:
     if args.finish_timeout is not None:
         markers.run.FINISH_TIMEOUT_S = args.finish_timeout
     size = args.batch_size if args.give_batch_size else None
-    run = markers.start_run(out_dir=args.out_dir, split=args.split,
-                            warmup_iterations=args.warmup, num_measurements=args.cap,
-                            train_batch_size=size, val_batch_size=size, resume=args.resume)
+    run = markers.start_run(
+        out_dir=args.out_dir,
+        split=args.split,
+        warmup_iterations=args.warmup,
+        num_measurements=args.cap,
+        train_batch_size=size,
+        val_batch_size=size,
+        resume=args.resume,
+    )
     started = time.perf_counter()
     if args.state_in is not None:
         run.load_state_dict(json.loads(args.state_in.read_text()))
@@ -93,8 +113,14 @@ def main() -> None:
         summary.parent.mkdir(parents=True, exist_ok=True)
         logger.addHandler(logging.FileHandler(summary))
         logger.setLevel(logging.INFO)
-    progress: dict = {"epochs": 0, "checkpoints_ok": 0, "max_checkpoint_s": 0.0,
-                      "iteration_s": [], "state_in_loop_s": 0.0, "pid": os.getpid()}
+    progress: dict = {
+        "epochs": 0,
+        "checkpoints_ok": 0,
+        "max_checkpoint_s": 0.0,
+        "iteration_s": [],
+        "state_in_loop_s": 0.0,
+        "pid": os.getpid(),
+    }
     data = [batch(args.shape, args.batch_size)] * args.iters
     with run:
         for epoch in range(args.epochs):
@@ -122,8 +148,9 @@ def main() -> None:
             logger.info("user line: epoch %d trained", epoch)
             begin = time.perf_counter()
             progress["checkpoints_ok"] += run.checkpoint()
-            progress["max_checkpoint_s"] = max(progress["max_checkpoint_s"],
-                                               time.perf_counter() - begin)
+            progress["max_checkpoint_s"] = max(
+                progress["max_checkpoint_s"], time.perf_counter() - begin
+            )
             logger.info("user line: epoch %d checkpointed", epoch)
             if args.state_out is not None:
                 args.state_out.write_text(json.dumps(run.state_dict()))
