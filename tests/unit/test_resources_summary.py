@@ -3,6 +3,7 @@ hand-made samples with exact expected values."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
@@ -354,3 +355,12 @@ def test_attribution_matches_the_plain_computation(seed: int) -> None:
         assert (part.covered_s, part.n_samples) == (covered_s, windows), label
         assert part.util_mean_pct == (pytest.approx(util) if util is not None else None)
         assert part.power_mean_w == (pytest.approx(power) if power is not None else None)
+
+
+def test_attribution_from_driver_samples_before_a_second_round() -> None:
+    """The first round of a GPU with driver samples: no round window exists yet, the
+    driver's own windows give the utilization (the sidecar's first tick after a phase)."""
+    sample = dataclasses.replace(gpu_sample(START + S), util_windows=((START, START + S, 80.0),))
+    result = attribution([sample], [("Forward", START + S // 4, START + 3 * S // 4)])
+    assert result["Forward"].util_mean_pct == pytest.approx(80.0)
+    assert result["Forward"].power_mean_w is None  # power comes by rounds: none yet

@@ -210,9 +210,11 @@ def attribute_phases(
     windows = np.bincount(
         np.unique(phase * len(rounds) + window) // max(len(rounds), 1), minlength=n
     )
+    # float sums from the start: with no window met, bincount of empty integer weights is
+    # integer, and the driver samples' float sums below could not be added into it
     util = [
-        np.bincount(phase, overlap * util_sum[window], minlength=n),
-        np.bincount(phase, overlap * util_n[window], minlength=n),
+        np.bincount(phase, overlap * util_sum[window], minlength=n).astype(np.float64),
+        np.bincount(phase, overlap * util_n[window], minlength=n).astype(np.float64),
     ]
     power = (
         np.bincount(phase, overlap * power_sum[window], minlength=n),
