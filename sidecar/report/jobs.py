@@ -209,6 +209,18 @@ def _goodput(runs: Sequence[RunFolder]) -> dict[str, np.ndarray]:
     )
 
 
+def hosts(meta: dict[str, Any]) -> list[str]:
+    """The hosts of a run, sorted: those of every split's ranks (``splits.<k>.hosts``, every
+    node of a job on several nodes), else run.json's ``host``."""
+    found = {
+        str(host)
+        for entry in (meta.get("splits") or {}).values()
+        if isinstance(entry, dict) and isinstance(entry.get("hosts"), dict)
+        for host in entry["hosts"]
+    }
+    return sorted(found) or ([str(meta["host"])] if meta.get("host") else [])
+
+
 def _meta_frame(runs: Sequence[RunFolder]) -> pd.DataFrame:
     rows = []
     for run in runs:
@@ -218,7 +230,7 @@ def _meta_frame(runs: Sequence[RunFolder]) -> pd.DataFrame:
             {
                 "run_id": _text(meta.get("run_id")),
                 "folder": str(run.path),
-                "host": _text(meta.get("host")),
+                "host": ",".join(hosts(meta)),
                 "user": _text(meta.get("user")),
                 "slurm_job_id": _text(meta.get("job_id")),
                 "command": _text(meta.get("command")),
