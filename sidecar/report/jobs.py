@@ -11,7 +11,7 @@ its memory peaks the largest of any GPU.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -180,7 +180,7 @@ def most_wasteful_first(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def goodput_columns(
-    wall_s: Sequence[float], productive_s: Sequence[float], badput_s: dict[str, Sequence[float]]
+    wall_s: Sequence[float], productive_s: Sequence[float], badput_s: Mapping[str, Sequence[float]]
 ) -> dict[str, np.ndarray]:
     """The jobs table's goodput columns from each job's goodput wall time, productive
     time and badput seconds by cause (NaN where unknown)."""

@@ -1,7 +1,8 @@
 """The report of a split served by several nodes (docs/multi-node.md): every node's
 resources table counts, rank 0's ``resources.tsv`` and each ``resources-<node-id>.tsv``:
 energy and CPU added up over the nodes, the memory peak the largest node's, a GPU seen by
-two nodes once, and the job's hosts listed."""
+two nodes once, and the job's hosts listed; from Prometheus, the runs of one job (one per
+node's sidecar) in one row."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sidecar.report import figures, jobs
+from sidecar.report import figures, from_prometheus, jobs
 from sidecar.report.read import RunFolder, SplitFiles
 from sidecar.resources import fields
 from sidecar.sinks.summary import TITLE_LINE
@@ -100,3 +101,55 @@ def test_the_plot_shows_rank_0_nodes_gpus(tmp_path: Path) -> None:
     other = _table(["GPU-b0"], [0.0], cpu_pct=100.0, rss_mib=10.0)
     samples = figures.compute(_run(tmp_path, rank0, [other]).splits).utilization
     assert samples["split"].tolist() == [0, 0, 0] and samples["gpu"].tolist() == [0, 0, 0]
+
+
+def _prometheus_runs(*rows: tuple[str, str, str, int, str, float, float]) -> pd.DataFrame:
+    """Runs as ``from_prometheus`` reads them: run, host, job, ranks, status, start, end."""
+    return pd.DataFrame(
+        [
+            {
+                "run": run,
+                "user": "ada",
+                "host": host,
+                "slurm_job_id": "",
+                "folder": job,
+                "job": job,
+                "rank": min(ranks),
+                "ranks": frozenset(ranks),
+                "training_s": 10.0,
+                "start_unix": start,
+                "end_unix": end,
+                "status": status,
+            }
+            for run, host, job, ranks, status, start, end in rows
+        ]
+    )
+
+
+def test_a_job_from_prometheus_has_its_nodes_runs_in_one_row() -> None:
+    runs = _prometheus_runs(
+        ("r2", "b", "j", {2, 3}, "failed", 5.0, 50.0),
+        ("r0", "a", "j", {0, 1}, "completed", 7.0, 40.0),
+        ("other", "c", "other", {0}, "running", 1.0, float("nan")),
+    )
+    found = from_prometheus._jobs(from_prometheus._current(runs))
+    assert found["run"].tolist() == ["other", "r0"]  # by start; the lowest rank's run id
+    job = found.set_index("run").loc["r0"]
+    assert (job["host"], job["status"]) == ("a,b", "failed")
+    assert (job["start_unix"], job["end_unix"]) == (5.0, 50.0)
+    running = _prometheus_runs(
+        ("r0", "a", "j", {0, 1}, "completed", 7.0, 40.0),
+        ("r2", "b", "j", {2, 3}, "running", 5.0, float("nan")),
+    )
+    assert pd.isna(from_prometheus._jobs(running)["end_unix"].iloc[0])  # none while one runs
+
+
+def test_a_run_label_a_sidecar_replaced_is_not_counted_twice() -> None:
+    """Rank 1 said hello before rank 0: its sidecar exported the split under rank 1's run
+    id, then under rank 0's; the first series stopped while running."""
+    runs = _prometheus_runs(
+        ("early", "a", "j", {1}, "ended", 7.0, 8.0),
+        ("r0", "a", "j", {0, 1}, "completed", 7.0, 40.0),
+        ("lost", "b", "j", {2, 3}, "ended", 7.0, 20.0),  # a node that died: kept
+    )
+    assert from_prometheus._current(runs)["run"].tolist() == ["r0", "lost"]
