@@ -44,35 +44,12 @@ def _node(folder: Path, host: str, fake: str, ranks: str, port: int) -> subproce
     """``sidecar run --metrics-port PORT`` on ``host`` with its stand-in GPUs, around
     ranks ``ranks`` of the 4-rank job; the job lingers after its ranks ended until
     ``folder/stop`` exists, so its sidecar goes on exporting the ended split."""
-    ranks_job = [
-        sys.executable,
-        str(JOB),
-        "--spawn",
-        ranks,
-        "--world",
-        "4",
-        "--truth",
-        str(folder / "truth"),
-        "--iters",
-        "60",
-        "--forward-s",
-        "0.01",
-    ]
-    linger = 'until [ -e "$0" ]; do sleep 0.1; done'
+    job = [sys.executable, str(JOB), "--spawn", ranks, "--truth", str(folder / "truth")]
+    job += ["--world", "4", "--iters", "60", "--forward-s", "0.01"]
+    linger = f'"$@" && until [ -e {folder / "stop"} ]; do sleep 0.1; done'
+    sidecar = ["run", "--metrics-port", str(port), "--interval", "0.2", *SAME_PRIORITY]
     command = sidecar_command(
-        "run",
-        "--metrics-port",
-        str(port),
-        "--interval",
-        "0.2",
-        *SAME_PRIORITY,
-        "--",
-        "sh",
-        "-c",
-        f'"$@" && {linger}',
-        str(folder / "stop"),
-        *ranks_job,
-        seams=["--fake-nvml", fake],
+        *sidecar, "--", "sh", "-c", linger, "sh", *job, seams=["--fake-nvml", fake]
     )
     return subprocess.Popen(
         _on(host, command),
