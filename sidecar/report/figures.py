@@ -13,6 +13,10 @@ counter's last − first where it has two readings and did not go back, else the
 of power over the sample windows. Both per session (one training process: a resume starts
 a new one, ``sidecar.resources.sessions``): a session's first sample opens a new clock and
 the energies of the sessions add up, so the downtime between processes counts nowhere.
+
+A split served by several nodes has one resources table per node (docs/multi-node.md):
+each is computed on its own (its own clock, its own host), then the split's nodes are
+combined: CPU summed, memory peak the largest, each GPU once.
 """
 
 from __future__ import annotations
