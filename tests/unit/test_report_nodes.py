@@ -103,7 +103,7 @@ def test_the_plot_shows_rank_0_nodes_gpus(tmp_path: Path) -> None:
     assert samples["split"].tolist() == [0, 0, 0] and samples["gpu"].tolist() == [0, 0, 0]
 
 
-def _prometheus_runs(*rows: tuple[str, str, str, int, str, float, float]) -> pd.DataFrame:
+def _prometheus_runs(*rows: tuple[str, str, str, set[int], str, float, float]) -> pd.DataFrame:
     """Runs as ``from_prometheus`` reads them: run, host, job, ranks, status, start, end."""
     return pd.DataFrame(
         [
