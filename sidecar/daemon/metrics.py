@@ -127,6 +127,11 @@ class SnapshotCollector(Collector):
             "1 for the run's status, 0 for the others",
             labels=[*RUN_LABELS, "status"],
         )
+        info = GaugeMetricFamily(
+            "trainmon_run_info",
+            "1, with the run folder of the split: the same on every node of a job",
+            labels=[*RUN_LABELS, "split", "folder"],
+        )
         start = GaugeMetricFamily(
             "trainmon_run_start_timestamp_seconds",
             "when the run started, Unix time",
@@ -173,6 +178,7 @@ class SnapshotCollector(Collector):
                 if unix is not None:
                     family.add_metric(run, unix)
             running.add_metric([*run, str(view.split)], float(view.status == "running"))
+            info.add_metric([*run, str(view.split), view.folder], 1.0)
             for rank in view.ranks:
                 where = [*run, str(view.split), str(rank.rank)]
                 wall.add_metric([*where, PHASE_NAMES[wire.TRAINING]], 1, rank.training_s)
@@ -219,6 +225,7 @@ class SnapshotCollector(Collector):
             running,
             runs,
             state,
+            info,
             start,
             end,
             *ranks,

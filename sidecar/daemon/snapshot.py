@@ -128,6 +128,9 @@ class SplitView:
     host_gauges: dict[str, float]  # metric name -> value, of each host field's gauge
     # every rank of the split compared (the sidecar serving rank 0, docs/multi-node.md)
     standings: tuple[RankStanding, ...] = ()
+    # the run folder: the same on every node of a job (a shared filesystem), so it names
+    # the job across the nodes' sidecars, whose run ids differ (docs/multi-node.md)
+    folder: str = ""
 
 
 def _rank_view(agg: RankAggregator, straggler_per_iteration_s: float) -> RankView:
@@ -208,6 +211,7 @@ def split_view(split: Split, resources: SplitResources | None) -> SplitView:
         gpus=gpus,
         host_gauges=host_gauges,
         standings=split.standings,
+        folder=str(split.out_dir),
     )
 
 

@@ -13,6 +13,10 @@ counter's last − first where it has two readings and did not go back, else the
 of power over the sample windows. Both per session (one training process: a resume starts
 a new one, ``sidecar.resources.sessions``): a session's first sample opens a new clock and
 the energies of the sessions add up, so the downtime between processes counts nowhere.
+
+A split served by several nodes has one resources table per node (docs/multi-node.md):
+each is computed on its own (its own clock, its own host), then the split's nodes are
+combined: CPU summed, memory peak the largest, each GPU once.
 """
 
 from __future__ import annotations
@@ -224,19 +228,20 @@ _RESOURCE_NAMES = {
 }
 
 
-def _resource_columns(files: Sequence[SplitFiles]) -> pd.DataFrame:
-    """The columns the report reads (``_RESOURCE_NAMES``) of every resources.tsv, found by
-    name: files of another version (columns appended since, or optional ones missing)
-    are read with their own header, one ``_read`` per header seen."""
+def _resource_columns(parts: Sequence[tuple[bytes, tuple[str, ...]]]) -> pd.DataFrame:
+    """The columns the report reads (``_RESOURCE_NAMES``) of every resources table (body,
+    header), found by name, the position of its table in column ``split``: files of
+    another version (columns appended since, or optional ones missing) are read with
+    their own header, one ``_read`` per header seen."""
     text = {"name": "category", "uuid": "category"}
     dtypes = {k: text.get(k, "float64") for k in _RESOURCE_NAMES}
     frames = []
-    for header in dict.fromkeys(f.resources_columns for f in files) or [fields.columns()]:
+    for header in dict.fromkeys(h for _, h in parts) or [fields.columns()]:
         positions = {
             name: header.index(label) for name, label in _RESOURCE_NAMES.items() if label in header
         }  # only optional ones can be missing (read.py)
         frame = _read(
-            [f.resources if f.resources_columns == header else b"" for f in files],
+            [body if h == header else b"" for body, h in parts],
             len(header),
             positions,
             {k: v for k, v in dtypes.items() if k in positions},
@@ -244,14 +249,35 @@ def _resource_columns(files: Sequence[SplitFiles]) -> pd.DataFrame:
         frames.append(frame.reindex(columns=["split", *_RESOURCE_NAMES]))  # missing: NaN
     if len(frames) == 1:
         return frames[0]
-    # rows of one split stay together and in file order: what the windows below assume
+    # rows of one table stay together and in file order: what the windows below assume
     frame = pd.concat(frames, ignore_index=True).sort_values("split", kind="stable")
     return frame.astype({k: kind for k, kind in dtypes.items() if kind == "category"})
 
 
+def _tables(files: Sequence[SplitFiles]) -> tuple[list[tuple[bytes, tuple[str, ...]]], np.ndarray]:
+    """Every resources table of ``files`` (rank 0's node's first, then each other node's)
+    as (body, header), and the position in ``files`` of the split each belongs to."""
+    tables = [
+        table for f in files for table in ((f.resources, f.resources_columns), *f.node_resources)
+    ]
+    owner = np.repeat(np.arange(len(files)), [1 + len(f.node_resources) for f in files])
+    return tables, owner
+
+
+def _sum_over(owner: np.ndarray, values: np.ndarray, count: int) -> np.ndarray:
+    """Per owner: the sum of ``values`` (NaN skipped; NaN where every one is NaN)."""
+    present = ~np.isnan(values)
+    total = np.bincount(owner[present], weights=values[present], minlength=count)
+    return np.where(np.bincount(owner[present], minlength=count) > 0, total, np.nan)
+
+
 def _resources(files: Sequence[SplitFiles]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    frame = _resource_columns(files)
-    count = len(files)
+    """Per split: its host figures, its GPUs' figures and the plot's samples. Each node's
+    table (one host's samples) is computed on its own, then a split's nodes combined:
+    CPU summed, memory peak the largest, each GPU (UUID) once (see ``_per_split_gpus``)."""
+    tables, owner = _tables(files)
+    frame = _resource_columns(tables)
+    count = len(tables)
     split = frame["split"].to_numpy()
     t = frame["time"].to_numpy(float)
 
@@ -262,14 +288,17 @@ def _resources(files: Sequence[SplitFiles]) -> tuple[pd.DataFrame, pd.DataFrame,
     hdt = _windows(hs, ht)
     sessions = np.nan_to_num(frame["session"].to_numpy(float))
     hdt[_session_starts(hs, sessions[host_rows])] = 0.0
+    cpu = _weighted_mean(hs, hdt, frame["cpu"].to_numpy(float)[host_rows], count)
+    rss = _group_max(hs, frame["rss"].to_numpy(float)[host_rows], count)
     host = pd.DataFrame(
         {
-            "cpu mean (%)": _weighted_mean(hs, hdt, frame["cpu"].to_numpy(float)[host_rows], count),
-            "memory peak (MB)": _group_max(hs, frame["rss"].to_numpy(float)[host_rows], count),
+            # the job's CPU on every node (100 = one core), its largest node's memory
+            "cpu mean (%)": _sum_over(owner, cpu, len(files)),
+            "memory peak (MB)": _group_max(owner, rss, len(files)),
         }
     )
 
-    # GPUs (by UUID): rows of one (split, GPU) made contiguous, each still in time order
+    # GPUs (by UUID): rows of one (table, GPU) made contiguous, each still in time order
     gpu = frame[frame["uuid"].notna()]
     codes = gpu["uuid"].cat.codes.to_numpy()
     order = np.lexsort((codes, gpu["split"].to_numpy()))
@@ -287,7 +316,7 @@ def _resources(files: Sequence[SplitFiles]) -> tuple[pd.DataFrame, pd.DataFrame,
     power = gpu["power"].to_numpy(float)
     gpus = pd.DataFrame(
         {
-            "split": keys[0],
+            "split": owner[keys[0]],
             "gpu": gpu["index"].to_numpy(int)[last],
             "uuid": np.asarray(gpu["uuid"].array[last], dtype=str),
             "model": np.asarray(gpu["name"].array[last], dtype=str),
@@ -300,20 +329,44 @@ def _resources(files: Sequence[SplitFiles]) -> tuple[pd.DataFrame, pd.DataFrame,
             ),
         }
     )
-    # the plots' samples: at most PLOT_POINTS per GPU, evenly thinned
+    # the plots' samples: rank 0's node's GPUs (another node's may have the same
+    # indices), at most PLOT_POINTS per GPU, evenly thinned
     sizes = np.bincount(group, minlength=n)
     first = np.cumsum(sizes) - sizes
     position = np.arange(len(group)) - first[group]
     keep = position % np.maximum(1, -(-sizes // PLOT_POINTS))[group] == 0
+    table = gpu["split"].to_numpy()
+    keep &= np.r_[True, owner[1:] != owner[:-1]][table]  # the first table of its split
     utilization = pd.DataFrame(
         {
-            "split": gpu["split"].to_numpy()[keep],
+            "split": owner[table[keep]],
             "gpu": gpu["index"].to_numpy(int)[keep],
             "time (s)": gt[keep],
             "utilization (%)": gpu["util"].to_numpy(float)[keep],
         }
     )
-    return host, gpus, utilization
+    return host, _per_split_gpus(gpus), utilization
+
+
+_ONCE_PER_GPU = {
+    "gpu": "first",
+    "model": "first",
+    "utilization mean (%)": "mean",
+    "memory peak (MB)": "max",
+    "memory total (MB)": "max",
+    "power mean (W)": "mean",
+    "energy (J)": "max",
+}
+
+
+def _per_split_gpus(gpus: pd.DataFrame) -> pd.DataFrame:
+    """One row per split and GPU from one per node table and GPU. A GPU in several nodes'
+    tables (two sidecars on one host that both sampled it) counts once: its largest
+    energy and peaks, its mean utilization and power."""
+    if not gpus.duplicated(["split", "uuid"]).any():
+        return gpus.reset_index(drop=True)
+    once = gpus.groupby(["split", "uuid"], sort=False).agg(_ONCE_PER_GPU).reset_index()
+    return once[list(gpus.columns)]
 
 
 def compute(files: Sequence[SplitFiles]) -> Figures:

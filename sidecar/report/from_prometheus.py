@@ -2,8 +2,15 @@
 Prometheus server holds (docs/report.md, docs/metrics.md), through its HTTP API
 (``/api/v1/query``).
 
-One row per ``run`` label (a split: each split's run id is its first process's), rank 0's
-figures. The series carry the streaming figures over every post-warmup measurement, so:
+One row per job: the ``run`` labels (one per sidecar: each exports its first process's run
+id) of one run folder and split (``trainmon_run_info``) are one job, served by several
+nodes; a series without that info is a job of its own. The job's ``run_id`` is the one of
+the sidecar serving its lowest rank (run.json's). What adds up is summed over its nodes (GPUs,
+energy, power, CPU seconds, dropped records), the memory peak is its largest node's, the
+status the worst (failed > incomplete > ended > running > completed), the start the
+earliest, the end the latest (none while a node runs); ``host`` lists the hosts. The
+per-iteration figures are rank 0's, as summary.log's. The series carry the streaming
+figures over every post-warmup measurement, so:
 
 * throughput = samples of the measured iterations / their summed Training loop time
   (``trainmon_samples_total / trainmon_phase_duration_seconds_sum{phase="train_loop"}``),
@@ -14,12 +21,13 @@ figures. The series carry the streaming figures over every post-warmup measureme
   scrape saw them; wall = end − start once ended, else the Training time so far;
   CPU mean = CPU seconds / wall;
 * GPU figures: utilization and power are means over the scrapes in the window, memory
-  peak the largest scrape, energy the counter's last value; GPU memory % is left empty
-  (the total memory is not exported).
+  peak the largest scrape, energy the counter's last value (a GPU two nodes exported
+  counts once, as in the report from folders); GPU memory % is left empty (the total
+  memory is not exported).
 
 A run whose series stopped while it was ``running`` (its sidecar stopped exporting without
-an end, e.g. killed) is ``ended`` at its last scrape; ``cause``, ``folder`` and
-``command`` are not exported and stay empty.
+an end, e.g. killed) is ``ended`` at its last scrape; ``cause`` and ``command`` are not
+exported and stay empty.
 """
 
 from __future__ import annotations
@@ -42,6 +50,19 @@ from sidecar.report.figures import PLOT_POINTS
 
 TIMEOUT_S = 30.0
 RUN = ["run", "user", "host", "slurm_job_id"]
+_RUN_FIGURES = ["folder", "job", "rank", "ranks", "training_s", "start_unix", "end_unix", "status"]
+# a job's status is the worst of its nodes' runs ("ended": stopped exporting while running)
+_STATUS_WORST_LAST = ("completed", "running", "ended", "incomplete", "failed")
+_STATUS_RANK = {status: worst for worst, status in enumerate(_STATUS_WORST_LAST)}
+_ONCE_PER_GPU = {
+    "host": "first",
+    "gpu": "first",
+    "model": "first",
+    "GPU utilization mean (%)": "mean",
+    "GPU memory peak (MB)": "max",
+    "power mean (W)": "mean",
+    "energy (kWh)": "max",
+}
 _PHASE = "trainmon_phase_duration_seconds"
 _KEYS = {
     "loop": "train_loop",
@@ -91,13 +112,14 @@ def _phase(url: str, since: str, phase: str, part: str) -> pd.Series:
 
 
 def _runs(url: str, since: str) -> pd.DataFrame:
-    """One row per run: labels, Training time, start, end (NaN while it runs) and status.
+    """One row per run (one sidecar's part of a split): labels, its lowest rank, Training
+    time, start, end (NaN while it runs), status, and the job it belongs to.
 
     The status and times are the run's own (``trainmon_run_status``, ``..._timestamp_
     seconds``) as the last scrape in the window saw them. A run whose series stopped while
     it said ``running`` (its sidecar stopped exporting, say it was killed) is ``ended`` at
     its last scrape."""
-    raw = query(url, f'{_PHASE}_sum{{phase="training",rank="0"}}[{since}]')
+    raw = query(url, f'{_PHASE}_sum{{phase="training"}}[{since}]')
     present = {r["metric"].get("run") for r in query(url, f'{_PHASE}_sum{{phase="training"}}')}
     stated = {
         r["metric"].get("run"): r["metric"].get("status", "")
@@ -107,8 +129,12 @@ def _runs(url: str, since: str) -> pd.DataFrame:
         _values(url, f"last_over_time(trainmon_run_{which}_timestamp_seconds[{since}])")
         for which in ("start", "end")
     )
+    folders = {
+        r["metric"].get("run"): (r["metric"].get("folder", ""), r["metric"].get("split", ""))
+        for r in query(url, f"last_over_time(trainmon_run_info[{since}])")
+    }
     rows = []
-    for series in raw:
+    for series in raw:  # one per rank
         labels, values = series["metric"], series["values"]
         run = labels.get("run", "")
         last_unix, training_s = float(values[-1][0]), float(values[-1][1])
@@ -116,17 +142,74 @@ def _runs(url: str, since: str) -> pd.DataFrame:
         end_unix = float(ends.get(run, math.nan))
         if status == "running" and run not in present:
             status, end_unix = "ended", last_unix
+        folder, split = folders.get(run, ("", ""))
         rows.append(
             {
                 **{k: labels.get(k, "") for k in RUN},
+                "folder": folder,
+                # the runs of one folder and split are one job; without the info, the run
+                "job": f"{folder}\0{split}" if folder else run,
+                "rank": int(labels.get("rank") or 0),
+                "ranks": int(labels.get("rank") or 0),
                 "training_s": training_s,
                 "start_unix": float(starts.get(run, last_unix - training_s)),
                 "end_unix": end_unix,
                 "status": status,
             }
         )
-    frame = pd.DataFrame(rows, columns=[*RUN, "training_s", "start_unix", "end_unix", "status"])
-    return frame.sort_values("start_unix", kind="stable").reset_index(drop=True)
+    frame = pd.DataFrame(rows, columns=[*RUN, *_RUN_FIGURES])
+    once = dict.fromkeys([*RUN[1:], "folder", "job", "status"], "first")
+    return (
+        frame.groupby("run", sort=False)
+        .agg(
+            once
+            | {"rank": "min", "ranks": frozenset}
+            | {"training_s": "max", "start_unix": "min", "end_unix": "max"}
+        )
+        .reset_index()
+    )
+
+
+def _current(runs: pd.DataFrame) -> pd.DataFrame:
+    """``runs`` less the superseded ones: a run that stopped being exported while running
+    whose ranks another run of its job exports. A sidecar labels a split with its lowest
+    rank's run id, so ranks that said hello before a lower one were first exported under
+    another label, then under the new one: the same figures twice."""
+    superseded = []
+    for _, group in runs.groupby("job", sort=False):
+        for index, row in group.iterrows():
+            others = group["ranks"].drop(index)
+            covered = frozenset().union(*others) if len(others) else frozenset()
+            if row["status"] == "ended" and row["ranks"] <= covered:
+                superseded.append(index)
+    return runs.drop(index=superseded)
+
+
+def _jobs(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per job from its runs: the run id, user and Slurm job id of the run with
+    the lowest rank, the hosts listed, the longest Training time, the earliest start, the
+    latest end (NaN while one runs), the worst status."""
+    runs = runs.assign(
+        _worst=runs["status"].map(_STATUS_RANK).fillna(0),
+        _open=runs["end_unix"].isna(),
+    ).sort_values(["rank", "start_unix"], kind="stable")
+    grouped = runs.groupby("job", sort=False)
+    jobs_frame = grouped.agg(
+        run=("run", "first"),
+        user=("user", "first"),
+        slurm_job_id=("slurm_job_id", "first"),
+        folder=("folder", "first"),
+        host=("host", lambda h: ",".join(sorted({x for x in h if x}))),
+        training_s=("training_s", "max"),
+        start_unix=("start_unix", "min"),
+        end_unix=("end_unix", "max"),
+        _open=("_open", "any"),
+        _worst=("_worst", "max"),
+    )
+    jobs_frame.loc[jobs_frame["_open"], "end_unix"] = math.nan
+    jobs_frame["status"] = jobs_frame["_worst"].map(dict(enumerate(_STATUS_WORST_LAST)))
+    jobs_frame = jobs_frame.drop(columns=["_open", "_worst"])
+    return jobs_frame.sort_values("start_unix", kind="stable").reset_index()
 
 
 def _iso(unix: float) -> str:
@@ -135,10 +218,12 @@ def _iso(unix: float) -> str:
     return pd.Timestamp(unix, unit="s", tz="UTC").isoformat(timespec="seconds")
 
 
-def _gpus(url: str, since: str) -> pd.DataFrame:
-    """One row per run and GPU: index, model and the GPU figures."""
+def _gpus(url: str, since: str, job_of: pd.Series) -> pd.DataFrame:
+    """One row per job and GPU: the job's run id (``job_of``: run label -> it), index,
+    model and the GPU figures. A GPU two of the job's nodes exported counts once: its
+    largest energy and peak, its mean utilization and power (as from folders)."""
     selector = f"{{run!=''}}[{since}]"
-    keys = ("run", "uuid", "gpu", "model")
+    keys = ("run", "uuid", "gpu", "model", "host")
     figures = {
         "GPU utilization mean (%)": _values(
             url, f"avg_over_time(trainmon_gpu_utilization_ratio{selector}) * 100", keys
@@ -157,8 +242,25 @@ def _gpus(url: str, since: str) -> pd.DataFrame:
     frame.index.names = list(keys)
     frame = frame.reset_index()
     frame["gpu"] = pd.to_numeric(frame["gpu"])
-    frame["GPU memory peak (%)"] = np.nan
-    return frame
+    frame["run"] = frame["run"].map(job_of)
+    once = frame.dropna(subset=["run"]).groupby(["run", "uuid"], sort=False).agg(_ONCE_PER_GPU)
+    return once.reset_index().assign(**{"GPU memory peak (%)": np.nan})
+
+
+def _per_job(values: pd.Series, job_of: pd.Series, how: str, run: pd.Series) -> np.ndarray:
+    """``values`` (by run label) combined (``how``: sum, max) over each job's runs, in the
+    order of ``run`` (the jobs' run ids); NaN for a job with none."""
+    return values.groupby(job_of.reindex(values.index).to_numpy()).agg(how).reindex(run).to_numpy()
+
+
+def _rank_mean(url: str, promql: str, job_of: pd.Series, run: pd.Series) -> list[float]:
+    """Per job: the mean over its ranks of ``promql``'s value (labels run, split, rank),
+    added up over its splits."""
+    values = _values(url, promql, ("run", "split", "rank")).reset_index(name="value")
+    values["job"] = values["run"].map(job_of)
+    per_rank = values.groupby(["job", "split", "rank"])["value"].mean()
+    per_split = per_rank.groupby(level=["job", "split"]).mean()
+    return per_split.groupby(level="job").sum().reindex(run).tolist()
 
 
 def _samples(url: str, since: str, runs: pd.Series) -> pd.DataFrame:
@@ -186,11 +288,13 @@ def _samples(url: str, since: str, runs: pd.Series) -> pd.DataFrame:
 
 
 def from_prometheus(url: str, since: str) -> Report:
-    """The report of every run with series in the last ``since`` (a Prometheus duration
+    """The report of every job with series in the last ``since`` (a Prometheus duration
     such as ``6h``, checked by the caller); raises PrometheusError when the server cannot
     answer or refuses a query."""
-    runs = _runs(url, since)
-    run = runs["run"]
+    runs = _current(_runs(url, since))
+    found = _jobs(runs)
+    run = found["run"]  # each job's run id: its lowest rank's run
+    job_of = runs.set_index("run")["job"].map(found.set_index("job")["run"])
     sums = {
         name: _phase(url, since, phase, "sum").reindex(run).to_numpy()
         for name, phase in _KEYS.items()
@@ -212,31 +316,32 @@ def from_prometheus(url: str, since: str) -> Report:
         for loop in ("train", "val")
     }
     val_loop = _phase(url, since, "val_loop", "sum").reindex(run).to_numpy()
+    # every node's: CPU seconds and dropped records add up, the memory peak is the largest
     last = {
-        name: _values(url, f"{fn}({metric}[{since}])").reindex(run).to_numpy()
-        for name, fn, metric in (
-            ("cpu", "last_over_time", "trainmon_job_cpu_seconds_total"),
-            ("rss", "max_over_time", "trainmon_job_memory_rss_bytes"),
-            ("dropped", "last_over_time", 'trainmon_records_total{outcome="dropped"}'),
+        name: _per_job(_values(url, f"{fn}({metric}[{since}])"), job_of, how, run)
+        for name, fn, metric, how in (
+            ("cpu", "last_over_time", "trainmon_job_cpu_seconds_total", "sum"),
+            ("rss", "max_over_time", "trainmon_job_memory_rss_bytes", "max"),
+            ("dropped", "last_over_time", 'trainmon_records_total{outcome="dropped"}', "sum"),
         )
     }
-    gpus = _gpus(url, since)
-    # as run.json's: end − start once the run ended; the Training time so far before
+    gpus = _gpus(url, since, job_of)
+    # as run.json's: end − start once the job ended; the Training time so far before
     wall = np.where(
-        runs["end_unix"].notna(), runs["end_unix"] - runs["start_unix"], runs["training_s"]
+        found["end_unix"].notna(), found["end_unix"] - found["start_unix"], found["training_s"]
     )
     with np.errstate(invalid="ignore", divide="ignore"):
         table = pd.DataFrame(
             {
                 "run_id": run,
-                "folder": "",
-                "host": runs["host"],
-                "user": runs["user"],
-                "slurm_job_id": runs["slurm_job_id"],
+                "folder": found["folder"],
+                "host": found["host"],
+                "user": found["user"],
+                "slurm_job_id": found["slurm_job_id"],
                 "command": "",
-                "start": [_iso(t) for t in runs["start_unix"]],
-                "end": [_iso(t) for t in runs["end_unix"]],
-                "status": runs["status"],
+                "start": [_iso(t) for t in found["start_unix"]],
+                "end": [_iso(t) for t in found["end_unix"]],
+                "status": found["status"],
                 "cause": "",
                 "wall (s)": wall,
                 "train throughput (samples/s)": samples["train"] / sums["loop"],
@@ -267,26 +372,17 @@ def from_prometheus(url: str, since: str) -> Report:
     table["GPU memory peak (%)"] = np.nan
     table["energy (kWh)"] = per_job["energy"].to_numpy()
     table["power mean (W)"] = per_job["power"].to_numpy()
+    # the goodput account of a split is the mean over its ranks, on whichever node
     parts = {
-        part: _values(
+        part: _rank_mean(
             url,
-            f"sum by (run) (avg by (run, split, part) ("
-            f'last_over_time(trainmon_goodput_seconds{{part="{part}"}}'
-            f"[{since}])))",
+            f'last_over_time(trainmon_goodput_seconds{{part="{part}"}}[{since}])',
+            job_of,
+            run,
         )
-        .reindex(run)
-        .to_numpy()
         for part in ("productive", *CAUSES)
     }
-    wall_s = (
-        _values(
-            url,
-            f"sum by (run) (avg by (run, split) (last_over_time("
-            f"trainmon_goodput_wall_seconds[{since}])))",
-        )
-        .reindex(run)
-        .to_numpy()
-    )
+    wall_s = _rank_mean(url, f"last_over_time(trainmon_goodput_wall_seconds[{since}])", job_of, run)
     for column, values in jobs.goodput_columns(wall_s, parts["productive"], parts).items():
         table[column] = values
     # the straggler figures come from the run folders' summaries (not exported per job)
@@ -295,9 +391,11 @@ def from_prometheus(url: str, since: str) -> Report:
     table["flags"] = jobs.flags(table)
     job_table = jobs.typed(table, jobs.JOB_COLUMNS)
 
-    per_gpu = gpus.merge(
-        job_table[["run_id", "folder", "host", "user"]], left_on="run", right_on="run_id"
-    ).rename(columns={"model": "GPU model"})
+    per_gpu = (
+        gpus.drop(columns="host")
+        .merge(job_table[["run_id", "folder", "host", "user"]], left_on="run", right_on="run_id")
+        .rename(columns={"model": "GPU model"})
+    )
     per_gpu["status"] = ""
     per_gpu["data loading share (%)"] = np.nan
     per_gpu["flags"] = jobs.flags(per_gpu)

@@ -92,15 +92,17 @@ def _value(value: Any) -> float | None:
 
 
 def _system_memory_pct(folder: Path, meta: dict[str, Any]) -> float | None:
-    """The largest ``system memory used (%)`` of the job's splits' resources.tsv."""
+    """The largest ``system memory used (%)`` of the job's splits' resources tables, every
+    node's (its fullest host)."""
     peaks = []
     for split in sorted(meta.get("splits") or {}):
-        path = folder / "training" / f"split-{split}" / "logs" / layout.RESOURCES_FILE
-        try:
-            column = pd.read_csv(path, sep="\t", usecols=["system memory used (%)"])
-        except (OSError, ValueError):
-            continue
-        peaks.append(column["system memory used (%)"].max())
+        logs = folder / "training" / f"split-{split}" / "logs"
+        for path in [logs / layout.RESOURCES_FILE, *logs.glob(layout.node_resources_file("*"))]:
+            try:
+                column = pd.read_csv(path, sep="\t", usecols=["system memory used (%)"])
+            except (OSError, ValueError):
+                continue
+            peaks.append(column["system memory used (%)"].max())
     return _value(max(peaks)) if peaks else None
 
 
@@ -121,9 +123,6 @@ def figures(folder: Path) -> dict[str, Any]:
         if loop
         else {}
     )
-    hosts = sorted(
-        {str(s.get("host")) for s in splits.values() if isinstance(s, dict) and s.get("host")}
-    )
     goodput = meta.get("goodput") if isinstance(meta.get("goodput"), dict) else None
     waits: dict[str, float] = {}
     for entry in splits.values():
@@ -142,7 +141,7 @@ def figures(folder: Path) -> dict[str, Any]:
         "folder": str(folder),
         "job_id": meta.get("job_id"),
         "user": meta.get("user"),
-        "hosts": hosts or ([meta["host"]] if meta.get("host") else []),
+        "hosts": jobs.hosts(meta),
         "status": meta.get("status"),
         "cause": meta.get("cause"),
         "wall_s": _value(row["wall (s)"]),

@@ -11,7 +11,7 @@ its memory peaks the largest of any GPU.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -180,7 +180,7 @@ def most_wasteful_first(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def goodput_columns(
-    wall_s: Sequence[float], productive_s: Sequence[float], badput_s: dict[str, Sequence[float]]
+    wall_s: Sequence[float], productive_s: Sequence[float], badput_s: Mapping[str, Sequence[float]]
 ) -> dict[str, np.ndarray]:
     """The jobs table's goodput columns from each job's goodput wall time, productive
     time and badput seconds by cause (NaN where unknown)."""
@@ -209,6 +209,18 @@ def _goodput(runs: Sequence[RunFolder]) -> dict[str, np.ndarray]:
     )
 
 
+def hosts(meta: dict[str, Any]) -> list[str]:
+    """The hosts of a run, sorted: those of every split's ranks (``splits.<k>.hosts``, every
+    node of a job on several nodes), else run.json's ``host``."""
+    found = {
+        str(host)
+        for entry in (meta.get("splits") or {}).values()
+        if isinstance(entry, dict) and isinstance(entry.get("hosts"), dict)
+        for host in entry["hosts"]
+    }
+    return sorted(found) or ([str(meta["host"])] if meta.get("host") else [])
+
+
 def _meta_frame(runs: Sequence[RunFolder]) -> pd.DataFrame:
     rows = []
     for run in runs:
@@ -218,7 +230,7 @@ def _meta_frame(runs: Sequence[RunFolder]) -> pd.DataFrame:
             {
                 "run_id": _text(meta.get("run_id")),
                 "folder": str(run.path),
-                "host": _text(meta.get("host")),
+                "host": ",".join(hosts(meta)),
                 "user": _text(meta.get("user")),
                 "slurm_job_id": _text(meta.get("job_id")),
                 "command": _text(meta.get("command")),

@@ -42,6 +42,9 @@ class SplitFiles:
     # may lack optional columns or hold columns appended since; readers go by name
     summary: str  # summary.log
     ranks: str = ""  # logs/ranks.tsv (several ranks compared; docs/multi-node.md), or ""
+    # (body, header) of each other node's resources-<node-id>.tsv (docs/multi-node.md):
+    # its host's samples, which the job's energy and host figures add up with rank 0's
+    node_resources: tuple[tuple[bytes, tuple[str, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,13 @@ def _body(path: Path, ours: Callable[[bytes], bool]) -> tuple[bytes, bytes]:
     return body, first
 
 
+def _resources_body(path: Path) -> tuple[bytes, tuple[str, ...]]:
+    """The body and column names of a resources table: its required columns in any
+    order, others (appended by a later version) kept. Raises Damaged, FileNotFoundError."""
+    body, header = _body(path, _has_columns(fields.required_columns()))
+    return body, tuple(header.decode().split("\t"))
+
+
 def _split_files(folder: Path, split: int, entry: Any) -> SplitFiles:
     if not isinstance(entry, dict):
         raise Damaged(f"run.json: split {split} is not an object")
@@ -111,25 +121,31 @@ def _split_files(folder: Path, split: int, entry: Any) -> SplitFiles:
         raise Damaged(f"split {split}: {Path(exc.filename).name} missing") from None
     if TITLE_LINE not in summary:
         raise Damaged(f"split {split}: summary.log holds no computational summary")
-    try:  # the table's required columns, in any order; others (appended later) are kept
-        resources, names = _body(
-            logs / layout.RESOURCES_FILE, _has_columns(fields.required_columns())
-        )
+    try:
+        resources = _resources_body(logs / layout.RESOURCES_FILE)
     except FileNotFoundError:  # no sample was taken (a very short run)
-        resources, names = b"", b"\t".join(c.encode() for c in fields.columns())
+        resources = (b"", fields.columns())
     try:
         ranks = (logs / layout.RANKS_FILE).read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:  # one rank, or a version before it
         ranks = ""
+    nodes = entry.get("nodes")
+    # only a split of several nodes has other nodes' files: no listing for the others
+    others = (
+        sorted(logs.glob(layout.node_resources_file("*")))
+        if isinstance(nodes, list) and len(nodes) > 1
+        else []
+    )
+    node_resources = tuple(_resources_body(path) for path in others)
     return SplitFiles(
         split,
         float(training_s) if isinstance(training_s, (int, float)) else 0.0,
         computational,
         header.count(b"\t") + 1,
-        resources,
-        tuple(names.decode().split("\t")),
+        *resources,
         summary,
         ranks,
+        node_resources,
     )
 
 

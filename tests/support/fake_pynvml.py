@@ -392,7 +392,7 @@ def periodic_energy_mj(
     return 1000.0 * (idle_w * t_s + (busy_w - idle_w) * busy_total_s)
 
 
-def two_busy_gpus() -> FakeNvml:
+def two_busy_gpus(uuids: tuple[str, str] = ("GPU-0a0a0a0a", "GPU-1b1b1b1b")) -> FakeNvml:
     """Two GPUs busy in the first 300 ms of every 500 ms, reading 10 % idle and 90 % busy,
     their power 300 W busy and 80 W idle, and an energy counter that follows the same
     clock whoever reads it (as a driver's counter does between two jobs): the fake the test
@@ -407,9 +407,14 @@ def two_busy_gpus() -> FakeNvml:
                 busy_util=(10, 90),
                 energy_at=periodic_energy_mj,
             )
-            for i, uuid in enumerate(("GPU-0a0a0a0a", "GPU-1b1b1b1b"))
+            for i, uuid in enumerate(uuids)
         ]
     )
+
+
+def two_busy_gpus_elsewhere() -> FakeNvml:
+    """``two_busy_gpus`` of another node: other devices, other UUIDs."""
+    return two_busy_gpus(("GPU-7a7a7a7a", "GPU-8b8b8b8b"))
 
 
 def hanging_gpu() -> FakeNvml:

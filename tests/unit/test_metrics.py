@@ -37,6 +37,7 @@ CONTRACT_METRICS = {  # name: (type, labels) as docs/contract.md lists them
     "trainmon_runs": ("gauge", ["status"]),
     "trainmon_job_ids_dropped": ("counter", []),
     "trainmon_run_status": ("gauge", [*RUN, "status"]),
+    "trainmon_run_info": ("gauge", [*RUN, "split", "folder"]),
     "trainmon_run_start_timestamp_seconds": ("gauge", RUN),
     "trainmon_run_end_timestamp_seconds": ("gauge", RUN),
     "trainmon_rank_slowest_ratio": ("gauge", ["run", "split", "rank", "host"]),
@@ -88,6 +89,7 @@ def _split(run_id: str, status: str = "running", end_unix: float | None = None) 
             RankStanding(0, "node1", 0, 0.0, 0.0, None, 4.0),
             RankStanding(3, "node2", 9, 0.9, 0.02, "data loading", 0.0),
         ),
+        folder=f"/shared/runs/{run_id[:4]}",
     )
 
 
@@ -177,6 +179,14 @@ def test_names_types_labels_and_forgotten_runs() -> None:
             1.8e9,
             1.8e9,
         ]
+        folders = {
+            (s.labels["run"], s.labels["split"], s.labels["folder"]): s.value
+            for s in families["trainmon_run_info"].samples
+        }
+        assert folders == {
+            ("a" * 32, "0", "/shared/runs/aaaa"): 1,
+            ("b" * 32, "0", "/shared/runs/bbbb"): 1,
+        }
         ends = families["trainmon_run_end_timestamp_seconds"].samples
         assert [(s.labels["run"], s.value) for s in ends] == [("b" * 32, 1.8e9 + 60)]
         slowest = {
