@@ -139,6 +139,16 @@ def _live_runs(endpoint: str, job: str, count: int) -> list[dict[str, Any]]:
     return runs if len(runs) == count else []
 
 
+def _diagnosis(cluster: slurm.Slurm, work: Path, job: str, short_tmp: Path) -> str:
+    """What the job printed and the ends of the daemons' logs, for a failure message."""
+    texts = [
+        f"--- {path.name}\n{path.read_text(errors='replace')[-3000:]}"
+        for path in (work / f"slurm-{job}.out", short_tmp / "sidecar.log")
+        if path.exists()
+    ]
+    return "\n".join([*texts, f"--- slurm\n{cluster.log()[-3000:]}"])
+
+
 def _final(folder: Path) -> bool:
     """The split completed and rank 0's sidecar wrote its summary for good."""
     summary = split_dir(folder) / "summary.log"
@@ -186,21 +196,25 @@ def test_sbatch_on_two_nodes_under_their_node_daemons(
         scripts = slurm.repository_scripts(short_tmp, run)
         with slurm.slurm(short_tmp / "slurm", nodes, **scripts) as cluster:
             job = str(cluster.sbatch(batch, user=user, workdir=work))
-            # each node's daemon shows that node's two ranks of the job while they run
-            for node, daemon, ranks in zip(nodes, daemons, ([0, 1], [2, 3]), strict=True):
-                live = wait_for(
-                    functools.partial(_live_runs, daemon.endpoint, job, 2),
-                    90,
-                    f"job {job}'s ranks on {node.hostname} in `sidecar status --job`",
-                )
-                assert sorted(r["rank"] for r in live) == ranks, (live, cluster.log())
-                assert {(r["user"], r["job_id"], r["host"]) for r in live} == {
-                    (user, job, node.hostname)
-                }, live
-            (work / "hold").touch()
-            cluster.wait_gone(int(job), timeout_s=120)
-            folder = work / "maps" / job
-            wait_for(lambda: _final(folder), 90, "rank 0's final summary")
+            try:
+                # each node's daemon shows that node's two ranks of the job while they run
+                for node, daemon, ranks in zip(nodes, daemons, ([0, 1], [2, 3]), strict=True):
+                    live = wait_for(
+                        functools.partial(_live_runs, daemon.endpoint, job, 2),
+                        90,
+                        f"job {job}'s ranks on {node.hostname} in `sidecar status --job`",
+                    )
+                    assert sorted(r["rank"] for r in live) == ranks, live
+                    assert {(r["user"], r["job_id"], r["host"]) for r in live} == {
+                        (user, job, node.hostname)
+                    }, live
+                (work / "hold").touch()
+                cluster.wait_gone(int(job), timeout_s=120)
+                folder = work / "maps" / job
+                wait_for(lambda: _final(folder), 90, "rank 0's final summary")
+            except AssertionError as failed:
+                why = _diagnosis(cluster, work, job, short_tmp)
+                raise AssertionError(f"{failed}\n{why}") from None
             log = cluster.log()
         for daemon in daemons:
             daemon.stop()
