@@ -35,7 +35,7 @@ from tests.e2e.test_multi_node import (
     check_ranks_match_their_clocks,
     check_straggler,
 )
-from tests.support import local_users, netns, slurm
+from tests.support import local_users, netns, shared_node, slurm
 from tests.support.helpers import (
     REPO,
     Sidecar,
@@ -47,6 +47,8 @@ from tests.support.helpers import (
 )
 
 pytestmark = pytest.mark.skipif(bool(slurm.unavailable()), reason=str(slurm.unavailable()))
+# Every rank's loop: its length, its warmup, its forward and the slowed rank's extra time.
+LOOP = {"iters": ITERS, "warmup": WARMUP, "forward_s": FORWARD_S, "slow_s": SLOW_S}
 NODES_WHY_NOT = (
     netns.unavailable() or local_users.unavailable() or local_users.user_python_unavailable()
 )
@@ -67,17 +69,7 @@ def test_srun_one_sidecar_per_task(short_tmp: Path) -> None:
     work = short_tmp / "work"
     work.mkdir()
     script = work / "train.sh"
-    script.write_text(
-        BATCH.format(
-            python=sys.executable,
-            job=JOB,
-            truth=truth,
-            iters=ITERS,
-            warmup=WARMUP,
-            forward_s=FORWARD_S,
-            slow_s=SLOW_S,
-        )
-    )
+    script.write_text(BATCH.format(python=sys.executable, job=JOB, truth=truth, **LOOP))
     script.chmod(0o755)
     with slurm.slurm(short_tmp / "slurm") as cluster:
         job_id = cluster.sbatch(script, workdir=work, env=env(PYTHONPATH=str(REPO)))
@@ -139,14 +131,18 @@ def _live_runs(endpoint: str, job: str, count: int) -> list[dict[str, Any]]:
     return runs if len(runs) == count else []
 
 
-def _diagnosis(cluster: slurm.Slurm, work: Path, job: str, short_tmp: Path) -> str:
-    """What the job printed and the ends of the daemons' logs, for a failure message."""
+def _diagnosis(
+    cluster: slurm.Slurm, work: Path, job: str, short_tmp: Path, daemons: list[Sidecar]
+) -> str:
+    """What the job printed, what the node daemons show of it and the ends of their and
+    Slurm's logs, for a failure message."""
+    shown = [f"--- status on {d.endpoint}: {job_runs(d.endpoint, job)}" for d in daemons]
     texts = [
         f"--- {path.name}\n{path.read_text(errors='replace')[-3000:]}"
         for path in (work / f"slurm-{job}.out", short_tmp / "sidecar.log")
         if path.exists()
     ]
-    return "\n".join([*texts, f"--- slurm\n{cluster.log()[-3000:]}"])
+    return "\n".join([*shown, *texts, f"--- slurm\n{cluster.log()[-3000:]}"])
 
 
 def _final(folder: Path) -> bool:
@@ -164,8 +160,7 @@ def test_sbatch_on_two_nodes_under_their_node_daemons(
     short_tmp: Path, serve: Callable[..., Sidecar], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("SIDECAR_ENDPOINT", raising=False)  # sbatch passes our environment
-    short_tmp.chmod(0o755)
-    site = local_users.readable_markers(short_tmp / "py")
+    site = shared_node.prepare(short_tmp)
     run = short_tmp / "run"  # the path of /run on every node: each node sees its own
     run.mkdir()
     with (
@@ -182,14 +177,7 @@ def test_sbatch_on_two_nodes_under_their_node_daemons(
         batch = slurm.script(
             short_tmp / "train.sh",
             DAEMONS_BATCH.format(
-                site=site,
-                python=local_users.SYSTEM_PYTHON,
-                work=work,
-                iters=ITERS,
-                warmup=WARMUP,
-                forward_s=FORWARD_S,
-                slow_rank=SLOW_RANK,
-                slow_s=SLOW_S,
+                site=site, python=local_users.SYSTEM_PYTHON, work=work, slow_rank=SLOW_RANK, **LOOP
             ),
         )
         daemons = [_node_daemon(serve, short_tmp, node, work) for node in nodes]
@@ -213,7 +201,7 @@ def test_sbatch_on_two_nodes_under_their_node_daemons(
                 folder = work / "maps" / job
                 wait_for(lambda: _final(folder), 90, "rank 0's final summary")
             except AssertionError as failed:
-                why = _diagnosis(cluster, work, job, short_tmp)
+                why = _diagnosis(cluster, work, job, short_tmp, daemons)
                 raise AssertionError(f"{failed}\n{why}") from None
             log = cluster.log()
         for daemon in daemons:
@@ -227,4 +215,6 @@ def test_sbatch_on_two_nodes_under_their_node_daemons(
     entry = meta["splits"]["0"]
     assert entry["hosts"] == {"node0": [0, 1], "node1": [2, 3]}, entry
     assert len(entry["nodes"]) == 2 and entry["status"] == "completed", entry
-    check_straggler((split_dir(folder) / "summary.log").read_text(), "node1")
+    summary = (split_dir(folder) / "summary.log").read_text()
+    check_straggler(summary, "node1")  # in rank 0's summary, written on node0
+    assert "Host node1 (ranks 2, 3" in summary, summary

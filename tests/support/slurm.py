@@ -239,6 +239,24 @@ def _munge() -> Iterator[None]:
         daemon.wait(timeout=30)
 
 
+def _cancel_jobs(cluster: Slurm, timeout_s: float = 60.0) -> None:
+    """Cancel the jobs still in the queue (a test that failed midway) and wait until they
+    left it: a job step's ``slurmstepd`` outlives ``slurmd``, so a job left behind would
+    go on running after the cluster stopped."""
+    with contextlib.suppress(subprocess.SubprocessError, AssertionError):
+        jobs = subprocess.run(
+            cluster.argv(["squeue", "-h", "-o", "%i"]),
+            env=cluster.env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.split()
+        if jobs:
+            cluster.client("scancel", *jobs, timeout_s=30)
+            for job in jobs:
+                cluster.wait_gone(int(job), timeout_s)
+
+
 def _idle(cluster: Slurm, count: int) -> bool:
     states = subprocess.run(
         cluster.argv(["sinfo", "-h", "-N", "-o", "%T"]),
@@ -283,6 +301,7 @@ def slurm(folder: Path, nodes: Sequence[netns.Node] = (), /, **scripts: Path) ->
             wait_for(lambda: _idle(cluster, len(named)), 60, "every Slurm node to be idle")
             yield cluster
         finally:
+            _cancel_jobs(cluster)
             for daemon_process in reversed(cluster._daemons):
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(daemon_process.pid, signal.SIGTERM)
