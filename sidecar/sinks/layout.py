@@ -9,6 +9,7 @@ file names from this module; the columns are defined beside the text they head
     <out_dir>/run.json
     <out_dir>/.run.json.lock                                 (sidecar.sinks.locks)
     <out_dir>/training/split-<k>/claims/rank-<r>.lock         (sidecar.sinks.locks)
+    <out_dir>/training/split-<k>/sidecar.lock  (older versions' claim: read, never written)
     <out_dir>/training/split-<k>/nodes/<node-id>.json         (sidecar.sinks.nodes)
     <out_dir>/training/split-<k>/summary.log
     <out_dir>/training/split-<k>/sidecar-state.json      (sidecar.model.state)
@@ -29,6 +30,9 @@ from sidecar.model.split import split_dir as split_dir
 RUN_FILE = "run.json"
 RUN_LOCK_FILE = ".run.json.lock"  # held while run.json is read, merged and replaced
 CLAIMS_DIR = "claims"  # claims/rank-<r>.lock: held by the sidecar that writes rank r
+# The one claim of a whole split that versions before per-rank claims held: a folder they
+# wrote names its last run of each rank there (read for the lineage of a resume).
+OLD_SPLIT_CLAIM_FILE = "sidecar.lock"
 NODES_DIR = "nodes"  # nodes/<node-id>.json: each sidecar's figures of its ranks
 RANKS_FILE = "ranks.tsv"
 SUMMARY_FILE = "summary.log"

@@ -8,7 +8,10 @@ filesystem with working ``flock`` (local filesystems; NFS maps it to POSIX locks
   holder's process ends, however it ends, so a dead sidecar's claim is taken over at once
   (no pid file to go stale, no pid reuse to fool). The file holds one JSON object naming
   the holder (sidecar pid, host, run id, training pid, the run's lineage, its start); it
-  stays after the lock is released, so the next writer learns which run came last.
+  stays after the lock is released, so the next writer learns which run came last. A
+  folder written before claims were per rank has one ``training/split-<k>/sidecar.lock``
+  naming the last run of every rank instead: a rank whose own file names no run yet
+  learns its last run from there (a resume of such a folder keeps its lineage).
 * ``folder_lock(out_dir)``: ``run.json`` is read, merged and replaced under an exclusive
   ``flock`` of ``<out_dir>/.run.json.lock``, so splits written by several sidecars at once
   all keep their entries.
@@ -48,6 +51,23 @@ def _read_json(fd: int) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def _old_split_claim(split_dir: Path, rank: int) -> dict[str, Any]:
+    """What the split-wide lock file of older versions says of ``rank`` (its holder and
+    the rank's last run, in the per-rank file's form); {} when it is absent or names no
+    run of the rank."""
+    try:
+        fd = os.open(split_dir / layout.OLD_SPLIT_CLAIM_FILE, os.O_RDONLY)
+    except OSError:
+        return {}
+    try:
+        said = _read_json(fd)
+    finally:
+        os.close(fd)
+    ranks = said.get("ranks")
+    last = ranks.get(str(rank)) if isinstance(ranks, dict) else None
+    return {**said, "ranks": {str(rank): last}} if isinstance(last, dict) else {}
+
+
 class SplitClaim:
     """The exclusive claim on one rank of a split's folder; ``previous`` is what the last
     holder wrote into the lock file ({} for none). Raises Busy when a live process holds
@@ -64,7 +84,7 @@ class SplitClaim:
             holder = _read_json(self._fd)
             os.close(self._fd)
             raise Busy(holder) from None
-        self.previous = _read_json(self._fd)
+        self.previous = _read_json(self._fd) or _old_split_claim(split_dir, rank)
 
     def record(self, holder: dict[str, Any]) -> None:
         """Say in the lock file who holds it now (read by the next holder and by Busy)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,7 @@ ITERS = 20
 FORWARD_S = 0.002
 SLOW_S = 0.03
 SLOW_RANK = 2  # its data loading is slowed on purpose (rank 3's forward is the longest)
+ROUNDING_S = 1e-4  # far above the rounding of stored rows, far below a forward's 2 ms
 
 
 def _node(cwd: Path, truth: Path, ranks: str, *extra: str) -> subprocess.Popen[str]:
@@ -68,18 +70,24 @@ def check_ranks_match_their_clocks(
     folder: Path, truth: Path, ranks: range, iters: int = ITERS
 ) -> float:
     """Every rank's stored Forward rows against the forward times it took itself; returns
-    the largest error (s)."""
-    worst = 0.0
+    the median error (s) of the rank where it is largest.
+
+    The rank's own clock runs around the phase, so it never reads less than the row
+    (up to the rows' rounding); it reads more by the cost of entering and leaving the
+    phase, which a loaded machine stretches by milliseconds now and then. Rank r's forward
+    lasts (r + 1) × 2 ms: another rank's rows are 2 ms or more longer (then a row exceeds
+    the clock) or shorter (then the median is off by 2 ms)."""
+    worst_s = 0.0
     for rank in ranks:
         name = "computational.tsv" if rank == 0 else f"computational-rank{rank}.tsv"
         rows = read_tsv(split_dir(folder) / "logs" / name)["Forward (s)"].dropna().tolist()
         own = json.loads((truth / f"rank{rank}.json").read_text())["forward_s"][WARMUP:]
         assert len(rows) == len(own) == iters - WARMUP, (rank, len(rows), len(own))
-        errors = [abs(a - b) for a, b in zip(rows, own, strict=True)]
-        # rank r's forward lasts (r + 1) × 2 ms: another rank's rows are off by 2 ms or more
-        assert max(errors) < FORWARD_S / 2, (rank, max(errors))
-        worst = max(worst, max(errors))
-    return worst
+        errors = [clock - row for row, clock in zip(rows, own, strict=True)]
+        assert min(errors) > -ROUNDING_S, (rank, min(errors))
+        assert statistics.median(errors) < FORWARD_S / 2, (rank, errors)
+        worst_s = max(worst_s, statistics.median(errors))
+    return worst_s
 
 
 def check_straggler(summary: str, host: str) -> float:
@@ -106,7 +114,7 @@ def test_two_sidecars_on_one_host_measure_every_rank_of_one_split(short_tmp: Pat
     assert "refused" not in "".join(outputs), outputs
     folder = short_tmp / "maps"
     error_s = check_ranks_match_their_clocks(folder, truth, range(4))
-    print(f"largest per-rank error against the ranks' own clocks: {error_s * 1e6:.0f} µs")
+    print(f"largest median error of a rank against its own clock: {error_s * 1e6:.0f} µs")
     entry = run_json(folder)["splits"]["0"]
     assert entry["ranks"] == [0, 1, 2, 3]
     assert entry["status"] == "completed", entry

@@ -103,7 +103,7 @@ def test_torchrun_on_two_nodes_each_under_its_sidecar(short_tmp: Path) -> None:
     assert [run.returncode for run in runs] == [0, 0], outputs
     folder = short_tmp / "maps"
     error_s = check_ranks_match_their_clocks(folder, truth, range(4), ITERS)
-    print(f"largest per-rank error against the ranks' own clocks: {error_s * 1e6:.0f} µs")
+    print(f"largest median error of a rank against its own clock: {error_s * 1e6:.0f} µs")
     entry = run_json(folder)["splits"]["0"]
     assert entry["hosts"] == {"node0": [0, 1], "node1": [2, 3]}, entry
     assert entry["status"] == "completed", entry

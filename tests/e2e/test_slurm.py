@@ -12,12 +12,9 @@ Needs root.
 from __future__ import annotations
 
 import csv
-import json
 import os
 import pwd
-import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,12 +22,11 @@ from typing import Any
 import pytest
 
 from tests.support import local_users, slurm
-from tests.support.helpers import REPO, Sidecar, env, run_json, sidecar_command, wait_for
+from tests.support.helpers import Sidecar, env, job_runs, run_json, sidecar_command, wait_for
 
 WHY_NOT = slurm.unavailable() or local_users.unavailable() or local_users.user_python_unavailable()
 pytestmark = pytest.mark.skipif(bool(WHY_NOT), reason=str(WHY_NOT))
 
-SCRIPTS = REPO / "systemd" / "slurm"
 # Until its stop file exists, the job trains (a plain loop with markers): the stop file is
 # named after the job, so one script serves every job.
 BATCH = """#!/bin/sh
@@ -46,53 +42,10 @@ runpy.run_module("jobs.loop_job", run_name="__main__")
 """
 
 
-def _script(path: Path, text: str) -> Path:
-    path.write_text(text)
-    path.chmod(0o755)
-    return path
-
-
-def _installed(folder: Path, sockets: Path) -> dict[str, Path]:
-    """slurm.conf's script keys: the repository's TaskProlog and Epilog, as installed on a
-    node, with the sidecar command and the sockets' folder of this test. The TaskProlog runs
-    as the job's user: a copy where that user can read it."""
-    cli = _script(
-        folder / "sidecar", f'#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m sidecar "$@"\n'
-    )
-    prolog = folder / "task_prolog.sh"
-    shutil.copy(SCRIPTS / "task_prolog.sh", prolog)
-    prolog.chmod(0o755)
-    return {
-        "TaskProlog": _script(
-            folder / "task_prolog_here.sh",
-            (f"#!/bin/sh\nexport SIDECAR_SOCKET_ROOT={sockets}\nexec {prolog}\n"),
-        ),
-        "Epilog": _script(
-            folder / "epilog_here.sh",
-            (
-                f"#!/bin/sh\nexport SIDECAR={cli} SIDECAR_SOCKET_ROOT={sockets}\n"
-                f"exec {SCRIPTS / 'epilog.sh'}\n"
-            ),
-        ),
-    }
-
-
-def _status(endpoint: str, job: str) -> list[dict[str, Any]]:
-    """The runs ``sidecar status --job JOB`` shows (root's view: every user's)."""
-    done = subprocess.run(
-        sidecar_command("status", "--job", job, "--json", "--endpoint", endpoint),
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    return json.loads(done.stdout)["runs"] if done.returncode == 0 else []
-
-
 def _running(endpoint: str, job: str) -> Callable[[], list[dict[str, Any]]]:
     """A predicate: the job's runs while one of them is running and has sent records."""
     return lambda: [
-        run for run in _status(endpoint, job) if run["status"] == "running" and run["records"] > 0
+        run for run in job_runs(endpoint, job) if run["status"] == "running" and run["records"] > 0
     ]
 
 
@@ -110,12 +63,12 @@ def test_batch_jobs_under_slurm_and_the_node_daemon(
     root = short_tmp / "root"  # made by ``serve``
     daemon = serve(endpoint=f"ipc://{sockets}/sidecar/sidecar.sock", root=root, args=["--shared"])
     endpoint = daemon.endpoint
-    batch = _script(
+    batch = slurm.script(
         work / "train.sh", BATCH.format(site=site, work=work, python=local_users.SYSTEM_PYTHON)
     )
     with (
         local_users.local_users(1, tag="j") as (user,),
-        slurm.slurm(short_tmp / "slurm", **_installed(short_tmp, sockets)) as cluster,
+        slurm.slurm(short_tmp / "slurm", **slurm.repository_scripts(short_tmp, sockets)) as cluster,
     ):
         uid = pwd.getpwnam(user).pw_uid
         trained = str(cluster.sbatch(batch, user=user, workdir=work))

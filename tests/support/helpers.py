@@ -66,6 +66,19 @@ def status(
         sender.close()
 
 
+def job_runs(endpoint: str, job: str) -> list[dict[str, Any]]:
+    """The runs (one per rank) ``sidecar status --job JOB`` shows on the sidecar at
+    ``endpoint`` (root's view: every user's); [] when it does not answer."""
+    done = subprocess.run(
+        sidecar_command("status", "--job", job, "--json", "--endpoint", endpoint),
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return json.loads(done.stdout)["runs"] if done.returncode == 0 else []
+
+
 # The tests bound how fast a sidecar reacts (a death noticed and written within seconds).
 # At its default priority (nice +10) a sidecar on this shared, overloaded CI machine waits
 # behind everyone else's work, so the tests run it at the job's priority;
@@ -83,7 +96,8 @@ def sidecar_command(*args: str, seams: Sequence[str] = ()) -> list[str]:
 
 class Sidecar:
     """A ``sidecar serve`` subprocess; its log goes to ``log`` (a file). ``seams`` are
-    test-launcher options (see ``sidecar_command``), ``args`` more options of serve."""
+    test-launcher options (see ``sidecar_command``), ``args`` more options of serve,
+    ``wrap`` turns its command line into the one started (``netns.Node.argv``: on a node)."""
 
     def __init__(
         self,
@@ -92,6 +106,7 @@ class Sidecar:
         log: Path,
         seams: Sequence[str] = (),
         args: Sequence[str] = (),
+        wrap: Callable[[list[str]], list[str]] = list,
         **popen: Any,
     ) -> None:
         self.endpoint = endpoint
@@ -99,15 +114,17 @@ class Sidecar:
         self.log = log
         with log.open("ab") as handle:
             self.process = subprocess.Popen(
-                sidecar_command(
-                    "serve",
-                    "--endpoint",
-                    endpoint,
-                    "--root",
-                    str(root),
-                    *SAME_PRIORITY,
-                    *args,
-                    seams=seams,
+                wrap(
+                    sidecar_command(
+                        "serve",
+                        "--endpoint",
+                        endpoint,
+                        "--root",
+                        str(root),
+                        *SAME_PRIORITY,
+                        *args,
+                        seams=seams,
+                    )
                 ),
                 env=env(),
                 stdout=handle,

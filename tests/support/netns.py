@@ -10,42 +10,58 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import subprocess
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 SUBNET_PREFIX = "10.77.0."
 
 
 def unavailable() -> str | None:
-    """Why namespaces cannot be made here (not root, no ``ip`` or ``unshare``), or None."""
+    """Why namespaces cannot be made here (not root, no ``ip``, ``nsenter`` or
+    ``unshare``), or None."""
     if os.geteuid() != 0:
         return "network namespaces need root"
-    missing = [name for name in ("ip", "unshare") if shutil.which(name) is None]
+    missing = [name for name in ("ip", "nsenter", "unshare") if shutil.which(name) is None]
     return f"not installed: {', '.join(missing)}" if missing else None
 
 
 @dataclass(frozen=True)
 class Node:
-    """One namespace: its name, hostname, veth interface and address."""
+    """One namespace: its name, hostname, veth interface and address; ``binds`` (folder,
+    where it appears) are folders of this node alone, as each node has its own /run."""
 
     namespace: str
     hostname: str
     interface: str
     address: str
+    binds: tuple[tuple[Path, Path], ...] = ()
+
+    def with_binds(self, *binds: tuple[Path, Path]) -> Node:
+        """This node where each ``(folder, path)`` of ``binds`` shows ``folder`` at
+        ``path`` (an existing folder) to the commands run on it, and to them only."""
+        return replace(self, binds=self.binds + binds)
 
     def argv(self, command: Sequence[str]) -> list[str]:
-        """``command`` run inside this node: its namespace, its hostname."""
-        script = f'hostname {self.hostname} && exec "$@"'
+        """``command`` run inside this node: its namespace, its hostname, its binds (in a
+        mount namespace of its own; mounts made there stay there). Entered with
+        ``nsenter``, not ``ip netns exec``: that one mounts a fresh sysfs, which hides the
+        host's cgroup folders (slurmd refuses to start without them)."""
+        mounts = "".join(
+            f"mount --bind {shlex.quote(str(folder))} {shlex.quote(str(path))} && "
+            for folder, path in self.binds
+        )
+        script = f'hostname {self.hostname} && {mounts}exec "$@"'
         return [
-            "ip",
-            "netns",
-            "exec",
-            self.namespace,
+            "nsenter",
+            f"--net=/run/netns/{self.namespace}",
             "unshare",
             "--uts",
+            *(["--mount"] if self.binds else []),
             "sh",
             "-c",
             script,

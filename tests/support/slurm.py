@@ -2,6 +2,12 @@
 packages) started in the foreground from a ``slurm.conf`` in a temporary folder
 (``SLURM_CONF``), with the prolog scripts a test names. Needs root; ready in about a
 second. Nothing is installed under /etc: every path is the test's own.
+
+One node (this host), or one per network namespace of ``tests.support.netns``: a
+``slurmd`` in each, under the namespace's hostname and address, ``slurmctld`` and the
+client commands in the first one. The nodes share munge's socket and the filesystem, as
+nodes of a cluster share a munge key and a shared folder; each ``slurmd`` keeps its own
+spool folder, pid and log file (``%n``: the node's name).
 """
 
 from __future__ import annotations
@@ -12,11 +18,13 @@ import shutil
 import signal
 import socket
 import subprocess
-from collections.abc import Iterator, Mapping
+import sys
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.helpers import wait_for
+from tests.support import netns
+from tests.support.helpers import REPO, wait_for
 
 BINARIES = ("slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "munged", "munge")
 
@@ -29,6 +37,42 @@ def unavailable() -> str | None:
     return f"not installed: {', '.join(missing)}" if missing else None
 
 
+SCRIPTS = REPO / "systemd" / "slurm"
+
+
+def script(path: Path, text: str) -> Path:
+    """Write an executable script; returns its path."""
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def repository_scripts(folder: Path, sockets: Path) -> dict[str, Path]:
+    """slurm.conf's script keys: the repository's TaskProlog and Epilog (systemd/slurm/),
+    as installed on a node, with this worktree's sidecar command and ``sockets`` as the
+    folder holding the daemons' socket folders (the node's /run). The TaskProlog runs as
+    the job's user: a copy under ``folder``, where that user can read it."""
+    cli = script(
+        folder / "sidecar", f'#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m sidecar "$@"\n'
+    )
+    prolog = folder / "task_prolog.sh"
+    shutil.copy(SCRIPTS / "task_prolog.sh", prolog)
+    prolog.chmod(0o755)
+    return {
+        "TaskProlog": script(
+            folder / "task_prolog_here.sh",
+            f"#!/bin/sh\nexport SIDECAR_SOCKET_ROOT={sockets}\nexec {prolog}\n",
+        ),
+        "Epilog": script(
+            folder / "epilog_here.sh",
+            (
+                f"#!/bin/sh\nexport SIDECAR={cli} SIDECAR_SOCKET_ROOT={sockets}\n"
+                f"exec {SCRIPTS / 'epilog.sh'}\n"
+            ),
+        ),
+    }
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -37,12 +81,18 @@ def _free_port() -> int:
 
 @dataclass
 class Slurm:
-    """A running one-node cluster; every client call carries ``SLURM_CONF``."""
+    """A running cluster; every client call carries ``SLURM_CONF`` and runs where
+    ``slurmctld`` does (``controller``, a namespace; None: this host)."""
 
     folder: Path
     env: dict[str, str]
     node: str
+    controller: netns.Node | None = None
     _daemons: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def argv(self, command: Sequence[str]) -> list[str]:
+        """``command`` run where ``slurmctld`` runs."""
+        return list(command) if self.controller is None else self.controller.argv(command)
 
     def client(
         self,
@@ -54,7 +104,7 @@ class Slurm:
         """Run a Slurm client command (as ``user`` when given); raises on a non-zero exit."""
         command = list(argv) if user is None else ["runuser", "-u", user, "--", *argv]
         return subprocess.run(
-            command,
+            self.argv(command),
             env={**self.env, **(env or {})},
             check=True,
             capture_output=True,
@@ -80,7 +130,7 @@ class Slurm:
     def state(self, job_id: int) -> str:
         """The job's state as squeue tells it ("" once the job is gone from the queue)."""
         result = subprocess.run(
-            ["squeue", "-h", "-j", str(job_id), "-o", "%T"],
+            self.argv(["squeue", "-h", "-j", str(job_id), "-o", "%T"]),
             env=self.env,
             capture_output=True,
             text=True,
@@ -108,18 +158,23 @@ class Slurm:
         )
 
     def log(self) -> str:
-        """Both daemons' logs, for assertion messages."""
+        """The daemons' logs, for assertion messages."""
         return "\n".join(
-            (self.folder / name).read_text(errors="replace")
-            for name in ("slurmctld.log", "slurmd.log")
-            if (self.folder / name).exists()
+            path.read_text(errors="replace")
+            for path in [self.folder / "slurmctld.log", *sorted(self.folder.glob("slurmd-*.log"))]
+            if path.exists()
         )
 
 
-def _conf(folder: Path, node: str, scripts: Mapping[str, Path]) -> str:
+def _conf(
+    folder: Path, nodes: Sequence[tuple[str, str | None]], scripts: Mapping[str, Path]
+) -> str:
+    """slurm.conf for ``nodes`` (name, address or None for the name's own); the first
+    one holds ``slurmctld``."""
+    controller, address = nodes[0]
     lines = [
         "ClusterName=ci",
-        f"SlurmctldHost={node}",
+        f"SlurmctldHost={controller}" + (f"({address})" if address else ""),
         "SlurmUser=root",
         "AuthType=auth/munge",
         "CredType=cred/munge",
@@ -133,15 +188,20 @@ def _conf(folder: Path, node: str, scripts: Mapping[str, Path]) -> str:
         f"SlurmctldPort={_free_port()}",
         f"SlurmdPort={_free_port()}",
         f"StateSaveLocation={folder / 'state'}",
-        f"SlurmdSpoolDir={folder / 'spool'}",
+        f"SlurmdSpoolDir={folder / 'spool-%n'}",
         f"SlurmctldPidFile={folder / 'slurmctld.pid'}",
-        f"SlurmdPidFile={folder / 'slurmd.pid'}",
+        f"SlurmdPidFile={folder / 'slurmd-%n.pid'}",
         f"SlurmctldLogFile={folder / 'slurmctld.log'}",
-        f"SlurmdLogFile={folder / 'slurmd.log'}",
+        f"SlurmdLogFile={folder / 'slurmd-%n.log'}",
         "JobAcctGatherType=jobacct_gather/none",
         "AccountingStorageType=accounting_storage/none",
         *(f"{key}={path}" for key, path in scripts.items()),
-        f"NodeName={node} CPUs={os.cpu_count() or 2} RealMemory=1000 State=UNKNOWN",
+        *(
+            f"NodeName={name}"
+            + (f" NodeAddr={addr}" if addr else "")
+            + f" CPUs={os.cpu_count() or 2} RealMemory=1000 State=UNKNOWN"
+            for name, addr in nodes
+        ),
         "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
     ]
     return "\n".join(lines) + "\n"
@@ -179,46 +239,69 @@ def _munge() -> Iterator[None]:
         daemon.wait(timeout=30)
 
 
+def _cancel_jobs(cluster: Slurm, timeout_s: float = 60.0) -> None:
+    """Cancel the jobs still in the queue (a test that failed midway) and wait until they
+    left it: a job step's ``slurmstepd`` outlives ``slurmd``, so a job left behind would
+    go on running after the cluster stopped."""
+    with contextlib.suppress(subprocess.SubprocessError, AssertionError):
+        jobs = subprocess.run(
+            cluster.argv(["squeue", "-h", "-o", "%i"]),
+            env=cluster.env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.split()
+        if jobs:
+            cluster.client("scancel", *jobs, timeout_s=30)
+            for job in jobs:
+                cluster.wait_gone(int(job), timeout_s)
+
+
+def _idle(cluster: Slurm, count: int) -> bool:
+    states = subprocess.run(
+        cluster.argv(["sinfo", "-h", "-N", "-o", "%T"]),
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=10,
+    ).stdout.split()
+    return states == ["idle"] * count
+
+
 @contextlib.contextmanager
-def slurm(folder: Path, **scripts: Path) -> Iterator[Slurm]:
-    """A one-node Slurm whose configuration lives in ``folder``; ``scripts`` are
-    slurm.conf keys (``TaskProlog=``, ``Epilog=``, ``Prolog=``) with absolute paths.
-    Stops both daemons (and their jobs) on exit."""
-    node = socket.gethostname().split(".")[0]
-    for name in ("state", "spool"):
+def slurm(folder: Path, nodes: Sequence[netns.Node] = (), /, **scripts: Path) -> Iterator[Slurm]:
+    """A Slurm whose configuration lives in ``folder``: one node (this host), or one per
+    namespace of ``nodes`` (``slurmctld`` in the first); ``scripts`` are slurm.conf keys
+    (``TaskProlog=``, ``Epilog=``, ``Prolog=``) with absolute paths. Stops every daemon
+    (and their jobs) on exit."""
+    named: list[tuple[str, str | None]] = [(node.hostname, node.address) for node in nodes]
+    named = named or [(socket.gethostname().split(".")[0], None)]
+    for name in ["state", *(f"spool-{name}" for name, _ in named)]:
         (folder / name).mkdir(parents=True, exist_ok=True)
     conf = folder / "slurm.conf"
-    conf.write_text(_conf(folder, node, scripts))
+    conf.write_text(_conf(folder, named, scripts))
     env = {**os.environ, "SLURM_CONF": str(conf)}
     with _munge():
-        cluster = Slurm(folder, env, node)
+        cluster = Slurm(folder, env, named[0][0], nodes[0] if nodes else None)
         try:
-            for daemon in ("slurmctld", "slurmd"):
+            hosts: list[netns.Node | None] = [*nodes] or [None]
+            for node, daemon in [
+                (cluster.controller, "slurmctld"),
+                *((n, "slurmd") for n in hosts),
+            ]:
                 cluster._daemons.append(
                     subprocess.Popen(
-                        [daemon, "-D"],
+                        [daemon, "-D"] if node is None else node.argv([daemon, "-D"]),
                         env=env,
                         stdout=subprocess.DEVNULL,
                         stderr=subprocess.DEVNULL,
                         start_new_session=True,
                     )
                 )
-            wait_for(
-                lambda: (
-                    subprocess.run(
-                        ["sinfo", "-h", "-o", "%T"],
-                        env=env,
-                        capture_output=True,
-                        text=True,
-                        timeout=10,
-                    ).stdout.strip()
-                    == "idle"
-                ),
-                60,
-                "the Slurm node to be idle",
-            )
+            wait_for(lambda: _idle(cluster, len(named)), 60, "every Slurm node to be idle")
             yield cluster
         finally:
+            _cancel_jobs(cluster)
             for daemon_process in reversed(cluster._daemons):
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(daemon_process.pid, signal.SIGTERM)

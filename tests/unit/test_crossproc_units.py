@@ -4,6 +4,7 @@ claim between two holders, resource figures merged over sessions."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from markers.batches import batch_size as _batch_size
+from sidecar.ingest.resume import Lineage
 from sidecar.model import state
 from sidecar.resources.samplers.host import HostSample
 from sidecar.resources.samplers.nvml import GpuSample
@@ -111,6 +113,56 @@ def test_a_split_claim_is_exclusive_across_processes_and_dies_with_its_holder(
     claim = SplitClaim(tmp_path)  # the kernel dropped the dead holder's lock
     assert claim.previous == {"sidecar_pid": 1}
     claim.release()
+
+
+def _lineage_state(rank: int, run_id: str) -> dict:
+    """A saved state whose ``rank`` goes back to run ``run_id``."""
+    return {"ranks": {str(rank): {"sessions": [{"run_id": run_id}]}}}
+
+
+def test_a_folder_of_the_split_wide_lock_keeps_its_lineage(tmp_path: Path) -> None:
+    # As older versions left a split: one sidecar.lock for the whole split, naming the
+    # last run started on each rank. Run "b1" started afresh on rank 0 after run "a0",
+    # whose state is the one in the folder; rank 1 last ran "c0".
+    split = tmp_path / "maps" / "training" / "split-0"
+    split.mkdir(parents=True)
+    (split / "sidecar.lock").write_text(
+        json.dumps(
+            {
+                "sidecar_pid": 4242,
+                "host": "old-node",
+                "ranks": {
+                    str(rank): {
+                        "run_id": run_id,
+                        "lineage": run_id,
+                        "start_unix": 1.7e9,
+                        "pid": 4300 + rank,
+                        "host": "old-node",
+                    }
+                    for rank, run_id in ((0, "b1"), (1, "c0"))
+                },
+            }
+        )
+    )
+    lineage = Lineage(SplitClaim)
+    key = (tmp_path / "maps", 0)
+    for rank in (0, 1):
+        lineage.take(key, rank)
+    with pytest.raises(state.StateError, match="started afresh"):
+        lineage.check(key, _lineage_state(0, "a0"), 0)
+    lineage.check(key, _lineage_state(0, "b1"), 0)  # the last run's own state loads
+    with pytest.raises(state.StateError):
+        lineage.check(key, _lineage_state(1, "a0"), 1)
+    lineage.check(key, _lineage_state(1, "c0"), 1)
+    # once a rank's own claim file names a run, that one is the last run of the rank
+    for claim in lineage.claims.values():
+        claim.release()
+    (split / "claims" / "rank-0.lock").write_text(
+        json.dumps({"ranks": {"0": {"run_id": "d2", "lineage": "a0"}}})
+    )
+    newer = Lineage(SplitClaim)
+    newer.take(key, 0)
+    newer.check(key, _lineage_state(0, "a0"), 0)
 
 
 def _state_2() -> dict:

@@ -14,7 +14,8 @@ Two ways to get ranks:
 Rank r's forward lasts about ``(r + 1) × --forward-s`` (its rows differ from every other
 rank's); ``--slow-rank R --slow-s S`` adds S seconds of data loading to rank R, from
 ``--slow-from`` iterations on. Every epoch ends with a checkpoint (``--resume`` goes on
-from it).
+from it). ``--hold-file F``: after its last epoch the rank keeps its run open until F
+exists, so a test can look at the live run without racing the loop.
 """
 
 from __future__ import annotations
@@ -114,6 +115,8 @@ def train(args: argparse.Namespace) -> None:
                         )
                     )
             run.checkpoint()  # the resume state, in the split's folder
+        while args.hold_file is not None and not args.hold_file.exists():
+            time.sleep(0.05)
     if args.ddp:
         state["dist"].destroy_process_group()
 
@@ -135,6 +138,7 @@ def main() -> None:
     parser.add_argument("--slow-rank", type=int, default=-1)
     parser.add_argument("--slow-s", type=float, default=0.0)
     parser.add_argument("--slow-from", type=int, default=0)
+    parser.add_argument("--hold-file", type=Path, help="keep the run open until it exists")
     args = parser.parse_args()
     if args.spawn is None:
         train(args)
