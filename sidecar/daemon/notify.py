@@ -135,3 +135,6 @@ class SystemdNotifier:
     def stopping(self) -> None:
         """STOPPING=1: the shutdown writing begins."""
         notify("STOPPING=1\nSTATUS=stopping: writing every run's files", self._environ)
+
+    def stopped(self) -> None:
+        """Nothing: STOPPING=1 was sent when the writing began; the exit tells the rest."""
