@@ -16,6 +16,7 @@ import pytest
 
 from sidecar.daemon.notify import SystemdNotifier, notify, watchdog_period_s
 from sidecar.daemon.snapshot import RunView, Snapshot
+from tests.support.snapshots import snapshot
 
 
 class Manager:
@@ -56,24 +57,15 @@ def Snap(
         RunView(f"{i:032x}", "/r", 0, 0, 1, "h", 0, status, None, None, None)
         for i, status in enumerate(statuses)
     )
-    return Snapshot(
-        1,
-        "ipc:///s",
-        "/r",
-        0.0,
-        loop_monotonic,
-        sampler_round_monotonic,
-        started,
-        0,
-        0,
-        0,
-        0,
-        {},
-        None,
-        records_per_s,
-        10.0,
-        {},
-        runs,
+    return snapshot(
+        endpoint="ipc:///s",
+        root="/r",
+        loop_monotonic=loop_monotonic,
+        sampler_round_monotonic=sampler_round_monotonic,
+        samplers_started=started,
+        records_per_s=records_per_s,
+        rate_window_s=10.0,
+        runs=runs,
     )
 
 
