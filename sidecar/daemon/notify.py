@@ -74,7 +74,7 @@ def status_line(snapshot: Snapshot) -> str:
 
 
 class SystemdNotifier:
-    """Lifecycle hooks (``ready``/``tick``/``stopping``) that speak sd_notify.
+    """Lifecycle hooks (``ready``/``tick``/``stopping``/``stopped``) that speak sd_notify.
 
     ``stall_s``: the watchdog is fed only while the loop turned and the samplers completed
     a round within that many seconds (``stall_s_for`` gives it for a sampling interval).

@@ -16,17 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from markers import wire
-from markers.wire import (
-    P_BATCH,
-    P_END,
-    P_EPOCH,
-    P_FLAGS,
-    P_GPU,
-    P_ITERATION,
-    P_PEAK,
-    P_PHASE,
-    P_START,
-)
+from markers.wire import P_END, P_FLAGS, P_GPU, P_ITERATION, P_PEAK, P_PHASE, P_START
 
 # A key packs (iteration, is validation); iterations outside this range take the slow path.
 MAX_ITERATION = 2**61
@@ -157,12 +147,12 @@ def partial_records(context: list[int], partials: dict[int, Partial]) -> np.ndar
     figures: the array path continues an iteration the record path left open."""
     out = np.zeros((len(partials), wire.RECORD_WIDTH), dtype=np.int64)
     for row, (phase, partial) in zip(out, partials.items(), strict=True):
-        row[[P_PHASE, P_FLAGS, P_EPOCH, P_ITERATION, P_BATCH]] = (
+        row[[P_PHASE, P_FLAGS, wire.P_EPOCH, P_ITERATION, wire.P_BATCH]] = (
             phase,
             context[P_FLAGS],
-            context[P_EPOCH],
+            context[wire.P_EPOCH],
             context[P_ITERATION],
-            context[P_BATCH],
+            context[wire.P_BATCH],
         )
         row[[P_START, P_END, P_GPU, P_PEAK]] = (
             partial.start_ns,

@@ -51,23 +51,19 @@ def test_the_last_scrape_before_the_exit_has_the_final_status(
     port = free_port()
     scrape = short_tmp / "last-scrape.txt"
     (short_tmp / "job.py").write_text(JOB)
+    command = sidecar_command(
+        "run",
+        "--metrics-port",
+        str(port),
+        "--",
+        sys.executable,
+        "job.py",
+        how,
+        seams=["--exit-scrape", f"{port}:{scrape}"],
+    )
+    # stdin a pipe, not the terminal: the job gets its own process group
     sidecar = subprocess.run(
-        sidecar_command(
-            "run",
-            "--metrics-port",
-            str(port),
-            "--",
-            sys.executable,
-            "job.py",
-            how,
-            seams=["--exit-scrape", f"{port}:{scrape}"],
-        ),
-        cwd=short_tmp,
-        env=env(),
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=120,
+        command, cwd=short_tmp, env=env(), input=b"", capture_output=True, timeout=120
     )
     assert sidecar.returncode == code, sidecar.stderr
     assert scrape.exists(), sidecar.stderr  # the hook scraped while the exporter served

@@ -58,13 +58,10 @@ def Snap(
         for i, status in enumerate(statuses)
     )
     return snapshot(
-        endpoint="ipc:///s",
-        root="/r",
         loop_monotonic=loop_monotonic,
         sampler_round_monotonic=sampler_round_monotonic,
         samplers_started=started,
         records_per_s=records_per_s,
-        rate_window_s=10.0,
         runs=runs,
     )
 
