@@ -81,6 +81,18 @@ def sidecar_command(*args: str, seams: Sequence[str] = ()) -> list[str]:
     return [sys.executable, "-m", "sidecar", *args]
 
 
+def status_text(endpoint: str, *more: str) -> str:
+    """What ``sidecar status --endpoint ENDPOINT MORE`` prints; it must exit 0 within 30 s."""
+    return subprocess.run(
+        sidecar_command("status", "--endpoint", endpoint, *more),
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
+
+
 def under_sidecar_run(
     script: Path | str, *args: str, options: Sequence[str] = ("--quiet",)
 ) -> list[str]:
