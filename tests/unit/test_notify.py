@@ -147,6 +147,10 @@ def test_lifecycle_pings_only_while_loop_and_samplers_progress(
     assert manager.messages() == ["WATCHDOG=1"]
     notifier.stopping()
     assert manager.messages()[0].startswith("STOPPING=1\n")
+    now[0] = 110.0  # the tick with the state after the final writing: STOPPING stays said
+    notifier.tick(Snap(110.0, 110.0, ("completed", "completed"), 0.0))
+    notifier.stopped()
+    assert manager.messages() == []
 
 
 def test_ready_waits_for_the_samplers(manager: Manager, tmp_path: Path) -> None:
