@@ -8,48 +8,15 @@ Writes maps/training/split-0/{summary.log,logs/computational.tsv,...} and maps/r
 
 from __future__ import annotations
 
-import argparse
-
 import torch
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from synthetic import build, parse_args
 
 import markers
 
 
-def make_loaders(n_train: int, n_val: int, batch_size: int) -> tuple[DataLoader, DataLoader]:
-    """Synthetic 10-class problem on 784 features (MNIST-sized)."""
-    generator = torch.Generator().manual_seed(0)
-    centers = torch.randn(10, 784, generator=generator)
-
-    def dataset(n: int) -> TensorDataset:
-        labels = torch.randint(0, 10, (n,), generator=generator)
-        features = centers[labels] + 9.0 * torch.randn(n, 784, generator=generator)
-        return TensorDataset(features, labels)
-
-    return (
-        DataLoader(dataset(n_train), batch_size=batch_size, shuffle=True),
-        DataLoader(dataset(n_val), batch_size=batch_size),
-    )
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out-dir", default="maps")
-    parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--train-samples", type=int, default=64 * 400)
-    parser.add_argument("--batch-size", type=int, default=64)
-    args = parser.parse_args()
-
-    torch.manual_seed(0)
-    train_loader, val_loader = make_loaders(
-        args.train_samples, args.train_samples // 4, args.batch_size
-    )
-    model = nn.Sequential(
-        nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 10)
-    )
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
+    args = parse_args(__doc__)
+    train_loader, val_loader, model, optimizer, loss_fn = build(args)
 
     run = markers.start_run(
         out_dir=args.out_dir,

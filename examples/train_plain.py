@@ -6,31 +6,15 @@ examples/train_instrumented.py, which differs from it by two lines (and the impo
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import torch
-from torch import nn
-from train_demo import make_loaders
+from synthetic import build, parse_args
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out-dir", default="maps")
-    parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--train-samples", type=int, default=64 * 400)
-    parser.add_argument("--batch-size", type=int, default=64)
-    args = parser.parse_args()
-
-    torch.manual_seed(0)
-    train_loader, val_loader = make_loaders(
-        args.train_samples, args.train_samples // 4, args.batch_size
-    )
-    model = nn.Sequential(
-        nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 10)
-    )
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
+    args = parse_args(__doc__)
+    train_loader, val_loader, model, optimizer, loss_fn = build(args)
 
     for epoch in range(args.epochs):
         model.train()

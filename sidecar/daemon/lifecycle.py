@@ -15,7 +15,8 @@ from sidecar.daemon.snapshot import Snapshot
 class Lifecycle(Protocol):
     """Called by ``Server.run``: ``ready`` once the socket is bound and the samplers
     started, ``tick`` with each snapshot the loop publishes (every ``TICK_S`` while the
-    loop is healthy, not at every turn), ``stopping`` when the shutdown writing begins."""
+    loop is healthy, not at every turn), ``stopping`` when the shutdown writing begins,
+    ``stopped`` once every file is written and a last ``tick`` handed the final state."""
 
     def ready(self, snapshot: Snapshot) -> None:
         """The sidecar is bound and sampling."""
@@ -25,3 +26,7 @@ class Lifecycle(Protocol):
 
     def stopping(self) -> None:
         """Shutdown has begun: the final files are being written."""
+
+    def stopped(self) -> None:
+        """The final files are written and the last ``tick`` held the final state (each
+        run's end and status): the sidecar exits after the hooks return."""

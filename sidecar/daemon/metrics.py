@@ -314,8 +314,12 @@ class MetricsExporter:
         self._snapshot = snapshot
 
     def stopping(self) -> None:
-        """Stop serving: the sidecar is writing its last files and exits. The server's
-        loop notices within its 0.5 s poll; the loop thread does not wait for it."""
+        """Nothing yet: scrapes go on while the last files are written, and the tick after
+        that writing hands the final state (``stopped`` ends the serving)."""
+
+    def stopped(self) -> None:
+        """Stop serving: the sidecar wrote its last files and exits. The server's loop
+        notices within its 0.5 s poll; the loop thread does not wait for it."""
         server, self._server = self._server, None
         if server is not None:
             threading.Thread(

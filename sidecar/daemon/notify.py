@@ -74,7 +74,7 @@ def status_line(snapshot: Snapshot) -> str:
 
 
 class SystemdNotifier:
-    """Lifecycle hooks (``ready``/``tick``/``stopping``) that speak sd_notify.
+    """Lifecycle hooks (``ready``/``tick``/``stopping``/``stopped``) that speak sd_notify.
 
     ``stall_s``: the watchdog is fed only while the loop turned and the samplers completed
     a round within that many seconds (``stall_s_for`` gives it for a sampling interval).
@@ -96,6 +96,7 @@ class SystemdNotifier:
         self._status: str | None = None
         self._bound = False
         self._ready = False
+        self._stopping = False
 
     def healthy(self, snapshot: Snapshot, now: float) -> bool:
         """True when the loop turned and the samplers completed a round (or have not
@@ -113,7 +114,10 @@ class SystemdNotifier:
 
     def tick(self, snapshot: Snapshot) -> None:
         """Each loop turn: READY=1 when it becomes true; after it, WATCHDOG=1 when due and
-        healthy, STATUS= when due and changed."""
+        healthy, STATUS= when due and changed. Nothing once stopping: the last tick (the
+        state after the final writing) leaves STOPPING's status line in place."""
+        if self._stopping:
+            return
         if not self._ready:
             if not (self._bound and snapshot.samplers_started):
                 return
@@ -134,4 +138,8 @@ class SystemdNotifier:
 
     def stopping(self) -> None:
         """STOPPING=1: the shutdown writing begins."""
+        self._stopping = True
         notify("STOPPING=1\nSTATUS=stopping: writing every run's files", self._environ)
+
+    def stopped(self) -> None:
+        """Nothing: STOPPING=1 was sent when the writing began; the exit tells the rest."""

@@ -523,6 +523,10 @@ class Server:
             self._call_hooks("stopping")
             self._drain()
             self._finalize()
+            # The state after the final writing (each run's end and status), then the end:
+            # an exporter serves until ``stopped``, so its last scrape is the final state.
+            self._publish_for_hooks()
+            self._call_hooks("stopped")
         finally:
             self.receiver.close()
             self.monitor.close()

@@ -57,7 +57,14 @@ from markers.wire import (
     P_START,
 )
 from sidecar.model import goodput
-from sidecar.model.blocks import Blocks, is_validation, moments, split_blocks
+from sidecar.model.blocks import (
+    Blocks,
+    Partial,
+    is_validation,
+    moments,
+    partial_records,
+    split_blocks,
+)
 from sidecar.model.stats import Welford
 from sidecar.model.units import BYTES_PER_MIB, NS_PER_S
 
@@ -146,45 +153,6 @@ class Session:
         return self.unix_at(self.end_ns if self.end_ns is not None else self.last_ns)
 
 
-class _Partial:
-    """Sums of one phase within an open iteration (``__slots__``: many are made)."""
-
-    __slots__ = ("gpu_ns", "peak_bytes", "start_ns", "wall_ns")
-
-    def __init__(self, start_ns: int) -> None:
-        self.start_ns = start_ns
-        self.wall_ns = 0
-        self.gpu_ns = -1
-        self.peak_bytes = -1
-
-    def add(self, start_ns: int, end_ns: int, gpu_ns: int, peak_bytes: int) -> None:
-        self.wall_ns += end_ns - start_ns
-        if gpu_ns >= 0:
-            self.gpu_ns = gpu_ns + max(self.gpu_ns, 0)
-        self.peak_bytes = max(self.peak_bytes, peak_bytes)
-
-
-def _partial_records(context: list[int], partials: dict[int, _Partial]) -> np.ndarray:
-    """An open iteration's sums so far as records (one per phase) that sum to the same
-    figures: the array path continues an iteration the record path left open."""
-    out = np.zeros((len(partials), wire.RECORD_WIDTH), dtype=np.int64)
-    for row, (phase, partial) in zip(out, partials.items(), strict=True):
-        row[[P_PHASE, P_FLAGS, P_EPOCH, P_ITERATION, P_BATCH]] = (
-            phase,
-            context[P_FLAGS],
-            context[P_EPOCH],
-            context[P_ITERATION],
-            context[P_BATCH],
-        )
-        row[[P_START, P_END, P_GPU, P_PEAK]] = (
-            partial.start_ns,
-            partial.start_ns + partial.wall_ns,
-            partial.gpu_ns,
-            partial.peak_bytes,
-        )
-    return out
-
-
 class RankAggregator:
     """Aggregation state of one (run folder, split, rank)."""
 
@@ -208,7 +176,7 @@ class RankAggregator:
         self.aligned_custom: set[int] = set()  # custom phases measured inside iterations
         self._names: dict[str, int] = {}  # custom name -> its key in ``series``
         # Open iterations: their phases' sums and the context record of each.
-        self._open: dict[tuple[bool, int], tuple[list[int], dict[int, _Partial]]] = {}
+        self._open: dict[tuple[bool, int], tuple[list[int], dict[int, Partial]]] = {}
         self._spans: dict[int, list[int]] = {}  # Epoch/Validation begun, not ended: begin record
         # (phase, epoch) of the spans open at the checkpoint this aggregator resumed from:
         # their end in this session closes their second part.
@@ -272,34 +240,22 @@ class RankAggregator:
         for key in list(self._open):
             self._cut_iteration(key)
         for phase, begin in self._spans.items():
-            self._flag(
-                phase,
-                begin,
-                max(current.last_ns, begin[P_START]) - begin[P_START],
-                -1,
-                -1,
-                INCOMPLETE,
-            )
+            self._flag(phase, begin, self._open_span_ns(begin), -1, -1, INCOMPLETE)
         self._spans.clear()
 
     def open_span_parts(self) -> dict[int, Row]:
         """Each Epoch or Validation open now, as the row of its part so far (up to the
         session's last record), flagged PART: what a state taken now keeps of it."""
-        session = self.sessions[-1] if self.sessions else None
         return {
-            phase: self._row(
-                begin,
-                max(session.last_ns, begin[P_START]) - begin[P_START],
-                -1,
-                -1,
-                None,
-                None,
-                0,
-                PART,
-            )
+            phase: self._row(begin, self._open_span_ns(begin), -1, -1, None, None, 0, PART)
             for phase, begin in self._spans.items()
-            if session is not None
+            if self.sessions
         }
+
+    def _open_span_ns(self, begin: list[int]) -> int:
+        """Wall time (ns) so far of the span ``begin`` opened: up to the session's last
+        record (never negative)."""
+        return max(self.sessions[-1].last_ns, begin[P_START]) - begin[P_START]
 
     def continue_parts(self, parts: dict[int, Row]) -> None:
         """Resume from a state that kept ``parts`` (``open_span_parts``): each is a flagged
@@ -539,7 +495,7 @@ class RankAggregator:
         context = None
         if touched:
             context, partials = self._open[first_key]
-            records = np.concatenate((_partial_records(context, partials), records))
+            records = np.concatenate((partial_records(context, partials), records))
             validation = np.concatenate((np.full(len(partials), first_key[0]), validation))
         blocks = split_blocks(records, validation)
         if blocks is None:
@@ -603,19 +559,8 @@ class RankAggregator:
         rank = np.empty(len(groups), dtype=np.int64)  # place among its phase's groups
         rank[by_phase] = np.arange(len(groups)) - firsts[inverse[by_phase]]
         groups = groups[rank < room[inverse]]
-        for number, index, start_ns, wall_ns, gpu_ns, peak_bytes in zip(
-            *(
-                column[groups].tolist()
-                for column in (
-                    blocks.phase,
-                    loop_of,
-                    blocks.start_ns,
-                    blocks.wall_ns,
-                    blocks.gpu_ns,
-                    blocks.peak_bytes,
-                )
-            ),
-            strict=True,
+        for number, index, start_ns, wall_ns, gpu_ns, peak_bytes in blocks.sums(
+            groups, blocks.phase, loop_of
         ):
             loop = loops[index]
             self._flag(
@@ -654,19 +599,8 @@ class RankAggregator:
         verdicts: list[Verdict],
     ) -> None:
         """Store the rows of the groups ``kept`` (in block order, as ``_measure`` would)."""
-        for phase, index, start_ns, wall_ns, gpu_ns, peak_bytes in zip(
-            *(
-                column[kept].tolist()
-                for column in (
-                    blocks.phase,
-                    loop_of,
-                    blocks.start_ns,
-                    blocks.wall_ns,
-                    blocks.gpu_ns,
-                    blocks.peak_bytes,
-                )
-            ),
-            strict=True,
+        for phase, index, start_ns, wall_ns, gpu_ns, peak_bytes in blocks.sums(
+            kept, blocks.phase, loop_of
         ):
             loop, verdict = loops[index], verdicts[index]
             assert verdict is not None  # kept: its iteration was measured
@@ -690,21 +624,9 @@ class RankAggregator:
         last = len(blocks.first) - 1
         groups = np.flatnonzero(blocks.block == last)
         groups = groups[np.argsort(blocks.order[groups])]
-        partials: dict[int, _Partial] = {}
-        for phase, start_ns, wall_ns, gpu_ns, peak_bytes in zip(
-            *(
-                column[groups].tolist()
-                for column in (
-                    blocks.phase,
-                    blocks.start_ns,
-                    blocks.wall_ns,
-                    blocks.gpu_ns,
-                    blocks.peak_bytes,
-                )
-            ),
-            strict=True,
-        ):
-            partial = partials[phase] = _Partial(start_ns)
+        partials: dict[int, Partial] = {}
+        for phase, start_ns, wall_ns, gpu_ns, peak_bytes in blocks.sums(groups, blocks.phase):
+            partial = partials[phase] = Partial(start_ns)
             partial.wall_ns, partial.gpu_ns, partial.peak_bytes = wall_ns, gpu_ns, peak_bytes
         opener = records[blocks.first[last]].tolist()
         if context is None or last > 0:
@@ -763,7 +685,7 @@ class RankAggregator:
         phase = record[P_PHASE]
         partial = phases.get(phase)
         if partial is None:
-            partial = phases[phase] = _Partial(record[P_START])
+            partial = phases[phase] = Partial(record[P_START])
         partial.add(record[P_START], record[P_END], record[P_GPU], record[P_PEAK])
         if phase == LOOP_PHASES[validation]:
             self._close_iteration(key, record)
@@ -820,9 +742,7 @@ class RankAggregator:
         context, phases = self._open.pop(key)
         self._flag_iteration(context, phases, 0)
 
-    def _flag_iteration(
-        self, context: list[int], phases: dict[int, _Partial], batches: int
-    ) -> None:
+    def _flag_iteration(self, context: list[int], phases: dict[int, Partial], batches: int) -> None:
         for phase, partial in phases.items():
             self._flag(
                 phase,

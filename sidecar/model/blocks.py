@@ -4,11 +4,13 @@ The aggregator's record-by-record path (``RankAggregator._add_one``) defines the
 semantics; this module computes the same per-iteration, per-phase sums for the shape
 nearly every record has: records inside iterations, each iteration's records together
 and closed by its loop record. ``split_blocks`` refuses (returns None) any run it cannot
-do exactly that way, and the aggregator then takes it record by record.
+do exactly that way, and the aggregator then takes it record by record. An iteration
+still open between the two paths is held as ``Partial`` sums per phase.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +45,13 @@ class Blocks:
     gpu_ns: np.ndarray
     peak_bytes: np.ndarray
     order: np.ndarray
+
+    def sums(self, groups: np.ndarray, *leading: np.ndarray) -> Iterator[tuple[int, ...]]:
+        """Per group of ``groups`` (indices, in that order): its values of the per-group
+        arrays ``leading``, then its ``start_ns``, ``wall_ns``, ``gpu_ns`` and
+        ``peak_bytes``, as Python ints."""
+        columns = (*leading, self.start_ns, self.wall_ns, self.gpu_ns, self.peak_bytes)
+        return zip(*(column[groups].tolist() for column in columns), strict=True)
 
 
 def is_validation(records: np.ndarray) -> np.ndarray:
@@ -111,3 +120,44 @@ def moments(
     means = np.bincount(inverse, values, minlength=len(keys)) / counts
     m2 = np.bincount(inverse, (values - means[inverse]) ** 2, minlength=len(keys))
     return keys, counts, means, m2
+
+
+class Partial:
+    """Sums of one phase within an open iteration (``__slots__``: many are made)."""
+
+    __slots__ = ("gpu_ns", "peak_bytes", "start_ns", "wall_ns")
+
+    def __init__(self, start_ns: int) -> None:
+        self.start_ns = start_ns
+        self.wall_ns = 0
+        self.gpu_ns = -1
+        self.peak_bytes = -1
+
+    def add(self, start_ns: int, end_ns: int, gpu_ns: int, peak_bytes: int) -> None:
+        """Add one record of the phase: its span (ns), GPU time (ns) and peak (bytes),
+        -1 where not measured."""
+        self.wall_ns += end_ns - start_ns
+        if gpu_ns >= 0:
+            self.gpu_ns = gpu_ns + max(self.gpu_ns, 0)
+        self.peak_bytes = max(self.peak_bytes, peak_bytes)
+
+
+def partial_records(context: list[int], partials: dict[int, Partial]) -> np.ndarray:
+    """An open iteration's sums so far as records (one per phase) that sum to the same
+    figures: the array path continues an iteration the record path left open."""
+    out = np.zeros((len(partials), wire.RECORD_WIDTH), dtype=np.int64)
+    for row, (phase, partial) in zip(out, partials.items(), strict=True):
+        row[[P_PHASE, P_FLAGS, wire.P_EPOCH, P_ITERATION, wire.P_BATCH]] = (
+            phase,
+            context[P_FLAGS],
+            context[wire.P_EPOCH],
+            context[P_ITERATION],
+            context[wire.P_BATCH],
+        )
+        row[[P_START, P_END, P_GPU, P_PEAK]] = (
+            partial.start_ns,
+            partial.start_ns + partial.wall_ns,
+            partial.gpu_ns,
+            partial.peak_bytes,
+        )
+    return out

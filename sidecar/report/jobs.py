@@ -22,26 +22,24 @@ from sidecar.report.figures import Figures
 from sidecar.report.read import RunFolder
 from sidecar.report.stragglers import STRAGGLER_COLUMNS, straggler_frame
 
-JOB_COLUMNS = [
-    "run_id",
-    "folder",
-    "host",
-    "user",
-    "slurm_job_id",
-    "command",
-    "start",
-    "end",
-    "status",
-    "cause",
-    "wall (s)",
-    "GPUs",
-    "GPU model",
-    "GPU-hours",
+RUN_COLUMNS = ["run_id", "folder", "host", "user"]  # first in jobs.tsv and gpus.tsv
+JOB_TEXT_COLUMNS = ["slurm_job_id", "command", "start", "end", "status", "cause"]
+# A GPU's figures, in gpus.tsv per GPU and in jobs.tsv for the job's GPUs together
+GPU_FIGURE_COLUMNS = [
     "GPU utilization mean (%)",
     "GPU memory peak (MB)",
     "GPU memory peak (%)",
     "energy (kWh)",
     "power mean (W)",
+]
+JOB_COLUMNS = [
+    *RUN_COLUMNS,
+    *JOB_TEXT_COLUMNS,
+    "wall (s)",
+    "GPUs",
+    "GPU model",
+    "GPU-hours",
+    *GPU_FIGURE_COLUMNS,
     "train throughput (samples/s)",
     "val throughput (samples/s)",
     "data loading share (%)",
@@ -53,33 +51,11 @@ JOB_COLUMNS = [
     *STRAGGLER_COLUMNS,
     "flags",
 ]
-GPU_COLUMNS = [
-    "run_id",
-    "folder",
-    "host",
-    "user",
-    "gpu",
-    "uuid",
-    "GPU model",
-    "GPU utilization mean (%)",
-    "GPU memory peak (MB)",
-    "GPU memory peak (%)",
-    "energy (kWh)",
-    "power mean (W)",
-    "flags",
-]
+GPU_COLUMNS = [*RUN_COLUMNS, "gpu", "uuid", "GPU model", *GPU_FIGURE_COLUMNS, "flags"]
 TEXT_COLUMNS = frozenset(
     {
-        "run_id",
-        "folder",
-        "host",
-        "user",
-        "slurm_job_id",
-        "command",
-        "start",
-        "end",
-        "status",
-        "cause",
+        *RUN_COLUMNS,
+        *JOB_TEXT_COLUMNS,
         "uuid",
         "GPU model",
         "flags",

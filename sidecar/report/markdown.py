@@ -8,7 +8,7 @@ import math
 
 import pandas as pd
 
-from sidecar.report.jobs import idle_gpu_hours, most_wasteful_first, names
+from sidecar.report.jobs import GPU_FIGURE_COLUMNS, idle_gpu_hours, most_wasteful_first, names
 
 JOB_VIEW = [
     "folder",
@@ -27,18 +27,7 @@ JOB_VIEW = [
     "train throughput (samples/s)",
     "energy (kWh)",
 ]
-GPU_VIEW = [
-    "folder",
-    "gpu",
-    "uuid",
-    "GPU model",
-    "GPU utilization mean (%)",
-    "GPU memory peak (MB)",
-    "GPU memory peak (%)",
-    "energy (kWh)",
-    "power mean (W)",
-    "flags",
-]
+GPU_VIEW = ["folder", "gpu", "uuid", "GPU model", *GPU_FIGURE_COLUMNS, "flags"]
 
 
 def _cell(value: object) -> str:

@@ -102,15 +102,33 @@ def _fig(*pairs: tuple[str, Rule]) -> tuple[Figure, ...]:
     return tuple(Figure(name, rule) for name, rule in pairs)
 
 
-_NVML = "NVML"
+def _gpu(attribute: str, source: str, column: str, unit: str, **more: Any) -> Field:
+    """A field of ``GpuSample``; ``more``: the other ``Field`` settings."""
+    return Field("gpu", attribute, source, column, unit, **more)
+
+
+def _host(attribute: str, source: str, column: str, unit: str, **more: Any) -> Field:
+    """A field of ``HostSample``; ``more``: the other ``Field`` settings."""
+    return Field("host", attribute, source, column, unit, **more)
+
+
+def _nvml(call: str) -> str:
+    """The source of a field read by NVML ``call``."""
+    return f"NVML {call}"
+
+
+def _bytes(name: str, text: str) -> Gauge:
+    """A gauge in bytes of a field in MiB."""
+    return Gauge(name, "gauge", text, scale=BYTES_PER_MIB)
+
+
 GPU_FIELDS: tuple[Field, ...] = (
-    Field("gpu", "gpu_index", "the job's GPU list", "gpu index", "", dtype="int"),
-    Field("gpu", "name", "nvmlDeviceGetName", "gpu name", "", dtype="text"),
-    Field("gpu", "uuid", "nvmlDeviceGetUUID", "gpu uuid", "", dtype="text"),
-    Field(
-        "gpu",
+    _gpu("gpu_index", "the job's GPU list", "gpu index", "", dtype="int"),
+    _gpu("name", "nvmlDeviceGetName", "gpu name", "", dtype="text"),
+    _gpu("uuid", "nvmlDeviceGetUUID", "gpu uuid", "", dtype="text"),
+    _gpu(
         "util_pct",
-        f"{_NVML} nvmlDeviceGetUtilizationRates.gpu",
+        _nvml("nvmlDeviceGetUtilizationRates.gpu"),
         "utilization (%)",
         "%",
         figures=_fig(("util_mean_pct", "mean"), ("util_max_pct", "max")),
@@ -122,53 +140,44 @@ GPU_FIELDS: tuple[Field, ...] = (
             scale=0.01,
         ),
     ),
-    Field(
-        "gpu",
+    _gpu(
         "mem_util_pct",
-        f"{_NVML} nvmlDeviceGetUtilizationRates.memory",
+        _nvml("nvmlDeviceGetUtilizationRates.memory"),
         "memory utilization (%)",
         "%",
         figures=_fig(("mem_util_mean_pct", "mean")),
         line=Line("Memory utilization (%)", "mean {mem_util_mean_pct:.1f}"),
     ),
-    Field(
-        "gpu",
+    _gpu(
         "mem_used_mib",
-        f"{_NVML} nvmlDeviceGetMemoryInfo (v2) .used",
+        _nvml("nvmlDeviceGetMemoryInfo (v2) .used"),
         "memory used (MB)",
         "MiB",
         figures=_fig(("mem_used_peak_mib", "max")),
         line=Line("Memory used (MB)", "peak {mem_used_peak_mib:.0f} of {mem_total_mib:.0f}"),
-        gauge=Gauge(
-            "trainmon_gpu_memory_used_bytes", "gauge", "device memory used", scale=BYTES_PER_MIB
-        ),
+        gauge=_bytes("trainmon_gpu_memory_used_bytes", "device memory used"),
     ),
-    Field(
-        "gpu",
+    _gpu(
         "mem_total_mib",
-        f"{_NVML} nvmlDeviceGetMemoryInfo .total",
+        _nvml("nvmlDeviceGetMemoryInfo .total"),
         "memory total (MB)",
         "MiB",
         figures=_fig(("mem_total_mib", "max")),
-        gauge=Gauge(
+        gauge=_bytes(
             "trainmon_gpu_memory_total_bytes",
-            "gauge",
             "device memory in all (the alert on memory near full divides by it)",
-            scale=BYTES_PER_MIB,
         ),
     ),
-    Field(
-        "gpu",
+    _gpu(
         "power_w",
-        f"{_NVML} ΔE/Δt of the energy counter, else instant or average power",
+        _nvml("ΔE/Δt of the energy counter, else instant or average power"),
         "power (W)",
         "W",
         figures=_fig(("power_mean_w", "mean")),
         line=Line("Power (W)", "mean {power_mean_w:.1f}{power_source:paren}"),
         gauge=Gauge("trainmon_gpu_power_watts", "gauge", "power draw"),
     ),
-    Field(
-        "gpu",
+    _gpu(
         "power_source",
         "which power reading: energy, instant or average",
         "power source",
@@ -176,10 +185,9 @@ GPU_FIELDS: tuple[Field, ...] = (
         dtype="text",
         figures=_fig(("power_source", "source")),
     ),
-    Field(
-        "gpu",
+    _gpu(
         "energy_j",
-        f"{_NVML} nvmlDeviceGetTotalEnergyConsumption",
+        _nvml("nvmlDeviceGetTotalEnergyConsumption"),
         "energy (J)",
         "J",
         figures=_fig(("energy_j", "energy"), ("energy_method", "energy method")),
@@ -191,53 +199,43 @@ GPU_FIELDS: tuple[Field, ...] = (
             value="since_first",
         ),
     ),
-    Field(
-        "gpu",
+    _gpu(
         "temperature_c",
-        f"{_NVML} nvmlDeviceGetTemperature(GPU)",
+        _nvml("nvmlDeviceGetTemperature(GPU)"),
         "temperature (C)",
         "°C",
         figures=_fig(("temperature_max_c", "max")),
         line=Line("Temperature (C)", "max {temperature_max_c:.0f}"),
         gauge=Gauge("trainmon_gpu_temperature_celsius", "gauge", "temperature"),
     ),
-    Field("gpu", "sm_clock_mhz", f"{_NVML} nvmlDeviceGetClockInfo(SM)", "sm clock (MHz)", "MHz"),
-    Field(
-        "gpu",
+    _gpu("sm_clock_mhz", _nvml("nvmlDeviceGetClockInfo(SM)"), "sm clock (MHz)", "MHz"),
+    _gpu(
         "sm_activity_pct",
-        f"{_NVML} GPM NVML_GPM_METRIC_SM_UTIL",
+        _nvml("GPM NVML_GPM_METRIC_SM_UTIL"),
         "sm activity (%)",
         "%",
         figures=_fig(("sm_activity_mean_pct", "mean")),
         line=Line("SM activity (%)", "mean {sm_activity_mean_pct:.1f}", hide_unknown=True),
     ),
-    Field(
-        "gpu",
+    _gpu(
         "job_mem_mib",
-        f"{_NVML} nvmlDevice{{Compute,Graphics}}RunningProcesses",
+        _nvml("nvmlDevice{Compute,Graphics}RunningProcesses"),
         "job gpu memory (MB)",
         "MiB",
         figures=_fig(("job_mem_peak_mib", "max")),
         line=Line("Job GPU memory (MB)", "peak {job_mem_peak_mib:.0f}"),
-        gauge=Gauge(
-            "trainmon_gpu_job_memory_bytes",
-            "gauge",
-            "device memory of the job's own processes",
-            scale=BYTES_PER_MIB,
-        ),
+        gauge=_bytes("trainmon_gpu_job_memory_bytes", "device memory of the job's own processes"),
     ),
-    Field(
-        "gpu",
+    _gpu(
         "job_sm_util_pct",
-        f"{_NVML} nvmlDeviceGetProcessUtilization",
+        _nvml("nvmlDeviceGetProcessUtilization"),
         "job sm utilization (%)",
         "%",
     ),
 )
 
 HOST_FIELDS: tuple[Field, ...] = (
-    Field(
-        "host",
+    _host(
         "cpu_pct",
         "psutil cpu_percent, summed over the job's tree",
         "host cpu (%)",
@@ -252,31 +250,23 @@ HOST_FIELDS: tuple[Field, ...] = (
             scale=0.01,
         ),
     ),
-    Field(
-        "host",
+    _host(
         "rss_mib",
         "psutil memory_info().rss, summed",
         "job memory rss (MB)",
         "MiB",
         figures=_fig(("rss_peak_mib", "max")),
         line=Line("Job memory (MB)", "RSS peak {rss_peak_mib:.0f}, USS peak {uss_peak_mib:.0f}"),
-        gauge=Gauge(
-            "trainmon_job_memory_rss_bytes",
-            "gauge",
-            "RSS of the job's process tree",
-            scale=BYTES_PER_MIB,
-        ),
+        gauge=_bytes("trainmon_job_memory_rss_bytes", "RSS of the job's process tree"),
     ),
-    Field(
-        "host",
+    _host(
         "uss_mib",
         "psutil memory_full_info().uss, summed (tree refreshes only)",
         "job memory uss (MB)",
         "MiB",
         figures=_fig(("uss_peak_mib", "max")),
     ),
-    Field(
-        "host",
+    _host(
         "system_mem_used_pct",
         "psutil virtual_memory().percent",
         "system memory used (%)",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import JOB, env, progress, run_json, wait_for
+from tests.support.helpers import JOB, env, job_args, progress, run_json, wait_for
 
 TRAIN = """
 import markers
@@ -93,14 +93,7 @@ def test_a_plain_job_killed_by_sigkill_is_written_with_its_cause_and_leaves_no_f
         [
             sys.executable,
             str(JOB),
-            "--out-dir",
-            str(out),
-            "--iters",
-            "100000",
-            "--epochs",
-            "1",
-            "--progress",
-            str(short_tmp / "p.json"),
+            *job_args(out_dir=out, iters=100000, epochs=1, progress=short_tmp / "p.json"),
         ],
         cwd=short_tmp,
         env=env(XDG_RUNTIME_DIR=str(short_tmp)),

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.support import local_users, netns, slurm
 from tests.support.helpers import env
+from tests.support.torchrun import torchrun
 
 ALL_REDUCE = """
 import json, os, socket, sys
@@ -77,23 +77,7 @@ def test_two_namespaces_carry_one_torchrun_job_over_gloo(short_tmp: Path) -> Non
     with netns.nodes() as (node0, node1):
         runs = [
             node.popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "torch.distributed.run",
-                    "--nnodes",
-                    "2",
-                    "--nproc-per-node",
-                    "2",
-                    "--node-rank",
-                    str(rank),
-                    "--master-addr",
-                    node0.address,
-                    "--master-port",
-                    "29531",
-                    str(script),
-                    str(short_tmp),
-                ],
+                torchrun(node0.address, 29531, rank, script, str(short_tmp)),
                 env(OMP_NUM_THREADS="1"),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,

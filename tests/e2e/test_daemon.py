@@ -18,21 +18,14 @@ import psutil
 import pytest
 
 import markers
-from tests.support.helpers import env, run_json, split_dir, start_job, wait_for
+from tests.support.helpers import env, run_json, split_dir, start_job, status_text, wait_for
 
 
 def test_status_json_is_one_object_with_the_contract_keys(serve, short_tmp: Path) -> None:
     sidecar = serve()
     job = start_job(sidecar.endpoint, short_tmp, "--out-dir", "job1", "--epochs", "1")
     assert job.wait(60) == 0
-    out = subprocess.run(
-        [sys.executable, "-m", "sidecar", "status", "--endpoint", sidecar.endpoint, "--json"],
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    ).stdout
+    out = status_text(sidecar.endpoint, "--json")
     view = json.loads(out)  # one object, nothing else on stdout
     assert isinstance(view["runs"], list) and len(view["runs"]) == 1
     assert view["records"] > 0 and view["dropped"] == 0 and view["rejected"] == 0
@@ -42,14 +35,7 @@ def test_status_json_is_one_object_with_the_contract_keys(serve, short_tmp: Path
     # a relative out_dir lands under the root, whatever the job's cwd
     assert run_json(short_tmp / "root" / "job1")["status"] == "completed"
     assert not (short_tmp / "job1").exists()
-    text = subprocess.run(
-        [sys.executable, "-m", "sidecar", "status", "--endpoint", sidecar.endpoint],
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    ).stdout
+    text = status_text(sidecar.endpoint)
     assert "records" in text and "job1" in text and "sampling every 1 s: host on" in text
 
 

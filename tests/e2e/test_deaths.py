@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,10 +20,12 @@ from tests.support.helpers import (
     JOB,
     SAME_PRIORITY,
     env,
+    job_args,
     progress,
     run_json,
     split_dir,
     start_job,
+    under_sidecar_run,
     wait_for,
 )
 
@@ -47,14 +48,7 @@ def test_sigkill_of_the_training_process_mid_epoch_is_noticed(serve, short_tmp: 
     job = start_job(
         sidecar.endpoint,
         short_tmp,
-        "--out-dir",
-        str(out),
-        "--iters",
-        "100000",
-        "--epochs",
-        "1",
-        "--progress",
-        str(short_tmp / "p.json"),
+        *job_args(out_dir=out, iters=100000, epochs=1, progress=short_tmp / "p.json"),
     )
     _wait_iterations(short_tmp / "p.json")
     killed_at = time.monotonic()
@@ -77,24 +71,14 @@ def test_sigkill_of_the_training_process_mid_epoch_is_noticed(serve, short_tmp: 
     assert sidecar.status()["runs"][0]["status"] == "incomplete"
 
 
-def _sidecar_run(short_tmp: Path, *job_args: str) -> subprocess.Popen[bytes]:
+def _sidecar_run(short_tmp: Path, *more: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "sidecar",
-            "run",
-            "--quiet",
-            *SAME_PRIORITY,
-            "--",
-            sys.executable,
-            str(JOB),
-            "--out-dir",
-            "maps",
-            "--progress",
-            str(short_tmp / "p.json"),
-            *job_args,
-        ],
+        under_sidecar_run(
+            JOB,
+            *job_args(out_dir="maps", progress=short_tmp / "p.json"),
+            *more,
+            options=("--quiet", *SAME_PRIORITY),
+        ),
         cwd=short_tmp,
         env=env(XDG_RUNTIME_DIR=str(short_tmp)),
         stdin=subprocess.DEVNULL,
@@ -145,14 +129,7 @@ def test_sidecar_signal_writes_and_exits_without_disturbing_training(
     job = start_job(
         sidecar.endpoint,
         short_tmp,
-        "--out-dir",
-        str(out),
-        "--iters",
-        "50",
-        "--stop-file",
-        str(stop),
-        "--progress",
-        str(short_tmp / "p.json"),
+        *job_args(out_dir=out, iters=50, stop_file=stop, progress=short_tmp / "p.json"),
     )
     before = _wait_iterations(short_tmp / "p.json")
     signalled_at = time.monotonic()

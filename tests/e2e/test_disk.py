@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.sinks import layout
-from tests.support.helpers import JOB, env, progress, split_dir, start_job, wait_for
+from tests.support.helpers import JOB, env, job_args, progress, split_dir, start_job, wait_for
 
 SIZE = 1024 * 1024  # the files of the test's run (at most 20 rows per phase) take ~100 KiB
 
@@ -124,16 +124,7 @@ def test_unwritable_output_is_reported_kept_and_written_later(
     job = start_job(
         sidecar.endpoint,
         short_tmp,
-        "--out-dir",
-        "run",
-        "--iters",
-        "30",
-        "--cap",
-        "20",
-        "--stop-file",
-        str(stop),
-        "--progress",
-        str(path),
+        *job_args(out_dir="run", iters=30, cap=20, stop_file=stop, progress=path),
     )
     view = wait_for(
         lambda: (v := sidecar.status())["last_error"] and v, 30, "the write error in the status"
@@ -166,16 +157,7 @@ def test_a_script_whose_files_cannot_be_written_is_told_so_at_finish(short_tmp: 
     blocker = short_tmp / "a-file"  # an out_dir under a regular file: never writable
     blocker.write_text("")
     job = subprocess.run(
-        [
-            sys.executable,
-            str(JOB),
-            "--out-dir",
-            str(blocker / "run"),
-            "--epochs",
-            "1",
-            "--iters",
-            "5",
-        ],
+        [sys.executable, str(JOB), *job_args(out_dir=blocker / "run", epochs=1, iters=5)],
         cwd=short_tmp,
         env=env(),
         stdin=subprocess.DEVNULL,

@@ -23,7 +23,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from tests.support.helpers import REPO, env, read_tsv, split_dir, wait_for
+from tests.support.helpers import REPO, env, read_tsv, split_dir, under_sidecar_run, wait_for
 
 JOB = REPO / "tests" / "support" / "jobs" / "shapes_job.py"
 SLACK_S = 0.0002  # or 5 %: the driver's own steps after a body, on the loop's clock
@@ -56,19 +56,7 @@ def run_shape(folder: Path, shape: str, *args: str) -> Result:
     """``sidecar run -- python shapes_job.py SHAPE`` in ``folder``; its files read back."""
     truth = folder / "truth.json"
     process = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sidecar",
-            "run",
-            "--quiet",
-            "--",
-            sys.executable,
-            str(JOB),
-            shape,
-            str(truth),
-            *args,
-        ],
+        under_sidecar_run(JOB, shape, str(truth), *args),
         cwd=folder,
         env=env(),
         capture_output=True,
@@ -307,18 +295,7 @@ def test_an_epoch_cut_by_an_exception_or_ctrl_c_is_kept_flagged(folder: Path, ho
 def test_an_epoch_cut_by_sigkill_is_kept_flagged(folder: Path) -> None:
     truth_path = folder / "truth.json"
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "sidecar",
-            "run",
-            "--quiet",
-            "--",
-            sys.executable,
-            str(JOB),
-            "killed",
-            str(truth_path),
-        ],
+        under_sidecar_run(JOB, "killed", str(truth_path)),
         cwd=folder,
         env=env(),
         stderr=subprocess.PIPE,

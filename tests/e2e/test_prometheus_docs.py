@@ -23,7 +23,13 @@ import pytest
 import yaml
 
 from tests.support.helpers import env, read_tsv
-from tests.support.prometheus import free_port, marked_loop, prometheus_server, promql
+from tests.support.prometheus import (
+    free_port,
+    marked_loop,
+    prometheus_server,
+    promql,
+    start_loop_job,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -192,34 +198,8 @@ def test_every_promql_expression_of_the_docs_returns_what_they_say(tmp_path: Pat
     for job in config["scrape_configs"]:
         for static in job["static_configs"]:
             static["targets"] = [f"127.0.0.1:{target}"]
-    (tmp_path / "loop.py").write_text(LOOP)
-    stop = tmp_path / "stop"
     with prometheus_server(tmp_path, yaml.safe_dump(config)) as url:
-        job = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.support.launcher",
-                "--fake-nvml",
-                "busy_and_idle_gpu",
-                "--",
-                "run",
-                "--metrics-port",
-                str(target),
-                "--interval",
-                "0.2",
-                "--",
-                sys.executable,
-                "loop.py",
-                "runs/job",
-                str(stop),
-            ],
-            cwd=tmp_path,
-            env=env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        job, stop = start_loop_job(tmp_path, target, script=LOOP, gpus="busy_and_idle_gpu")
         try:
             # the docs' scrape interval: every expression has data after two scrapes
             deadline = time.monotonic() + 180

@@ -31,7 +31,7 @@ import pytest
 import markers
 from markers.transport import Sender
 from tests.support import local_users
-from tests.support.helpers import env, run_json, sidecar_command, status, wait_for
+from tests.support.helpers import env, run_json, sidecar_command, status, status_text, wait_for
 from tests.support.jobs.loop_job import Batch
 
 pytestmark = pytest.mark.skipif(
@@ -263,16 +263,7 @@ def test_two_users_are_kept_apart(users: tuple[str, str], short_tmp: Path) -> No
         )
         assert finished.returncode == 0, finished.stderr
         assert "job 41: 1 runs ended" in finished.stdout
-        view = json.loads(
-            subprocess.run(
-                sidecar_command("status", "--job", "41", "--json", "--endpoint", endpoint),
-                env=env(),
-                capture_output=True,
-                text=True,
-                timeout=30,
-                check=True,
-            ).stdout
-        )
+        view = json.loads(status_text(endpoint, "--job", "41", "--json"))
         assert [(r["user"], r["status"]) for r in view["runs"]] == [(alice, "incomplete")]
     finally:
         stop_file.touch()

@@ -6,11 +6,10 @@ support (docs/contract.md, Node daemon), from a real daemon whose NVML is the te
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.support.helpers import Sidecar, env, sidecar_command, start_job, wait_for
+from tests.support.helpers import Sidecar, start_job, status_text, wait_for
 
 
 def _gpus(sidecar: Sidecar) -> list[dict]:
@@ -34,27 +33,11 @@ def test_status_lists_each_gpu_and_its_unsupported_calls(
             "GPU 1's energy counter to show as unsupported",
         )
         assert "energy" not in _gpus(sidecar)[0]["unsupported"]
-        text = subprocess.run(
-            sidecar_command("status", "--endpoint", sidecar.endpoint),
-            env=env(),
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout
+        text = status_text(sidecar.endpoint)
         line = next(line for line in text.splitlines() if "GPU-4e4e4e4e" in line)
         assert line.startswith("  GPU 1 NVIDIA Fake 1 GPU-4e4e4e4e: NVML answers; unsupported:")
         assert "energy (" in line and "sm activity (GPM" in line
-        view = json.loads(
-            subprocess.run(
-                sidecar_command("status", "--json", "--endpoint", sidecar.endpoint),
-                env=env(),
-                capture_output=True,
-                text=True,
-                timeout=30,
-                check=True,
-            ).stdout
-        )
+        view = json.loads(status_text(sidecar.endpoint, "--json"))
         assert [gpu["uuid"] for gpu in view["samplers"]["gpus"]] == ["GPU-3d3d3d3d", "GPU-4e4e4e4e"]
     finally:
         stop_file.touch()

@@ -9,14 +9,13 @@ resources block must follow the reference's closing star line, in blocks of thei
 from __future__ import annotations
 
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from tests.support.helpers import env, read_tsv, split_dir
+from tests.support.helpers import env, read_tsv, split_dir, under_sidecar_run
 
 # The marked loop, run by ``sidecar run``. Known sleeps per phase; ``--fake-gpu`` times the
 # phases on the fake CUDA backend in the job (no GPU here), with varying GPU times.
@@ -162,17 +161,7 @@ def run_loop(tmp_path: Path, *args: str) -> tuple[pd.DataFrame, list[str]]:
     script = tmp_path / "loop.py"
     script.write_text(LOOP)
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sidecar",
-            "run",
-            "--quiet",
-            "--",
-            sys.executable,
-            str(script),
-            *args,
-        ],
+        under_sidecar_run(script, *args),
         cwd=tmp_path,
         env=env(),
         capture_output=True,

@@ -19,10 +19,12 @@ from tests.support.helpers import JOB as LOOP_JOB
 from tests.support.helpers import (
     REPO,
     env,
+    job_args,
     progress,
     read_tsv,
     run_json,
     split_dir,
+    under_sidecar_run,
     wait_for,
 )
 
@@ -124,24 +126,15 @@ def test_closing_the_terminal_writes_the_files_and_leaves_no_socket_folder(tmp_p
     terminal = Terminal(tmp_path)
     terminal.type(
         shlex.join(
-            [
-                sys.executable,
-                "-m",
-                "sidecar",
-                "run",
-                "--quiet",
-                "--",
-                sys.executable,
-                str(LOOP_JOB),
-                "--out-dir",
-                "maps",
-                "--iters",
-                "50",
-                "--stop-file",
-                str(tmp_path / "never"),
-                "--progress",
-                str(tmp_path / "p.json"),
-            ]
+            under_sidecar_run(
+                LOOP_JOB,
+                *job_args(
+                    out_dir="maps",
+                    iters=50,
+                    stop_file=tmp_path / "never",
+                    progress=tmp_path / "p.json",
+                ),
+            )
         )
         + "\n"
     )

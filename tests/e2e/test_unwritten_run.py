@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.support.disk_quota import DiskQuota
-from tests.support.helpers import Sidecar, progress, run_json, start_job, wait_for
+from tests.support.helpers import Sidecar, job_args, progress, run_json, start_job, wait_for
 
 SIZE = 1024 * 1024
 ROOM = 8000  # bytes left: run.json (a few KB: goodput, nodes) fits, the tables do not
@@ -29,16 +29,7 @@ def test_a_run_never_written_is_named_and_not_left_running(
     job = start_job(
         sidecar.endpoint,
         short_tmp,
-        "--out-dir",
-        "run",
-        "--iters",
-        "30",
-        "--cap",
-        "20",
-        "--stop-file",
-        str(stop),
-        "--progress",
-        str(path),
+        *job_args(out_dir="run", iters=30, cap=20, stop_file=stop, progress=path),
     )
     folder = root / "run"
     wait_for(

@@ -94,6 +94,35 @@ def sidecar_command(*args: str, seams: Sequence[str] = ()) -> list[str]:
     return [sys.executable, "-m", "sidecar", *args]
 
 
+def status_text(endpoint: str, *more: str) -> str:
+    """What ``sidecar status --endpoint ENDPOINT MORE`` prints; it must exit 0 within 30 s."""
+    return subprocess.run(
+        sidecar_command("status", "--endpoint", endpoint, *more),
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
+
+
+def under_sidecar_run(
+    script: Path | str, *args: str, options: Sequence[str] = ("--quiet",)
+) -> list[str]:
+    """The command line ``sidecar run OPTIONS -- python SCRIPT ARGS``."""
+    return [*sidecar_command("run", *options, "--"), sys.executable, str(script), *args]
+
+
+def job_args(**options: object) -> list[str]:
+    """A job's command-line options from keywords: ``out_dir="run", iters=30`` gives
+    ``--out-dir run --iters 30`` (each value as ``str``)."""
+    return [
+        part
+        for name, value in options.items()
+        for part in (f"--{name.replace('_', '-')}", str(value))
+    ]
+
+
 class Sidecar:
     """A ``sidecar serve`` subprocess; its log goes to ``log`` (a file). ``seams`` are
     test-launcher options (see ``sidecar_command``), ``args`` more options of serve,

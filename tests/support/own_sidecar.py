@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from markers import secret as shared_secret
-from tests.support.helpers import JOB, env, sidecar_command
+from tests.support.helpers import JOB, env, job_args, sidecar_command
 
 
 def free_port() -> int:
@@ -37,12 +37,7 @@ def run_job(short_tmp: Path, endpoint: str, stop: Path) -> subprocess.Popen[byte
                 "--",
                 sys.executable,
                 str(JOB),
-                "--out-dir",
-                "maps",
-                "--stop-file",
-                str(stop),
-                "--progress",
-                str(short_tmp / "p.json"),
+                *job_args(out_dir="maps", stop_file=stop, progress=short_tmp / "p.json"),
             ),
             cwd=short_tmp,
             env=env(),

@@ -131,11 +131,17 @@ def prometheus(tmp_path: Path) -> Iterator[tuple[str, int]]:
 
 
 def start_loop_job(
-    folder: Path, port: int, input_s: float = 0.003
+    folder: Path,
+    port: int,
+    input_s: float = 0.003,
+    script: str | None = None,
+    gpus: str = "two_busy_gpus",
 ) -> tuple[subprocess.Popen[str], Path]:
-    """``marked_loop(input_s)`` into ``folder/runs/job`` under ``sidecar run --metrics-port
-    port`` with two stand-in GPUs; the job ends once the returned stop file exists."""
-    (folder / "loop.py").write_text(marked_loop(input_s))
+    """``marked_loop(input_s)`` (or the source ``script``, run as ``loop.py OUT_DIR
+    STOP_FILE``) into ``folder/runs/job`` under ``sidecar run --metrics-port port`` with
+    the stand-in GPUs ``tests.support.fake_pynvml.<gpus>``; the job ends once the returned
+    stop file exists."""
+    (folder / "loop.py").write_text(marked_loop(input_s) if script is None else script)
     stop = folder / "stop"
     job = subprocess.Popen(
         [
@@ -143,7 +149,7 @@ def start_loop_job(
             "-m",
             "tests.support.launcher",
             "--fake-nvml",
-            "two_busy_gpus",
+            gpus,
             "--",
             "run",
             "--metrics-port",

@@ -10,10 +10,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from markers import wire
 from sidecar.daemon.metrics import MetricsExporter
-from sidecar.daemon.snapshot import GpuView, PhaseStats, RankView, Snapshot, SplitView
+from sidecar.daemon.snapshot import GpuView, PhaseStats, RankView, SplitView
 from sidecar.model.goodput import CAUSES, Account
 from sidecar.model.stragglers import RankStanding
 from sidecar.model.units import BYTES_PER_MIB as MIB
+from tests.support.snapshots import snapshot
 
 RUN = ["run", "user", "host", "slurm_job_id"]
 CONTRACT_METRICS = {  # name: (type, labels) as docs/contract.md lists them
@@ -93,30 +94,6 @@ def _split(run_id: str, status: str = "running", end_unix: float | None = None) 
     )
 
 
-def _snapshot(*splits: SplitView, job_ids_dropped: int = 0) -> Snapshot:
-    return Snapshot(
-        pid=1,
-        endpoint="ipc://x",
-        root=None,
-        taken_unix=0.0,
-        loop_monotonic=0.0,
-        sampler_round_monotonic=None,
-        samplers_started=True,
-        records=0,
-        dropped=0,
-        lost=0,
-        rejected=0,
-        rejected_by_kind={},
-        last_error=None,
-        records_per_s=0.0,
-        rate_window_s=0.0,
-        samplers={},
-        runs=(),
-        splits=splits,
-        job_ids_dropped=job_ids_dropped,
-    )
-
-
 def _scrape(port: int) -> dict[str, object]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text = response.read().decode()
@@ -126,7 +103,7 @@ def _scrape(port: int) -> dict[str, object]:
 def test_names_types_labels_and_forgotten_runs() -> None:
     exporter = MetricsExporter(0, "127.0.0.1")
     exporter.ready(
-        _snapshot(_split("a" * 32), _split("b" * 32, "completed", 1.8e9 + 60), job_ids_dropped=3)
+        snapshot(_split("a" * 32), _split("b" * 32, "completed", 1.8e9 + 60), job_ids_dropped=3)
     )
     try:
         assert exporter.bound_port
@@ -201,7 +178,7 @@ def test_names_types_labels_and_forgotten_runs() -> None:
             if s.name.endswith("_total")
         ] == [3]
 
-        exporter.tick(_snapshot(_split("b" * 32)))  # the daemon forgot run a
+        exporter.tick(snapshot(_split("b" * 32)))  # the daemon forgot run a
         families = _scrape(exporter.bound_port)
         seen = {s.labels.get("run") for f in families.values() for s in f.samples}
         assert seen == {"b" * 32, None}  # None: the node-wide families have no run label

@@ -16,6 +16,7 @@ import pytest
 
 from sidecar.daemon.notify import SystemdNotifier, notify, watchdog_period_s
 from sidecar.daemon.snapshot import RunView, Snapshot
+from tests.support.snapshots import snapshot
 
 
 class Manager:
@@ -56,24 +57,12 @@ def Snap(
         RunView(f"{i:032x}", "/r", 0, 0, 1, "h", 0, status, None, None, None)
         for i, status in enumerate(statuses)
     )
-    return Snapshot(
-        1,
-        "ipc:///s",
-        "/r",
-        0.0,
-        loop_monotonic,
-        sampler_round_monotonic,
-        started,
-        0,
-        0,
-        0,
-        0,
-        {},
-        None,
-        records_per_s,
-        10.0,
-        {},
-        runs,
+    return snapshot(
+        loop_monotonic=loop_monotonic,
+        sampler_round_monotonic=sampler_round_monotonic,
+        samplers_started=started,
+        records_per_s=records_per_s,
+        runs=runs,
     )
 
 
@@ -158,6 +147,10 @@ def test_lifecycle_pings_only_while_loop_and_samplers_progress(
     assert manager.messages() == ["WATCHDOG=1"]
     notifier.stopping()
     assert manager.messages()[0].startswith("STOPPING=1\n")
+    now[0] = 110.0  # the tick with the state after the final writing: STOPPING stays said
+    notifier.tick(Snap(110.0, 110.0, ("completed", "completed"), 0.0))
+    notifier.stopped()
+    assert manager.messages() == []
 
 
 def test_ready_waits_for_the_samplers(manager: Manager, tmp_path: Path) -> None:

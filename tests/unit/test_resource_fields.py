@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.daemon.metrics import MetricsExporter
-from sidecar.daemon.snapshot import GpuView, Snapshot, SplitView, split_view
+from sidecar.daemon.snapshot import GpuView, SplitView, split_view
 from sidecar.model.aggregator import Settings
 from sidecar.model.split import Split
 from sidecar.model.units import BYTES_PER_MIB as MIB
@@ -24,6 +24,7 @@ from sidecar.resources.samplers.nvml import GpuSample
 from sidecar.resources.samplers.summary import summarize_gpus
 from sidecar.sinks import resources_text
 from sidecar.sinks.tables import to_tsv
+from tests.support.snapshots import snapshot
 
 S = 1_000_000_000
 START = 1_000 * S
@@ -137,28 +138,7 @@ def test_a_field_declared_in_the_table_reaches_every_output(
         host_gauges={},
     )
     exporter = MetricsExporter(0, "127.0.0.1")
-    exporter.tick(
-        Snapshot(
-            pid=1,
-            endpoint="",
-            root=None,
-            taken_unix=0.0,
-            loop_monotonic=0.0,
-            sampler_round_monotonic=None,
-            samplers_started=True,
-            records=0,
-            dropped=0,
-            lost=0,
-            rejected=0,
-            rejected_by_kind={},
-            last_error=None,
-            records_per_s=0.0,
-            rate_window_s=0.0,
-            samplers={},
-            runs=(),
-            splits=(view,),
-        )
-    )
+    exporter.tick(snapshot(view, endpoint=""))
     from prometheus_client import generate_latest
 
     families = {

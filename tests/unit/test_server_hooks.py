@@ -32,6 +32,9 @@ class Recorder:
     def stopping(self) -> None:
         """Not used here."""
 
+    def stopped(self) -> None:
+        """Not used here."""
+
 
 def test_a_failing_snapshot_skips_the_hooks_and_the_loop_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
