@@ -204,6 +204,15 @@ GPU_FIELDS: tuple[Field, ...] = (
     Field("gpu", "sm_clock_mhz", f"{_NVML} nvmlDeviceGetClockInfo(SM)", "sm clock (MHz)", "MHz"),
     Field(
         "gpu",
+        "throttle_reasons",
+        f"{_NVML} nvmlDeviceGetCurrentClocksEventReasons (ThrottleReasons on older bindings)",
+        "throttle reasons",
+        "bitmask",
+        dtype="int",
+        required=False,
+    ),
+    Field(
+        "gpu",
         "sm_activity_pct",
         f"{_NVML} GPM NVML_GPM_METRIC_SM_UTIL",
         "sm activity (%)",
