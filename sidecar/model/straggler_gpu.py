@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# NVML's clocks event (throttle) reasons, bit → name (nvmlClocksEventReason*).
+# NVML's clocks event (throttle) reasons, bit → name (nvmlClocksEventReason*, and the two
+# only the older nvmlClocksThrottleReason* names: board limit, reliability).
 THROTTLE_REASONS: tuple[tuple[int, str], ...] = (
     (0x1, "gpu_idle"),
     (0x2, "applications_clocks_setting"),
@@ -34,6 +35,8 @@ THROTTLE_REASONS: tuple[tuple[int, str], ...] = (
     (0x40, "hw_thermal_slowdown"),
     (0x80, "hw_power_brake_slowdown"),
     (0x100, "display_clock_setting"),
+    (0x200, "board_limit"),
+    (0x400, "reliability"),
 )
 READING_COLUMNS = ("sm_clock_mhz", "power_w", "temperature_c", "throttle_reasons")
 _KNOWN_BITS = sum(bit for bit, _ in THROTTLE_REASONS)

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from sidecar.model.straggler_gpu import GpuReadings
+from sidecar.model.straggler_gpu import GpuReadings, reason_names
 from sidecar.model.stragglers import (
     RankIterations,
     straggler_gpu_line,
@@ -131,3 +131,9 @@ def test_a_cpu_straggler_is_said_to_have_no_gpu_figures() -> None:
         "Straggler GPU: none (rank 1 reported no GPU: its figures are CPU only)"
     )
     assert straggler_gpu_line(stragglers(ddp_job({}))) is None  # no straggler, no line
+
+
+def test_throttle_reasons_are_named_and_unknown_bits_kept() -> None:
+    assert reason_names(0) == []
+    assert reason_names(0x1 | 0x200) == ["gpu_idle", "board_limit"]
+    assert reason_names(0x48 | 0x1800) == ["hw_slowdown", "hw_thermal_slowdown", "0x1800"]
