@@ -13,7 +13,7 @@ samples inside those iterations (``sidecar.model.straggler_gpu``).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -107,11 +107,12 @@ def figures_of(
     status: str,
     cause: str | None,
     gpu_uuid: str | None = None,
-    gpu_samples: np.ndarray | None = None,
+    gpu_samples: Callable[[int, int], np.ndarray] | None = None,
 ) -> RankFigures:
     """The figures of a rank this sidecar serves (its aggregator); ``gpu_uuid`` the GPU
-    it reported (None: a CPU rank) and ``gpu_samples`` (m, 5) that GPU's samples on this
-    host's monotonic clock: t_ns, then straggler_gpu's READING_COLUMNS (NaN unknown)."""
+    it reported (None: a CPU rank) and ``gpu_samples(from_ns, to_ns)`` that GPU's samples
+    taken in that span of this host's monotonic clock, (m, 5): t_ns, then straggler_gpu's
+    READING_COLUMNS (NaN unknown)."""
     means: dict[str, float] = {}
     moments: dict[str, list[float]] = {}
     rows_of: dict[int, dict[tuple[int, int], float]] = {}
@@ -134,11 +135,16 @@ def figures_of(
     phase_s = [[rows_of.get(p, {}).get(key, 0.0) for p in STRAGGLER_PHASES] for key in keys]
     loop_series = agg.series.get(wire.TRAINING_LOOP)
     gpu: list[list[float | None]] = []
-    if gpu_uuid is not None and gpu_samples is not None and loop_series is not None:
+    if gpu_uuid is not None and gpu_samples is not None and loop_series and loop_series.rows:
         rows = loop_series.rows
+        run_start_ns = _run_start_ns(agg)
+        samples = gpu_samples(
+            run_start_ns + int(min(r.start_s for r in rows) * NS_PER_S),
+            run_start_ns + int(max(r.start_s + r.wall_s for r in rows) * NS_PER_S) + 1,
+        )
         gpu = in_iterations(
-            (gpu_samples[:, 0] - _run_start_ns(agg)) / NS_PER_S,
-            gpu_samples[:, 1:],
+            (samples[:, 0] - run_start_ns) / NS_PER_S,
+            samples[:, 1:],
             np.array([[r.epoch, r.iteration] for r in rows], dtype=np.int64).reshape(-1, 2),
             np.array([r.start_s for r in rows], dtype=float),
             np.array([r.wall_s for r in rows], dtype=float),

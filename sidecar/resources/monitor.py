@@ -197,14 +197,19 @@ class ResourceFigures:
     run_start_ns: int
     session_starts_ns: list[int] = field(default_factory=list)
 
-    def gpu_readings(self, uuid: str) -> np.ndarray:
+    def gpu_readings(self, uuid: str, from_ns: int, to_ns: int) -> np.ndarray:
         """The samples of the GPU ``uuid`` (by its hex part: a MIG instance may be named
-        GPU-... or MIG-...) as the straggler view takes them (``merge.figures_of``): rows
-        of t_ns, then ``straggler_gpu.READING_COLUMNS``, NaN unknown."""
+        GPU-... or MIG-...) taken from ``from_ns`` to ``to_ns`` (monotonic ns) as the
+        straggler view takes them (``merge.figures_of``): rows of t_ns, then
+        ``straggler_gpu.READING_COLUMNS``, NaN unknown. Only that span is read (the
+        samples are in time order), so the cost follows the stored iterations, not the
+        run's length."""
         key = uuid_key(uuid)
+        low = bisect.bisect_left(self.gpu_samples, from_ns, key=lambda s: s.t_ns)
+        high = bisect.bisect_right(self.gpu_samples, to_ns, key=lambda s: s.t_ns)
         rows = [
             [s.t_ns, *(getattr(s, name) for name in READING_COLUMNS)]
-            for s in self.gpu_samples
+            for s in self.gpu_samples[low:high]
             if uuid_key(s.uuid) == key
         ]
         return np.array(rows, dtype=float).reshape(-1, 1 + len(READING_COLUMNS))

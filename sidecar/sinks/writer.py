@@ -20,6 +20,7 @@ whose split status is the worst of its nodes'. Only the sidecar serving rank 0 w
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -316,7 +317,7 @@ def _own_figures(split: Split, resources: ResourceFigures) -> list[RankFigures]:
                 info.status if info else split.status,
                 info.cause if info else split.cause,
                 uuid,
-                resources.gpu_readings(uuid) if uuid is not None else None,
+                functools.partial(resources.gpu_readings, uuid) if uuid is not None else None,
             )
         )
     return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 from array import array
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -152,7 +153,7 @@ def _node_figures(node: str, ranks: dict[int, str | None], fake: FakeNvml) -> li
     out = []
     for rank, uuid in ranks.items():
         agg = _ranks_records(RankAggregator(rank, Settings(warmup_iterations=0), 1000.0))
-        readings = resources.gpu_readings(uuid) if uuid is not None else None
+        readings = partial(resources.gpu_readings, uuid) if uuid is not None else None
         out.append(figures_of(agg, node, node, "completed", None, uuid, readings))
     return out
 
@@ -226,6 +227,10 @@ def test_the_writer_takes_each_rank_the_samples_of_the_gpu_it_reported(tmp_path:
             split.add_gpu(uuid, "NVIDIA Fake")
             split.rank_gpus[rank] = uuid
     resources = _node_samples(_gpus("GPU-0a0a0a0a", SLOW_GPU))
+    # one GPU's samples of a span only (both ends in): what a rank's stored rows cover
+    span = resources.gpu_readings(SLOW_GPU, 12 * MS, 28 * MS)
+    assert span[:, 0].tolist() == [12 * MS, 18 * MS, 22 * MS, 28 * MS]
+    assert span[:, 1].tolist() == [900, 1980, 900, 1980]
     files, block = writer.render(split, resources, split.record_counts(), with_state=False)
     assert block is not None
     [line] = [line for line in block if line.startswith("Straggler GPU:")]
