@@ -88,6 +88,7 @@ class Dispatcher:
     def _gpu(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
         uuid = body["uuid"]
         stream.split.add_gpu(uuid, body["name"])
+        stream.split.rank_gpus[stream.rank] = uuid
         self.monitor.add_gpu(uuid)
         return None
 

@@ -32,6 +32,7 @@ from markers import wire
 from sidecar.daemon.snapshot import Snapshot, SplitView
 from sidecar.daemon.viewers import ALL, Viewers
 from sidecar.model.split import SPLIT_STATUS_ORDER
+from sidecar.model.straggler_gpu import GpuFigures
 from sidecar.resources import fields
 
 log = logging.getLogger("sidecar")
@@ -162,6 +163,7 @@ class SnapshotCollector(Collector):
                 ),
             )
         ]
+        rank_gpu = _rank_gpu_families()
         for view in splits:
             run = _run_labels(view)
             for standing in view.standings:
@@ -172,6 +174,7 @@ class SnapshotCollector(Collector):
                     strict=True,
                 ):
                     family.add_metric(labels, value)
+                _add_rank_gpu(rank_gpu, labels, standing.gpu_aligned)
             for name in SPLIT_STATUS_ORDER:
                 state.add_metric([*run, name], float(name == view.status))
             for family, unix in ((start, view.start_unix), (end, view.end_unix)):
@@ -229,8 +232,55 @@ class SnapshotCollector(Collector):
             start,
             end,
             *ranks,
+            *rank_gpu.values(),
             job_ids,
         )
+
+
+def _rank_gpu_families() -> dict[str, GaugeMetricFamily]:
+    """The families of what each rank's GPU showed over the aligned iterations
+    (docs/multi-node.md), by the GpuFigures attribute each exports (throttle: by reason)."""
+    over = "over the aligned iterations of the straggler rule"
+    return {
+        "sm_clock_median_mhz": GaugeMetricFamily(
+            "trainmon_rank_gpu_sm_clock_hertz",
+            f"median SM clock of the rank's GPU in its samples {over}",
+            labels=RANK_LABELS,
+        ),
+        "power_mean_w": GaugeMetricFamily(
+            "trainmon_rank_gpu_power_watts",
+            f"mean power of the rank's GPU in its samples {over}",
+            labels=RANK_LABELS,
+        ),
+        "temperature_max_c": GaugeMetricFamily(
+            "trainmon_rank_gpu_temperature_max_celsius",
+            f"largest temperature of the rank's GPU in its samples {over}",
+            labels=RANK_LABELS,
+        ),
+        "throttle": GaugeMetricFamily(
+            "trainmon_rank_gpu_throttle_ratio",
+            f"share of the rank's GPU samples {over} in which NVML named the reason",
+            labels=[*RANK_LABELS, "reason"],
+        ),
+    }
+
+
+def _add_rank_gpu(
+    families: dict[str, GaugeMetricFamily], labels: list[str], gpu: GpuFigures | None
+) -> None:
+    """One rank's GPU series (none for a CPU rank, nor for a figure no sample gave)."""
+    if gpu is None:
+        return
+    for attribute, scale in (
+        ("sm_clock_median_mhz", 1e6),
+        ("power_mean_w", 1.0),
+        ("temperature_max_c", 1.0),
+    ):
+        value = getattr(gpu, attribute)
+        if value is not None:
+            families[attribute].add_metric(labels, value * scale)
+    for reason, share in gpu.throttle.items():
+        families["throttle"].add_metric([*labels, reason], share)
 
 
 def _add_gpus(

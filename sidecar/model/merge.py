@@ -6,13 +6,14 @@ A rank's figures (``RankFigures``) are exact counts, the streaming moments of ea
 (count, mean, M2: merged with Chan's formula they give the same figures as one stream),
 the means of its stored rows, and the straggler input: per stored training iteration its
 (epoch, iteration) and the seconds of data loading, forward, backward, optimization and the
-loop (``sidecar.model.stragglers``).
+loop (``sidecar.model.stragglers``), and, for a rank that reported a GPU, that GPU's
+samples inside those iterations (``sidecar.model.straggler_gpu``).
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -20,7 +21,9 @@ import numpy as np
 
 from markers import wire
 from sidecar.model.aggregator import RankAggregator
+from sidecar.model.straggler_gpu import GpuReadings, in_iterations
 from sidecar.model.stragglers import RankIterations, Stragglers, stragglers
+from sidecar.model.units import NS_PER_S
 
 # The training phases compared across ranks, in the order of ``stragglers.PHASES``.
 STRAGGLER_PHASES = (wire.TRAINING_DATA_LOADING, wire.FORWARD, wire.BACKWARD, wire.OPTIMIZATION)
@@ -47,6 +50,10 @@ class RankFigures:
     keys: list[list[int]] = field(default_factory=list)  # (epoch, iteration) per stored row
     phase_s: list[list[float]] = field(default_factory=list)  # per row: STRAGGLER_PHASES
     loop_s: list[float] = field(default_factory=list)  # per row: the Training loop
+    gpu_uuid: str | None = None  # the GPU the rank reported using; None: a CPU rank
+    # its samples inside stored iterations: epoch, iteration, then straggler_gpu's
+    # READING_COLUMNS (None unknown)
+    gpu: list[list[float | None]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able dict (``from_json`` reads it back)."""
@@ -69,6 +76,8 @@ class RankFigures:
             [[int(e), int(i)] for e, i in data["keys"]],
             [[float(x) for x in row] for row in data["phase_s"]],
             [float(x) for x in data["loop_s"]],
+            data.get("gpu_uuid"),  # node files written before GPU figures lack both
+            [[None if v is None else float(v) for v in row] for row in data.get("gpu") or []],
         )
 
     def iterations_view(self) -> RankIterations:
@@ -78,13 +87,32 @@ class RankFigures:
             np.array(self.keys, dtype=np.int64).reshape(-1, 2),
             np.array(self.phase_s, dtype=float).reshape(-1, 4),
             np.array(self.loop_s, dtype=float),
+            GpuReadings.from_rows(self.gpu) if self.gpu_uuid is not None else None,
         )
 
 
+def _run_start_ns(agg: RankAggregator) -> int:
+    """The rank's run start on this host's monotonic clock (ns): its rows' ``start_s``
+    count from it (0 before its hello)."""
+    if not agg.sessions:
+        return 0
+    session = agg.sessions[-1]
+    return session.start_ns - round((session.start_unix - agg.run_start_unix) * NS_PER_S)
+
+
 def figures_of(
-    agg: RankAggregator, host: str, node_id: str, status: str, cause: str | None
+    agg: RankAggregator,
+    host: str,
+    node_id: str,
+    status: str,
+    cause: str | None,
+    gpu_uuid: str | None = None,
+    gpu_samples: Callable[[int, int], np.ndarray] | None = None,
 ) -> RankFigures:
-    """The figures of a rank this sidecar serves (its aggregator)."""
+    """The figures of a rank this sidecar serves (its aggregator); ``gpu_uuid`` the GPU
+    it reported (None: a CPU rank) and ``gpu_samples(from_ns, to_ns)`` that GPU's samples
+    taken in that span of this host's monotonic clock, (m, 5): t_ns, then straggler_gpu's
+    READING_COLUMNS (NaN unknown)."""
     means: dict[str, float] = {}
     moments: dict[str, list[float]] = {}
     rows_of: dict[int, dict[tuple[int, int], float]] = {}
@@ -106,6 +134,21 @@ def figures_of(
     keys = sorted(loop)
     phase_s = [[rows_of.get(p, {}).get(key, 0.0) for p in STRAGGLER_PHASES] for key in keys]
     loop_series = agg.series.get(wire.TRAINING_LOOP)
+    gpu: list[list[float | None]] = []
+    if gpu_uuid is not None and gpu_samples is not None and loop_series and loop_series.rows:
+        rows = loop_series.rows
+        run_start_ns = _run_start_ns(agg)
+        samples = gpu_samples(
+            run_start_ns + int(min(r.start_s for r in rows) * NS_PER_S),
+            run_start_ns + int(max(r.start_s + r.wall_s for r in rows) * NS_PER_S) + 1,
+        )
+        gpu = in_iterations(
+            (samples[:, 0] - run_start_ns) / NS_PER_S,
+            samples[:, 1:],
+            np.array([[r.epoch, r.iteration] for r in rows], dtype=np.int64).reshape(-1, 2),
+            np.array([r.start_s for r in rows], dtype=float),
+            np.array([r.wall_s for r in rows], dtype=float),
+        )
     return RankFigures(
         agg.rank,
         host,
@@ -120,6 +163,8 @@ def figures_of(
         [list(k) for k in keys],
         phase_s,
         [loop[k] for k in keys],
+        gpu_uuid,
+        gpu,
     )
 
 

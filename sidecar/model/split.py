@@ -70,6 +70,9 @@ class Split:
         self.info = info  # run metadata of the hello (host, user, command, versions, ...)
         self.ranks: dict[int, RankAggregator] = {}
         self.gpus: list[tuple[str, str]] = []  # (uuid, name) in order of first use
+        # per rank this sidecar serves: the GPU it said it uses (the straggler's GPU
+        # figures; a rank that never said is a CPU rank)
+        self.rank_gpus: dict[int, str] = {}
         self.status = "running"
         self.cause: str | None = None
         self.end_unix: float | None = None

@@ -17,7 +17,11 @@ sync, ``data loading + forward``, across ranks, iteration by iteration:
 * the same rule runs on ``WINDOWS`` consecutive windows of the aligned iterations, which
   says whether the culprit stayed the same over the run;
 * the other ranks *wait* for the slowest one, in each iteration where one is found, by the
-  difference of their time before the sync and its time.
+  difference of their time before the sync and its time;
+* what each rank's GPU showed (``sidecar.model.straggler_gpu``): over the iterations in
+  which it was the slowest, and over every aligned iteration; beside the straggler's, the
+  other ranks' GPUs pooled over the same iterations (the straggler's own run would be
+  mostly those iterations: the others are the comparison that tells).
 
 All times in seconds. Only iterations present for every rank take part (the stored rows:
 the caps bound them); ``aligned`` says how many there were.
@@ -29,6 +33,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from sidecar.model.straggler_gpu import GpuFigures, GpuReadings, describe, over
 
 # The phases compared, in the order of the arrays handed in.
 PHASES: tuple[str, ...] = ("data loading", "forward", "backward", "optimization")
@@ -44,12 +50,14 @@ MIN_WINDOW_ITERATIONS = 5
 class RankIterations:
     """One rank's measured iterations: ``keys`` is an (n, 2) int array of (epoch,
     iteration); ``phase_s`` an (n, 4) float array of the PHASES' seconds (0 where the
-    phase did not run); ``loop_s`` the (n,) Training loop seconds."""
+    phase did not run); ``loop_s`` the (n,) Training loop seconds; ``gpu`` its GPU's
+    samples inside those iterations (None: the rank reported no GPU)."""
 
     host: str
     keys: np.ndarray
     phase_s: np.ndarray
     loop_s: np.ndarray
+    gpu: GpuReadings | None = None
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,10 @@ class RankStanding:
     over_median_s: float  # its mean excess before the sync, over those iterations
     phase: str | None  # the phase with the largest excess in those iterations
     waited_s: float  # its time spent waiting for the slowest rank, summed
+    # its GPU in the iterations it was the slowest, and in every aligned iteration (None:
+    # the rank reported no GPU)
+    gpu: GpuFigures | None = None
+    gpu_aligned: GpuFigures | None = None
 
 
 @dataclass(frozen=True)
@@ -81,13 +93,16 @@ class Verdict:
 @dataclass(frozen=True)
 class Stragglers:
     """The whole view: per-rank standings, the verdict over the run and per window, and
-    the median loop time of the aligned iterations."""
+    the median loop time of the aligned iterations; ``others_gpu`` the other ranks' GPUs
+    pooled over the straggler's slowest iterations (None: no straggler, or none of the
+    others reported a GPU)."""
 
     aligned: int
     standings: list[RankStanding]
     verdict: Verdict
     windows: list[Verdict]
     median_loop_s: float
+    others_gpu: GpuFigures | None = None
 
     @property
     def steady(self) -> bool:
@@ -168,9 +183,12 @@ def stragglers(ranks: Mapping[int, RankIterations]) -> Stragglers:
     hosts = [ranks[rank].host for rank in order]
     verdict, slowest, excess = _verdict(order, hosts, keys, phases, loops)
     pre_sync = phases[:, :, list(PRE_SYNC)].sum(axis=2)
+    readings = [ranks[rank].gpu for rank in order]
+    every = np.ones(len(keys), dtype=bool)
     standings = []
     for index, rank in enumerate(order):
         mine = slowest == index
+        gpu = readings[index]
         others = slowest >= 0
         waited = (
             (pre_sync[slowest[others], np.flatnonzero(others)] - pre_sync[index, others])
@@ -192,6 +210,8 @@ def stragglers(ranks: Mapping[int, RankIterations]) -> Stragglers:
                 float(excess[index, mine].mean()) if mine.any() else 0.0,
                 phase,
                 float(waited),
+                None if gpu is None else over([gpu], keys, mine),
+                None if gpu is None else over([gpu], keys, every),
             )
         )
     windows: list[Verdict] = []
@@ -199,7 +219,12 @@ def stragglers(ranks: Mapping[int, RankIterations]) -> Stragglers:
         for part in np.array_split(np.arange(len(keys)), WINDOWS):
             windows.append(_verdict(order, hosts, keys[part], phases[:, part], loops[:, part])[0])
     median_loop_s = float(np.median(loops)) if loops.size else 0.0
-    return Stragglers(len(keys), standings, verdict, windows, median_loop_s)
+    others_gpu = None
+    if verdict.rank is not None:
+        culprit = order.index(verdict.rank)
+        theirs = [r for i, r in enumerate(readings) if i != culprit and r is not None]
+        others_gpu = over(theirs, keys, slowest == culprit) if theirs else None
+    return Stragglers(len(keys), standings, verdict, windows, median_loop_s, others_gpu)
 
 
 def straggler_line(view: Stragglers) -> str:
@@ -223,4 +248,32 @@ def straggler_line(view: Stragglers) -> str:
         f"+{verdict.over_median_s:.3e} s over the median before the sync "
         f"({share_of_loop:.0f} % of an iteration) in {verdict.share * 100:.0f} % of "
         f"{view.aligned} aligned iterations; {steady}"
+    )
+
+
+def straggler_gpu_line(view: Stragglers) -> str | None:
+    """The line under ``Straggler:`` naming a straggler: what its GPU showed in the
+    iterations it was the slowest, beside the other ranks' GPUs then; None without a
+    straggler."""
+    rank = view.verdict.rank
+    standing = next((s for s in view.standings if s.rank == rank), None)
+    if standing is None:
+        return None
+    if standing.gpu is None:
+        return f"Straggler GPU: none (rank {rank} reported no GPU: its figures are CPU only)"
+    where = f"in its {standing.slowest} slowest iterations"
+    if not standing.gpu.samples:
+        return (
+            f"Straggler GPU: rank {rank}, no resource sample fell {where} "
+            "(iterations shorter than the sampling interval, or GPU sampling off on its node)"
+        )
+    others = view.others_gpu
+    then = (
+        "the other ranks reported no GPU"
+        if others is None
+        else f"the other ranks' GPUs then ({others.samples} samples): {describe(others)}"
+    )
+    return (
+        f"Straggler GPU: rank {rank} {where} ({standing.gpu.samples} samples): "
+        f"{describe(standing.gpu)}; {then}"
     )

@@ -47,6 +47,7 @@ from sidecar.model.units import BYTES_PER_MIB
 from sidecar.report import jobs
 from sidecar.report.build import PHASE_MEANS, Report, damaged_frame
 from sidecar.report.figures import PLOT_POINTS
+from sidecar.report.stragglers import STRAGGLER_GPU_COLUMNS
 
 TIMEOUT_S = 30.0
 RUN = ["run", "user", "host", "slurm_job_id"]
@@ -387,6 +388,8 @@ def from_prometheus(url: str, since: str) -> Report:
         table[column] = values
     # the straggler figures come from the run folders' summaries (not exported per job)
     table[["straggler rank", "straggler host", "straggler phase"]] = ""
+    table[[c for c in STRAGGLER_GPU_COLUMNS if c != "straggler throttle reasons"]] = np.nan
+    table["straggler throttle reasons"] = ""
     table["waiting GPU-hours"] = np.nan
     table["flags"] = jobs.flags(table)
     job_table = jobs.typed(table, jobs.JOB_COLUMNS)

@@ -62,6 +62,7 @@ TEXT_COLUMNS = frozenset(
         "straggler rank",
         "straggler host",
         "straggler phase",
+        "straggler throttle reasons",
     }
 )
 INT_COLUMNS = frozenset({"GPUs", "records dropped", "gpu"})

@@ -1,5 +1,7 @@
 """The report's straggler columns (docs/multi-node.md): per job, the rank that held the
-others back as its summary's ``Straggler:`` line names it (rank, host, phase), and the
+others back as its summary's ``Straggler:`` line names it (rank, host, phase), what its
+GPU showed in the iterations it was the slowest (its row of ``logs/ranks.tsv``: median SM
+clock, mean power, largest temperature, throttle reasons; empty for a CPU rank), and the
 GPU-hours the other ranks spent waiting for the slowest one.
 
 The waiting comes from ``logs/ranks.tsv``: each rank's ``waited (s)`` over the aligned
@@ -18,7 +20,20 @@ import pandas as pd
 
 from sidecar.report.read import RunFolder
 
-STRAGGLER_COLUMNS = ["straggler rank", "straggler host", "straggler phase", "waiting GPU-hours"]
+# the straggler's GPU: report column <- ranks.tsv column (sidecar.sinks.ranks_text)
+STRAGGLER_GPU_COLUMNS = {
+    "straggler SM clock (MHz)": "sm clock median (MHz)",
+    "straggler power (W)": "power mean (W)",
+    "straggler temperature (C)": "temperature max (C)",
+    "straggler throttle reasons": "throttle reasons",
+}
+STRAGGLER_COLUMNS = [
+    "straggler rank",
+    "straggler host",
+    "straggler phase",
+    *STRAGGLER_GPU_COLUMNS,
+    "waiting GPU-hours",
+]
 _LINE = re.compile(r"^Straggler: rank (\d+) on (\S+), ([a-z ]+), \+", re.M)
 
 
@@ -36,11 +51,40 @@ def _waited_s(text: str) -> tuple[float, int]:
     return float(scaled.fillna(0.0).sum()), len(table)
 
 
+def _table(text: str) -> pd.DataFrame | None:
+    """A ranks.tsv's rows by rank (None when empty or unreadable)."""
+    if not text:
+        return None
+    try:
+        return pd.read_csv(io.StringIO(text), sep="\t", dtype=str, keep_default_na=False)
+    except ValueError:
+        return None
+
+
+def _gpu(text: str, rank: str) -> dict[str, object]:
+    """STRAGGLER_GPU_COLUMNS of ``rank``'s row in a ranks.tsv (NaN, or "" for the reasons, where
+    it has none: a CPU rank, or a file written before them)."""
+    table = _table(text)
+    row = None
+    if table is not None and "rank" in table.columns:
+        rows = table[table["rank"] == rank]
+        row = rows.iloc[0] if len(rows) else None
+    out: dict[str, object] = {}
+    for column, source in STRAGGLER_GPU_COLUMNS.items():
+        cell = str(row[source]) if row is not None and source in row.index else ""
+        if source == "throttle reasons":
+            out[column] = cell
+        else:
+            out[column] = float(cell) if cell else np.nan
+    return out
+
+
 def straggler_frame(runs: Sequence[RunFolder], gpus: pd.Series) -> pd.DataFrame:
     """STRAGGLER_COLUMNS per run (``gpus``: each run's GPU count, in order)."""
     rows = []
     for run, count in zip(runs, gpus.tolist(), strict=True):
-        named = next((m for f in run.splits if (m := _LINE.search(f.summary))), None)
+        found = next(((f, m) for f in run.splits if (m := _LINE.search(f.summary))), None)
+        named = found[1] if found else None
         waited_s, ranks = 0.0, 0
         for files in run.splits:
             split_s, split_ranks = _waited_s(files.ranks)
@@ -52,6 +96,7 @@ def straggler_frame(runs: Sequence[RunFolder], gpus: pd.Series) -> pd.DataFrame:
                 "straggler rank": named[1] if named else "",
                 "straggler host": named[2] if named else "",
                 "straggler phase": named[3] if named else "",
+                **_gpu(found[0].ranks if found else "", named[1] if named else ""),
                 "waiting GPU-hours": waited_s * per_rank / 3600.0,
             }
         )

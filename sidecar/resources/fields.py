@@ -210,6 +210,14 @@ GPU_FIELDS: tuple[Field, ...] = (
     ),
     _gpu("sm_clock_mhz", _nvml("nvmlDeviceGetClockInfo(SM)"), "sm clock (MHz)", "MHz"),
     _gpu(
+        "throttle_reasons",
+        _nvml("nvmlDeviceGetCurrentClocksEventReasons (ThrottleReasons on older bindings)"),
+        "throttle reasons",
+        "bitmask",
+        dtype="int",
+        required=False,
+    ),
+    _gpu(
         "sm_activity_pct",
         _nvml("GPM NVML_GPM_METRIC_SM_UTIL"),
         "sm activity (%)",

@@ -22,6 +22,7 @@ from markers import wire
 from markers.wire import P_END, P_GPU, P_LAG, P_PHASE, P_START
 from sidecar.model.aggregator import RecordValues
 from sidecar.model.split import Split
+from sidecar.model.straggler_gpu import READING_COLUMNS
 from sidecar.resources import fields
 from sidecar.resources.samplers import nvml
 from sidecar.resources.samplers.host import HostSample, HostSampler
@@ -195,6 +196,23 @@ class ResourceFigures:
     host_samples: list[HostSample]
     run_start_ns: int
     session_starts_ns: list[int] = field(default_factory=list)
+
+    def gpu_readings(self, uuid: str, from_ns: int, to_ns: int) -> np.ndarray:
+        """The samples of the GPU ``uuid`` (by its hex part: a MIG instance may be named
+        GPU-... or MIG-...) taken from ``from_ns`` to ``to_ns`` (monotonic ns) as the
+        straggler view takes them (``merge.figures_of``): rows of t_ns, then
+        ``straggler_gpu.READING_COLUMNS``, NaN unknown. Only that span is read (the
+        samples are in time order), so the cost follows the stored iterations, not the
+        run's length."""
+        key = uuid_key(uuid)
+        low = bisect.bisect_left(self.gpu_samples, from_ns, key=lambda s: s.t_ns)
+        high = bisect.bisect_right(self.gpu_samples, to_ns, key=lambda s: s.t_ns)
+        rows = [
+            [s.t_ns, *(getattr(s, name) for name in READING_COLUMNS)]
+            for s in self.gpu_samples[low:high]
+            if uuid_key(s.uuid) == key
+        ]
+        return np.array(rows, dtype=float).reshape(-1, 1 + len(READING_COLUMNS))
 
 
 class ResourceMonitor:

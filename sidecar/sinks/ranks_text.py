@@ -1,7 +1,7 @@
 """The ranks of a split as summary.log and ``logs/ranks.tsv`` show them, from the merged
 view of every node's figures (``sidecar.model.merge``): the ranks table, the
-``Straggler:`` line, the ranks missing or cut off, the time waited for other nodes, and the
-other hosts' resources (docs/multi-node.md).
+``Straggler:`` line and what the straggler's GPU showed, the ranks missing or cut off,
+the time waited for other nodes, and the other hosts' resources (docs/multi-node.md).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from sidecar.model import stragglers
 from sidecar.model.merge import TABLE_PHASES, SplitView
+from sidecar.model.straggler_gpu import GpuFigures
 from sidecar.sinks.nodes import NodeFile
 
 RANKS_COLUMNS = (
@@ -24,6 +25,13 @@ RANKS_COLUMNS = (
     "over median (s)",
     "phase",
     "waited (s)",
+    # its GPU in the iterations it was the slowest (sidecar.model.straggler_gpu)
+    "gpu samples",
+    "sm clock median (MHz)",
+    "sm clock min (MHz)",
+    "power mean (W)",
+    "temperature max (C)",
+    "throttle reasons",
     "cause",
 )
 
@@ -69,6 +77,8 @@ def rank_lines(view: SplitView, world_size: int, waited_s: float | None) -> list
     out = table_lines(view)
     if view.stragglers is not None:
         out.append(stragglers.straggler_line(view.stragglers))
+        gpu_line = stragglers.straggler_gpu_line(view.stragglers)
+        out += [gpu_line] if gpu_line is not None else []
     else:
         out.append("Straggler: none (fewer than two ranks measured)")
     if view.missing:
@@ -114,9 +124,33 @@ def ranks_tsv(view: SplitView) -> str:
             ]
         else:
             cells += ["", "", "", "", ""]
+        cells += _gpu_cells(standing.gpu if standing is not None else None)
         cells.append((figures.cause or "").replace("\t", " ").replace("\n", " "))
         lines.append("\t".join(cells))
     return "\n".join(lines) + "\n"
+
+
+def _gpu_cells(gpu: GpuFigures | None) -> list[str]:
+    """The GPU columns of ranks.tsv: empty for a rank without a GPU; the reasons as
+    ``name share`` pairs (0-1) separated by commas, ``none`` when NVML named none, empty
+    when it gave no bitmask."""
+    if gpu is None:
+        return [""] * 6
+    return [
+        str(gpu.samples),
+        *(
+            "" if value is None else f"{value:.6g}"
+            for value in (
+                gpu.sm_clock_median_mhz,
+                gpu.sm_clock_min_mhz,
+                gpu.power_mean_w,
+                gpu.temperature_max_c,
+            )
+        ),
+        (", ".join(f"{name} {share:.3f}" for name, share in gpu.throttle.items()) or "none")
+        if gpu.throttle_samples
+        else "",
+    ]
 
 
 def host_resource_lines(nodes: Sequence[NodeFile]) -> list[str]:

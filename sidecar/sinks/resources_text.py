@@ -201,7 +201,9 @@ def read_samples(
         t_ns = run_start_ns + round(float(values["time (s)"]) * 1e9)
         if values["gpu uuid"] is not None:
             read = _attributes(fields.GPU_FIELDS, values)
-            read["gpu_index"] = int(read["gpu_index"])
+            for field in fields.GPU_FIELDS:  # integers read back as floats (NaN allowed)
+                if field.dtype == "int" and read[field.attribute] is not None:
+                    read[field.attribute] = int(read[field.attribute])
             gpu.append(GpuSample(t_ns=t_ns, **read))
         if values["host cpu (%)"] is not None and t_ns not in host:
             host[t_ns] = HostSample(

@@ -20,6 +20,7 @@ whose split status is the worst of its nodes'. Only the sidecar serving rank 0 w
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -301,11 +302,13 @@ def run_json(split: Split, existing: str, accounts: Mapping[int, Account] | None
     return json.dumps(document, indent=2) + "\n"
 
 
-def _own_figures(split: Split) -> list[RankFigures]:
-    """The figures of the ranks this sidecar serves."""
+def _own_figures(split: Split, resources: ResourceFigures) -> list[RankFigures]:
+    """The figures of the ranks this sidecar serves, with the samples of the GPU each
+    reported (``resources``: the split's, every session's)."""
     out = []
     for rank in sorted(split.ranks):
         info = split.rank_info.get(rank)
+        uuid = split.rank_gpus.get(rank)
         out.append(
             figures_of(
                 split.ranks[rank],
@@ -313,6 +316,8 @@ def _own_figures(split: Split) -> list[RankFigures]:
                 nodes.NODE_ID,
                 info.status if info else split.status,
                 info.cause if info else split.cause,
+                uuid,
+                functools.partial(resources.gpu_readings, uuid) if uuid is not None else None,
             )
         )
     return out
@@ -360,7 +365,7 @@ def write_node_file(split: Split, resources: ResourceFigures, counts: RecordCoun
     )
     write_atomic(
         nodes.node_path(split.split_dir),
-        _node_text(split, _own_figures(split), block_lines, counts),
+        _node_text(split, _own_figures(split, resources), block_lines, counts),
     )
 
 
@@ -392,7 +397,7 @@ def render(
             files[path] = table(agg)
             on_progress(path.name)
     multi, leader = multi_node(split), 0 in split.ranks
-    own = _own_figures(split) if multi or len(ranks) > 1 else []
+    own = _own_figures(split, resources) if multi or len(ranks) > 1 else []
     others = nodes.read_nodes(split.split_dir) if multi and leader else []
     block = None
     accounts = split_accounts(ranks, split.straggler_waits)

@@ -15,9 +15,19 @@ import socket
 import statistics
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-from tests.support.helpers import SAME_PRIORITY, env, read_tsv, run_json, split_dir, wait_for
+from tests.support.fake_pynvml import RANK_GPUS
+from tests.support.helpers import (
+    SAME_PRIORITY,
+    env,
+    read_tsv,
+    run_json,
+    sidecar_command,
+    split_dir,
+    wait_for,
+)
 
 JOB = Path(__file__).resolve().parents[1] / "support" / "jobs" / "ranks_job.py"
 WARMUP = 2
@@ -28,16 +38,26 @@ SLOW_RANK = 2  # its data loading is slowed on purpose (rank 3's forward is the 
 ROUNDING_S = 1e-4  # far above the rounding of stored rows, far below a forward's 2 ms
 
 
-def _node(cwd: Path, truth: Path, ranks: str, *extra: str) -> subprocess.Popen[str]:
-    """``sidecar run -- ranks_job.py --spawn RANKS`` (one node of the 4-rank job)."""
+def _node(
+    cwd: Path,
+    truth: Path,
+    ranks: str,
+    *extra: str,
+    seams: Sequence[str] = (),
+    job: Sequence[str] = (),
+    slow_s: float = SLOW_S,
+) -> subprocess.Popen[str]:
+    """``sidecar run -- ranks_job.py --spawn RANKS`` (one node of the 4-rank job), the
+    sidecar with test ``seams`` (``tests.support.launcher``), the job with ``job``
+    options more."""
     return subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "sidecar",
-            "run",
-            *SAME_PRIORITY,
-            *extra,
+            *sidecar_command(
+                "run",
+                *SAME_PRIORITY,
+                *extra,
+                seams=seams,
+            ),
             "--",
             sys.executable,
             str(JOB),
@@ -56,7 +76,8 @@ def _node(cwd: Path, truth: Path, ranks: str, *extra: str) -> subprocess.Popen[s
             "--slow-rank",
             str(SLOW_RANK),
             "--slow-s",
-            str(SLOW_S),
+            str(slow_s),
+            *job,
         ],
         cwd=cwd,
         env=env(),
@@ -124,6 +145,9 @@ def test_two_sidecars_on_one_host_measure_every_rank_of_one_split(short_tmp: Pat
     summary = (split_dir(folder) / "summary.log").read_text()
     margin_s = check_straggler(summary, socket.gethostname())
     print(f"straggler margin found: {margin_s:.4f} s (slowed by {SLOW_S} s)")
+    # CPU ranks: the GPU line says so, and no GPU figure is made up anywhere
+    gpu_line = f"Straggler GPU: none (rank {SLOW_RANK} reported no GPU: its figures are CPU only)"
+    assert gpu_line in summary.splitlines(), summary
     waited = re.search(r"^Nodes: waited ([0-9.]+) s", summary, re.M)
     assert waited, summary
     print(f"time the bounded wait added at the end: {waited[1]} s")
@@ -132,6 +156,7 @@ def test_two_sidecars_on_one_host_measure_every_rank_of_one_split(short_tmp: Pat
     assert table["rank"].tolist() == [0, 1, 2, 3]
     assert table["iterations"].tolist() == [ITERS - WARMUP] * 4
     assert table.set_index("rank").loc[SLOW_RANK, "phase"] == "data loading"
+    assert table["gpu samples"].isna().all() and table["throttle reasons"].isna().all()
     # the report: one job for the split of two sidecars, with its straggler
     report = subprocess.run(
         [
@@ -156,6 +181,40 @@ def test_two_sidecars_on_one_host_measure_every_rank_of_one_split(short_tmp: Pat
         jobs.loc[0, "straggler host"],
         jobs.loc[0, "straggler phase"],
     ) == (SLOW_RANK, socket.gethostname(), "data loading")
+    assert jobs.loc[0, ["straggler SM clock (MHz)", "straggler power (W)"]].isna().all()
+
+
+def test_the_stragglers_throttled_gpu_is_shown_beside_its_line(short_tmp: Path) -> None:
+    """Each rank reports its GPU; the fake NVML of both sidecars holds rank 2's at 900 MHz,
+    88 °C and 120 W, throttled, the others at 1980 MHz, 60 °C and 300 W. Rank 2 is slowed
+    by 0.1 s an iteration, so rounds every 0.2 s fall inside its iterations."""
+    truth = short_tmp / "truth"
+    truth.mkdir()
+    seams = ["--fake-nvml", "rank_gpus_third_throttled"]
+    job = ["--gpu-uuids", ",".join(RANK_GPUS)]
+    nodes = [
+        _node(short_tmp, truth, part, "--interval", "0.2", seams=seams, job=job, slow_s=0.1)
+        for part in ("0,1", "2,3")
+    ]
+    outputs = [node.communicate(timeout=240)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs
+    summary = (split_dir(short_tmp / "maps") / "summary.log").read_text()
+    line = re.search(
+        rf"^Straggler GPU: rank {SLOW_RANK} in its \d+ slowest iterations \((\d+) samples\): "
+        r"SM clock median 900 MHz \(min 900\), power mean 120\.0 W, temperature max 88 °C, "
+        r"throttle reasons hw_slowdown \(100 %\), hw_thermal_slowdown \(100 %\); "
+        r"the other ranks' GPUs then \((\d+) samples\): SM clock median 1980 MHz \(min 1980\), "
+        r"power mean 300\.0 W, temperature max 60 °C, throttle reasons none$",
+        summary,
+        re.M,
+    )
+    assert line, summary
+    print(f"samples inside the straggler's slowest iterations: {line[1]}, the others': {line[2]}")
+    table = read_tsv(split_dir(short_tmp / "maps") / "logs" / "ranks.tsv").set_index("rank")
+    assert table.loc[SLOW_RANK, "sm clock median (MHz)"] == 900
+    assert (
+        table.loc[SLOW_RANK, "throttle reasons"] == "hw_slowdown 1.000, hw_thermal_slowdown 1.000"
+    )
 
 
 def test_a_node_that_never_wrote_is_named_and_the_wait_is_bounded(short_tmp: Path) -> None:

@@ -56,6 +56,7 @@ class FakeGpu:
     energy_at: Callable[[float], float] | None = None
     temperature: int = 60
     sm_clock: int = 1400
+    throttle_reasons: int = 0  # nvmlClocksEventReason* bits
     gpm: bool = False
     gpm_sm_util: float = 33.0
     compute_procs: list[tuple[int, int]] = field(default_factory=list)  # (pid, bytes)
@@ -323,6 +324,10 @@ class FakeNvml:
         assert clock_type == pynvml.NVML_CLOCK_SM
         return handle.sm_clock
 
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: FakeGpu) -> int:
+        self._whole_only("nvmlDeviceGetCurrentClocksEventReasons", handle)
+        return handle.throttle_reasons
+
     def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeGpu) -> list[SimpleNamespace]:
         self._enter("nvmlDeviceGetComputeRunningProcesses", handle)
         return [SimpleNamespace(pid=p, usedGpuMemory=b) for p, b in handle.compute_procs]
@@ -468,3 +473,29 @@ def idle_full_gpu() -> FakeNvml:
             )
         ]
     )
+
+
+RANK_GPUS = ("GPU-7a7a7a7a", "GPU-7b7b7b7b", "GPU-7c7c7c7c", "GPU-7d7d7d7d")
+
+
+def rank_gpus_third_throttled() -> FakeNvml:
+    """Four GPUs, one per rank of the multi-node tests' job (RANK_GPUS), at 1980 MHz,
+    60 °C and 300 W, but the third (rank 2's) held at 900 MHz, 88 °C and 120 W by
+    hardware slowdown and thermal slowdown; no energy counter, so power is the instant
+    reading (``--fake-nvml rank_gpus_third_throttled``)."""
+    gpus = [
+        FakeGpu(
+            uuid=uuid,
+            name="NVIDIA Fake",
+            sm_clock=1980,
+            power_instant_mw=300_000,
+            unsupported={"nvmlDeviceGetTotalEnergyConsumption"},
+        )
+        for uuid in RANK_GPUS
+    ]
+    throttled = gpus[2]
+    throttled.sm_clock, throttled.temperature, throttled.power_instant_mw = 900, 88, 120_000
+    throttled.throttle_reasons = (
+        pynvml.nvmlClocksEventReasonHwSlowdown | pynvml.nvmlClocksEventReasonHwThermalSlowdown
+    )
+    return FakeNvml(gpus)

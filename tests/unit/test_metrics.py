@@ -12,6 +12,7 @@ from markers import wire
 from sidecar.daemon.metrics import MetricsExporter
 from sidecar.daemon.snapshot import GpuView, PhaseStats, RankView, SplitView
 from sidecar.model.goodput import CAUSES, Account
+from sidecar.model.straggler_gpu import GpuFigures
 from sidecar.model.stragglers import RankStanding
 from sidecar.model.units import BYTES_PER_MIB as MIB
 from tests.support.snapshots import snapshot
@@ -44,7 +45,15 @@ CONTRACT_METRICS = {  # name: (type, labels) as docs/contract.md lists them
     "trainmon_rank_slowest_ratio": ("gauge", ["run", "split", "rank", "host"]),
     "trainmon_rank_over_median_seconds": ("gauge", ["run", "split", "rank", "host"]),
     "trainmon_rank_waited_seconds": ("gauge", ["run", "split", "rank", "host"]),
+    "trainmon_rank_gpu_sm_clock_hertz": ("gauge", ["run", "split", "rank", "host"]),
+    "trainmon_rank_gpu_power_watts": ("gauge", ["run", "split", "rank", "host"]),
+    "trainmon_rank_gpu_temperature_max_celsius": ("gauge", ["run", "split", "rank", "host"]),
+    "trainmon_rank_gpu_throttle_ratio": ("gauge", ["run", "split", "rank", "host", "reason"]),
 }
+# rank 3's GPU over the aligned iterations: throttled, slow clock; rank 0 is a CPU rank
+THROTTLED = GpuFigures(
+    8, 990.0, 900.0, 120.0, 88.0, {"hw_slowdown": 1.0, "sw_thermal_slowdown": 0.25}, 8
+)
 
 
 GOODPUT = Account(
@@ -88,7 +97,7 @@ def _split(run_id: str, status: str = "running", end_unix: float | None = None) 
         host_gauges={"trainmon_job_cpu_seconds": 3.5, "trainmon_job_memory_rss_bytes": 100.0 * MIB},
         standings=(
             RankStanding(0, "node1", 0, 0.0, 0.0, None, 4.0),
-            RankStanding(3, "node2", 9, 0.9, 0.02, "data loading", 0.0),
+            RankStanding(3, "node2", 9, 0.9, 0.02, "data loading", 0.0, THROTTLED, THROTTLED),
         ),
         folder=f"/shared/runs/{run_id[:4]}",
     )
@@ -172,6 +181,20 @@ def test_names_types_labels_and_forgotten_runs() -> None:
             if s.labels["run"] == "a" * 32
         }
         assert slowest == {("0", "node1"): 0.0, ("3", "node2"): 0.9}
+        gpu = {
+            (name, s.labels["rank"], s.labels.get("reason")): s.value
+            for name in CONTRACT_METRICS
+            if name.startswith("trainmon_rank_gpu_")
+            for s in families[name].samples
+            if s.labels["run"] == "a" * 32
+        }
+        assert gpu == {  # the CPU rank 0 has no GPU series
+            ("trainmon_rank_gpu_sm_clock_hertz", "3", None): 990e6,
+            ("trainmon_rank_gpu_power_watts", "3", None): 120.0,
+            ("trainmon_rank_gpu_temperature_max_celsius", "3", None): 88.0,
+            ("trainmon_rank_gpu_throttle_ratio", "3", "hw_slowdown"): 1.0,
+            ("trainmon_rank_gpu_throttle_ratio", "3", "sw_thermal_slowdown"): 0.25,
+        }
         assert [
             s.value
             for s in families["trainmon_job_ids_dropped"].samples

@@ -1,21 +1,29 @@
 """The pieces of one split served by several sidecars (docs/multi-node.md): rank figures
 through a node file and back, which ranks a final node file covers, the run.json entry
-merged over nodes, and the report's waiting GPU-hours."""
+merged over nodes, the report's waiting GPU-hours, and the straggler's GPU figures from
+the (fake) NVML samples of each node to the summary, ranks.tsv and the report."""
 
 from __future__ import annotations
 
+import io
 import json
+from array import array
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from sidecar.model.aggregator import Settings
-from sidecar.model.merge import RankFigures, merged
+from sidecar.model.aggregator import RankAggregator, Settings
+from sidecar.model.merge import RankFigures, figures_of, merged
 from sidecar.model.split import Split
 from sidecar.report.read import RunFolder, SplitFiles
 from sidecar.report.stragglers import straggler_frame
-from sidecar.sinks import nodes, writer
+from sidecar.resources.monitor import ResourceFigures
+from sidecar.resources.samplers.nvml import NvmlSampler, open_nvml
+from sidecar.sinks import nodes, ranks_text, writer
+from tests.support.fake_pynvml import FakeGpu, FakeNvml
+from tests.unit.test_aggregator import MS, iteration
 
 
 def _figures(rank: int, loading_s: float, iterations: int = 10) -> RankFigures:
@@ -106,3 +114,134 @@ def test_the_report_counts_the_gpu_hours_spent_waiting(tmp_path: Path) -> None:
     )
     # 2 ranks × 36 s × 10 (measured / stored) × 2 GPUs per rank / 3600
     assert row["waiting GPU-hours"] == pytest.approx(0.4)
+
+
+SLOW_GPU = "GPU-2c2c2c2c"
+
+
+def _node_samples(fake: FakeNvml) -> ResourceFigures:
+    """The node's fake GPUs sampled 2 ms into each of 20 iterations of 10 ms (inside every
+    rank's) and 8 ms into it (outside), when the fake GPU SLOW_GPU is back to full clock
+    and unthrottled."""
+    sampler = open_nvml(None, api=fake)
+    assert isinstance(sampler, NvmlSampler), sampler
+    slow = next((g for g in fake.gpus if g.uuid == SLOW_GPU), None)
+    samples = []
+    for i in range(20):
+        for offset_ms, throttled in ((2, True), (8, False)):
+            if slow is not None:
+                slow.sm_clock, slow.throttle_reasons = (900, 0x48) if throttled else (1980, 0)
+            samples += sampler.sample(set(), (10 * i + offset_ms) * MS)
+    sampler.close()
+    return ResourceFigures([], None, None, {}, samples, [], 0)
+
+
+def _ranks_records(agg: RankAggregator) -> RankAggregator:
+    """20 iterations of 10 ms from time 0; rank 2's forward is 4 ms longer."""
+    agg.begin_session(1000.0, 0)
+    values: list[int] = []
+    for i in range(20):
+        values += iteration(i, 10.0 * i, batch=i, forward_ms=6.0 if agg.rank == 2 else 2.0)
+    agg.add_records(array("q", values))
+    return agg
+
+
+def _node_figures(node: str, ranks: dict[int, str | None], fake: FakeNvml) -> list[RankFigures]:
+    """The figures one node's sidecar leaves for ``ranks`` (rank -> the GPU it reported,
+    None: a CPU rank)."""
+    resources = _node_samples(fake)
+    out = []
+    for rank, uuid in ranks.items():
+        agg = _ranks_records(RankAggregator(rank, Settings(warmup_iterations=0), 1000.0))
+        readings = partial(resources.gpu_readings, uuid) if uuid is not None else None
+        out.append(figures_of(agg, node, node, "completed", None, uuid, readings))
+    return out
+
+
+def _gpus(*uuids: str) -> FakeNvml:
+    """The node's fake GPUs: SM clock 1980 MHz, 60 °C, 300 W (no energy counter: the
+    instant power is the reading)."""
+    return FakeNvml(
+        [
+            FakeGpu(
+                uuid=u,
+                sm_clock=1980,
+                power_instant_mw=300_000,
+                unsupported={"nvmlDeviceGetTotalEnergyConsumption"},
+            )
+            for u in uuids
+        ]
+    )
+
+
+def test_a_throttled_gpu_of_the_straggler_is_shown_beside_its_line(tmp_path: Path) -> None:
+    own = _node_figures(
+        "a", {0: "GPU-0a0a0a0a", 1: "GPU-1b1b1b1b"}, _gpus("GPU-0a0a0a0a", "GPU-1b1b1b1b")
+    )
+    fake = _gpus(SLOW_GPU)
+    fake.gpus[0].temperature = 88
+    fake.gpus[0].power_instant_mw = 120_000
+    # rank 3 runs on the CPU: it reported no GPU, so it has no GPU figures
+    theirs = _node_figures("b", {2: SLOW_GPU, 3: None}, fake)
+    # through node b's file, as the sidecar serving rank 0 reads it
+    text = nodes.node_text(True, "completed", None, 4, theirs, [], {})
+    read = [RankFigures.from_json(r) for r in json.loads(text)["ranks"]]
+    assert [len(f.gpu) for f in read] == [20, 0]  # the samples inside rank 2's iterations
+    view = merged(own, read, world_size=4)
+    lines = ranks_text.rank_lines(view, 4, None)
+    straggler = next(i for i, line in enumerate(lines) if line.startswith("Straggler:"))
+    assert lines[straggler].startswith("Straggler: rank 2 on b, forward, +")
+    assert lines[straggler + 1] == (
+        "Straggler GPU: rank 2 in its 20 slowest iterations (20 samples): SM clock median "
+        "900 MHz (min 900), power mean 120.0 W, temperature max 88 °C, throttle reasons "
+        "hw_slowdown (100 %), hw_thermal_slowdown (100 %); the other ranks' GPUs then "
+        "(40 samples): SM clock median 1980 MHz (min 1980), power mean 300.0 W, "
+        "temperature max 60 °C, throttle reasons none"
+    )
+    tsv = ranks_text.ranks_tsv(view)
+    table = pd.read_csv(io.StringIO(tsv), sep="\t", dtype=str, keep_default_na=False)
+    row = table.set_index("rank").loc["2"]
+    assert (row["gpu samples"], row["sm clock median (MHz)"], row["temperature max (C)"]) == (
+        "20",
+        "900",
+        "88",
+    )
+    assert row["throttle reasons"] == "hw_slowdown 1.000, hw_thermal_slowdown 1.000"
+    assert table.set_index("rank").loc["3", "gpu samples"] == ""  # the CPU rank
+    # the report: the straggler's GPU from its row of ranks.tsv
+    summary = "\n".join(lines) + "\n"
+    run = RunFolder(tmp_path, {}, [SplitFiles(0, 1.0, b"", 1, b"", (), summary, tsv)])
+    frame = straggler_frame([run], pd.Series([4])).iloc[0]
+    assert frame["straggler rank"] == "2"
+    assert frame["straggler SM clock (MHz)"] == 900.0
+    assert frame["straggler power (W)"] == 120.0
+    assert frame["straggler temperature (C)"] == 88.0
+    assert frame["straggler throttle reasons"] == "hw_slowdown 1.000, hw_thermal_slowdown 1.000"
+
+
+def test_the_writer_takes_each_rank_the_samples_of_the_gpu_it_reported(tmp_path: Path) -> None:
+    split = Split(tmp_path, 0, Settings(warmup_iterations=0), {"world_size": 3})
+    for rank, uuid in ((0, "GPU-0a0a0a0a"), (2, SLOW_GPU), (1, None)):
+        _ranks_records(split.rank(rank))
+        if uuid is not None:  # what the GPU control of the rank's markers leaves
+            split.add_gpu(uuid, "NVIDIA Fake")
+            split.rank_gpus[rank] = uuid
+    resources = _node_samples(_gpus("GPU-0a0a0a0a", SLOW_GPU))
+    # one GPU's samples of a span only (both ends in): what a rank's stored rows cover
+    span = resources.gpu_readings(SLOW_GPU, 12 * MS, 28 * MS)
+    assert span[:, 0].tolist() == [12 * MS, 18 * MS, 22 * MS, 28 * MS]
+    assert span[:, 1].tolist() == [900, 1980, 900, 1980]
+    files, block = writer.render(split, resources, split.record_counts(), with_state=False)
+    assert block is not None
+    [line] = [line for line in block if line.startswith("Straggler GPU:")]
+    assert line.startswith(
+        "Straggler GPU: rank 2 in its 20 slowest iterations (20 samples): SM clock median "
+        "900 MHz (min 900), power mean 300.0 W, temperature max 60 °C, throttle reasons "
+        "hw_slowdown (100 %), hw_thermal_slowdown (100 %); the other ranks' GPUs then "
+        "(20 samples): SM clock median 1980 MHz"
+    )
+    table = pd.read_csv(
+        io.StringIO(files[split.logs_dir / "ranks.tsv"]), sep="\t", keep_default_na=False
+    )
+    # over the iterations each rank was the slowest: none for rank 0; rank 1 has no GPU
+    assert table["gpu samples"].astype(str).tolist() == ["0", "", "20"]

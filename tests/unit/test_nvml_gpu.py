@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from sidecar.model.straggler_gpu import reason_names
 from sidecar.resources.samplers.nvml import NvmlSampler, open_nvml
 
 pytestmark = pytest.mark.gpu
@@ -45,6 +46,9 @@ def test_real_nvml_samples_are_sane(sampler: NvmlSampler) -> None:
             assert 0 < sample.temperature_c < 120
         if sample.sm_activity_pct is not None:
             assert 0 <= sample.sm_activity_pct <= 100
+        # the clocks event (throttle) reasons: every bit set is one NVML documents
+        assert isinstance(sample.throttle_reasons, int)
+        assert not any(n.startswith("0x") for n in reason_names(sample.throttle_reasons))
         assert sample.job_mem_mib is None or sample.job_mem_mib >= 0
         assert sample.job_sm_util_pct is None or 0 <= sample.job_sm_util_pct <= 100
     for before, after in zip(first, second, strict=True):

@@ -42,6 +42,7 @@ def test_every_field_with_units(nvml: FakeNvml) -> None:
     gpu = nvml.gpus[1]
     gpu.compute_procs = [(ME, 300 * MIB), (INIT, 700 * MIB)]
     gpu.mem_reserved = 500 * MIB  # held by the driver: not "used" (memory v2)
+    gpu.throttle_reasons = 0x8 | 0x40  # hw slowdown, hw thermal slowdown
     sampler = opened(nvml, "1")
     [sample] = sampler.sample({ME}, 123)
     assert sample.util_windows is not None  # the driver's samples: tested on their own
@@ -62,6 +63,7 @@ def test_every_field_with_units(nvml: FakeNvml) -> None:
         sm_activity_pct=None,
         job_mem_mib=300.0,
         job_sm_util_pct=None,
+        throttle_reasons=0x48,
     )  # no per-process sample yet: unknown
     assert sampler.status() == {
         "gpu_sampling": "on",

@@ -194,3 +194,16 @@ def test_the_live_view_exports_each_gauge_by_its_rule(tmp_path: Path) -> None:
         "trainmon_gpu_temperature_celsius": 60.0,
         "trainmon_gpu_job_memory_bytes": 80.0 * MIB,
     }
+
+
+def test_throttle_reasons_read_back_as_the_bitmask_written(tmp_path: Path) -> None:
+    gpu = [
+        _gpu(START, throttle_reasons=0x48),
+        _gpu(START + S),
+        _gpu(START + 2 * S, throttle_reasons=0),
+    ]
+    frame = resources_text.resources_frame(gpu, [], START)
+    assert frame["throttle reasons"].tolist() == [0x48, pd.NA, 0]
+    back, _ = resources_text.read_samples(_write(tmp_path / "r.tsv", frame), START, 1)
+    assert [s.throttle_reasons for s in back] == [0x48, None, 0]
+    assert isinstance(back[0].throttle_reasons, int)

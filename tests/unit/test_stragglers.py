@@ -4,9 +4,17 @@ backward."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
-from sidecar.model.stragglers import RankIterations, straggler_line, stragglers
+from sidecar.model.straggler_gpu import GpuReadings, reason_names
+from sidecar.model.stragglers import (
+    RankIterations,
+    straggler_gpu_line,
+    straggler_line,
+    stragglers,
+)
 
 LOOP_S = 0.100
 
@@ -73,3 +81,59 @@ def test_only_iterations_every_rank_has_are_compared() -> None:
 def test_one_rank_gives_none() -> None:
     view = stragglers({0: ddp_job({})[0]})
     assert view.verdict.rank is None and "fewer than two ranks" in straggler_line(view)
+
+
+def _readings(keys: np.ndarray, values: np.ndarray) -> GpuReadings:
+    """One sample per iteration of ``keys`` with the (n, 4) ``values``."""
+    return GpuReadings(keys, values)
+
+
+def test_a_throttled_straggler_gets_its_gpu_figures_beside_the_others() -> None:
+    job = ddp_job({2: (slice(10, None), 0, 0.030)})  # slow data loading from iteration 10
+    normal = np.tile([1980.0, 300.0, 60.0, 0.0], (40, 1))
+    throttled = normal.copy()
+    # while it is slow its GPU throttles (hw slowdown + hw thermal); before, it was fine
+    throttled[10:] = [1100.0, 150.0, 88.0, 0x8 | 0x40]
+    throttled[25:, 0] = 900.0
+    for rank in (0, 1):
+        job[rank] = replace(job[rank], gpu=_readings(job[rank].keys, normal))
+    job[2] = replace(job[2], gpu=_readings(job[2].keys, throttled))
+    # rank 3 reported no GPU: no readings (None), never zeros
+    view = stragglers(job)
+    assert view.verdict.rank == 2
+    standing = {s.rank: s for s in view.standings}
+    gpu = standing[2].gpu
+    assert gpu is not None and gpu.samples == standing[2].slowest == 30
+    assert (gpu.sm_clock_median_mhz, gpu.sm_clock_min_mhz) == (1000.0, 900.0)
+    assert (gpu.power_mean_w, gpu.temperature_max_c) == (150.0, 88.0)
+    assert gpu.throttle == {"hw_slowdown": 1.0, "hw_thermal_slowdown": 1.0}
+    # over every aligned iteration (what /metrics exports) the fine half counts too
+    aligned = standing[2].gpu_aligned
+    assert aligned is not None and aligned.samples == 40
+    assert aligned.throttle == {"hw_slowdown": 0.75, "hw_thermal_slowdown": 0.75}
+    assert standing[3].gpu is None and standing[3].gpu_aligned is None
+    assert view.others_gpu is not None and view.others_gpu.samples == 60  # ranks 0 and 1
+    line = straggler_gpu_line(view)
+    assert line == (
+        "Straggler GPU: rank 2 in its 30 slowest iterations (30 samples): SM clock median "
+        "1000 MHz (min 900), power mean 150.0 W, temperature max 88 °C, throttle reasons "
+        "hw_slowdown (100 %), hw_thermal_slowdown (100 %); the other ranks' GPUs then "
+        "(60 samples): SM clock median 1980 MHz (min 1980), power mean 300.0 W, "
+        "temperature max 60 °C, throttle reasons none"
+    )
+
+
+def test_a_cpu_straggler_is_said_to_have_no_gpu_figures() -> None:
+    view = stragglers(ddp_job({1: (slice(None), 0, 0.020)}))
+    assert view.verdict.rank == 1 and view.others_gpu is None
+    assert all(s.gpu is None for s in view.standings)
+    assert straggler_gpu_line(view) == (
+        "Straggler GPU: none (rank 1 reported no GPU: its figures are CPU only)"
+    )
+    assert straggler_gpu_line(stragglers(ddp_job({}))) is None  # no straggler, no line
+
+
+def test_throttle_reasons_are_named_and_unknown_bits_kept() -> None:
+    assert reason_names(0) == []
+    assert reason_names(0x1 | 0x200) == ["gpu_idle", "board_limit"]
+    assert reason_names(0x48 | 0x1800) == ["hw_slowdown", "hw_thermal_slowdown", "0x1800"]

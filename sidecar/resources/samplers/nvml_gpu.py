@@ -15,8 +15,8 @@ round. Which readings:
   driver sample since the last round with its timestamp, kept as ``util_windows`` for
   the per-phase attribution (``summary.attribute_phases``).
 * MIG instances: memory, process lists and utilization of the instance; power, energy,
-  temperature and SM clock are the whole GPU's, shared with every other instance on it
-  (``whole_gpu_uuid`` names that GPU).
+  temperature, SM clock and throttle reasons are the whole GPU's, shared with every other
+  instance on it (``whole_gpu_uuid`` names that GPU).
 * the job's processes: matched through every pid alias (``pids``); no new per-process
   sample (``NOT_FOUND``) is "no sample", not 0 %; pids of another namespace with none of
   the job's among them are "unknown", not 0.
@@ -72,6 +72,9 @@ class GpuSample:
     # gives none (nvmlDeviceGetSamples unsupported or failing): then ``util_pct``, the
     # driver's last period only, stands for the whole round.
     util_windows: tuple[tuple[int, int, float], ...] | None = None
+    # NVML's clocks event (throttle) reasons bitmask at the round, the whole GPU's
+    # (``sidecar.model.straggler_gpu.reason_names`` names the bits)
+    throttle_reasons: int | None = None
 
 
 class GpuLost(Exception):
@@ -186,6 +189,7 @@ class GpuReader:
             "temperature", api.nvmlDeviceGetTemperature, api.NVML_TEMPERATURE_GPU, whole=True
         )
         clock = read("sm clock", api.nvmlDeviceGetClockInfo, api.NVML_CLOCK_SM, whole=True)
+        throttle = read("throttle reasons", self._throttle_reasons, whole=True)
         sm_activity = None if gpu.gpm is None else read("sm activity", self._gpm, gpu)
         return GpuSample(
             t_ns=now_ns,
@@ -206,6 +210,7 @@ class GpuReader:
             job_sm_util_pct=self._job_sm_util(gpu, read, aliases) if aliases else None,
             whole_gpu_uuid=gpu.whole_uuid,
             util_windows=windows,
+            throttle_reasons=None if throttle is None else int(throttle),
         )
 
     def _util_windows(self, handle: Any, gpu: Gpu) -> tuple[tuple[int, int, float], ...]:
@@ -253,6 +258,13 @@ class GpuReader:
             previous_us = stamp_us
         gpu.util_seen_us = points[-1][0]
         return tuple(windows)
+
+    def _throttle_reasons(self, handle: Any) -> Any:
+        """The clocks event reasons bitmask; bindings before NVML 12.2 name the call
+        ``...ClocksThrottleReasons`` (the same bits)."""
+        api = self._api
+        call = getattr(api, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        return (call or api.nvmlDeviceGetCurrentClocksThrottleReasons)(handle)
 
     def _memory_v2(self, handle: Any) -> Any:
         api = self._api

@@ -16,6 +16,8 @@ rank's); ``--slow-rank R --slow-s S`` adds S seconds of data loading to rank R, 
 ``--slow-from`` iterations on. Every epoch ends with a checkpoint (``--resume`` goes on
 from it). ``--hold-file F``: after its last epoch the rank keeps its run open until F
 exists, so a test can look at the live run without racing the loop.
+``--gpu-uuids U0,U1,...``: rank r reports using the GPU Ur, as the markers do on
+CUDA (the sidecar samples it through the fake NVML of ``--fake-nvml``).
 """
 
 from __future__ import annotations
@@ -85,6 +87,9 @@ def train(args: argparse.Namespace) -> None:
         train_batch_size=args.batch_size,
         resume=args.resume,
     )
+    if args.gpu_uuids:  # what the markers send once the script uses CUDA (none here)
+        uuid = args.gpu_uuids.split(",")[rank]
+        run._sender.send_control({"type": "gpu", "uuid": uuid, "name": "NVIDIA Fake"})  # type: ignore[union-attr]
     forward_s: list[float] = []
     truth = args.truth / f"rank{rank}.json"
     with run:
@@ -139,6 +144,7 @@ def main() -> None:
     parser.add_argument("--slow-s", type=float, default=0.0)
     parser.add_argument("--slow-from", type=int, default=0)
     parser.add_argument("--hold-file", type=Path, help="keep the run open until it exists")
+    parser.add_argument("--gpu-uuids", help="comma-separated: the GPU each rank reports")
     args = parser.parse_args()
     if args.spawn is None:
         train(args)
