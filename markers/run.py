@@ -332,9 +332,10 @@ class Run:
 
     def batch_seen(self, validation: bool, batch: Any) -> None:
         """A batch of the open iteration was fetched: its size is read (when ``start_run``
-        was not given it) from the first batch of each iteration, and sent when it
-        changed."""
-        self._sizes.seen(validation, self._iter.counts[validation], batch)
+        was not given it), once per batch, and sent when it changed."""
+        model = self._iter
+        position = model.open.batches if model.open is not None else 0
+        self._sizes.seen(validation, model.counts[validation], position, batch)
 
     def batch_done(self) -> None:
         """A batch went through the network (counts towards warmup and towards the
@@ -440,7 +441,7 @@ class Run:
                 except StopIteration:
                     break
                 record(loading, start_ns, perf_counter_ns())
-                seen(validation, counts[validation], batch)
+                seen(validation, counts[validation], iteration.batches, batch)
                 fetched = (buffer.n, buffer.flushes)
                 yield batch
                 fetched = None
