@@ -138,21 +138,24 @@ class RecordBuffer:
     def record_and_context(
         self, tag: int, start_ns: int, end_ns: int, context: tuple[int, int, int, int]
     ) -> None:
-        """``record`` one slot, then ``set_context(*context)``: an iteration's loop record
+        """``record`` one slot, then ``set_context(*context)``, where ``context`` differs
+        from the current one in its iteration and batch only: an iteration's loop record
         and the context of the next, once a step of a loop driver. Packed here when
         neither would flush nor grow the array (the slot just recorded keeps the context
-        before it from being replaced); else those two do it."""
+        before it from being replaced), the context's tag copied from the current
+        context slot; else those two do it."""
         n = self.n
         if n + 2 * _SLOTS > self.flush_at or end_ns >= self.deadline_ns:
             self.record(tag, start_ns, end_ns)
             self.set_context(*context)
             return
         slots = self.slots
+        contexts = self._contexts
         pack_slot(slots, n << 3, tag, start_ns, end_ns)
         n += _SLOTS
-        self._contexts.append(n)
+        pack_slot(slots, n << 3, slots[contexts[-1]], context[2], context[3])
+        contexts.append(n)
         self._sent_since_context = False
-        pack_slot(slots, n << 3, *wire.context_slot(*context))
         self.n = n + _SLOTS
 
     def record_gpu(self, phase_id: int, start_ns: int, end_ns: int, timer_slot: int) -> None:

@@ -36,7 +36,9 @@ Context = tuple[int, int, int, int]  # (flags, epoch, iteration, batch)
 
 class OpenIteration:
     """An iteration begun and not yet ended: where it started, its context slot, the
-    batches it held and the time it was suspended (a validation inside it)."""
+    batches it held and the time it was suspended (a validation inside it). A loop
+    driver's goes on as the next one once it ended whole (``Iterations.end_full_step``
+    restarts it in place: one allocation less a step)."""
 
     __slots__ = (
         "batches",
@@ -258,8 +260,9 @@ class Iterations:
         Once a step: when ``iteration`` is the open one, its context the current one and
         nothing was left or suspended (``begin_iteration`` would have nothing to settle,
         cut or resume), its loop record and the next context go into the buffer in one
-        call. Else ``_send_loop_record`` and ``begin_iteration`` take the steps one by
-        one; the slots are the same."""
+        call and ``iteration`` itself goes on as the next (nothing else holds it). Else
+        ``_send_loop_record`` and ``begin_iteration`` take the steps one by one; the
+        slots are the same."""
         validation = iteration.validation
         if (
             self.open is not iteration
@@ -273,7 +276,10 @@ class Iterations:
         loop_slot = self._count_loop(iteration, now_ns)
         # The next iteration of the same kind: the same flags, the next number.
         context = (iteration.context[0], self.epoch, self.counts[validation], self.net_batches)
-        self.open = iteration = OpenIteration(validation, now_ns, context, iteration.explicit_end)
+        iteration.start_ns = now_ns
+        iteration.context = context
+        iteration.batches = iteration.excluded_ns = 0
+        iteration.recorded = False
         self._context = context
         self._buffer.record_and_context(*loop_slot, context)
         return iteration
