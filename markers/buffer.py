@@ -20,6 +20,7 @@ instead (``markers.forks``) and the parent reports the total.
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_left
 from time import perf_counter_ns
 from typing import Any
 
@@ -75,7 +76,7 @@ class RecordBuffer:
         self.slots = array("q", bytes(8 * (self.flush_at + 4 * _SLOTS)))
         self.n = 0
         self.deadline_ns = now_ns + FLUSH_AGE_NS
-        self._contexts: list[int] = []  # offsets of the context slots in ``slots``
+        self._contexts: list[int] = []  # offsets of the context slots in ``slots``, ascending
         self._pending: list[tuple[int, int]] = []  # (offset of a GPU slot, timer slot)
         self._next_hello_ns = now_ns + HELLO_EVERY_NS
         self._undeclared: list[dict[str, Any]] = []  # phase declarations not queued yet
@@ -133,6 +134,29 @@ class RecordBuffer:
         self.n = n = n + _SLOTS
         if n >= self.flush_at or end_ns >= self.deadline_ns:
             self.flush()
+
+    def record_and_context(
+        self, tag: int, start_ns: int, end_ns: int, context: tuple[int, int, int, int]
+    ) -> None:
+        """``record`` one slot, then ``set_context(*context)``, where ``context`` differs
+        from the current one in its iteration and batch only: an iteration's loop record
+        and the context of the next, once a step of a loop driver. Packed here when
+        neither would flush nor grow the array (the slot just recorded keeps the context
+        before it from being replaced), the context's tag copied from the current
+        context slot; else those two do it."""
+        n = self.n
+        if n + 2 * _SLOTS > self.flush_at or end_ns >= self.deadline_ns:
+            self.record(tag, start_ns, end_ns)
+            self.set_context(*context)
+            return
+        slots = self.slots
+        contexts = self._contexts
+        pack_slot(slots, n << 3, tag, start_ns, end_ns)
+        n += _SLOTS
+        pack_slot(slots, n << 3, slots[contexts[-1]], context[2], context[3])
+        contexts.append(n)
+        self._sent_since_context = False
+        self.n = n + _SLOTS
 
     def record_gpu(self, phase_id: int, start_ns: int, end_ns: int, timer_slot: int) -> None:
         """Append one phase and its GPU slot, pending until ``timer_slot`` resolves
@@ -240,18 +264,20 @@ class RecordBuffer:
 
     def _phase_count(self, end: int) -> int:
         if self.gpu is None:  # no GPU slots: everything but the context slots
-            return (end - _SLOTS * sum(1 for c in self._contexts if c < end)) // _SLOTS
+            return (end - _SLOTS * bisect_left(self._contexts, end)) // _SLOTS
         slots = self.slots
         return sum(1 for i in range(0, end, _SLOTS) if slots[i] & wire.TAG_MASK < wire.TAG_GPU)
 
     def _keep_from(self, ready: int) -> None:
         """Drop the sent slots; the rest starts after the context it was recorded under."""
-        context_at = max(c for c in self._contexts if c < ready)  # slot 0 is one
+        contexts = self._contexts
+        before = bisect_left(contexts, ready)  # the contexts below ``ready``; slot 0 is one
+        context_at = contexts[before - 1]
         kept = self.slots[context_at : context_at + _SLOTS] + self.slots[ready : self.n]
         shift = ready - _SLOTS
         self.slots[: len(kept)] = kept
         self.n = len(kept)
-        self._contexts = [0] + [c - shift for c in self._contexts if c > ready]
+        self._contexts = [0] + [c - shift for c in contexts[before:] if c > ready]
         self._pending = [(offset - shift, slot) for offset, slot in self._pending]
 
     def _make_room(self) -> None:

@@ -9,7 +9,9 @@ and callbacks.
 
 How an iteration ends, one verb each:
 
-* ``end_iteration`` / ``end_full_step``: whole, now (its loop record);
+* ``end_iteration``: whole, now (its loop record);
+* ``end_full_step``: a loop driver's step held all its batches: whole, and the next
+  iteration begins at once (the one call a step of ``markers.run.Run._batches``);
 * ``cut_open``: cut short now (flagged incomplete, or forgotten when nothing names it);
 * ``defer_left_loop``: a loop was left; whole or cut is decided later by
   ``settle_left_loops``, at the next primitive (cut when an exception reached it);
@@ -34,7 +36,9 @@ Context = tuple[int, int, int, int]  # (flags, epoch, iteration, batch)
 
 class OpenIteration:
     """An iteration begun and not yet ended: where it started, its context slot, the
-    batches it held and the time it was suspended (a validation inside it)."""
+    batches it held and the time it was suspended (a validation inside it). A loop
+    driver's goes on as the next one once it ended whole (``Iterations.end_full_step``
+    restarts it in place: one allocation less a step)."""
 
     __slots__ = (
         "batches",
@@ -109,7 +113,7 @@ class Iterations:
         self.open: OpenIteration | None = None
         self._suspended: tuple[OpenIteration, int] | None = None  # (iteration, since ns)
         self._left: list[tuple[OpenIteration, int]] = []  # loops left: (iteration, end ns)
-        self._context: Context = (0, self.epoch, -1, 0)
+        self._context: Context = (0, self.epoch, -1, 0)  # the buffer's, this very tuple
         buffer.set_context(*self._context)
 
     @property
@@ -219,7 +223,7 @@ class Iterations:
             self.net_batches,
         )
         self.open = iteration = OpenIteration(validation, start_ns, context, explicit_end)
-        self._set_context(*context)
+        self._set_context(context)
         return iteration
 
     def data_loaded(self, start_ns: int, end_ns: int | None = None) -> None:
@@ -248,11 +252,37 @@ class Iterations:
         self._send_loop_record(iteration, perf_counter_ns() if end_ns is None else end_ns, 0)
         self.set_outside()
 
-    def end_full_step(self, iteration: OpenIteration) -> None:
-        """``iteration`` (the open one) held all its batches: it ends whole now, and the
-        context stays as it is, since the loop begins the next iteration at once."""
-        self.open = None
-        self._send_loop_record(iteration, perf_counter_ns(), 0)
+    def end_full_step(self, iteration: OpenIteration, now_ns: int) -> OpenIteration:
+        """A loop driver's ``iteration`` held all its batches: it ends whole at ``now_ns``
+        and the next iteration of its kind begins there (the loop fetches its batch
+        next); returns that one, now open.
+
+        Once a step: when ``iteration`` is the open one, its context the current one and
+        nothing was left or suspended (``begin_iteration`` would have nothing to settle,
+        cut or resume), its loop record and the next context go into the buffer in one
+        call and ``iteration`` itself goes on as the next (nothing else holds it). Else
+        ``_send_loop_record`` and ``begin_iteration`` take the steps one by one; the
+        slots are the same."""
+        validation = iteration.validation
+        if (
+            self.open is not iteration
+            or iteration.context is not self._context
+            or self._left
+            or self._suspended is not None
+        ):
+            self.open = None
+            self._send_loop_record(iteration, now_ns, 0)
+            return self.begin_iteration(validation, now_ns)
+        loop_slot = self._count_loop(iteration, now_ns)
+        # The next iteration of the same kind: the same flags, the next number.
+        context = (iteration.context[0], self.epoch, self.counts[validation], self.net_batches)
+        iteration.start_ns = now_ns
+        iteration.context = context
+        iteration.batches = iteration.excluded_ns = 0
+        iteration.recorded = False
+        self._context = context
+        self._buffer.record_and_context(*loop_slot, context)
+        return iteration
 
     def leave_iteration(self) -> None:
         """Phases from now on are outside any iteration; one still open (or suspended) is
@@ -348,7 +378,7 @@ class Iterations:
         self._suspended = None
         iteration.excluded_ns += now_ns - since_ns
         self.open = iteration
-        self._set_context(*iteration.context)
+        self._set_context(iteration.context)
 
     def exclude_since(self, start_ns: int) -> None:
         """Keep the time since ``start_ns`` (a checkpoint, a state request) out of the open
@@ -366,11 +396,13 @@ class Iterations:
 
     def set_outside(self) -> None:
         """Phases from now on belong to no iteration."""
-        self._set_context(0, self.epoch, -1, self.net_batches)
+        self._set_context((0, self.epoch, -1, self.net_batches))
 
-    def _set_context(self, flags: int, epoch: int, iteration: int, batch: int) -> None:
-        self._context = (flags, epoch, iteration, batch)
-        self._buffer.set_context(flags, epoch, iteration, batch)
+    def _set_context(self, context: Context) -> None:
+        """``context`` is current: kept as this very tuple, so ``end_full_step`` can tell
+        an iteration's own context by identity."""
+        self._context = context
+        self._buffer.set_context(*context)
 
     def _record_in(
         self, context: Context, flags: int, tag: int, start_ns: int, end_ns: int
@@ -386,19 +418,26 @@ class Iterations:
         buffer.set_context(*self._context)
 
     def _send_loop_record(self, iteration: OpenIteration, end_ns: int, flags: int) -> None:
-        """Write ``iteration``'s loop record (its batch count in the tag; its suspended
-        time taken off its end, so the wall time excludes it) and count it."""
-        validation = iteration.validation
-        tag = wire.LOOP_ID[validation] | iteration.batches << wire.BATCHES_SHIFT
-        end_ns = max(end_ns - iteration.excluded_ns, iteration.start_ns)
+        """Count ``iteration`` and write its loop record (``_count_loop``)."""
+        tag, start_ns, end_ns = self._count_loop(iteration, end_ns)
         if not flags and iteration.context == self._context:
-            self._buffer.record(tag, iteration.start_ns, end_ns)
+            self._buffer.record(tag, start_ns, end_ns)
         else:
-            self._record_in(iteration.context, flags, tag, iteration.start_ns, end_ns)
-        self.counts[validation] += 1
-        if (
-            not validation
-            and self._buffer.gpu is None
-            and self.counts[False] % GPU_CHECK_EVERY == 0
-        ):
+            self._record_in(iteration.context, flags, tag, start_ns, end_ns)
+
+    def _count_loop(self, iteration: OpenIteration, end_ns: int) -> tuple[int, int, int]:
+        """Count ``iteration`` as ended and return its loop slot: its batch count in the
+        tag; its suspended time taken off its end, so the wall time excludes it. Every
+        ``GPU_CHECK_EVERY`` training iterations without GPU timing, first look whether the
+        script started using CUDA (a loop record has no GPU slot either way)."""
+        validation = iteration.validation
+        counts = self.counts
+        counts[validation] += 1
+        if not validation and self._buffer.gpu is None and counts[False] % GPU_CHECK_EVERY == 0:
             self._check_gpu()
+        start_ns = iteration.start_ns
+        return (
+            wire.LOOP_ID[validation] | iteration.batches << wire.BATCHES_SHIFT,
+            start_ns,
+            max(end_ns - iteration.excluded_ns, start_ns),
+        )

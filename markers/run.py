@@ -332,9 +332,10 @@ class Run:
 
     def batch_seen(self, validation: bool, batch: Any) -> None:
         """A batch of the open iteration was fetched: its size is read (when ``start_run``
-        was not given it) from the first batch of each iteration, and sent when it
-        changed."""
-        self._sizes.seen(validation, self._iter.counts[validation], batch)
+        was not given it), once per batch, and sent when it changed."""
+        model = self._iter
+        position = model.open.batches if model.open is not None else 0
+        self._sizes.seen(validation, model.counts[validation], position, batch)
 
     def batch_done(self) -> None:
         """A batch went through the network (counts towards warmup and towards the
@@ -425,26 +426,30 @@ class Run:
         iterator = iter(loader)
         iteration: OpenIteration | None = None  # the iteration this loop has open
         buffer = self._buffer
+        # The steady state is the hot path: its calls are looked up once, the data loading
+        # phase is recorded directly (``Iterations.data_loaded`` asks the open iteration's
+        # kind, which is this loop's).
+        record, seen, counts = buffer.record, self._sizes.seen, model.counts
+        loading = wire.VALIDATION_DATA_LOADING if validation else wire.TRAINING_DATA_LOADING
         fetched: tuple[int, int] | None = None  # the buffer when a yielded batch was fetched
         try:
+            start_ns = perf_counter_ns()
+            iteration = model.begin_iteration(validation, start_ns)
             while True:
-                start_ns = perf_counter_ns()
-                if iteration is None:
-                    iteration = model.begin_iteration(validation, start_ns)
                 try:
                     batch = next(iterator)
                 except StopIteration:
                     break
-                model.data_loaded(start_ns)
-                self._sizes.seen(validation, model.counts[validation], batch)
+                record(loading, start_ns, perf_counter_ns())
+                seen(validation, counts[validation], iteration.batches, batch)
                 fetched = (buffer.n, buffer.flushes)
                 yield batch
                 fetched = None
                 model.batch_done()
-                if iteration.batches == per_iteration:
-                    model.end_full_step(iteration)
-                    iteration = None
-            if iteration is not None and iteration is model.open:
+                start_ns = perf_counter_ns()
+                if iteration.batches == per_iteration:  # the next begins where this one ends
+                    iteration = model.end_full_step(iteration, start_ns)
+            if iteration is model.open:
                 # The last, shorter step ends where the fetch that found no batch began;
                 # a step with no batch is no iteration.
                 if iteration.batches:

@@ -94,7 +94,10 @@ class Dispatcher:
 
     def _batch_size(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
         stream.split.rank(stream.rank).note_batch_size(
-            body["kind"] == "validation", body["iteration"], body.get("value")
+            body["kind"] == "validation",
+            body["iteration"],
+            body.get("value"),
+            body.get("position", 0),
         )
         return None
 

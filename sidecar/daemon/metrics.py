@@ -89,7 +89,7 @@ class SnapshotCollector(Collector):
         )
         samples = CounterMetricFamily(
             "trainmon_samples",
-            "samples of the measured iterations (batch x accumulation per step)",
+            "samples of the measured iterations (the sizes of the batches of each step)",
             labels=[*RUN_LABELS, "split", "rank", "loop"],
         )
         gpu_families = _families(fields.GPU_FIELDS, GPU_LABELS)

@@ -66,6 +66,7 @@ FIELDS: dict[str, Fields] = {
         "kind": (True, False, one_of("train", "validation")),
         "value": (False, True, integer(1, 2**31 - 1)),  # null: the batches have no size
         "iteration": (True, False, integer()),
+        "position": (False, False, integer()),  # absent: 0, the iteration's first batch
     },
     wire.PART: {"data": (True, False, text(wire.MAX_CONTROL_BYTES))},  # base64: its handler
     wire.CHECKPOINT: {},

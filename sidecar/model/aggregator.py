@@ -23,10 +23,12 @@ Semantics (docs/contract.md, Semantics, docs/iteration-model.md):
   sessions: one value per split, resumed time added up.
 * Every measured value also feeds a streaming count/mean/std, past the cap. Flagged
   rows are kept up to ``num_measurements`` per phase.
-* A stored loop row keeps the batch size of its iteration (``Row.batch_size``): the size
-  given at the start of its session, else the one the markers read from the batches from
-  that iteration on. Throughput sums what each row held (batch size × its batches), so a
-  size that changes (across a resume, or a short last batch) counts right.
+* A stored loop row keeps the batch size of its iteration (``Row.batch_size``: of its
+  first batch) and the samples it held (``Row.samples``): with the size given at the
+  start of its session, that size × its batches; else the sum of the sizes the markers
+  read from its batches (each applies from the batch it was read at on). Throughput sums
+  the rows' samples, so a size that changes (across a resume, a short last batch, or one
+  inside a step of ``accumulation_steps`` batches) counts right.
 
 A closed iteration is decided by one rule, ``RankAggregator._decide``, which the record
 path and the array path (``model/blocks.py``) both call once per iteration, in order.
@@ -82,8 +84,8 @@ INCOMPLETE = "incomplete"  # flag of a row cut short: kept, never a measurement
 # checkpoint, and (when the resumed process goes on in it) the part after the resume.
 PART = "part"
 # What ``RankAggregator._decide`` says of a closed iteration: None (warmup), else (rows
-# stored, batches, batch size or None).
-Verdict = tuple[bool, int, int | None] | None
+# stored, batches, batch size or None, samples or None).
+Verdict = tuple[bool, int, int | None, int | None] | None
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,7 @@ class Row:
     batch_size: int | None = None  # samples per batch of the iteration (loop rows only)
     batches: int = 0  # batches of the row's iteration (0 outside iterations)
     flag: str = ""  # "", OUTSIDE, INCOMPLETE or PART (phases.tsv's flag column)
+    samples: int | None = None  # the sum of its batches' sizes (loop rows only; throughput)
 
 
 ROW_FIELDS = tuple(f.name for f in fields(Row))
@@ -183,8 +186,9 @@ class RankAggregator:
         self.continued: set[tuple[int, int]] = set()
         self._standalone_seen: dict[int, int] = {}
         # Batch sizes read from the batches in this session, by "is validation": (first
-        # iteration, size or None when the batches could not tell), in order.
-        self._read_sizes: dict[bool, list[tuple[int, int | None]]] = {False: [], True: []}
+        # iteration, first batch within it, size or None when the batches could not
+        # tell), in order.
+        self._read_sizes: dict[bool, list[tuple[int, int, int | None]]] = {False: [], True: []}
 
     def custom_key(self, name: str) -> int:
         """The key of custom phase ``name`` in ``series`` (its identity is its name, across
@@ -308,23 +312,42 @@ class RankAggregator:
             times, self.goodput, self.downtime_s, self.redone_s, straggler_per_iteration_s
         )
 
-    def note_batch_size(self, validation: bool, iteration: int, size: int | None) -> None:
+    def note_batch_size(
+        self, validation: bool, iteration: int, size: int | None, position: int = 0
+    ) -> None:
         """The markers read ``size`` (None: unreadable) from the batches of this session
-        from ``iteration`` on."""
-        self._read_sizes[validation].append((iteration, size))
+        from batch ``position`` (0: its first) of ``iteration`` on."""
+        self._read_sizes[validation].append((iteration, position, size))
 
-    def batch_size(self, validation: bool, iteration: int) -> int | None:
-        """Samples per batch of ``iteration`` of this session: as given at its start, else
-        as read from the batches; None when unknown."""
+    def iteration_samples(
+        self, validation: bool, iteration: int, batches: int
+    ) -> tuple[int | None, int | None]:
+        """``(batch size, samples)`` of ``iteration`` of this session, which held
+        ``batches`` batches: the size of its first batch and the sum of its batches'
+        sizes. As given at its start, else as read from the batches; None when unknown
+        (samples: when any of its batches' is)."""
         given = self.settings.val_batch_size if validation else self.settings.train_batch_size
         if given is not None:
-            return given
-        size = None
-        for first, read in self._read_sizes[validation]:
+            return given, given * batches
+        size = None  # the size from before ``iteration`` (or from its first batch) on
+        inside: list[tuple[int, int | None]] = []  # (position, size) read within it
+        for first, position, read in self._read_sizes[validation]:
             if first > iteration:
                 break
+            if first < iteration or not position:
+                size = read
+            else:
+                inside.append((position, read))
+        first_size, samples, done = size, 0, 0
+        for position, read in [*inside, (batches, None)]:
+            position = min(position, batches)
+            if position > done:  # batches ``done`` .. ``position`` - 1 held ``size`` each
+                if size is None:
+                    return first_size, None
+                samples += size * (position - done)
+                done = position
             size = read
-        return size
+        return first_size, samples
 
     # -- records --------------------------------------------------------------------
 
@@ -604,7 +627,8 @@ class RankAggregator:
         ):
             loop, verdict = loops[index], verdicts[index]
             assert verdict is not None  # kept: its iteration was measured
-            _, batches, size = verdict
+            _, batches, size, samples = verdict
+            is_loop = phase == loop[P_PHASE]
             self._series(phase).rows.append(
                 self._row(
                     loop,
@@ -612,9 +636,10 @@ class RankAggregator:
                     gpu_ns,
                     peak_bytes,
                     start_ns,
-                    size if phase == loop[P_PHASE] else None,
+                    size if is_loop else None,
                     batches,
                     "",
+                    samples if is_loop else None,
                 )
             )
 
@@ -703,7 +728,8 @@ class RankAggregator:
         verdict = self._decide(validation, loop_record)
         if verdict is None:
             return
-        store, batches, size = verdict
+        store, batches, size, samples = verdict
+        loop = loop_record[P_PHASE]
         for phase, partial in phases.items():
             if phase >= wire.FIRST_CUSTOM_ID and phase not in self.aligned_custom:
                 self._align(phase)
@@ -716,26 +742,28 @@ class RankAggregator:
                 store,
                 start_ns=partial.start_ns,
                 batches=batches,
-                batch_size=size if phase == loop_record[P_PHASE] else None,
+                batch_size=size if phase == loop else None,
+                samples=samples if phase == loop else None,
             )
 
     def _decide(self, validation: bool, loop_record: list[int]) -> Verdict:
         """The rule of a whole iteration closed by ``loop_record``, both paths call it once
         per iteration in order: None when warmup leaves it out, else whether its rows are
         stored (while fewer than ``num_measurements`` of its kind are), its batches and its
-        batch size (``batch_size``). Counts it as stored and adds its samples."""
+        batch size and samples (``iteration_samples``). Counts it as stored and adds its
+        samples."""
         if loop_record[P_BATCH] < self.settings.warmup_iterations:
             return None
         # A loop record without a count (primitives driven without ``batch_done``): a
         # whole step.
         batches = loop_record[P_BATCHES] or (1 if validation else self.settings.accumulation_steps)
-        size = self.batch_size(validation, loop_record[P_ITERATION])
-        if size is not None:
-            self.samples[validation] = (self.samples[validation] or 0) + size * batches
+        size, samples = self.iteration_samples(validation, loop_record[P_ITERATION], batches)
+        if samples is not None:
+            self.samples[validation] = (self.samples[validation] or 0) + samples
         store = self.stored_iterations[validation] < self.settings.num_measurements
         if store:
             self.stored_iterations[validation] += 1
-        return store, batches, size
+        return store, batches, size, samples
 
     def _cut_iteration(self, key: tuple[bool, int]) -> None:
         """An open iteration whose loop record never came: its phases are flagged rows."""
@@ -780,6 +808,7 @@ class RankAggregator:
         batch_size: int | None,
         batches: int,
         flag: str,
+        samples: int | None = None,
     ) -> Row:
         session = self.sessions[-1]
         begin_ns = record[P_START] if start_ns is None else start_ns
@@ -798,6 +827,7 @@ class RankAggregator:
             batch_size,
             batches,
             flag,
+            samples,
         )
 
     def _flag(
@@ -830,6 +860,7 @@ class RankAggregator:
         batches: int = 0,
         flag: str = "",
         batch_size: int | None = None,
+        samples: int | None = None,
     ) -> None:
         series = self._series(phase)
         series.wall.add(wall_ns / NS_PER_S)
@@ -837,5 +868,15 @@ class RankAggregator:
             series.gpu.add(gpu_ns / NS_PER_S)
         if store:
             series.rows.append(
-                self._row(record, wall_ns, gpu_ns, peak_bytes, start_ns, batch_size, batches, flag)
+                self._row(
+                    record,
+                    wall_ns,
+                    gpu_ns,
+                    peak_bytes,
+                    start_ns,
+                    batch_size,
+                    batches,
+                    flag,
+                    samples,
+                )
             )

@@ -14,7 +14,9 @@ stored rows (the field names are no longer repeated per row), which a checkpoint
 and flushes to disk each time. Within 4, each session also keeps its ``gpu_unfinished``,
 ``pre_run_s`` and ``sidecar_wait_s``, each rank its ``goodput`` counters per session and
 its ``open_spans``: the Epoch or Validation open when the state was taken, as the row of
-its part so far (absent: none, not counted). Older documents are upgraded on reading.
+its part so far (absent: none, not counted), and each row its ``samples`` (absent: batch
+size × batches, what throughput counted before). Older documents are upgraded on
+reading.
 
 The *lineage* of a state is the run id of its first session: a fresh run starts a
 lineage, a resume continues the lineage of the state it loaded.
@@ -57,7 +59,10 @@ def row_columns(rows: list[Row]) -> dict[str, list[Any]]:
 
 def rows_from_columns(columns: dict[str, list[Any]]) -> list[Row]:
     """Inverse of ``row_columns``; KeyError for a missing field, ValueError for columns of
-    different lengths."""
+    different lengths. Rows saved without their samples hold batch size × batches."""
+    if "samples" not in columns:
+        held = zip(columns["batch_size"], columns["batches"], strict=True)
+        columns = {**columns, "samples": [None if n is None else n * b for n, b in held]}
     return [Row(*values) for values in zip(*(columns[name] for name in ROW_FIELDS), strict=True)]
 
 
@@ -315,6 +320,7 @@ def _rows_to_columns(state: dict[str, Any], where: str) -> None:
                     entry[which] = {
                         name: [row[name] if name in row else _ROW_DEFAULTS[name] for row in rows]
                         for name in ROW_FIELDS
+                        if name != "samples"  # rows_from_columns tells them
                     }
                 except KeyError as exc:
                     raise StateError(

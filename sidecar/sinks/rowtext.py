@@ -128,8 +128,8 @@ class RowText:
     wall_s: np.ndarray
     gpu_s: np.ndarray
     peak_mib: np.ndarray
-    known_wall_s: list[float]  # wall_s of the rows of known batch size (throughput)
-    samples: int  # batch size × batches summed over those rows
+    known_wall_s: list[float]  # wall_s of the rows of known samples (throughput)
+    samples: int  # the samples of those rows, summed
 
 
 def _derive(rows: list[Row], label_cell: str, rank_cell: str, gpu: bool) -> RowText:
@@ -157,18 +157,16 @@ def _derive(rows: list[Row], label_cell: str, rank_cell: str, gpu: bool) -> RowT
         if len(segment) > 1
         else table[segment[0]]
     )
-    sizes = values["batch_size"]
+    samples = values["samples"]
     return RowText(
         lines,
         segments,
         {name: ",".join(cells) for name, cells in as_json.items()},
         **{name: np.array(values[name], dtype="float64") for name in _ARRAYS},
         known_wall_s=[
-            w for w, size in zip(values["wall_s"], sizes, strict=True) if size is not None
+            w for w, held in zip(values["wall_s"], samples, strict=True) if held is not None
         ],
-        samples=sum(
-            size * n for size, n in zip(sizes, values["batches"], strict=True) if size is not None
-        ),
+        samples=sum(held for held in samples if held is not None),
     )
 
 

@@ -113,9 +113,10 @@ def _throughput_lines(
     agg: RankAggregator, loop_phase: int, gpu_phases: Sequence[int], on_gpu: bool
 ) -> list[str]:
     """Samples in the stored loop rows of known batch size over their summed time: each
-    row holds batch size × the batches its step really held (a short last accumulation
-    step counts its own, docs/contract.md, Files); GPU throughput: the mean samples per stored step
-    over the mean GPU seconds of the ``gpu_phases`` added up."""
+    row holds the sizes of the batches its step really held, added up (a short last
+    accumulation step, or a short batch inside one, counts its own, docs/contract.md,
+    Files); GPU throughput: the mean samples per stored step over the mean GPU seconds of
+    the ``gpu_phases`` added up."""
     rows = rowtext.texts(agg, loop_phase)
     if not rows.lines:
         return ["Throughput: no measurement"]

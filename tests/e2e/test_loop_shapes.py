@@ -336,6 +336,22 @@ def test_accumulation_with_a_short_last_step_counts_its_own_batches(folder: Path
     assert f"Throughput: {4 * 7 / loop_s:.2f} images/s" in result.summary
 
 
+def test_a_short_batch_inside_a_step_counts_the_samples_it_holds(folder: Path) -> None:
+    # Sizes read from the batches, 4 a step; the loader's last batch (10 of 64) is the
+    # second of the last step: that step held 74 samples, not 2 x 64.
+    result = run_shape(folder, "short_batch")
+    assert result.returncode == 0, result.stderr
+    loops = result.measured("Training loop")
+    assert list(loops["batches"]) == [4, 4, 2]
+    assert list(loops["batch size"]) == [64, 64, 64]  # of each step's first batch
+    samples = sum(t["count"] for t in result.truth["samples"])  # what the loop got: 586
+    throughput = re.search(r"^Throughput: (\S+) images/s", result.summary, re.M)
+    assert throughput is not None, result.summary
+    assert float(throughput[1]) == pytest.approx(
+        samples / sum(result.column("Training loop")), rel=1e-3
+    )
+
+
 def test_custom_phases_survive_a_sidecar_takeover_and_a_full_queue(serve, short_tmp: Path) -> None:
     first = serve()
     out, state = short_tmp / "root" / "taken", short_tmp

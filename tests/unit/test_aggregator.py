@@ -221,6 +221,34 @@ def test_loop_records_carry_the_batches_their_step_held() -> None:
     assert [r.batches for r in copy.series[wire.TRAINING_LOOP].rows] == [3, 1, 3]
 
 
+def test_sizes_read_inside_a_step_count_each_batch() -> None:
+    # Steps of 4 batches, sizes read from the batches: 64 from the start; a short batch
+    # (10) second in step 2; 64 again from step 3; then one it could not read (None) as
+    # the third batch of step 4.
+    agg = aggregator(accumulation_steps=4)
+    for at, position, size in ((0, 0, 64), (2, 1, 10), (3, 0, 64), (4, 2, None)):
+        agg.note_batch_size(False, at, size, position)
+    values: list[int] = []
+    for i, batches in enumerate((4, 4, 2, 4, 4)):
+        values += record(wire.TRAINING_LOOP, 10 * i, 10 * i + 5, iteration=i, batches=batches)
+    agg.add_records(array("q", values))
+    rows = agg.series[wire.TRAINING_LOOP].rows
+    assert [r.batch_size for r in rows] == [64, 64, 64, 64, 64]  # of the first batch
+    assert [r.samples for r in rows] == [256, 256, 74, 256, None]
+    assert agg.samples == {False: 842, True: None}
+    saved = state.rank_state(agg)
+
+    def loaded_samples() -> list[int | None]:
+        copy = RankAggregator(0, Settings(accumulation_steps=4), 0.0)
+        state.load_rank(copy, saved)
+        return [r.samples for r in copy.series[wire.TRAINING_LOOP].rows]
+
+    assert loaded_samples() == [256, 256, 74, 256, None]
+    # A state saved before rows kept their samples: batch size × batches, as counted then.
+    del saved["series"][str(wire.TRAINING_LOOP)]["rows"]["samples"]
+    assert loaded_samples() == [256, 256, 128, 256, 256]
+
+
 def test_custom_phases_are_keyed_by_name_and_survive_the_state() -> None:
     agg = aggregator()
     a, b = agg.custom_key("a"), agg.custom_key("b")

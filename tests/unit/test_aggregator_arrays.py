@@ -156,6 +156,7 @@ def new_aggregator(settings: Settings, rng: random.Random) -> RankAggregator:
     if rng.random() < 0.5:
         agg.note_batch_size(False, 0, 32)
         agg.note_batch_size(False, 7, rng.choice([None, 16]))
+        agg.note_batch_size(False, 9, 5, 1)  # a short batch inside a step
     return agg
 
 

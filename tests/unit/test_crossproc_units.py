@@ -9,6 +9,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections import OrderedDict
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,12 @@ class Tensor:
         ((Tensor(8, 3), Tensor(4)), None),  # first dimensions disagree
         (object(), None),
         (Tensor(), None),
+        # Beside the shapes read directly (a tensor; a tuple, list or dict of them): a 0-d
+        # field, another mapping, nothing at all.
+        ({"x": Tensor(4, 3), "loss": Tensor()}, 4),
+        (OrderedDict(x=Tensor(4, 3), y=Tensor(4)), 4),
+        ({"x": Tensor(4, 3), "y": Tensor(5)}, None),
+        ((), None),
     ],
 )
 def test_batch_size_is_read_only_where_unambiguous(batch: object, size: int | None) -> None:

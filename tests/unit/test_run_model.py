@@ -13,6 +13,7 @@ import pytest
 import zmq
 
 from markers import wire
+from markers.buffer import FLUSH_RECORDS
 from markers.run import Run
 from markers.transport import Sender
 
@@ -203,3 +204,64 @@ def test_the_send_after_a_validation_pass_stays_out_of_the_training_iteration(
     run.end_iteration()
     (loop,) = [r for r in records(run, router) if r["phase"] == wire.TRAINING_LOOP]
     assert loop["end_ns"] - loop["start_ns"] < 0.03e9  # the sends took >= 0.1 s: excluded
+
+
+def shape(sent: list[dict[str, int]]) -> list[tuple[int, ...]]:
+    """Each record without its times: what it is and where it belongs."""
+    keys = ("phase", "flags", "epoch", "iteration", "batch", "batches")
+    return [tuple(r[k] for k in keys) for r in sent]
+
+
+def test_the_drivers_steps_write_what_the_primitives_write(tmp_path: Path) -> None:
+    # Enough steps to cross flushes (a context packed with a loop record, or one left for
+    # the next message), a validation pass inside a step (a suspended iteration resumes,
+    # then the next step goes the fast way again) and accumulation with a short last step.
+    steps = 3 * FLUSH_RECORDS // 4
+
+    def script(run: Run, driver: bool) -> None:
+        forward = run.phase("forward")
+        loader = range(2 * steps + 1)
+        with run.epoch():
+            if driver:
+                for i, _ in enumerate(run.train_batches(loader)):
+                    with forward:
+                        pass
+                    if i == 5:
+                        with run.validation():
+                            for _ in run.val_batches(range(2)):
+                                pass
+                return
+            for i in loader:
+                if i % 2 == 0:
+                    run.begin_iteration()
+                run.data_loaded(time.perf_counter_ns())
+                with forward:
+                    pass
+                if i == 5:
+                    run.begin_validation()
+                    for _ in range(2):
+                        run.begin_iteration(True)
+                        run.data_loaded(time.perf_counter_ns())
+                        run.batch_done()
+                        run.end_iteration()
+                    run.end_validation()
+                run.batch_done()
+                if i % 2 == 1:
+                    run.end_iteration()
+            run.end_iteration()
+
+    sent: dict[bool, list[tuple[int, ...]]] = {}
+    for driver in (True, False):
+        router: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
+        endpoint = f"ipc://{tmp_path}/{driver}.sock"
+        router.bind(endpoint)
+        sender = Sender(endpoint, os.urandom(16), 0)
+        run = Run(sender, {**HELLO, "accumulation_steps": 2}, monitored=True)
+        script(run, driver)
+        sent[driver] = shape(records(run, router))
+        sender.close()
+        router.close(linger=0)
+    training_loops = [r for r in sent[True] if r[0] == wire.TRAINING_LOOP]
+    assert len(training_loops) == steps + 1
+    assert training_loops[-1][-1] == 1  # the short last step
+    assert sent[True] == sent[False]

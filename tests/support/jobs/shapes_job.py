@@ -271,6 +271,23 @@ def accumulation(run: Any, clock: Clock) -> None:
                 clock.end_body()
 
 
+def short_batch(run: Any, clock: Clock) -> None:
+    """Batch sizes read from the batches (none given), 4 batches a step: the loader's last
+    batch (10 samples, the others 64) falls inside the last step, beside a full one. The
+    samples the loop got are counted here."""
+    import torch
+
+    sizes = [64] * 9 + [10]
+    loader = ((torch.zeros(n, 3), torch.zeros(n)) for n in sizes)
+    with run.epoch():
+        clock.start_loop()
+        for i, (inputs, _) in enumerate(run.train_batches(loader)):
+            clock.add("samples", count=len(inputs))
+            clock.phase("forward", "Forward", 2 * MS)
+            if i % 4 == 3 or i == len(sizes) - 1:
+                clock.end_body()
+
+
 SHAPES = {
     "plain": (plain, {}),
     "break": (break_out, {}),
@@ -280,6 +297,7 @@ SHAPES = {
     "nested": (nested, {}),
     "probe": (probe, {}),
     "accumulation": (accumulation, {"accumulation_steps": 3}),
+    "short_batch": (short_batch, {"accumulation_steps": 4, "train_batch_size": None}),
 }
 TRUTH = ""
 
@@ -298,17 +316,15 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args()
     TRUTH = args.truth
-    settings = {"accumulation_steps": 1}
+    settings: dict[str, Any] = {
+        "accumulation_steps": 1,
+        "train_batch_size": 4,
+        "val_batch_size": 4,
+    }
     if args.shape in SHAPES:
         settings.update(SHAPES[args.shape][1])
     run = markers.start_run(
-        out_dir="maps",
-        warmup_iterations=0,
-        num_measurements=1000,
-        train_batch_size=4,
-        val_batch_size=4,
-        resume=args.resume,
-        **settings,
+        out_dir="maps", warmup_iterations=0, num_measurements=1000, resume=args.resume, **settings
     )
     clock = Clock(run)
     with run:
