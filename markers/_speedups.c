@@ -62,8 +62,8 @@ typedef struct {
     long long depth;  /* entries inside the open one */
 } PhaseObject;
 
-/* Attribute names of the buffer, interned once (module state would need a lookup per
- * call; these strings are immortal in practice and shared by every interpreter use). */
+/* Attribute and method names, interned once for the process: module state would cost a
+ * lookup per call (hence the module declines subinterpreters, see speedups_slots). */
 static PyObject *str_n, *str_slots, *str_flush_at, *str_deadline_ns, *str_flush;
 static PyObject *str_enter, *str_exit;
 
@@ -176,6 +176,10 @@ Phase_exit_impl(PhaseObject *self)
         return NULL;
     }
     PyObject *buffer = self->buffer;
+    if (buffer == NULL) { /* made by __new__ alone: as PurePhase, no _buffer */
+        PyErr_SetString(PyExc_AttributeError, "_buffer");
+        return NULL;
+    }
     long long n = buffer_int(buffer, str_n);
     if (n == -1 && PyErr_Occurred()) {
         return NULL;
@@ -344,6 +348,10 @@ speedups_exec(PyObject *module)
 
 static PyModuleDef_Slot speedups_slots[] = {
     {Py_mod_exec, speedups_exec},
+#ifdef Py_mod_multiple_interpreters
+    /* the attribute names above are process-wide, not per interpreter */
+    {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
+#endif
     {0, NULL},
 };
 
