@@ -227,13 +227,12 @@ Phase_exit(PhaseObject *self, PyObject *const *Py_UNUSED(args), Py_ssize_t nargs
 }
 
 /* begin and end go through the type's own __enter__ / __exit__, as PurePhase's do, so a
- * subclass (GpuPhase) that overrides them is begun and ended its own way. */
+ * subclass (GpuPhase) that overrides them is begun and ended its own way. args[0] is the
+ * marker; no PY_VECTORCALL_ARGUMENTS_OFFSET: there is no args[-1] to lend. */
 static PyObject *
-Phase_begin(PhaseObject *self, PyObject *Py_UNUSED(ignored))
+call_own(PyObject *name, PyObject *const *args, size_t nargs)
 {
-    PyObject *args[1] = {(PyObject *)self};
-    PyObject *result = PyObject_VectorcallMethod(
-        str_enter, args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    PyObject *result = PyObject_VectorcallMethod(name, args, nargs, NULL);
     if (result == NULL) {
         return NULL;
     }
@@ -242,16 +241,17 @@ Phase_begin(PhaseObject *self, PyObject *Py_UNUSED(ignored))
 }
 
 static PyObject *
+Phase_begin(PhaseObject *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *args[1] = {(PyObject *)self};
+    return call_own(str_enter, args, 1);
+}
+
+static PyObject *
 Phase_end(PhaseObject *self, PyObject *Py_UNUSED(ignored))
 {
     PyObject *args[4] = {(PyObject *)self, Py_None, Py_None, Py_None};
-    PyObject *result = PyObject_VectorcallMethod(
-        str_exit, args, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-    if (result == NULL) {
-        return NULL;
-    }
-    Py_DECREF(result);
-    Py_RETURN_NONE;
+    return call_own(str_exit, args, 4);
 }
 
 static PyObject *
