@@ -5,17 +5,20 @@ The hot path (a phase's enter and exit on a CPU) is two ``perf_counter_ns`` call
 slot packed into the preallocated ``markers.buffer.RecordBuffer`` and one comparison; the
 buffer goes out as one message every ``FLUSH_RECORDS`` records or ``FLUSH_AGE_NS``,
 whichever comes first. ``run.phase`` is the table's own ``dict.__getitem__`` (no Python
-frame). Keep these classes lean: docs/architecture.md ("The hot path") says why their
-layout matters.
+frame). ``Phase`` takes that path from ``markers._speedups.PhaseBase`` (C, built at install
+when a compiler is there: no Python frame at all) or else from ``PurePhase``, the same
+semantics in Python; ``ACCELERATED`` says which. Keep these classes lean:
+docs/architecture.md ("The hot path") says why their layout matters.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from markers import wire
 from markers.buffer import RecordBuffer, pack_slot
@@ -24,15 +27,20 @@ perf_counter_ns = time.perf_counter_ns
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+# MARKERS_PURE_PYTHON=1 keeps the markers on PurePhase even where the accelerator is
+# built (the tests run both paths). An environment variable is the right switch only
+# because the choice is made once, here, at import: nothing reads it again.
+PURE_PYTHON_ENV = "MARKERS_PURE_PYTHON"
 
-class Phase:
-    """A reusable phase marker: ``with run.phase("forward"):`` or ``@run.phase("x")``.
+
+class PurePhase:
+    """A phase marker's state, enter and exit in Python: the reference semantics, and the
+    fallback where ``markers._speedups`` is not built.
 
     ``__exit__`` packs three integers into the buffer inline and compares once: it runs
-    at every phase of every step. Once the script uses CUDA the Run turns its markers into
-    ``GpuPhase`` (same slots), so the CPU path carries no GPU test. A phase entered again
-    inside itself (a decorated helper called within the same phase) is one measurement,
-    the outer one: the inner entries only count their depth.
+    at every phase of every step. A phase entered again inside itself (a decorated helper
+    called within the same phase) is one measurement, the outer one: the inner entries
+    only count their depth.
     """
 
     __slots__ = ("_buffer", "_depth", "_id", "_slot", "_start")
@@ -49,7 +57,7 @@ class Phase:
         """The phase's id on the wire."""
         return self._id
 
-    def __enter__(self) -> Phase:
+    def __enter__(self) -> Self:
         if self._start:  # entered again inside itself: the outer entry measures
             self._depth += 1
             return self
@@ -77,6 +85,35 @@ class Phase:
         """End the phase started by ``begin``."""
         self.__exit__(None, None, None)
 
+
+def _phase_base() -> type:
+    """The compiled base when it is built and not switched off, else ``PurePhase``."""
+    if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
+        return PurePhase
+    try:
+        from markers._speedups import PhaseBase
+    except ImportError:  # not built: no compiler or no Python headers at install
+        return PurePhase
+    return PhaseBase
+
+
+if TYPE_CHECKING:
+    _PhaseBase = PurePhase
+else:
+    _PhaseBase = _phase_base()
+ACCELERATED: bool = _PhaseBase is not PurePhase
+
+
+class Phase(_PhaseBase):
+    """A reusable phase marker: ``with run.phase("forward"):`` or ``@run.phase("x")``.
+
+    Enter, exit, ``begin``, ``end`` and ``phase_id`` come from the base (``PurePhase``
+    says what they do). Once the script uses CUDA the Run turns its markers into
+    ``GpuPhase`` (same slots), so the CPU path carries no GPU test.
+    """
+
+    __slots__ = ()
+
     def __call__(self, function: F) -> F:
         @functools.wraps(function)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -96,7 +133,7 @@ class GpuPhase(Phase):
         """The phase's id on the wire."""
         return self._id
 
-    def __enter__(self) -> Phase:
+    def __enter__(self) -> Self:
         if self._start:
             self._depth += 1
             return self
