@@ -150,7 +150,9 @@ class _Hooks:
     (never raise, stamp nothing while Dynamo traces it) rather than a wrapper around a
     method: ``bench/instrument_overhead.py`` measures what is left. The hooks are this
     object's bound methods; ``__deepcopy__`` keeps a deep copy of the model (an EMA copy)
-    from copying the run with them.
+    from copying the run with them. Forward hooks on the given modules, not torch's global
+    module hooks: those run for every submodule's call too; with or without kwargs, a
+    pre-hook costs the same (callgrind, torch 2.13).
     """
 
     def __init__(
