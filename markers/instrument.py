@@ -514,7 +514,7 @@ class _Hooks:
                     "each step ends an iteration. Pass them to instrument() "
                     "in the order they step: the last one ends the iteration",
                     RuntimeWarning,
-                    stacklevel=4,
+                    stacklevel=5,
                 )
         return ours
 
