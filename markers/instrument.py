@@ -52,7 +52,7 @@ graph); instrument the compiled module (``instrument(torch.compile(m))``) so the
 run outside the compiled graph, eagerly.
 
 Hooks never raise into the training loop: an error inside one is reported once
-(RuntimeWarning) and the hooks are taken off.
+(RuntimeWarning) and every hook stops measuring (``remove()`` takes them off).
 
 Importing this module does not import torch; ``instrument()`` does.
 """
@@ -145,6 +145,14 @@ class _Hooks:
     ``optimizers``: None hooks every optimizer (global hooks) whose parameters are the
     model's; an empty list hooks none (a framework callback stamps Optimization and the
     iterations itself).
+
+    Every hook runs once or twice per step, so each is one frame with its guard inline
+    (never raise, stamp nothing while Dynamo traces it) rather than a wrapper around a
+    method: ``bench/instrument_overhead.py`` measures what is left. The hooks are this
+    object's bound methods; ``__deepcopy__`` keeps a deep copy of the model (an EMA copy)
+    from copying the run with them. Forward hooks on the given modules, not torch's global
+    module hooks: those run for every submodule's call too; with or without kwargs, a
+    pre-hook costs the same (callgrind, torch 2.13).
     """
 
     def __init__(
@@ -161,7 +169,10 @@ class _Hooks:
 
         from markers import wraps
 
-        self._torch = torch
+        # Checking ``is_compiling`` costs ~0.1 µs a call; ``torch.compiler.disable`` around
+        # every hook cost ~10 µs a step. The call wrappers check it once per call.
+        self._is_compiling = torch.compiler.is_compiling
+        self._grad_enabled = torch.is_grad_enabled
         self._run = run
         self._forward = run.phase("forward")
         self._backward = run.phase("backward")
@@ -183,6 +194,9 @@ class _Hooks:
         self._backward_open = False
         self._grad_forward = False  # a forward under grad since the last backward
         self._probe: torch.nn.Parameter | None = None  # a parameter that has a gradient
+        # The first dimension of the last one-tensor training input whose size was read
+        # (None: none, or the sizes may have changed since): the same again needs no read.
+        self._read_dim: int | None = None
         self._parameters = [p for m in modules for p in m.parameters()]
         self._boundary: torch.optim.Optimizer | None = optimizers[-1] if optimizers else None
         self._explicit = optimizers is not None
@@ -191,47 +205,28 @@ class _Hooks:
         self._handles: list[Any] = []
         self._unwrap: list[Callable[[], None]] = []
 
-        safe = self._safe
         for module in modules:
             self._handles.append(
-                module.register_forward_pre_hook(safe(self._forward_pre), with_kwargs=True)
+                module.register_forward_pre_hook(self._forward_pre, with_kwargs=True)
             )
-            self._handles.append(module.register_forward_hook(safe(self._forward_post)))
+            self._handles.append(module.register_forward_hook(self._forward_post))
         if optimizers is None:
-            self._handles.append(register_optimizer_step_pre_hook(safe(self._global_pre)))
-            self._handles.append(register_optimizer_step_post_hook(safe(self._global_post)))
+            self._handles.append(register_optimizer_step_pre_hook(self._global_pre))
+            self._handles.append(register_optimizer_step_post_hook(self._global_post))
         else:
             for opt in optimizers:
                 self._ours[opt] = True
-                self._unwrap.append(
-                    wraps.wrap_step(opt, safe(self._step_begin), safe(self._step_end))
-                )
-        self.backward_begin = safe(self._backward_begin)
-        self.backward_end = safe(self._backward_end)
-        self.scaler_step_begin = safe(self._scaler_step_begin)
-        self.scaler_step_end = safe(self._scaler_step_end)
+                self._unwrap.append(wraps.wrap_step(opt, self.step_begin, self.step_end))
         self._wraps = wraps
         wraps.listen(self)
         run._open_gpu()  # the model is usually on its device by now: GPU timing from the start
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Hooks:
+        # A deep copy of an instrumented model (an EMA copy) copies its hooks, our bound
+        # methods: they stay these hooks, as plain functions would, and the run is not copied.
+        return self
+
     # -- safety ---------------------------------------------------------------------
-
-    def _safe(self, hook: Callable[..., Any]) -> Callable[..., Any]:
-        """``hook`` that never raises (one warning, then every hook stops measuring) and
-        that stamps nothing while Dynamo traces it (it would bake one time into the graph).
-        Checking ``is_compiling`` costs ~0.1 µs a call; ``torch.compiler.disable`` around
-        every hook cost ~10 µs a step."""
-        is_compiling = self._torch.compiler.is_compiling
-
-        def guarded(*args: Any) -> None:
-            if self._failed or is_compiling():
-                return
-            try:
-                hook(*args)
-            except Exception as exc:  # never into the training loop
-                self._fail(exc)
-
-        return guarded
 
     def _fail(self, exc: Exception) -> None:
         # The hooks stay registered (torch may be iterating over them right now) but do
@@ -268,47 +263,58 @@ class _Hooks:
     def _forward_pre(
         self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
-        self._depth += 1
-        if self._depth > 1:
+        if self._failed or self._is_compiling():
             return
-        now = perf_counter_ns()
-        run = self._run
-        opened = run.iteration
-        if opened is not None and opened != self._owned:
-            # A loop driver owns the iteration: stamp the phase only.
-            evaluation = opened[0] or run.in_validation or not module.training
-            self._marker = self._evaluation if evaluation else self._forward
-            if not evaluation:  # its size, where the driver sees no batch (Transformers)
-                run.batch_seen(False, args or kwargs)
-        elif self._is_training(module):
-            self._begin_training_forward(now, args or kwargs)
-            self._marker = self._forward
-        else:
-            self._begin_evaluation(module, now, args or kwargs)
-            self._marker = self._evaluation
-        self._marker.begin()
+        try:
+            self._depth += 1
+            if self._depth > 1:
+                return
+            now = perf_counter_ns()
+            run = self._run
+            opened = run.iteration
+            if opened is not None and opened != self._owned:
+                # A loop driver owns the iteration: stamp the phase only.
+                evaluation = opened[0] or run.in_validation or not module.training
+                self._marker = self._evaluation if evaluation else self._forward
+                if not evaluation:  # its size, where the driver sees no batch (Transformers)
+                    run.batch_seen(False, args or kwargs)
+                    self._read_dim = None  # the driver may have read another size
+            elif self._is_training(module):
+                self._begin_training_forward(now, args or kwargs)
+                self._marker = self._forward
+            else:
+                self._begin_evaluation(module, now, args or kwargs)
+                self._marker = self._evaluation
+            self._marker.__enter__()
+        except Exception as exc:  # never into the training loop
+            self._fail(exc)
 
     def _forward_post(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        self._depth -= 1
-        if self._depth:
+        if self._failed or self._is_compiling():
             return
-        marker, self._marker = self._marker, None
-        if marker is None:  # hooks installed during this forward
-            return
-        marker.end()
-        if self._torch.is_grad_enabled():
-            self._grad_forward = True
-        if marker is self._evaluation and self._owned is not None and self._owned[0]:
-            run = self._run
-            run.batch_done()
-            run.end_iteration()
-            self._owned = None
-            self._last_ns = perf_counter_ns()
+        try:
+            self._depth -= 1
+            if self._depth:
+                return
+            marker, self._marker = self._marker, None
+            if marker is None:  # hooks installed during this forward
+                return
+            marker.__exit__(None, None, None)
+            if self._grad_enabled():
+                self._grad_forward = True
+            if marker is self._evaluation and self._owned is not None and self._owned[0]:
+                run = self._run
+                run.batch_done()
+                run.end_iteration()
+                self._owned = None
+                self._last_ns = perf_counter_ns()
+        except Exception as exc:  # never into the training loop
+            self._fail(exc)
 
     def _is_training(self, module: torch.nn.Module) -> bool:
-        if self._run.in_validation or not module.training:
+        if not module.training or self._run.in_validation:
             return False
-        if self._torch.is_grad_enabled():
+        if self._grad_enabled():
             return True
         # Training mode under no_grad: part of training once training is under way (a
         # GAN's generator), or right after an evaluation in eval mode (the script called
@@ -329,17 +335,26 @@ class _Hooks:
             self._leave()
             self._pending_backward = False
             self._after_backward = False
-        new_batch = self._owned is None or self._after_backward
-        if self._owned is None:
+        first = self._owned is None
+        if first:
             start = max(self._last_ns, boundary)
             # Whole only at its step: micro-batches left at an epoch's end never stepped.
             run.begin_iteration(False, start, explicit_end=True)
-            self._owned = run.iteration
-        if new_batch:
-            self._count_batch()
+            self._owned = (False, start)  # what run.iteration now says
+        if first or self._after_backward:  # a new batch reached the model
+            if self._batch_pending:
+                self._count_batch()
             self._batch_pending = True
             run.data_loaded(max(self._last_ns, boundary), now)
-            run.batch_seen(False, batch)
+            if first:  # the iteration's first batch: the one whose size counts
+                # One tensor with the first dimension of the last one read has the same
+                # size: nothing to read (most steps). Anything else is read.
+                one = batch[0] if type(batch) is tuple and len(batch) == 1 else None
+                shape = getattr(one, "shape", None)
+                dim = shape[0] if shape else None
+                if dim is None or dim != self._read_dim:
+                    run.batch_seen(False, batch)
+                    self._read_dim = dim
         self._after_backward = False
         self._state = _TRAIN
 
@@ -349,7 +364,7 @@ class _Hooks:
             self._leave()
         start = max(self._last_ns, run.last_boundary_ns)
         run.begin_iteration(True, start)
-        self._owned = run.iteration
+        self._owned = (True, start)  # what run.iteration now says
         run.data_loaded(start, now)
         run.batch_seen(True, batch)
         self._state = _VAL
@@ -369,97 +384,144 @@ class _Hooks:
         self._owned = None
 
     # -- backward -------------------------------------------------------------------
+    # Called by ``markers.wraps``'s wrapper of torch.autograd.backward, which does not call
+    # them while Dynamo traces it.
 
-    def _backward_begin(self) -> None:
-        # Only the outermost call after a forward under grad: a reentrant checkpoint calls
-        # backward inside backward, and a backward of another graph is not the model's.
-        self._backward_depth += 1
-        if self._backward_depth == 1 and self._grad_forward:
-            self._grad_forward = False
-            self._backward_open = True
-            self._backward.begin()
-
-    def _backward_end(self) -> None:
-        self._backward_depth = max(self._backward_depth - 1, 0)
-        if self._backward_depth or not self._backward_open:
+    def backward_begin(self) -> None:
+        """A call of ``torch.autograd.backward`` begins. Never raises."""
+        if self._failed:
             return
-        self._backward.end()
-        self._backward_open = False
-        self._last_ns = perf_counter_ns()
-        self._after_backward = True
-        self._pending_backward = True
-        self._count_batch()  # now, not at the step: micro-batches that never step count
-        probe = self._probe
-        if probe is None or probe.grad is None:
-            self._probe = next((p for p in self._parameters if p.grad is not None), None)
+        try:
+            # Only the outermost call after a forward under grad: a reentrant checkpoint
+            # calls backward inside backward, and a backward of another graph is not the
+            # model's.
+            self._backward_depth += 1
+            if self._backward_depth == 1 and self._grad_forward:
+                self._grad_forward = False
+                self._backward_open = True
+                self._backward.__enter__()
+        except Exception as exc:  # never into the training loop
+            self._fail(exc)
+
+    def backward_end(self) -> None:
+        """The call of ``torch.autograd.backward`` returned or raised. Never raises."""
+        if self._failed:
+            return
+        try:
+            self._backward_depth = max(self._backward_depth - 1, 0)
+            if self._backward_depth or not self._backward_open:
+                return
+            self._backward.__exit__(None, None, None)
+            self._backward_open = False
+            self._last_ns = perf_counter_ns()
+            self._after_backward = True
+            self._pending_backward = True
+            # Counted now, not at the step: micro-batches that never step count too.
+            if self._batch_pending:
+                self._count_batch()
+            probe = self._probe
+            if probe is None or probe.grad is None:
+                self._probe = next((p for p in self._parameters if p.grad is not None), None)
+        except Exception as exc:  # never into the training loop
+            self._fail(exc)
 
     def _gradients_cleared(self) -> bool:
         """The gradients of the last backward were cleared without a step (zero_grad)."""
         return self._probe is not None and self._probe.grad is None
 
     # -- optimizer ------------------------------------------------------------------
+    # ``step_begin``/``step_end`` are called by the wrapper of each given optimizer's step
+    # and ``scaler_step_*`` by the wrapper of GradScaler.step (``markers.wraps``: neither
+    # calls them while Dynamo traces it); ``_global_*`` are torch's global step hooks.
 
-    def _scaler_step_begin(self, optimizer: Any) -> None:
-        # GradScaler's step (unscale, inf check, then maybe the optimizer's): all of it is
-        # Optimization, and a step it skips still ends the iteration.
+    def scaler_step_begin(self, optimizer: Any) -> None:
+        """``GradScaler.step(optimizer)`` begins (unscale, inf check, then maybe the
+        optimizer's step): all of it is Optimization, and a step it skips still ends the
+        iteration. Never raises."""
         if self._is_ours(optimizer):
-            self._step_begin(optimizer)
+            self.step_begin(optimizer)
 
-    def _scaler_step_end(self, optimizer: Any) -> None:
+    def scaler_step_end(self, optimizer: Any) -> None:
+        """``GradScaler.step(optimizer)`` returned or raised. Never raises."""
         if self._is_ours(optimizer):
-            self._step_end(optimizer)
+            self.step_end(optimizer)
 
-    def _step_begin(self, optimizer: Any) -> None:
-        # A step inside a step (GradScaler's around the optimizer's, a subclass calling
-        # super().step(), an optimizer wrapping another) is part of the outer one.
-        self._step_depth += 1
-        if self._step_depth == 1:
-            self._optimization.begin()
-
-    def _step_end(self, optimizer: Any) -> None:
-        self._step_depth -= 1
-        if self._step_depth:
+    def step_begin(self, optimizer: Any) -> None:
+        """A step of ``optimizer`` (one of ours) begins. Never raises."""
+        if self._failed:
             return
-        self._optimization.end()
-        self._last_ns = now = perf_counter_ns()
-        self._pending_backward = False
-        self._after_backward = False
-        boundary = self._boundary
-        if boundary is not None and optimizer is not boundary:
-            return  # a GAN's discriminator step: the iteration goes on
-        owned = self._owned
-        if owned is not None and not owned[0] and self._run.iteration == owned:
-            self._count_batch()
-            self._run.end_iteration(now)
-        self._owned = None
-        self._batch_pending = False
+        try:
+            # A step inside a step (GradScaler's around the optimizer's, a subclass calling
+            # super().step(), an optimizer wrapping another) is part of the outer one.
+            self._step_depth += 1
+            if self._step_depth == 1:
+                self._optimization.__enter__()
+        except Exception as exc:  # never into the training loop
+            self._fail(exc)
+
+    def step_end(self, optimizer: Any) -> None:
+        """The step of ``optimizer`` returned or raised; the last optimizer's step ends the
+        iteration. Never raises."""
+        if self._failed:
+            return
+        try:
+            self._step_depth -= 1
+            if self._step_depth:
+                return
+            self._optimization.__exit__(None, None, None)
+            self._last_ns = now = perf_counter_ns()
+            self._pending_backward = False
+            self._after_backward = False
+            boundary = self._boundary
+            if boundary is not None and optimizer is not boundary:
+                return  # a GAN's discriminator step: the iteration goes on
+            owned = self._owned
+            if owned is not None and not owned[0] and self._run.iteration == owned:
+                if self._batch_pending:
+                    self._count_batch()
+                self._run.end_iteration(now)
+            self._owned = None
+            self._batch_pending = False
+        except Exception as exc:  # never into the training loop
+            self._fail(exc)
 
     def _is_ours(self, optimizer: Any) -> bool:
-        """True for an optimizer over the instrumented modules' parameters."""
-        ours = self._ours.get(optimizer)
-        if ours is None and self._explicit:  # only those given count
+        """True for an optimizer over the instrumented modules' parameters (False once the
+        hooks failed). Never raises."""
+        if self._failed:
             return False
-        if ours is None:
-            mine = {id(p) for p in self._parameters}
-            ours = self._ours[optimizer] = any(
-                id(p) in mine for group in optimizer.param_groups for p in group["params"]
-            )
-            if ours:
-                self._stepping.add(id(optimizer))
-                if len(self._stepping) == 2:
-                    warnings.warn(
-                        "markers.instrument: several optimizers step the model; "
-                        "each step ends an iteration. Pass them to instrument() "
-                        "in the order they step: the last one ends the iteration",
-                        RuntimeWarning,
-                        stacklevel=3,
-                    )
+        try:
+            ours = self._ours.get(optimizer)
+            if ours is None and self._explicit:  # only those given count
+                return False
+            if ours is None:
+                ours = self._ours[optimizer] = self._steps_our_parameters(optimizer)
+            return ours
+        except Exception as exc:  # never into the training loop
+            self._fail(exc)
+            return False
+
+    def _steps_our_parameters(self, optimizer: Any) -> bool:
+        """Whether ``optimizer`` (seen for the first time) steps the model's parameters;
+        warns when a second one does."""
+        mine = {id(p) for p in self._parameters}
+        ours = any(id(p) in mine for group in optimizer.param_groups for p in group["params"])
+        if ours:
+            self._stepping.add(id(optimizer))
+            if len(self._stepping) == 2:
+                warnings.warn(
+                    "markers.instrument: several optimizers step the model; "
+                    "each step ends an iteration. Pass them to instrument() "
+                    "in the order they step: the last one ends the iteration",
+                    RuntimeWarning,
+                    stacklevel=5,
+                )
         return ours
 
     def _global_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self._is_ours(optimizer):
-            self._step_begin(optimizer)
+        if not self._is_compiling() and self._is_ours(optimizer):
+            self.step_begin(optimizer)
 
     def _global_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self._is_ours(optimizer):
-            self._step_end(optimizer)
+        if not self._is_compiling() and self._is_ours(optimizer):
+            self.step_end(optimizer)

@@ -5,6 +5,7 @@ with a real sidecar."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import difflib
 import json
 import socket
@@ -255,8 +256,10 @@ def test_two_optimizers_the_last_one_given_ends_the_iteration(sidecar: Sidecar) 
         free = time.perf_counter()  # the script's clock: the previous step's end
         for x, _y in spin_loader(truth, batches, SPINS["loading"]):
             noise = torch.randn(4, 8)
-            truth.since("loading", free)
             with torch.no_grad(), truth.around("forward"):
+                # The script's clock up to the call that ends the data loading: a pause
+                # while entering no_grad widens the row and its bound alike.
+                truth.since("loading", free)
                 fake = generator(noise)
             with truth.around("forward"):
                 real_score = discriminator(x).mean()
@@ -337,6 +340,22 @@ def test_remove_takes_every_hook_off(sidecar: Sidecar) -> None:
     assert not model._forward_hooks and not model._forward_pre_hooks
     assert not optimizer._optimizer_step_pre_hooks and not optimizer._optimizer_step_post_hooks
     assert table(sidecar)["Forward (s)"].isna().all()
+
+
+def test_a_deep_copy_of_an_instrumented_model_keeps_training_measured(sidecar: Sidecar) -> None:
+    # An EMA model made with copy.deepcopy after instrument(): the copy takes the hooks
+    # along, never the run behind them (a socket cannot be copied).
+    model = nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with markers.start_run(out_dir="maps", warmup_iterations=0) as run:
+        markers.instrument(model, optimizer, run)
+        ema = copy.deepcopy(model)
+        for _ in range(3):
+            model(torch.randn(2, 8)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    assert ema.weight is not model.weight
+    assert len(column(table(sidecar), "Forward (s)")) == 3
 
 
 def test_instrument_without_a_run_says_what_to_do() -> None:
