@@ -346,15 +346,15 @@ class _Hooks:
                 self._count_batch()
             self._batch_pending = True
             run.data_loaded(max(self._last_ns, boundary), now)
-            if first:  # the iteration's first batch: the one whose size counts
-                # One tensor with the first dimension of the last one read has the same
-                # size: nothing to read (most steps). Anything else is read.
-                one = batch[0] if type(batch) is tuple and len(batch) == 1 else None
-                shape = getattr(one, "shape", None)
-                dim = shape[0] if shape else None
-                if dim is None or dim != self._read_dim:
-                    run.batch_seen(False, batch)
-                    self._read_dim = dim
+            # Every batch counts (a short one inside an accumulation step too). One
+            # tensor with the first dimension of the last one read has the same size:
+            # nothing to read (most batches). Anything else is read.
+            one = batch[0] if type(batch) is tuple and len(batch) == 1 else None
+            shape = getattr(one, "shape", None)
+            dim = shape[0] if shape else None
+            if dim is None or dim != self._read_dim:
+                run.batch_seen(False, batch)
+                self._read_dim = dim
         self._after_backward = False
         self._state = _TRAIN
 

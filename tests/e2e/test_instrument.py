@@ -8,6 +8,7 @@ import contextlib
 import copy
 import difflib
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -539,3 +540,25 @@ def test_phases_without_a_loop_driver_warn_once_naming_the_two_ways(sidecar: Sid
             for _ in run.train_batches(range(3)):
                 with run.phase("forward"):
                     pass
+
+
+def test_a_short_batch_inside_a_step_counts_the_samples_it_holds(sidecar: Sidecar) -> None:
+    # Sizes read from the batches, a step every 4 batches: the loader's last batch (10 of
+    # 64) is the second of the last step, which held 74 samples, not 2 x 64.
+    model, loss_fn = nn.Linear(3, 1), nn.MSELoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    sizes = [64] * 9 + [10]
+    with markers.start_run(out_dir="maps", warmup_iterations=0) as run:
+        markers.instrument(model, optimizer, run)
+        with run.epoch():
+            for i, n in enumerate(sizes):
+                loss_fn(model(torch.zeros(n, 3)), torch.zeros(n, 1)).backward()
+                if i % 4 == 3 or i == len(sizes) - 1:
+                    optimizer.step()
+                    optimizer.zero_grad()
+    loops = column(table(sidecar), "Training loop (s)")
+    assert len(loops) == 3
+    summary = (sidecar.split_dir() / "summary.log").read_text()
+    throughput = re.search(r"^Throughput: (\S+) images/s", summary, re.M)
+    assert throughput is not None, summary
+    assert float(throughput[1]) == pytest.approx(sum(sizes) / sum(loops), rel=1e-3)
