@@ -70,6 +70,7 @@ def _resources(rng: np.random.Generator, gpus: int, rounds: int) -> str:
             "energy (J)": np.cumsum(rng.uniform(80, 700, n)),
             "temperature (C)": 60.0,
             "sm clock (MHz)": 1980.0,
+            "throttle reasons": 0,
             "sm activity (%)": np.nan,
             "job gpu memory (MB)": rng.uniform(1000, 80000, n),
             "job sm utilization (%)": np.nan,
