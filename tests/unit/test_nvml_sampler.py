@@ -349,3 +349,20 @@ def test_a_driver_period_as_long_as_the_round_is_learnt_from_one_sample_a_round(
         windows += sampler.sample(set(), time.monotonic_ns())[0].util_windows or ()
     lengths = [end - start for start, end, _ in windows[1:]]  # the first: since added
     assert lengths and all(abs(length - 250_000_000) < 2_000_000 for length in lengths), lengths
+
+
+def test_the_energy_reading_is_stamped_when_taken_not_when_the_round_began(
+    nvml: FakeNvml,
+) -> None:
+    # A slow call before the energy counter's (a driver taking 0.4 s on utilization) puts
+    # its delay into the energy between two readings: the window's mean power must divide
+    # by it too, or a 200 W GPU reads 2-3x that.
+    gpu = nvml.gpus[0]
+    sampler = opened(nvml, "0")
+    sampler.sample(set(), time.monotonic_ns())
+    time.sleep(0.2)
+    gpu.slow = {"nvmlDeviceGetUtilizationRates": 0.4}
+    [sample] = sampler.sample(set(), time.monotonic_ns())
+    assert sample.power_source == "energy"
+    # the counter steps every 100 ms: a 0.6 s window holds 0.5-0.7 s of energy
+    assert 150.0 <= sample.power_w <= 250.0, sample.power_w

@@ -28,6 +28,7 @@ Units: MiB = bytes / 1024², W, J, °C, MHz, %. Sample times are the caller's
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -251,16 +252,22 @@ class NvmlSampler:
             return []
         self._round += 1
         aliases = self._pids.aliases(job_pids) if job_pids else {}
-        return self._run("sampling", lambda: self._sample_all(aliases, now_ns), recover=True) or []
+        entered_ns = time.monotonic_ns()
+        return (
+            self._run(
+                "sampling", lambda: self._sample_all(aliases, now_ns, entered_ns), recover=True
+            )
+            or []
+        )
 
-    def _sample_all(self, aliases: dict[int, int], now_ns: int) -> list[GpuSample]:
+    def _sample_all(self, aliases: dict[int, int], now_ns: int, entered_ns: int) -> list[GpuSample]:
         samples = []
         round_no = self._round
         for gpu in self._gpus:
             if gpu.lost is not None or not gpu.guard.allowed("device", round_no):
                 continue
             try:
-                samples.append(self._reader.sample(gpu, aliases, now_ns, round_no))
+                samples.append(self._reader.sample(gpu, aliases, now_ns, round_no, entered_ns))
                 gpu.guard.succeeded("device")
             except GpuLost as exc:
                 gpu.lost = str(exc)

@@ -169,9 +169,13 @@ class GpuReader:
                 raise GpuSilent(why) from None
         gpu.guard.failed(call, kind, reason, round_no)
 
-    def sample(self, gpu: Gpu, aliases: dict[int, int], now_ns: int, round_no: int) -> GpuSample:
+    def sample(
+        self, gpu: Gpu, aliases: dict[int, int], now_ns: int, round_no: int, entered_ns: int
+    ) -> GpuSample:
         """One GpuSample of ``gpu``; ``aliases`` maps every pid alias of the job's
-        processes to its pid (empty: the job fields are None and not queried)."""
+        processes to its pid (empty: the job fields are None and not queried).
+        ``entered_ns`` is ``time.monotonic_ns()`` when the round stamped ``now_ns`` began
+        here: the energy counter's reading is stamped ``now_ns`` plus the time since."""
         api = self._api
 
         def read(call: str, fn: Callable[..., Any], *args: Any, whole: bool = False) -> Any:
@@ -184,7 +188,12 @@ class GpuReader:
         if mem is None:
             mem = read("memory", api.nvmlDeviceGetMemoryInfo)
         energy_mj = read("energy", api.nvmlDeviceGetTotalEnergyConsumption, whole=True)
-        power_w, power_source = self._power(gpu, read, energy_mj, now_ns)
+        # The window's mean power divides by the time between two counter readings: a
+        # slow call before this one (or a worker thread woken late on a busy machine)
+        # would put its delay into the energy and not into the time, so the reading is
+        # stamped when it was taken, not when the round began.
+        energy_ns = now_ns + time.monotonic_ns() - entered_ns
+        power_w, power_source = self._power(gpu, read, energy_mj, energy_ns)
         temp = read(
             "temperature", api.nvmlDeviceGetTemperature, api.NVML_TEMPERATURE_GPU, whole=True
         )
