@@ -146,9 +146,13 @@ def test_counts_follow_warmup_at_iteration_boundaries_and_caps(sidecar: Sidecar)
 
 
 def _assert_close(measured: list[float], truth: list[float], what: str) -> None:
+    """Each row holds the script's own clock around the same work (the marker's clock
+    reads outside it: never below it, less the clocks' granularity) and little more: a
+    descheduling between the two clocks on a busy 2-core machine (seen: 0.25 ms) is
+    allowed, a row filled from another phase (0.5 ms apart or more) is not."""
     assert len(measured) == len(truth), what
     for got, real in zip(measured, truth, strict=True):
-        assert abs(got - real) <= max(0.05 * real, 0.0002), f"{what}: {got} vs {real}"
+        assert real - 5e-5 <= got <= real + max(0.05 * real, 0.0004), f"{what}: {got} vs {real}"
 
 
 def test_injected_sleeps_are_recovered_in_the_right_columns(sidecar: Sidecar) -> None:
