@@ -366,3 +366,19 @@ def test_the_energy_reading_is_stamped_when_taken_not_when_the_round_began(
     assert sample.power_source == "energy"
     # the counter steps every 100 ms: a 0.6 s window holds 0.5-0.7 s of energy
     assert 150.0 <= sample.power_w <= 250.0, sample.power_w
+
+
+def test_a_window_shorter_than_the_counters_step_gives_the_last_windows_power(
+    nvml: FakeNvml,
+) -> None:
+    # An extra round 5 ms after a scheduled one (a new split sampled at once): the counter
+    # may have stepped by 100 ms of energy in between, which over 5 ms reads kilowatts.
+    sampler = opened(nvml, "0")
+    sampler.sample(set(), time.monotonic_ns())
+    time.sleep(0.3)
+    [scheduled] = sampler.sample(set(), time.monotonic_ns())
+    assert scheduled.power_source == "energy" and 100.0 <= scheduled.power_w <= 300.0
+    for _ in range(20):  # extra rounds inside one window, across counter steps
+        time.sleep(0.01)
+        [extra] = sampler.sample(set(), time.monotonic_ns())
+        assert extra.power_source == "energy" and 100.0 <= extra.power_w <= 300.0, extra.power_w

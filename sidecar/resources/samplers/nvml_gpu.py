@@ -36,6 +36,9 @@ from sidecar.resources.samplers.nvml_guard import BadValue, CallGuard, classify
 from sidecar.resources.samplers.pids import PidAliases
 
 # nvmlValueType_t -> the member of the c_nvmlValue_t union that holds the value.
+# The shortest energy window whose ΔE/Δt is a power: NVML's energy counter steps about
+# every 100 ms (docs/samplers.md), so a shorter window holds one whole step or none.
+MIN_ENERGY_WINDOW_NS = 150_000_000
 _VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 _NAMESPACE_NOTE = (
     "NVML reports pids of another pid namespace (a container?) and none of "
@@ -102,7 +105,8 @@ class Gpu:
     guard: CallGuard = field(default_factory=CallGuard)
     lost: str | None = None
     power_source: str | None = None
-    energy_at: tuple[int, float] | None = None  # (t_ns, mJ) of the last energy reading
+    energy_at: tuple[int, float] | None = None  # (t_ns, mJ): where the energy window starts
+    energy_power_w: float | None = None  # the last window's mean power from the counter
     gpm: list[Any] | None = None  # [previous, current] GPM sample buffers; None: no GPM
     gpm_primed: bool = False
     notes: dict[str, str] = field(default_factory=dict)  # figures unknown this round, why
@@ -282,17 +286,35 @@ class GpuReader:
     def _power(
         self, gpu: Gpu, read: Callable[..., Any], energy_mj: float | None, now_ns: int
     ) -> tuple[float | None, str | None]:
-        """The window's mean power from the energy counter, else a power reading; W."""
+        """The window's mean power from the energy counter, else a power reading; W.
+
+        A window shorter than ``MIN_ENERGY_WINDOW_NS`` (an extra round right after a
+        scheduled one) keeps the previous reading as the window's start and gives the
+        last window's mean: the counter steps about every 100 ms, so such a window holds
+        one whole step or none, and a 5 ms window after a step read 6 kW for a 300 W GPU.
+        """
         previous = gpu.energy_at
-        gpu.energy_at = None if energy_mj is None else (now_ns, float(energy_mj))
         if (
             previous is not None
             and energy_mj is not None
-            and now_ns > previous[0]
-            and energy_mj > previous[1]
-        ):  # a counter that did not move says nothing
-            gpu.power_source = "energy"
-            return (energy_mj - previous[1]) / 1000.0 / ((now_ns - previous[0]) / 1e9), "energy"
+            and energy_mj >= previous[1]
+            and now_ns - previous[0] < MIN_ENERGY_WINDOW_NS
+        ):
+            if gpu.energy_power_w is not None:
+                return gpu.energy_power_w, "energy"
+        else:
+            gpu.energy_at = None if energy_mj is None else (now_ns, float(energy_mj))
+            gpu.energy_power_w = None
+            if (
+                previous is not None
+                and energy_mj is not None
+                and now_ns > previous[0]
+                and energy_mj > previous[1]
+            ):  # a counter that did not move says nothing
+                gpu.power_source = "energy"
+                watts = (energy_mj - previous[1]) / 1000.0 / ((now_ns - previous[0]) / 1e9)
+                gpu.energy_power_w = watts
+                return watts, "energy"
         milliwatts = read("instant power", self._instant_power_mw, whole=True)
         source = "instant"
         if milliwatts is None:
