@@ -15,8 +15,6 @@ Run from the repository root: ``python bench/checkpoint_cost.py``.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import markers  # noqa: E402
+from bench.common import sidecar  # noqa: E402
 from bench.results import machine_line, write_section  # noqa: E402
 from markers import wire  # noqa: E402
 from markers.endpoints import connect_address  # noqa: E402
@@ -89,25 +88,12 @@ def _round(endpoint: str, root: Path, cap: int) -> dict[str, float]:
 
 def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="ckpt-", dir="/tmp"))
-    endpoint = f"ipc://{folder}/s.sock"
-    sidecar = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "sidecar",
-            "serve",
-            "--quiet",
-            "--endpoint",
-            endpoint,
-            "--root",
-            str(folder / "root"),
-        ],
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    try:
+    root = folder / "root"
+    root.mkdir()
+    with sidecar(root) as (endpoint, _):
         rows = []
         for cap in CAPS:
-            rounds = [_round(endpoint, folder / "root" / f"r{i}", cap) for i in range(REPEATS)]
+            rounds = [_round(endpoint, root / f"r{i}", cap) for i in range(REPEATS)]
             best = {key: min(r[key] for r in rounds) for key in rounds[0]}
             rows.append(
                 f"| {cap:,} | {best['catch_up_s']:.2f} s | "
@@ -116,9 +102,6 @@ def main() -> None:
                 f"{best['state_mb']:.1f} MB | {best['load_s']:.2f} s | "
                 f"{best['finish_s']:.2f} s |"
             )
-    finally:
-        sidecar.terminate()
-        sidecar.wait(30)
     text = "\n".join(
         [
             "## Checkpoint cost",
