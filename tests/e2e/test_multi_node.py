@@ -38,6 +38,31 @@ SLOW_RANK = 2  # its data loading is slowed on purpose (rank 3's forward is the 
 ROUNDING_S = 1e-4  # far above the rounding of stored rows, far below a forward's 2 ms
 
 
+def _ranks_job(ranks: str, truth: Path, slow_s: float) -> list[str]:
+    """``ranks_job.py`` for ``ranks`` of the 4-rank job, rank ``SLOW_RANK`` slowed by
+    ``slow_s`` seconds of data loading, each rank's clock in ``truth``."""
+    return [
+        sys.executable,
+        str(JOB),
+        "--spawn",
+        ranks,
+        "--world",
+        "4",
+        "--truth",
+        str(truth),
+        "--iters",
+        str(ITERS),
+        "--warmup",
+        str(WARMUP),
+        "--forward-s",
+        str(FORWARD_S),
+        "--slow-rank",
+        str(SLOW_RANK),
+        "--slow-s",
+        str(slow_s),
+    ]
+
+
 def _node(
     cwd: Path,
     truth: Path,
@@ -59,24 +84,7 @@ def _node(
                 seams=seams,
             ),
             "--",
-            sys.executable,
-            str(JOB),
-            "--spawn",
-            ranks,
-            "--world",
-            "4",
-            "--truth",
-            str(truth),
-            "--iters",
-            str(ITERS),
-            "--warmup",
-            str(WARMUP),
-            "--forward-s",
-            str(FORWARD_S),
-            "--slow-rank",
-            str(SLOW_RANK),
-            "--slow-s",
-            str(slow_s),
+            *_ranks_job(ranks, truth, slow_s),
             *job,
         ],
         cwd=cwd,
@@ -297,26 +305,7 @@ def test_plain_processes_each_with_its_private_sidecar(short_tmp: Path) -> None:
     truth = short_tmp / "truth"
     truth.mkdir()
     job = subprocess.run(
-        [
-            sys.executable,
-            str(JOB),
-            "--spawn",
-            "0,1,2,3",
-            "--world",
-            "4",
-            "--truth",
-            str(truth),
-            "--iters",
-            str(ITERS),
-            "--warmup",
-            str(WARMUP),
-            "--forward-s",
-            str(FORWARD_S),
-            "--slow-rank",
-            str(SLOW_RANK),
-            "--slow-s",
-            str(SLOW_S),
-        ],
+        _ranks_job("0,1,2,3", truth, SLOW_S),
         cwd=short_tmp,
         env=env(),
         capture_output=True,
