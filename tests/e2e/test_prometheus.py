@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 import psutil
 
-from tests.support.helpers import Sidecar, env, read_tsv, run_json, wait_for
+from tests.support.helpers import Sidecar, env, read_tsv, report_jobs, run_json, wait_for
 from tests.support.prometheus import (
     free_port,
     http,
@@ -78,36 +78,8 @@ def test_prometheus_scrapes_the_phase_times_and_reports_like_the_files(
     assert len(rate) == 1
     assert abs(float(rate[0]["value"][1]) - forward_s) <= 0.1 * forward_s
 
-    files = subprocess.run(
-        [sys.executable, "-m", "sidecar", "report", "runs", "--out", "from-files"],
-        cwd=tmp_path,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    series = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sidecar",
-            "report",
-            "--prometheus",
-            url,
-            "--since",
-            "5m",
-            "--out",
-            "from-prometheus",
-        ],
-        cwd=tmp_path,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert files.returncode == 0 and series.returncode == 0, files.stderr + series.stderr
-    by_files = read_tsv(tmp_path / "from-files" / "jobs.tsv").iloc[0]
-    by_series = read_tsv(tmp_path / "from-prometheus" / "jobs.tsv")
+    by_files = report_jobs(tmp_path, "runs", out="from-files").iloc[0]
+    by_series = report_jobs(tmp_path, "--prometheus", url, "--since", "5m", out="from-prometheus")
     assert len(by_series) == 1
     by_series = by_series.iloc[0]
     assert by_series["run_id"] == by_files["run_id"]
@@ -206,27 +178,7 @@ def test_a_run_that_ended_is_reported_with_its_status_and_end_while_still_export
             0.5,
         )
         assert promql(url, 'trainmon_phase_duration_seconds_sum{phase="training"}')
-        report = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "sidecar",
-                "report",
-                "--prometheus",
-                url,
-                "--since",
-                "5m",
-                "--out",
-                "out",
-            ],
-            cwd=short_tmp,
-            env=env(),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-    assert report.returncode == 0, report.stderr
-    rows = read_tsv(short_tmp / "out" / "jobs.tsv")
+        rows = report_jobs(short_tmp, "--prometheus", url, "--since", "5m", out="out")
     assert len(rows) == 1
     row = rows.iloc[0]
     assert (row["run_id"], row["status"]) == (meta["run_id"], "completed")

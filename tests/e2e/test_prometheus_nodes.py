@@ -17,10 +17,17 @@ import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
-from tests.support.helpers import SAME_PRIORITY, env, read_tsv, run_json, sidecar_command, wait_for
+from tests.support.helpers import (
+    SAME_PRIORITY,
+    env,
+    read_tsv,
+    report_jobs,
+    run_json,
+    sidecar_command,
+    wait_for,
+)
 from tests.support.prometheus import free_port, prometheus_server, promql
 
 JOB = Path(__file__).resolve().parents[1] / "support" / "jobs" / "ranks_job.py"
@@ -58,21 +65,6 @@ def _node(folder: Path, host: str, fake: str, ranks: str, port: int) -> subproce
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
-
-
-def _report(cwd: Path, *args: str) -> pd.DataFrame:
-    """``sidecar report ARGS --out <dir>``: its jobs.tsv (also gpus.tsv beside it)."""
-    out = cwd / f"report-{len(list(cwd.glob('report-*')))}"
-    result = subprocess.run(
-        [sys.executable, "-m", "sidecar", "report", *args, "--out", str(out)],
-        cwd=cwd,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    return read_tsv(out / "jobs.tsv")
 
 
 def _energy_of_every_table(split: Path) -> float:
@@ -115,13 +107,13 @@ def test_a_job_on_two_nodes_is_one_job_from_prometheus_and_from_folders(
                 0.5,
             )
             runs = {r["metric"]["run"] for r in promql(url, "trainmon_run_info")}
-            by_series = _report(short_tmp, "--prometheus", url, "--since", "5m")
+            by_series = report_jobs(short_tmp, "--prometheus", url, "--since", "5m")
         finally:
             (short_tmp / "stop").touch()
             outputs = [node.communicate(timeout=120)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outputs
     assert len(runs) == 2  # each node's sidecar exports its own run id
-    by_files = _report(short_tmp, str(folder))
+    by_files = report_jobs(short_tmp, str(folder))
     meta = run_json(folder)
     assert len(by_series) == len(by_files) == 1, (by_series, by_files)
     series, files = by_series.iloc[0], by_files.iloc[0]

@@ -281,3 +281,19 @@ def split_dir(out_dir: Path, split: int = 0) -> Path:
 def read_tsv(path: Path) -> pd.DataFrame:
     """A TSV written by the sidecar, read back with pandas."""
     return pd.read_csv(path, sep="\t")
+
+
+def report_jobs(cwd: Path, *args: str, out: str | None = None) -> pd.DataFrame:
+    """``sidecar report ARGS --out OUT`` run in ``cwd`` (OUT: a new ``report-N`` folder
+    unless given); asserts it succeeded and returns its jobs.tsv."""
+    folder = cwd / (out or f"report-{len(list(cwd.glob('report-*')))}")
+    result = subprocess.run(
+        [sys.executable, "-m", "sidecar", "report", *args, "--out", str(folder)],
+        cwd=cwd,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return read_tsv(folder / "jobs.tsv")
