@@ -4,7 +4,7 @@ the summary block, and the text width of summary.log.
 Every writer and reader of a run folder (the writers here, ``sidecar report``) takes the
 file names from this module; the columns are defined beside the text they head
 (``tables.COLUMNS`` from the phase table, ``rowtext.PHASES_CELLS``,
-``resources_text.RESOURCES_COLUMNS``).
+``resources.fields.columns()``).
 
     <out_dir>/run.json
     <out_dir>/.run.json.lock                                 (sidecar.sinks.locks)

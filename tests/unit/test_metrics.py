@@ -15,41 +15,11 @@ from sidecar.model.goodput import CAUSES, Account
 from sidecar.model.straggler_gpu import GpuFigures
 from sidecar.model.stragglers import RankStanding
 from sidecar.model.units import BYTES_PER_MIB as MIB
+from tests.support.contract import contract_metrics
 from tests.support.snapshots import snapshot
 
-RUN = ["run", "user", "host", "slurm_job_id"]
-CONTRACT_METRICS = {  # name: (type, labels) as docs/contract.md lists them
-    "trainmon_phase_duration_seconds": ("summary", [*RUN, "split", "rank", "phase"]),
-    "trainmon_phase_gpu_duration_seconds": ("summary", [*RUN, "split", "rank", "phase"]),
-    "trainmon_samples": ("counter", [*RUN, "split", "rank", "loop"]),
-    "trainmon_gpu_utilization_ratio": ("gauge", ["host", "gpu", "uuid", "model", "run"]),
-    "trainmon_gpu_memory_used_bytes": ("gauge", ["host", "gpu", "uuid", "model", "run"]),
-    "trainmon_gpu_memory_total_bytes": ("gauge", ["host", "gpu", "uuid", "model", "run"]),
-    "trainmon_gpu_job_memory_bytes": ("gauge", ["host", "gpu", "uuid", "model", "run"]),
-    "trainmon_gpu_power_watts": ("gauge", ["host", "gpu", "uuid", "model", "run"]),
-    "trainmon_gpu_energy_joules": ("counter", ["host", "gpu", "uuid", "model", "run"]),
-    "trainmon_gpu_temperature_celsius": ("gauge", ["host", "gpu", "uuid", "model", "run"]),
-    "trainmon_job_cpu_seconds": ("counter", RUN),
-    "trainmon_job_memory_rss_bytes": ("gauge", RUN),
-    "trainmon_records": ("counter", [*RUN, "outcome"]),
-    "trainmon_goodput_seconds": ("gauge", [*RUN, "split", "rank", "part"]),
-    "trainmon_goodput_wall_seconds": ("gauge", [*RUN, "split", "rank"]),
-    "trainmon_goodput_gpu_busy_seconds": ("gauge", [*RUN, "split", "rank"]),
-    "trainmon_run_running": ("gauge", [*RUN, "split"]),
-    "trainmon_runs": ("gauge", ["status"]),
-    "trainmon_job_ids_dropped": ("counter", []),
-    "trainmon_run_status": ("gauge", [*RUN, "status"]),
-    "trainmon_run_info": ("gauge", [*RUN, "split", "folder"]),
-    "trainmon_run_start_timestamp_seconds": ("gauge", RUN),
-    "trainmon_run_end_timestamp_seconds": ("gauge", RUN),
-    "trainmon_rank_slowest_ratio": ("gauge", ["run", "split", "rank", "host"]),
-    "trainmon_rank_over_median_seconds": ("gauge", ["run", "split", "rank", "host"]),
-    "trainmon_rank_waited_seconds": ("gauge", ["run", "split", "rank", "host"]),
-    "trainmon_rank_gpu_sm_clock_hertz": ("gauge", ["run", "split", "rank", "host"]),
-    "trainmon_rank_gpu_power_watts": ("gauge", ["run", "split", "rank", "host"]),
-    "trainmon_rank_gpu_temperature_max_celsius": ("gauge", ["run", "split", "rank", "host"]),
-    "trainmon_rank_gpu_throttle_ratio": ("gauge", ["run", "split", "rank", "host", "reason"]),
-}
+# name: (type, labels), parsed from docs/contract.md's table: the docs and the code agree
+CONTRACT_METRICS = contract_metrics()
 # rank 3's GPU over the aligned iterations: throttled, slow clock; rank 0 is a CPU rank
 THROTTLED = GpuFigures(
     8, 990.0, 900.0, 120.0, 88.0, {"hw_slowdown": 1.0, "sw_thermal_slowdown": 0.25}, 8
