@@ -64,7 +64,8 @@ CAUSE_LABELS = {
     "straggler": "waiting for the slowest rank",
     "other": "other",
 }
-_GPU_PHASES = (wire.FORWARD, wire.BACKWARD, wire.OPTIMIZATION)
+# The step parts timed on the GPU: their GPU time is the productive iterations' GPU time.
+_GPU_PHASES = tuple(p.phase for p in wire.STEP_PHASES if p.gpu)
 
 
 @dataclass

@@ -20,12 +20,12 @@ import pandas as pd
 
 from sidecar.model.goodput import CAUSES
 from sidecar.report import build, jobs, read
+from sidecar.report.figures import STEP_PARTS
 from sidecar.sinks import layout
 
 WIDTH = 80
 BAR = 30  # characters of a bar
 LABEL = 18
-PHASES = ("loading", "forward", "backward", "optimization")
 BADPUT_ADVICE_SHARE = 10.0  # a cause over this share of the wall time gets a line
 STRAGGLER_ADVICE_SHARE = 5.0
 SHORT = {
@@ -119,7 +119,10 @@ def figures(folder: Path) -> dict[str, Any]:
     phase_means = report.phase_means.iloc[0]
     loop = _value(phase_means.get("loop mean (s)"))
     shares = (
-        {name: (_value(phase_means.get(f"{name} mean (s)")) or 0.0) / loop * 100 for name in PHASES}
+        {
+            name: (_value(phase_means.get(f"{name} mean (s)")) or 0.0) / loop * 100
+            for name in STEP_PARTS
+        }
         if loop
         else {}
     )
