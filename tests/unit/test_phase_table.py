@@ -3,7 +3,10 @@ summary, metrics and report use agree with the contract's headers (docs/contract
 
 from __future__ import annotations
 
+import json
+import re
 from array import array
+from pathlib import Path
 
 from markers import wire
 from sidecar.daemon import metrics
@@ -15,6 +18,10 @@ from sidecar.report.figures import PHASE_COLUMNS, STEP_PARTS
 from sidecar.sinks import layout, tables
 from tests.support.contract import STANDARD_COLUMNS
 from tests.unit.test_aggregator import aggregator, iteration
+from tests.unit.test_dashboard_json import DASHBOARD
+
+ROOT = Path(__file__).parents[2]
+PHASE_REGEX = re.compile(r'phase=~"([^"]*)"')  # a PromQL matcher over phase labels
 
 
 def test_computational_header_follows_the_table_in_the_contract_order() -> None:
@@ -85,3 +92,23 @@ def test_every_list_of_step_parts_is_a_view_of_the_table() -> None:
         "backward",
         "optimization",
     ]
+
+
+def test_promql_over_the_step_parts_names_the_table_s_step_phases() -> None:
+    """The dashboard's, the metrics page's and the README's queries over the step parts
+    match exactly the table's step phases, so a new step phase is not left out of them."""
+    step = "|".join(p.metric for p in wire.STEP_PHASES)
+    exprs = [
+        target["expr"]
+        for panel in json.loads(DASHBOARD.read_text())["panels"]
+        for target in panel.get("targets", [])
+    ]
+    texts = {
+        "dashboard": "\n".join(exprs),
+        "docs/metrics.md": (ROOT / "docs" / "metrics.md").read_text(),
+        "README.md": (ROOT / "README.md").read_text(),
+    }
+    for name, text in texts.items():
+        found = PHASE_REGEX.findall(text)
+        assert found, f"{name} has no query over the step parts"
+        assert set(found) == {step}, name
