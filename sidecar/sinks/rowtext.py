@@ -24,7 +24,8 @@ from weakref import WeakKeyDictionary
 import numpy as np
 
 from markers import wire
-from sidecar.model.aggregator import ROW_FIELDS, RankAggregator, Row
+from sidecar.model.aggregator import RankAggregator
+from sidecar.model.series import ROW_FIELDS, Row
 from sidecar.model.state import RawJSON
 from sidecar.sinks.rowcache import RowCache
 

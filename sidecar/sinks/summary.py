@@ -25,7 +25,8 @@ import numpy as np
 
 from markers import wire
 from markers.buffer import GPU_DRAIN_S
-from sidecar.model.aggregator import PhaseSeries, RankAggregator
+from sidecar.model.aggregator import RankAggregator
+from sidecar.model.series import PhaseSeries
 from sidecar.model.stats import Welford
 from sidecar.sinks import layout, rowtext
 
