@@ -111,141 +111,140 @@ MAX_NAME_CHARS = 200  # a custom phase name's length limit (its column label)
 MAX_CUSTOM_PHASES = 4000
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PhaseDef:
-    """One standard phase, every name it goes by. The sidecar's files, summary, metrics
-    and report take their phase lists from ``PHASES``; nothing else lists phases."""
+    """One standard phase, every name it goes by and what it is. The sidecar's files,
+    summary, metrics and report take their phase lists from ``PHASES``; nothing else lists
+    phases (docs/architecture.md, "How to add", says what a new row touches)."""
 
     phase: int  # wire id
     column: str  # label in computational.tsv (``<column> (s)``) and phases.tsv
     summary_label: str  # its line in summary.log's block
     indent: int  # that line's indent (the nesting of the phases)
     metric: str  # the ``phase`` label of the Prometheus series
-    api: str | None  # the name a script passes to ``run.phase`` (None: the markers stamp it)
-    gpu: bool  # has GPU columns (GPU time and peak memory)
-    network: bool  # the network's own work: its GPU seconds make the loop's GPU throughput
-    validation: bool  # part of validation (the summary's second table)
-    loop: bool  # the loop record of an iteration (one per training or validation step)
-    capped: bool  # stored after warmup, at most ``num_measurements`` rows per split
+    api: str | None = None  # the name a script passes to ``run.phase`` (None: markers stamp it)
+    gpu: bool = False  # has GPU columns (GPU time and peak memory)
+    network: bool = False  # the network's own work: its GPU seconds make the GPU throughput
+    validation: bool = False  # part of validation (the summary's second table)
+    loop: bool = False  # the loop record of an iteration (one per training or validation step)
+    capped: bool = False  # stored after warmup, at most ``num_measurements`` rows per split
+    # a part of the training step: compared across ranks (stragglers), its share of the
+    # step reported (report, dashboard)
+    step: bool = False
+    before_sync: bool = False  # a step part before the gradient all-reduce (straggler rule)
 
 
 # The standard phases in the order of computational.tsv's columns and the summary block.
 PHASES: tuple[PhaseDef, ...] = (
-    #        id, column, summary label, indent, metric, api,
-    #        gpu, network, validation, loop, capped
     PhaseDef(
-        TRAINING, "Training", "Training", 0, "training", None, False, False, False, False, False
+        phase=TRAINING, column="Training", summary_label="Training", indent=0, metric="training"
     ),
-    PhaseDef(EPOCH, "Epoch", "Epoch", 1, "epoch", None, False, False, False, False, False),
+    PhaseDef(phase=EPOCH, column="Epoch", summary_label="Epoch", indent=1, metric="epoch"),
     PhaseDef(
-        TRAINING_LOOP,
-        "Training loop",
-        "Iteration",
-        2,
-        "train_loop",
-        None,
-        False,
-        False,
-        False,
-        True,
-        True,
+        phase=TRAINING_LOOP,
+        column="Training loop",
+        summary_label="Iteration",
+        indent=2,
+        metric="train_loop",
+        loop=True,
+        capped=True,
     ),
     PhaseDef(
-        TRAINING_DATA_LOADING,
-        "Training data loading",
-        "Data loading",
-        3,
-        "train_loading",
-        None,
-        False,
-        False,
-        False,
-        False,
-        True,
+        phase=TRAINING_DATA_LOADING,
+        column="Training data loading",
+        summary_label="Data loading",
+        indent=3,
+        metric="train_loading",
+        capped=True,
+        step=True,
+        before_sync=True,
     ),
     PhaseDef(
-        FORWARD, "Forward", "Forward", 3, "forward", "forward", True, True, False, False, True
+        phase=FORWARD,
+        column="Forward",
+        summary_label="Forward",
+        indent=3,
+        metric="forward",
+        api="forward",
+        gpu=True,
+        network=True,
+        capped=True,
+        step=True,
+        before_sync=True,
     ),
     PhaseDef(
-        BACKWARD, "Backward", "Backward", 3, "backward", "backward", True, True, False, False, True
+        phase=BACKWARD,
+        column="Backward",
+        summary_label="Backward",
+        indent=3,
+        metric="backward",
+        api="backward",
+        gpu=True,
+        network=True,
+        capped=True,
+        step=True,
     ),
     PhaseDef(
-        OPTIMIZATION,
-        "Optimization",
-        "Optimization",
-        3,
-        "optimization",
-        "optimization",
-        True,
-        True,
-        False,
-        False,
-        True,
+        phase=OPTIMIZATION,
+        column="Optimization",
+        summary_label="Optimization",
+        indent=3,
+        metric="optimization",
+        api="optimization",
+        gpu=True,
+        network=True,
+        capped=True,
+        step=True,
     ),
     PhaseDef(
-        VALIDATION,
-        "Validation",
-        "Validation",
-        0,
-        "validation",
-        None,
-        False,
-        False,
-        True,
-        False,
-        False,
+        phase=VALIDATION,
+        column="Validation",
+        summary_label="Validation",
+        indent=0,
+        metric="validation",
+        validation=True,
     ),
     PhaseDef(
-        VALIDATION_LOOP,
-        "Validation loop",
-        "Iteration",
-        1,
-        "val_loop",
-        None,
-        False,
-        False,
-        True,
-        True,
-        True,
+        phase=VALIDATION_LOOP,
+        column="Validation loop",
+        summary_label="Iteration",
+        indent=1,
+        metric="val_loop",
+        validation=True,
+        loop=True,
+        capped=True,
     ),
     PhaseDef(
-        VALIDATION_DATA_LOADING,
-        "Validation data loading",
-        "Data loading",
-        2,
-        "val_loading",
-        None,
-        False,
-        False,
-        True,
-        False,
-        True,
+        phase=VALIDATION_DATA_LOADING,
+        column="Validation data loading",
+        summary_label="Data loading",
+        indent=2,
+        metric="val_loading",
+        validation=True,
+        capped=True,
     ),
     PhaseDef(
-        EVALUATION,
-        "Evaluation",
-        "Evaluation",
-        2,
-        "evaluation",
-        "evaluation",
-        True,
-        True,
-        True,
-        False,
-        True,
+        phase=EVALUATION,
+        column="Evaluation",
+        summary_label="Evaluation",
+        indent=2,
+        metric="evaluation",
+        api="evaluation",
+        gpu=True,
+        network=True,
+        validation=True,
+        capped=True,
     ),
     PhaseDef(
-        METRICS,
-        "Metrics computation",
-        "Metrics computation",
-        2,
-        "metrics",
-        "metrics",
-        True,
-        False,
-        True,
-        False,
-        True,
+        phase=METRICS,
+        column="Metrics computation",
+        summary_label="Metrics computation",
+        indent=2,
+        metric="metrics",
+        api="metrics",
+        gpu=True,
+        validation=True,
+        capped=True,
     ),
 )
 
@@ -256,6 +255,8 @@ CANONICAL_PHASE_NAMES: dict[str, int] = {p.api: p.phase for p in PHASES if p.api
 LOOP_IDS = frozenset(p.phase for p in PHASES if p.loop)
 LOOP_ID: dict[bool, int] = {p.validation: p.phase for p in PHASES if p.loop}  # by validation
 LAST_STANDARD_ID = max(p.phase for p in PHASES)
+# The parts of a training step, in table order: every list of step parts derives from it.
+STEP_PHASES: tuple[PhaseDef, ...] = tuple(p for p in PHASES if p.step)
 
 # Column stems a custom name may not take, in lower case: each standard label and the
 # "<label> GPU" stem of the GPU columns ("<name> (s)" would shadow a standard column).

@@ -9,7 +9,7 @@ from typing import Any
 
 import psutil
 
-from sidecar.model.aggregator import Session
+from sidecar.model.session_clock import Session
 
 # A process start this long before its hello is not believed (a reused pid, a clock step).
 MAX_PRE_RUN_S = 7 * 24 * 3600.0

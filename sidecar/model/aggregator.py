@@ -23,24 +23,22 @@ Semantics (docs/contract.md, Semantics, docs/iteration-model.md):
   sessions: one value per split, resumed time added up.
 * Every measured value also feeds a streaming count/mean/std, past the cap. Flagged
   rows are kept up to ``num_measurements`` per phase.
-* A stored loop row keeps the batch size of its iteration (``Row.batch_size``: of its
-  first batch) and the samples it held (``Row.samples``): with the size given at the
-  start of its session, that size × its batches; else the sum of the sizes the markers
-  read from its batches (each applies from the batch it was read at on). Throughput sums
-  the rows' samples, so a size that changes (across a resume, a short last batch, or one
-  inside a step of ``accumulation_steps`` batches) counts right.
+* A stored loop row keeps the batch size of its iteration and the samples it held
+  (``model/batch_sizes.py``).
 
 A closed iteration is decided by one rule, ``RankAggregator._decide``, which the record
 path and the array path (``model/blocks.py``) both call once per iteration, in order.
-Over 500 lines: one state machine whose two paths share its private state (open
-iterations, counters), kept in one class; its state file is ``model/state.py``.
+One state machine whose two paths share its private state (open iterations, counters),
+kept in one class. It is built on the rank's sessions and their clocks
+(``model/session_clock.py``) and on the phases' stored rows (``model/series.py``); the
+batch sizes are ``model/batch_sizes.py``'s; its state file is ``model/state.py``.
 """
 
 from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from itertools import pairwise
 
 import numpy as np
@@ -59,16 +57,15 @@ from markers.wire import (
     P_START,
 )
 from sidecar.model import goodput
+from sidecar.model.batch_sizes import BatchSizes
 from sidecar.model.blocks import (
     Blocks,
     Partial,
     is_validation,
-    moments,
     partial_records,
     split_blocks,
 )
-from sidecar.model.stats import Welford
-from sidecar.model.units import BYTES_PER_MIB, NS_PER_S
+from sidecar.model.series import INCOMPLETE, OUTSIDE, PART, Row, SeriesStore
 
 UNCAPPED = frozenset({wire.EPOCH, wire.VALIDATION})
 # Runs of ordinary iteration records shorter than this go record by record: the array
@@ -78,11 +75,6 @@ MIN_ARRAY_RECORDS = 64
 _INSIDE, _OUTSIDE, _OTHER = 0, 1, 2
 RecordValues = np.ndarray | array | Sequence[int]
 LOOP_PHASES = wire.LOOP_ID
-OUTSIDE = "outside"  # flag of a row measured outside any iteration
-INCOMPLETE = "incomplete"  # flag of a row cut short: kept, never a measurement
-# Flag of one part of an Epoch or Validation open at a checkpoint: the part up to the
-# checkpoint, and (when the resumed process goes on in it) the part after the resume.
-PART = "part"
 # What ``RankAggregator._decide`` says of a closed iteration: None (warmup), else (rows
 # stored, batches, batch size or None, samples or None).
 Verdict = tuple[bool, int, int | None, int | None] | None
@@ -99,85 +91,18 @@ class Settings:
     accumulation_steps: int = hello.FIELDS["accumulation_steps"].default
 
 
-@dataclass(slots=True)
-class Row:
-    """One stored measurement of one phase. Seconds and MiB; None where not measured."""
-
-    wall_s: float
-    gpu_s: float | None
-    peak_mib: float | None
-    epoch: int
-    iteration: int
-    batch: int
-    session: int
-    start_s: float  # since the run (first session) started
-    batch_size: int | None = None  # samples per batch of the iteration (loop rows only)
-    batches: int = 0  # batches of the row's iteration (0 outside iterations)
-    flag: str = ""  # "", OUTSIDE, INCOMPLETE or PART (phases.tsv's flag column)
-    samples: int | None = None  # the sum of its batches' sizes (loop rows only; throughput)
-
-
-ROW_FIELDS = tuple(f.name for f in fields(Row))
-
-
-@dataclass
-class PhaseSeries:
-    """The stored rows of a phase, its streaming figures over all measurements, and its
-    flagged rows (phases.tsv only: cut short, or outside the iteration-aligned column)."""
-
-    rows: list[Row] = field(default_factory=list)
-    wall: Welford = field(default_factory=Welford)
-    gpu: Welford = field(default_factory=Welford)
-    flagged: list[Row] = field(default_factory=list)
-
-
-@dataclass
-class Session:
-    """One training process of this rank: session 0 first, +1 per resume."""
-
-    number: int
-    start_unix: float
-    start_ns: int
-    last_ns: int
-    end_ns: int | None = None
-    run_id: str = ""  # the markers' run id (hex) of the process
-    worker_phases: int = 0  # phases timed in its DataLoader workers: not measured
-    gpu_unfinished: int = 0  # phases whose GPU time the GPU had not reached at the finish wait
-    pre_run_s: float = 0.0  # the process's start to its hello (start_run), seconds
-    sidecar_wait_s: float = 0.0  # of which start_run waited for a private sidecar
-
-    def unix_at(self, ns: int) -> float:
-        """Wall-clock time (Unix seconds) of the process's ``perf_counter_ns`` value ``ns``."""
-        return self.start_unix + (ns - self.start_ns) / NS_PER_S
-
-    @property
-    def last_unix(self) -> float:
-        """When this session was last heard of (end, else its latest record), Unix s."""
-        return self.unix_at(self.end_ns if self.end_ns is not None else self.last_ns)
-
-
-class RankAggregator:
+class RankAggregator(SeriesStore):
     """Aggregation state of one (run folder, split, rank)."""
 
     def __init__(self, rank: int, settings: Settings, run_start_unix: float) -> None:
+        super().__init__(settings.num_measurements, run_start_unix)
         self.rank = rank
         self.settings = settings
-        self.run_start_unix = run_start_unix
-        self.series: dict[int, PhaseSeries] = {}
-        self.custom_names: dict[int, str] = {}
         self.stored_iterations = {False: 0, True: 0}  # keyed by "is validation"
         # Samples of every measured iteration of known batch size (past the cap too), by
         # "is validation"; None until one size is known.
         self.samples: dict[bool, int | None] = {False: None, True: None}
-        self.sessions: list[Session] = []
-        self.training_before_s = 0.0  # effective Training time of earlier sessions
-        self.downtime_s = 0.0  # between a process's end and the next one's start
-        self.redone_s = 0.0  # training after a checkpoint, lost by a resume from it
         self.gpu_not_measured = 0  # phases whose GPU time the markers could not take
-        # The goodput counters of each session (None: a state too old to hold them).
-        self.goodput: list[goodput.Counters | None] = []
-        self.aligned_custom: set[int] = set()  # custom phases measured inside iterations
-        self._names: dict[str, int] = {}  # custom name -> its key in ``series``
         # Open iterations: their phases' sums and the context record of each.
         self._open: dict[tuple[bool, int], tuple[list[int], dict[int, Partial]]] = {}
         self._spans: dict[int, list[int]] = {}  # Epoch/Validation begun, not ended: begin record
@@ -185,50 +110,23 @@ class RankAggregator:
         # their end in this session closes their second part.
         self.continued: set[tuple[int, int]] = set()
         self._standalone_seen: dict[int, int] = {}
-        # Batch sizes read from the batches in this session, by "is validation": (first
-        # iteration, first batch within it, size or None when the batches could not
-        # tell), in order.
-        self._read_sizes: dict[bool, list[tuple[int, int, int | None]]] = {False: [], True: []}
-
-    def custom_key(self, name: str) -> int:
-        """The key of custom phase ``name`` in ``series`` (its identity is its name, across
-        processes, resumes and sidecars); a new name gets the next free key."""
-        key = self._names.get(name)
-        if key is None:
-            key = max(self.custom_names, default=wire.FIRST_CUSTOM_ID - 1) + 1
-            self.custom_names[key] = name
-            self._names[name] = key
-        return key
-
-    def restore_custom_names(self, names: dict[int, str]) -> None:
-        """Take the custom phases' keys and names of a saved state (``custom_key`` then
-        finds them by name)."""
-        self.custom_names = dict(names)
-        self._names = {name: key for key, name in names.items()}
-
-    def measured_custom(self) -> list[int]:
-        """The custom phases with at least one measurement (flagged rows alone make no
-        column), in the order of their keys."""
-        return sorted(
-            p for p, s in self.series.items() if p >= wire.FIRST_CUSTOM_ID and s.wall.count
-        )
+        self._batch_sizes = self._new_batch_sizes()  # of the current session
 
     # -- sessions -------------------------------------------------------------------
+
+    def _new_batch_sizes(self) -> BatchSizes:
+        return BatchSizes(self.settings.train_batch_size, self.settings.val_batch_size)
 
     def begin_session(self, start_unix: float, start_ns: int, run_id: str = "") -> int:
         """Start a process session (after ``load_state`` when resuming); returns its number.
 
         Warmup counting restarts: a new process runs on a cold GPU.
         """
-        number = self.sessions[-1].number + 1 if self.sessions else 0
-        if not self.sessions:
-            self.run_start_unix = start_unix
-        self.sessions.append(Session(number, start_unix, start_ns, start_ns, run_id=run_id))
-        self.goodput.append(goodput.Counters())
+        number = super().begin_session(start_unix, start_ns, run_id)
         self._open.clear()
         self._spans.clear()
         self._standalone_seen.clear()
-        self._read_sizes = {False: [], True: []}
+        self._batch_sizes = self._new_batch_sizes()
         return number
 
     def end_session(self, end_ns: int | None) -> None:
@@ -237,10 +135,7 @@ class RankAggregator:
         ended inside them): kept as flagged rows, up to the session's last record."""
         if not self.sessions:
             return
-        current = self.sessions[-1]
-        current.end_ns = end_ns if end_ns is not None else current.last_ns
-        if self.goodput[-1] is not None:
-            goodput.end_session(self.goodput[-1], current.last_ns)
+        super().end_session(end_ns)
         for key in list(self._open):
             self._cut_iteration(key)
         for phase, begin in self._spans.items():
@@ -268,86 +163,12 @@ class RankAggregator:
         for phase, row in parts.items():
             self._series(phase).flagged.append(row)
 
-    def training_s(self) -> float:
-        """Effective Training time in seconds: earlier sessions plus the current one."""
-        if not self.sessions:
-            return self.training_before_s
-        current = self.sessions[-1]
-        end_ns = current.end_ns if current.end_ns is not None else current.last_ns
-        return self.training_before_s + (end_ns - current.start_ns) / NS_PER_S
-
-    def wall_s(self) -> float:
-        """Wall time of the split in seconds, from the first start to the latest activity:
-        the effective Training time plus downtime and redone work between sessions.
-        """
-        if not self.sessions:
-            return 0.0
-        return self.sessions[-1].last_unix - self.run_start_unix
-
-    def account_resume(
-        self, saved_unix: float, previous_end_unix: float | None, start_unix: float
-    ) -> None:
-        """Add one resume's cost: the training done after the checkpoint taken at
-        ``saved_unix`` up to the previous process's end (redone), and the time from that
-        end to the new process's start (downtime). Unix seconds; an unknown end counts the
-        whole interval as downtime.
-        """
-        end = saved_unix if previous_end_unix is None else max(previous_end_unix, saved_unix)
-        self.redone_s += end - saved_unix
-        self.downtime_s += max(0.0, start_unix - end)
-
-    def goodput_account(self, straggler_per_iteration_s: float = 0.0) -> goodput.Account:
-        """This rank's goodput account (``sidecar.model.goodput``), given the time it
-        waited for the slowest rank per measured iteration (seconds)."""
-        times = [
-            goodput.SessionTimes(
-                s.start_ns,
-                s.end_ns if s.end_ns is not None else s.last_ns,
-                s.pre_run_s,
-                s.sidecar_wait_s,
-            )
-            for s in self.sessions
-        ]
-        return goodput.account(
-            times, self.goodput, self.downtime_s, self.redone_s, straggler_per_iteration_s
-        )
-
     def note_batch_size(
         self, validation: bool, iteration: int, size: int | None, position: int = 0
     ) -> None:
         """The markers read ``size`` (None: unreadable) from the batches of this session
         from batch ``position`` (0: its first) of ``iteration`` on."""
-        self._read_sizes[validation].append((iteration, position, size))
-
-    def iteration_samples(
-        self, validation: bool, iteration: int, batches: int
-    ) -> tuple[int | None, int | None]:
-        """``(batch size, samples)`` of ``iteration`` of this session, which held
-        ``batches`` batches: the size of its first batch and the sum of its batches'
-        sizes. As given at its start, else as read from the batches; None when unknown
-        (samples: when any of its batches' is)."""
-        given = self.settings.val_batch_size if validation else self.settings.train_batch_size
-        if given is not None:
-            return given, given * batches
-        size = None  # the size from before ``iteration`` (or from its first batch) on
-        inside: list[tuple[int, int | None]] = []  # (position, size) read within it
-        for first, position, read in self._read_sizes[validation]:
-            if first > iteration:
-                break
-            if first < iteration or not position:
-                size = read
-            else:
-                inside.append((position, read))
-        first_size, samples, done = size, 0, 0
-        for position, read in [*inside, (batches, None)]:
-            position = min(position, batches)
-            if position > done:  # batches ``done`` .. ``position`` - 1 held ``size`` each
-                if size is None:
-                    return first_size, None
-                samples += size * (position - done)
-                done = position
-            size = read
-        return first_size, samples
+        self._batch_sizes.note(validation, iteration, size, position)
 
     # -- records --------------------------------------------------------------------
 
@@ -597,22 +418,6 @@ class RankAggregator:
                 batches=loop[P_BATCHES],
             )
 
-    def _merge_moments(self, phases: np.ndarray, wall_ns: np.ndarray, gpu_ns: np.ndarray) -> None:
-        """Add measured per-iteration sums (ns) to the phases' streaming figures."""
-        if not len(phases):
-            return
-        for phase, count, mean, m2 in zip(
-            *map(np.ndarray.tolist, moments(phases, wall_ns / NS_PER_S)), strict=True
-        ):
-            self._series(phase).wall.merge(count, mean, m2)
-        measured = gpu_ns >= 0
-        if measured.any():
-            for phase, count, mean, m2 in zip(
-                *map(np.ndarray.tolist, moments(phases[measured], gpu_ns[measured] / NS_PER_S)),
-                strict=True,
-            ):
-                self._series(phase).gpu.merge(count, mean, m2)
-
     def _store_rows(
         self,
         blocks: Blocks,
@@ -757,7 +562,9 @@ class RankAggregator:
         # A loop record without a count (primitives driven without ``batch_done``): a
         # whole step.
         batches = loop_record[P_BATCHES] or (1 if validation else self.settings.accumulation_steps)
-        size, samples = self.iteration_samples(validation, loop_record[P_ITERATION], batches)
+        size, samples = self._batch_sizes.iteration_samples(
+            validation, loop_record[P_ITERATION], batches
+        )
         if samples is not None:
             self.samples[validation] = (self.samples[validation] or 0) + samples
         store = self.stored_iterations[validation] < self.settings.num_measurements
@@ -781,102 +588,4 @@ class RankAggregator:
                 INCOMPLETE,
                 start_ns=partial.start_ns,
                 batches=batches,
-            )
-
-    def _align(self, phase: int) -> None:
-        """Custom ``phase`` is measured inside an iteration from now on: its column holds
-        iteration-aligned rows only; what it measured outside iterations becomes flagged."""
-        self.aligned_custom.add(phase)
-        series = self.series.get(phase)
-        if series is not None:
-            series.flagged.extend(series.rows)
-            series.rows, series.wall, series.gpu = [], Welford(), Welford()
-
-    def _series(self, phase: int) -> PhaseSeries:
-        series = self.series.get(phase)
-        if series is None:
-            series = self.series[phase] = PhaseSeries()
-        return series
-
-    def _row(
-        self,
-        record: list[int],
-        wall_ns: int,
-        gpu_ns: int,
-        peak_bytes: int,
-        start_ns: int | None,
-        batch_size: int | None,
-        batches: int,
-        flag: str,
-        samples: int | None = None,
-    ) -> Row:
-        session = self.sessions[-1]
-        begin_ns = record[P_START] if start_ns is None else start_ns
-        start_s = (
-            session.start_unix - self.run_start_unix + (begin_ns - session.start_ns) / NS_PER_S
-        )
-        return Row(
-            wall_ns / NS_PER_S,
-            gpu_ns / NS_PER_S if gpu_ns >= 0 else None,
-            peak_bytes / BYTES_PER_MIB if peak_bytes >= 0 else None,
-            record[P_EPOCH],
-            record[P_ITERATION],
-            record[P_BATCH],
-            session.number,
-            start_s,
-            batch_size,
-            batches,
-            flag,
-            samples,
-        )
-
-    def _flag(
-        self,
-        phase: int,
-        record: list[int],
-        wall_ns: int,
-        gpu_ns: int,
-        peak_bytes: int,
-        flag: str,
-        start_ns: int | None = None,
-        batches: int = 0,
-    ) -> None:
-        """Keep a flagged row (phases.tsv only), up to ``num_measurements`` per phase."""
-        series = self._series(phase)
-        if len(series.flagged) < self.settings.num_measurements:
-            series.flagged.append(
-                self._row(record, wall_ns, gpu_ns, peak_bytes, start_ns, None, batches, flag)
-            )
-
-    def _measure(
-        self,
-        phase: int,
-        record: list[int],
-        wall_ns: int,
-        gpu_ns: int,
-        peak_bytes: int,
-        store: bool,
-        start_ns: int | None = None,
-        batches: int = 0,
-        flag: str = "",
-        batch_size: int | None = None,
-        samples: int | None = None,
-    ) -> None:
-        series = self._series(phase)
-        series.wall.add(wall_ns / NS_PER_S)
-        if gpu_ns >= 0:
-            series.gpu.add(gpu_ns / NS_PER_S)
-        if store:
-            series.rows.append(
-                self._row(
-                    record,
-                    wall_ns,
-                    gpu_ns,
-                    peak_bytes,
-                    start_ns,
-                    batch_size,
-                    batches,
-                    flag,
-                    samples,
-                )
             )

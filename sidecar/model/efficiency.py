@@ -17,10 +17,12 @@ from sidecar.model.goodput import Account, total
 from sidecar.model.peaks import Mfu, peak_tflops
 from sidecar.model.stragglers import RankIterations, stragglers
 
-# A lone rank's iterations: the straggler rule needs two ranks, so none are read.
-_NO_ITERATIONS = RankIterations("", np.zeros((0, 2), dtype=np.int64), np.zeros((0, 4)), np.zeros(0))
 # The straggler rule's PHASES, as phase ids.
-_PHASE_IDS = (wire.TRAINING_DATA_LOADING, wire.FORWARD, wire.BACKWARD, wire.OPTIMIZATION)
+_PHASE_IDS = tuple(p.phase for p in wire.STEP_PHASES)
+# A lone rank's iterations: the straggler rule needs two ranks, so none are read.
+_NO_ITERATIONS = RankIterations(
+    "", np.zeros((0, 2), dtype=np.int64), np.zeros((0, len(_PHASE_IDS))), np.zeros(0)
+)
 
 
 def rank_iterations(agg: RankAggregator, host: str = "") -> RankIterations:

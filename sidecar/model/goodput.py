@@ -39,32 +39,99 @@ from sidecar.model.units import NS_PER_S
 
 # Custom phase names (lower case) whose time is a checkpoint save.
 CHECKPOINT_NAMES = frozenset({"checkpoint", "checkpoint save", "save checkpoint"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cause:
+    """One badput cause, every name it goes by: the outputs take them from ``BADPUT``."""
+
+    id: str  # its key in run.json, the resume state, metrics labels and report columns
+    label: str  # its line in summary.log's Goodput block
+    short: str  # its bar in the job report (``sidecar report --job``)
+    # the job report's advice when it takes a large share of the wall time (None: a
+    # finding of its own gives it: input-bound, straggler)
+    advice: str | None
+    colour: str  # its colour in report.html's goodput view
+
+
 # The badput causes, in the order every output lists them.
-CAUSES = (
-    "startup",
-    "sidecar_start",
-    "data_stall",
-    "validation",
-    "checkpoint",
-    "redone",
-    "downtime",
-    "warmup",
-    "straggler",
-    "other",
+BADPUT: tuple[Cause, ...] = (
+    Cause(
+        id="startup",
+        label="start-up (process start to first iteration)",
+        short="start-up",
+        advice="start the training loop sooner: import and set up less before it, or "
+        "load data lazily",
+        colour="#4e79a7",
+    ),
+    Cause(
+        id="sidecar_start",
+        label="private sidecar start",
+        short="sidecar start",
+        advice="run the job under `sidecar run` (or a node daemon) instead of a private sidecar",
+        colour="#f28e2b",
+    ),
+    Cause(
+        id="data_stall",
+        label="data-loading stall",
+        short="data stall",
+        advice=None,
+        colour="#e15759",
+    ),
+    Cause(
+        id="validation",
+        label="validation",
+        short="validation",
+        advice="validate less often or on fewer batches",
+        colour="#76b7b2",
+    ),
+    Cause(
+        id="checkpoint",
+        label="checkpoint save",
+        short="checkpoint",
+        advice="checkpoint less often, or save asynchronously",
+        colour="#59a14f",
+    ),
+    Cause(
+        id="redone",
+        label="redone work after a resume",
+        short="redone work",
+        advice="checkpoint more often: the work after the last checkpoint was done again",
+        colour="#edc948",
+    ),
+    Cause(
+        id="downtime",
+        label="downtime between sessions",
+        short="downtime",
+        advice="resubmit sooner after a failure (requeue, a longer time limit)",
+        colour="#b07aa1",
+    ),
+    Cause(
+        id="warmup",
+        label="warmup / compile",
+        short="warmup/compile",
+        advice="compile once (cache the compiled graph) or shorten the warmup",
+        colour="#ff9da7",
+    ),
+    Cause(
+        id="straggler",
+        label="waiting for the slowest rank",
+        short="straggler wait",
+        advice=None,
+        colour="#9c755f",
+    ),
+    Cause(
+        id="other",
+        label="other",
+        short="other",
+        advice="time the code between steps with a phase to see where it goes",
+        colour="#bab0ac",
+    ),
 )
-CAUSE_LABELS = {
-    "startup": "start-up (process start to first iteration)",
-    "sidecar_start": "private sidecar start",
-    "data_stall": "data-loading stall",
-    "validation": "validation",
-    "checkpoint": "checkpoint save",
-    "redone": "redone work after a resume",
-    "downtime": "downtime between sessions",
-    "warmup": "warmup / compile",
-    "straggler": "waiting for the slowest rank",
-    "other": "other",
-}
-_GPU_PHASES = (wire.FORWARD, wire.BACKWARD, wire.OPTIMIZATION)
+CAUSES = tuple(cause.id for cause in BADPUT)
+CAUSE_LABELS = {cause.id: cause.label for cause in BADPUT}
+# The step parts timed on the GPU: their GPU time is the productive iterations' GPU time.
+_GPU_PHASES = tuple(p.phase for p in wire.STEP_PHASES if p.gpu)
 
 
 @dataclass

@@ -25,8 +25,8 @@ from sidecar.model.straggler_gpu import GpuReadings, in_iterations
 from sidecar.model.stragglers import RankIterations, Stragglers, stragglers
 from sidecar.model.units import NS_PER_S
 
-# The training phases compared across ranks, in the order of ``stragglers.PHASES``.
-STRAGGLER_PHASES = (wire.TRAINING_DATA_LOADING, wire.FORWARD, wire.BACKWARD, wire.OPTIMIZATION)
+# The training phases compared across ranks (the step parts), as ``stragglers.PHASES``.
+STRAGGLER_PHASES = tuple(p.phase for p in wire.STEP_PHASES)
 # The iteration-level training phases of the ranks table (no Training, no Epoch).
 TABLE_PHASES = tuple(
     p for p in wire.PHASES if not p.validation and p.phase not in (wire.TRAINING, wire.EPOCH)

@@ -35,7 +35,9 @@ from typing import Any
 
 from markers.wire import TRAINING_LOOP, VALIDATION_LOOP
 from sidecar.model import goodput
-from sidecar.model.aggregator import ROW_FIELDS, PhaseSeries, RankAggregator, Row, Session
+from sidecar.model.aggregator import RankAggregator
+from sidecar.model.series import ROW_FIELDS, PhaseSeries, Row
+from sidecar.model.session_clock import Session
 from sidecar.model.stats import Welford
 from sidecar.model.units import NS_PER_S
 

@@ -34,11 +34,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from markers import wire
 from sidecar.model.straggler_gpu import GpuFigures, GpuReadings, describe, over
 
-# The phases compared, in the order of the arrays handed in.
-PHASES: tuple[str, ...] = ("data loading", "forward", "backward", "optimization")
-PRE_SYNC = (0, 1)  # data loading and forward: the phases before the all-reduce
+# The phases compared (the step parts), in the order of the arrays handed in.
+PHASES: tuple[str, ...] = tuple(p.summary_label.lower() for p in wire.STEP_PHASES)
+# Their positions before the all-reduce (data loading and forward).
+PRE_SYNC = tuple(i for i, p in enumerate(wire.STEP_PHASES) if p.before_sync)
 MARGIN_SHARE = 0.10
 MIN_MARGIN_S = 0.001
 MAJORITY = 0.5
@@ -49,7 +51,7 @@ MIN_WINDOW_ITERATIONS = 5
 @dataclass(frozen=True)
 class RankIterations:
     """One rank's measured iterations: ``keys`` is an (n, 2) int array of (epoch,
-    iteration); ``phase_s`` an (n, 4) float array of the PHASES' seconds (0 where the
+    iteration); ``phase_s`` an (n, len(PHASES)) float array of the PHASES' seconds (0 where the
     phase did not run); ``loop_s`` the (n,) Training loop seconds; ``gpu`` its GPU's
     samples inside those iterations (None: the rank reported no GPU)."""
 
@@ -122,7 +124,7 @@ def _key(row: np.ndarray) -> tuple[int, int]:
 def _align(
     ranks: Mapping[int, RankIterations],
 ) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray]:
-    """The ranks in order, the common keys, phases (ranks, n, 4) and loops (ranks, n)."""
+    """The ranks in order, the common keys, phases (ranks, n, len(PHASES)) and loops (ranks, n)."""
     order = sorted(ranks)
     common: set[tuple[int, int]] | None = None
     for rank in order:

@@ -35,11 +35,16 @@ from sidecar.resources import fields
 from sidecar.sinks.summary import TITLE_LINE
 from sidecar.sinks.tables import COLUMNS
 
-# computational.tsv columns the report reads, the training iteration's capped phases: its
-# name here (the metric label without the loop's "train_" prefix) -> label of the column
-PHASE_COLUMNS = {
-    p.metric.removeprefix("train_"): p.column for p in wire.PHASES if p.capped and not p.validation
+# The phases the report reads from computational.tsv, the training loop and the step parts,
+# by their name here: the metric label without the loop's "train_" prefix.
+READ_PHASES: dict[str, wire.PhaseDef] = {
+    p.metric.removeprefix("train_"): p
+    for p in wire.PHASES
+    if (p.loop and not p.validation) or p.step
 }
+PHASE_COLUMNS = {name: p.column for name, p in READ_PHASES.items()}  # name -> column label
+# The step parts by those names, in table order (each one's share of the step).
+STEP_PARTS = tuple(name for name, p in READ_PHASES.items() if p.step)
 PLOT_POINTS = 400
 _LABELS = [label for label, _, _ in COLUMNS]
 _THROUGHPUT = re.compile(r"^Throughput: (?:([0-9.e+-]+) images/s|.*)$", re.M)

@@ -46,7 +46,7 @@ from sidecar.model.goodput import CAUSES
 from sidecar.model.units import BYTES_PER_MIB
 from sidecar.report import jobs
 from sidecar.report.build import PHASE_MEANS, Report, damaged_frame
-from sidecar.report.figures import PLOT_POINTS
+from sidecar.report.figures import PLOT_POINTS, READ_PHASES
 from sidecar.report.stragglers import STRAGGLER_GPU_COLUMNS
 
 TIMEOUT_S = 30.0
@@ -65,13 +65,8 @@ _ONCE_PER_GPU = {
     "energy (kWh)": "max",
 }
 _PHASE = "trainmon_phase_duration_seconds"
-_KEYS = {
-    "loop": "train_loop",
-    "loading": "train_loading",
-    "forward": "forward",
-    "backward": "backward",
-    "optimization": "optimization",
-}
+# The phases read (the report's names) -> their ``phase`` label; PHASE_MEANS' order.
+_KEYS = {name: p.metric for name, p in READ_PHASES.items()}
 
 
 class PrometheusError(Exception):

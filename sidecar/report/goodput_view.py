@@ -10,22 +10,11 @@ import math
 
 import pandas as pd
 
-from sidecar.model.goodput import CAUSES
+from sidecar.model.goodput import BADPUT, CAUSES
 from sidecar.report.jobs import names
 
 FIRST_JOBS = 20  # jobs listed under "look at first"
-COLOURS = (
-    "#4e79a7",
-    "#f28e2b",
-    "#e15759",
-    "#76b7b2",
-    "#59a14f",
-    "#edc948",
-    "#b07aa1",
-    "#ff9da7",
-    "#9c755f",
-    "#bab0ac",
-)  # one per cause, in CAUSES order
+COLOURS = tuple(cause.colour for cause in BADPUT)  # one per cause, in CAUSES order
 
 
 def _cell(value: object, digits: int = 2) -> str:

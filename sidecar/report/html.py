@@ -27,13 +27,12 @@ import numpy as np
 import pandas as pd
 
 from sidecar.report import goodput_view
-from sidecar.report.figures import PHASE_COLUMNS
+from sidecar.report.figures import PHASE_COLUMNS, STEP_PARTS
 from sidecar.report.jobs import TEXT_COLUMNS, idle_gpu_hours, most_wasteful_first, names
 
 UTILIZATION_JOBS = 20
 PHASE_JOBS = 40
 BAR_ROWS = 30
-PHASE_PARTS = ("loading", "forward", "backward", "optimization")
 # the jobs table's first columns: what a reader needs without scrolling sideways
 JOB_FIRST = [
     "job",
@@ -108,7 +107,7 @@ def _phases(jobs: pd.DataFrame, phase_means: pd.DataFrame) -> dict[str, Any]:
     loop = frame["loop mean (s)"]
     series = []
     rest = pd.Series(100.0, index=frame.index)
-    for name in PHASE_PARTS:
+    for name in STEP_PARTS:
         share = frame[f"{name} mean (s)"].fillna(0.0) / loop * 100.0
         rest -= share
         series.append({"label": PHASE_COLUMNS[name], "values": [_json_value(v) for v in share]})

@@ -18,41 +18,19 @@ from typing import Any
 
 import pandas as pd
 
-from sidecar.model.goodput import CAUSES
+from sidecar.model.goodput import BADPUT, CAUSES
 from sidecar.report import build, jobs, read
+from sidecar.report.figures import STEP_PARTS
 from sidecar.sinks import layout
 
 WIDTH = 80
 BAR = 30  # characters of a bar
 LABEL = 18
-PHASES = ("loading", "forward", "backward", "optimization")
 BADPUT_ADVICE_SHARE = 10.0  # a cause over this share of the wall time gets a line
 STRAGGLER_ADVICE_SHARE = 5.0
-SHORT = {
-    "productive": "productive",
-    "startup": "start-up",
-    "sidecar_start": "sidecar start",
-    "data_stall": "data stall",
-    "validation": "validation",
-    "checkpoint": "checkpoint",
-    "redone": "redone work",
-    "downtime": "downtime",
-    "warmup": "warmup/compile",
-    "straggler": "straggler wait",
-    "other": "other",
-}
-ADVICE = {
-    "startup": "start the training loop sooner: import and set up less before it, or "
-    "load data lazily",
-    "sidecar_start": "run the job under `sidecar run` (or a node daemon) instead of a "
-    "private sidecar",
-    "validation": "validate less often or on fewer batches",
-    "checkpoint": "checkpoint less often, or save asynchronously",
-    "redone": "checkpoint more often: the work after the last checkpoint was done again",
-    "downtime": "resubmit sooner after a failure (requeue, a longer time limit)",
-    "warmup": "compile once (cache the compiled graph) or shorten the warmup",
-    "other": "time the code between steps with a phase to see where it goes",
-}
+# The goodput bars' labels: productive time, then each cause's short name.
+SHORT = {"productive": "productive"} | {cause.id: cause.short for cause in BADPUT}
+ADVICE = {cause.id: cause.advice for cause in BADPUT if cause.advice is not None}
 
 
 class JobNotFound(LookupError):
@@ -119,7 +97,10 @@ def figures(folder: Path) -> dict[str, Any]:
     phase_means = report.phase_means.iloc[0]
     loop = _value(phase_means.get("loop mean (s)"))
     shares = (
-        {name: (_value(phase_means.get(f"{name} mean (s)")) or 0.0) / loop * 100 for name in PHASES}
+        {
+            name: (_value(phase_means.get(f"{name} mean (s)")) or 0.0) / loop * 100
+            for name in STEP_PARTS
+        }
         if loop
         else {}
     )

@@ -66,12 +66,9 @@ def phases_file(rank: int) -> str:
     return f"phases{rank_suffix(rank)}.tsv"
 
 
-# One standard phase: its wire id, column, summary line, GPU columns (``markers.wire``).
-PhaseRow = wire.PhaseDef
-# The standard phases in the order of computational.tsv and of the summary block.
-PHASE_ROWS: tuple[PhaseRow, ...] = wire.PHASES
-TRAIN_ROWS = tuple(r for r in PHASE_ROWS if not r.validation)
-VAL_ROWS = tuple(r for r in PHASE_ROWS if r.validation)
+# The standard phases (``wire.PHASES``) of each table of the summary block.
+TRAIN_ROWS = tuple(r for r in wire.PHASES if not r.validation)
+VAL_ROWS = tuple(r for r in wire.PHASES if r.validation)
 # The phases whose GPU seconds make a loop's GPU throughput.
 TRAIN_GPU_PHASES = tuple(r.phase for r in TRAIN_ROWS if r.network)
 VAL_GPU_PHASES = tuple(r.phase for r in VAL_ROWS if r.network)

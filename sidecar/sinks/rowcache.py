@@ -16,7 +16,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sidecar.model.aggregator import Row
+from sidecar.model.series import Row
 
 Derive = Callable[[list[Row]], Any]  # rows added since the last call -> one item
 

@@ -24,9 +24,9 @@ from weakref import WeakKeyDictionary
 import numpy as np
 
 from markers import wire
-from sidecar.model.aggregator import ROW_FIELDS, RankAggregator, Row
+from sidecar.model.aggregator import RankAggregator
+from sidecar.model.series import ROW_FIELDS, Row
 from sidecar.model.state import RawJSON
-from sidecar.sinks import layout
 from sidecar.sinks.rowcache import RowCache
 
 # The columns of phases.tsv: label and the Row field behind it (phase and rank: None,
@@ -49,7 +49,7 @@ PHASES_CELLS: tuple[tuple[str, str | None], ...] = (
 # A phase's cells in computational.tsv: time, then, for a phase with GPU columns, GPU time
 # and GPU peak memory.
 SEGMENT_FIELDS = {False: ("wall_s",), True: ("wall_s", "gpu_s", "peak_mib")}
-_GPU_PHASES = frozenset(row.phase for row in layout.PHASE_ROWS if row.gpu)
+_GPU_PHASES = frozenset(row.phase for row in wire.PHASES if row.gpu)
 _FLOATS = frozenset({"wall_s", "gpu_s", "peak_mib", "start_s"})
 _TEXTS = frozenset({"flag"})
 _ARRAYS = ("start_s", "wall_s", "gpu_s", "peak_mib")  # RowText's float64 arrays

@@ -25,7 +25,8 @@ import numpy as np
 
 from markers import wire
 from markers.buffer import GPU_DRAIN_S
-from sidecar.model.aggregator import PhaseSeries, RankAggregator
+from sidecar.model.aggregator import RankAggregator
+from sidecar.model.series import PhaseSeries
 from sidecar.model.stats import Welford
 from sidecar.sinks import layout, rowtext
 
@@ -91,7 +92,7 @@ def _stored(agg: RankAggregator, phase: int, attribute: str) -> np.ndarray:
     return values[~np.isnan(values)]
 
 
-def _phase_lines(agg: RankAggregator, rows: Sequence[layout.PhaseRow], on_gpu: bool) -> list[str]:
+def _phase_lines(agg: RankAggregator, rows: Sequence[wire.PhaseDef], on_gpu: bool) -> list[str]:
     out = []
     for row in rows:
         time = (
@@ -169,7 +170,7 @@ def _streaming_lines(agg: RankAggregator) -> list[str]:
         "All post-warmup measurements (streaming; the table above shows the stored rows):",
         f"{'Phase':^22} | {'Time (s)':^36} | {'GPU Time (s)':^36}".rstrip(),
     ]
-    for row in layout.PHASE_ROWS[1:]:  # every phase but Training (its time is the account)
+    for row in wire.PHASES[1:]:  # every phase but Training (its time is the account)
         series = agg.series.get(row.phase)
         if series is not None and series.wall.count:
             out.append(_streaming_line(" " * row.indent + row.summary_label, series))

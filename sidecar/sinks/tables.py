@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 # the Row attribute that fills it. Training is filled from the sessions instead.
 COLUMNS: list[tuple[str, int, str]] = [
     (f"{row.column}{suffix}", row.phase, field)
-    for row in layout.PHASE_ROWS
+    for row in wire.PHASES
     for suffix, field in zip(
         (" (s)", " GPU (s)", " GPU max memory (MB)")[: 1 + 2 * row.gpu],
         rowtext.SEGMENT_FIELDS[row.gpu],
@@ -57,7 +57,7 @@ def computational_text(agg: RankAggregator) -> str:
     # One segment per phase: its cells of each row (see rowtext.SEGMENT_FIELDS), and the
     # text of its empty cells.
     segments: list[tuple[list[str], str]] = []
-    for row in layout.PHASE_ROWS:
+    for row in wire.PHASES:
         empty = "\t" * (len(rowtext.SEGMENT_FIELDS[row.gpu]) - 1)
         if row.phase == wire.TRAINING:
             cells = [rowtext.table_float(agg.training_s())] if agg.sessions else []

@@ -1,39 +1,33 @@
-"""Headers the contract (docs/contract.md) spells out, written here once for the tests
-that check the files against them."""
+"""Headers the contract (docs/contract.md) spells out, read from it once for the tests
+that check the files against them: the contract is the one place they are written."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-CONTRACT = Path(__file__).resolve().parents[2] / "docs" / "contract.md"
+CONTRACT = Path(__file__).parents[2] / "docs" / "contract.md"
+
+
+def _computational_header() -> list[str]:
+    """computational.tsv's header as the contract's row for the file states it: its first
+    column, then "exactly these N columns in this order: `...`, ...; then" (checked: N)."""
+    row = next(
+        line
+        for line in CONTRACT.read_text(encoding="utf-8").splitlines()
+        if line.startswith("| `training/split-<k>/logs/computational.tsv` |")
+    )
+    stated = re.search(
+        r"first column `([^`]+)`.*? exactly these (\d+) columns in this order: (.+?); then", row
+    )
+    assert stated is not None, "the contract's computational.tsv row no longer reads as expected"
+    columns = re.findall(r"`([^`]+)`", stated[3])
+    assert len(columns) == int(stated[2]), f"the contract counts {stated[2]}, lists {len(columns)}"
+    return [stated[1], *columns]
+
 
 # computational.tsv's header, in the contract's order (custom phases follow).
-STANDARD_COLUMNS = [
-    "measurement #",
-    "Training (s)",
-    "Epoch (s)",
-    "Training loop (s)",
-    "Training data loading (s)",
-    "Forward (s)",
-    "Forward GPU (s)",
-    "Forward GPU max memory (MB)",
-    "Backward (s)",
-    "Backward GPU (s)",
-    "Backward GPU max memory (MB)",
-    "Optimization (s)",
-    "Optimization GPU (s)",
-    "Optimization GPU max memory (MB)",
-    "Validation (s)",
-    "Validation loop (s)",
-    "Validation data loading (s)",
-    "Evaluation (s)",
-    "Evaluation GPU (s)",
-    "Evaluation GPU max memory (MB)",
-    "Metrics computation (s)",
-    "Metrics computation GPU (s)",
-    "Metrics computation GPU max memory (MB)",
-]
+STANDARD_COLUMNS = _computational_header()
 
 
 def contract_metrics(path: Path = CONTRACT) -> dict[str, tuple[str, list[str]]]:

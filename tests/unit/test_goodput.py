@@ -9,6 +9,8 @@ import pytest
 from markers import wire
 from sidecar.model import goodput, state
 from sidecar.model.aggregator import RankAggregator, Settings
+from sidecar.model.goodput import BADPUT, CAUSES
+from sidecar.report import goodput_view, job
 from tests.unit.test_aggregator import MS, TRAIN, record
 
 
@@ -89,3 +91,12 @@ def test_a_state_without_counters_counts_its_sessions_as_other() -> None:
     assert account.productive_s == 0.0
     assert account.badput_s["other"] == pytest.approx(0.080)
     assert goodput.total([account, account]).wall_s == pytest.approx(2 * account.wall_s)
+
+
+def test_the_cause_table_gives_each_cause_one_id_and_colour() -> None:
+    assert tuple(cause.id for cause in BADPUT) == CAUSES
+    assert len(set(CAUSES)) == len({cause.colour for cause in BADPUT}) == len(BADPUT)
+    # the two causes without advice of their own have a finding of their own in the report
+    assert {cause.id for cause in BADPUT if cause.advice is None} == {"data_stall", "straggler"}
+    assert list(job.SHORT) == ["productive", *CAUSES]
+    assert tuple(cause.colour for cause in BADPUT) == goodput_view.COLOURS

@@ -17,6 +17,7 @@ import pytest
 from sidecar.model.aggregator import RankAggregator, Settings
 from sidecar.model.merge import RankFigures, figures_of, merged
 from sidecar.model.split import Split
+from sidecar.model.stragglers import PHASES
 from sidecar.report.read import RunFolder, SplitFiles
 from sidecar.report.stragglers import straggler_frame
 from sidecar.resources.monitor import ResourceFigures
@@ -28,6 +29,8 @@ from tests.unit.test_aggregator import MS, iteration
 
 def _figures(rank: int, loading_s: float, iterations: int = 10) -> RankFigures:
     keys = [[0, i] for i in range(iterations)]
+    # each step part's seconds (a step part not named here takes none)
+    steps = {"data loading": loading_s, "forward": 0.01, "backward": 0.02, "optimization": 0.001}
     return RankFigures(
         rank,
         f"host{rank // 2}",
@@ -40,7 +43,7 @@ def _figures(rank: int, loading_s: float, iterations: int = 10) -> RankFigures:
         {"Forward": 0.01},
         {"Forward": [iterations, 0.01, 0.0]},
         keys,
-        [[loading_s, 0.01, 0.02, 0.001] for _ in keys],
+        [[steps.get(name, 0.0) for name in PHASES] for _ in keys],
         [loading_s + 0.031] * iterations,
     )
 

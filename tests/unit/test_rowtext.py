@@ -18,7 +18,8 @@ import pytest
 
 from markers import wire
 from sidecar.model import state
-from sidecar.model.aggregator import PhaseSeries, RankAggregator, Settings
+from sidecar.model.aggregator import RankAggregator, Settings
+from sidecar.model.series import PhaseSeries
 from sidecar.model.split import RecordCounts, Split
 from sidecar.resources.monitor import ResourceFigures
 from sidecar.sinks import rowtext, summary, tables, writer

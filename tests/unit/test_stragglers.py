@@ -10,6 +10,7 @@ import numpy as np
 
 from sidecar.model.straggler_gpu import GpuReadings, reason_names
 from sidecar.model.stragglers import (
+    PHASES,
     RankIterations,
     straggler_gpu_line,
     straggler_line,
@@ -17,6 +18,11 @@ from sidecar.model.stragglers import (
 )
 
 LOOP_S = 0.100
+# Each step part's seconds in an iteration (a step part not named here takes none).
+STEP_S = {"data loading": 0.010, "forward": 0.030, "backward": 0.040, "optimization": 0.010}
+LOADING, FORWARD, BACKWARD = (
+    PHASES.index(name) for name in ("data loading", "forward", "backward")
+)
 
 
 def ddp_job(
@@ -25,12 +31,12 @@ def ddp_job(
     """Ranks whose phase ``phase`` (index) is ``extra_s`` longer over ``when``
     (``slow[rank] = (when, phase, extra_s)``); the rest of each loop waits in backward."""
     rng = np.random.default_rng(seed)
-    base = np.tile([0.010, 0.030, 0.040, 0.010], (ranks, iterations, 1))
+    base = np.tile([STEP_S.get(name, 0.0) for name in PHASES], (ranks, iterations, 1))
     base += rng.normal(0.0, 0.0005, base.shape).clip(-0.002, 0.002)
     for rank, (when, phase, extra_s) in slow.items():
         base[rank, when, phase] += extra_s
-    pre_sync = base[:, :, :2].sum(axis=2)
-    base[:, :, 2] += pre_sync.max(axis=0) - pre_sync  # waiting for the slowest, in backward
+    pre_sync = base[:, :, [LOADING, FORWARD]].sum(axis=2)
+    base[:, :, BACKWARD] += pre_sync.max(axis=0) - pre_sync  # waiting for the slowest
     loops = base.sum(axis=2)
     keys = np.array([(i // 10, i) for i in range(iterations)])
     return {
@@ -40,7 +46,7 @@ def ddp_job(
 
 
 def test_a_rank_slow_in_forward_is_named_with_its_host_phase_and_margin() -> None:
-    view = stragglers(ddp_job({2: (slice(None), 1, 0.030)}))
+    view = stragglers(ddp_job({2: (slice(None), FORWARD, 0.030)}))
     assert (view.verdict.rank, view.verdict.host, view.verdict.phase) == (2, "node1", "forward")
     assert abs(view.verdict.over_median_s - 0.030) < 0.003
     assert view.aligned == 40 and view.steady and len(view.windows) == 4
@@ -53,7 +59,7 @@ def test_a_rank_slow_in_forward_is_named_with_its_host_phase_and_margin() -> Non
 
 
 def test_slow_data_loading_is_told_from_a_slow_forward() -> None:
-    view = stragglers(ddp_job({1: (slice(None), 0, 0.020)}))
+    view = stragglers(ddp_job({1: (slice(None), LOADING, 0.020)}))
     assert (view.verdict.rank, view.verdict.phase) == (1, "data loading")
 
 
@@ -64,14 +70,16 @@ def test_ranks_within_noise_give_none() -> None:
 
 
 def test_a_culprit_that_changes_is_said_to_change() -> None:
-    view = stragglers(ddp_job({1: (slice(0, 20), 1, 0.03), 3: (slice(20, 40), 1, 0.03)}))
+    view = stragglers(
+        ddp_job({1: (slice(0, 20), FORWARD, 0.03), 3: (slice(20, 40), FORWARD, 0.03)})
+    )
     assert view.verdict.rank is None  # neither is slowest in most iterations
     assert [w.rank for w in view.windows] == [1, 1, 3, 3] and not view.steady
     assert straggler_line(view).endswith("by window: rank 1, rank 1, rank 3, rank 3)")
 
 
 def test_only_iterations_every_rank_has_are_compared() -> None:
-    job = ddp_job({0: (slice(None), 1, 0.030)}, ranks=2)
+    job = ddp_job({0: (slice(None), FORWARD, 0.030)}, ranks=2)
     lost = job[1]
     job[1] = RankIterations(lost.host, lost.keys[5:], lost.phase_s[5:], lost.loop_s[5:])
     view = stragglers(job)
@@ -89,7 +97,7 @@ def _readings(keys: np.ndarray, values: np.ndarray) -> GpuReadings:
 
 
 def test_a_throttled_straggler_gets_its_gpu_figures_beside_the_others() -> None:
-    job = ddp_job({2: (slice(10, None), 0, 0.030)})  # slow data loading from iteration 10
+    job = ddp_job({2: (slice(10, None), LOADING, 0.030)})  # slow data loading from iteration 10
     normal = np.tile([1980.0, 300.0, 60.0, 0.0], (40, 1))
     throttled = normal.copy()
     # while it is slow its GPU throttles (hw slowdown + hw thermal); before, it was fine
@@ -124,7 +132,7 @@ def test_a_throttled_straggler_gets_its_gpu_figures_beside_the_others() -> None:
 
 
 def test_a_cpu_straggler_is_said_to_have_no_gpu_figures() -> None:
-    view = stragglers(ddp_job({1: (slice(None), 0, 0.020)}))
+    view = stragglers(ddp_job({1: (slice(None), LOADING, 0.020)}))
     assert view.verdict.rank == 1 and view.others_gpu is None
     assert all(s.gpu is None for s in view.standings)
     assert straggler_gpu_line(view) == (
