@@ -15,6 +15,7 @@ for (``nms``, ``qnms``); nothing else is touched, and with a CUDA torch it does 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import sys
 from typing import Any
@@ -33,10 +34,9 @@ class _DeclareFirst(importlib.abc.MetaPathFinder):
         if torch.version.cuda is None:
             library = torch.library.Library("torchvision", "FRAGMENT")
             for op in ("nms", "qnms"):
-                try:
+                # declared already where a torchvision's own _C loaded
+                with contextlib.suppress(RuntimeError):
                     library.define(op + SCHEMA)
-                except RuntimeError:  # declared already (a torchvision whose _C loads)
-                    pass
             _KEEP.append(library)
         return None  # the ordinary finders load torchvision itself
 
