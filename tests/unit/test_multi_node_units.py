@@ -15,13 +15,14 @@ import pandas as pd
 import pytest
 
 from sidecar.model.aggregator import RankAggregator, Settings
+from sidecar.model.derived import derive
 from sidecar.model.merge import RankFigures, figures_of, merged
 from sidecar.model.split import Split
 from sidecar.report.read import RunFolder, SplitFiles
 from sidecar.report.stragglers import straggler_frame
 from sidecar.resources.monitor import ResourceFigures
 from sidecar.resources.samplers.nvml import NvmlSampler, open_nvml
-from sidecar.sinks import nodes, ranks_text, writer
+from sidecar.sinks import nodes, ranks_text, run_file, writer
 from tests.support.fake_pynvml import FakeGpu, FakeNvml
 from tests.unit.test_aggregator import MS, iteration
 
@@ -89,7 +90,8 @@ def test_run_json_keeps_every_node_and_the_worst_status_wins(tmp_path: Path) -> 
         "gpus": [{"uuid": "GPU-b", "name": "B"}],
     }
     replaced = {"node_id": "restarted", "node_host": "a", "ranks": [1], "status": "running"}
-    text = writer.run_json(split, json.dumps({"splits": {"0": {"nodes": [other, replaced]}}}))
+    previous = json.dumps({"splits": {"0": {"nodes": [other, replaced]}}})
+    text = run_file.run_json(split, derive(split), split.record_counts(), previous)
     entry = json.loads(text)["splits"]["0"]
     assert entry["ranks"] == [0, 1, 2, 3]
     assert (entry["status"], entry["cause"]) == ("incomplete", "its sidecar stopped")
@@ -231,7 +233,8 @@ def test_the_writer_takes_each_rank_the_samples_of_the_gpu_it_reported(tmp_path:
     span = resources.gpu_readings(SLOW_GPU, 12 * MS, 28 * MS)
     assert span[:, 0].tolist() == [12 * MS, 18 * MS, 22 * MS, 28 * MS]
     assert span[:, 1].tolist() == [900, 1980, 900, 1980]
-    files, block = writer.render(split, resources, split.record_counts(), with_state=False)
+    figures = derive(split, nodes.NODE_ID, nodes.HOSTNAME, resources.gpu_readings)
+    files, block = writer.render(split, figures, resources, split.record_counts(), with_state=False)
     assert block is not None
     [line] = [line for line in block if line.startswith("Straggler GPU:")]
     assert line.startswith(
