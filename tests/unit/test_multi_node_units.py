@@ -118,6 +118,49 @@ def test_the_report_counts_the_gpu_hours_spent_waiting(tmp_path: Path) -> None:
     assert row["waiting GPU-hours"] == pytest.approx(0.4)
 
 
+def test_the_report_names_the_straggler_run_json_names(tmp_path: Path) -> None:
+    """run.json's ``straggler`` of a split is what the report reads; the summary's line
+    only for a split entry without it (a folder written before)."""
+    summary = "Straggler: rank 3 on b, data loading, +1.0e-02 s over the median before the sync\n"
+    stated = {"straggler": {"rank": 1, "host": "a", "phase": "forward"}}
+    cases = {"stated": stated, "none named": {"straggler": None}, "older": {}}
+    runs = [
+        RunFolder(tmp_path, {}, [SplitFiles(0, 1.0, b"", 1, b"", (), summary, "", (), entry)])
+        for entry in cases.values()
+    ]
+    frame = straggler_frame(runs, pd.Series([4, 4, 4]))
+    columns = ["straggler rank", "straggler host", "straggler phase"]
+    assert frame[columns].values.tolist() == [
+        ["1", "a", "forward"],
+        ["", "", ""],
+        ["3", "b", "data loading"],
+    ]
+
+
+def test_run_json_states_the_straggler_and_keeps_rank_0s_on_other_nodes(tmp_path: Path) -> None:
+    split = Split(tmp_path, 0, Settings(warmup_iterations=0), {"world_size": 3})
+    for rank in range(3):
+        _ranks_records(split.rank(rank))
+    entry = json.loads(
+        run_file.run_json(
+            split, derive(split, nodes.NODE_ID, nodes.HOSTNAME), split.record_counts(), ""
+        )
+    )["splits"]["0"]
+    assert entry["straggler"] == {"rank": 2, "host": nodes.HOSTNAME, "phase": "forward"}
+    # a sidecar without rank 0 keeps what rank 0's stated
+    other = Split(tmp_path, 0, Settings(warmup_iterations=0), {"world_size": 3})
+    _ranks_records(other.rank(1))
+    other.dropped["x"] = 5
+    merged_entry = json.loads(
+        run_file.run_json(
+            other, derive(other), other.record_counts(), json.dumps({"splits": {"0": entry}})
+        )
+    )["splits"]["0"]
+    assert merged_entry["straggler"] == entry["straggler"]
+    assert merged_entry["throughput"] == entry["throughput"]
+    assert merged_entry["records_dropped"] == 5
+
+
 SLOW_GPU = "GPU-2c2c2c2c"
 
 
