@@ -40,6 +40,7 @@ from bench.common import headline  # noqa: E402
 from bench.results import machine_line, write_section  # noqa: E402
 from bench.synthetic import training_records  # noqa: E402
 from sidecar.model.aggregator import Settings  # noqa: E402
+from sidecar.model.derived import derive  # noqa: E402
 from sidecar.model.split import RecordCounts, Split  # noqa: E402
 from sidecar.resources.monitor import ResourceFigures  # noqa: E402
 from sidecar.sinks import writer  # noqa: E402
@@ -77,7 +78,7 @@ def add_iterations(split: Split, first: int, count: int) -> None:
 def timed_write(split: Split) -> float:
     """Seconds of one full write of ``split`` with its resume state."""
     start = time.perf_counter()
-    writer.write_split(split, FIGURES, COUNTS, with_state=True)
+    writer.write_split(split, derive(split), FIGURES, COUNTS, with_state=True)
     return time.perf_counter() - start
 
 

@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterable
 
 from sidecar.model.split import LateNode, Split
 from sidecar.sinks import nodes
-from sidecar.sinks.writer import multi_node
 
 log = logging.getLogger("sidecar")
 
@@ -30,7 +29,7 @@ def waiting(split: Split) -> bool:
     return (
         split.end_unix is not None
         and 0 in split.ranks
-        and multi_node(split)
+        and split.multi_node
         and split.nodes_waited_s is None
     )
 
@@ -106,7 +105,7 @@ class NodesWork:
         if now >= self._next_node_files:
             self._next_node_files = now + NODE_FILE_S
             for split in splits:
-                if split.end_unix is None and split.dirty and multi_node(split):
+                if split.end_unix is None and split.dirty and split.multi_node:
                     self._write_node_file(split)
 
     def wait(self, splits: list[Split], poll_s: float) -> None:

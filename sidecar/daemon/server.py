@@ -25,6 +25,7 @@ from markers import wire
 from sidecar.daemon import nodes_wait, slurm_jobs
 from sidecar.daemon import snapshot as snapshots
 from sidecar.daemon.access import Access, claim_split
+from sidecar.daemon.derivations import Derivations
 from sidecar.daemon.dispatch import Dispatcher
 from sidecar.daemon.job import DEFAULT_NICE, Job, lower_priority
 from sidecar.daemon.lifecycle import Lifecycle
@@ -37,12 +38,14 @@ from sidecar.ingest.peers import Peer
 from sidecar.ingest.receiver import HEARTBEAT_S, Incoming, Receiver
 from sidecar.ingest.stream import Stream
 from sidecar.ingest.streams import Registry
+from sidecar.model.derived import own_figures
 from sidecar.model.split import Split
 from sidecar.resources.monitor import ResourceMonitor
 from sidecar.resources.samplers import DEFAULT_INTERVAL_S
 from sidecar.resources.samplers.nvml import open_nvml
-from sidecar.sinks import layout, resources_text, writer
+from sidecar.sinks import layout, resources_text, run_file, writer
 from sidecar.sinks.atomic import WriteBytes
+from sidecar.sinks.nodes import HOSTNAME, NODE_ID
 
 log = logging.getLogger("sidecar")
 
@@ -107,7 +110,7 @@ class Server:
             self.access.policy.resolve,
             self._on_stream,
             self._on_records,
-            writer.previous_activity,
+            run_file.previous_activity,
             claim_split,
             lambda stream: not stream.is_local() or pid_alive(stream.pid),
         )
@@ -141,6 +144,8 @@ class Server:
         )
         self._next_retry = 0.0
         self.nodes = nodes_wait.NodesWork(config.nodes_wait_s, self.write, self._write_node_file)
+        # each split's derived figures: afresh at each write, throttled for the snapshot
+        self.derivations = Derivations()
         self._next_publish = 0.0  # monotonic s
         self.snapshot = self.publish()
 
@@ -201,14 +206,18 @@ class Server:
                 raise PermissionError(refusal)
             self.monitor.final_round(split)
             writer.load_modules()  # with the daemon's own identity, see there
-            with self.access.acting(owner):
+            resources = self.monitor.figures(split)
+            with self.access.acting(owner):  # other nodes' files are read as the user
+                figures, others = self.derivations.at_write(split, resources)
                 writer.write_split(
                     split,
-                    self.monitor.figures(split),
+                    figures,
+                    resources,
                     split.record_counts(),
                     with_state,
                     self._write_bytes,
                     self._progress,
+                    others,
                 )
         except OSError as exc:
             # without the file name: it is a fresh temporary one at each try
@@ -230,8 +239,10 @@ class Server:
         if self.access.write_refusal(split.split_dir, owner):
             return
         try:
+            resources = self.monitor.figures(split)
+            own = own_figures(split, NODE_ID, HOSTNAME, resources.gpu_readings)
             with self.access.acting(owner):
-                writer.write_node_file(split, self.monitor.figures(split), split.record_counts())
+                writer.write_node_file(split, own, resources, split.record_counts())
         except OSError as exc:
             log.debug("node file of %s not refreshed: %s", split.split_dir, exc)
 
@@ -240,7 +251,10 @@ class Server:
         says how the run ended rather than ``running``; the rest is retried."""
         try:
             with self.access.acting(owner):
-                writer.write_run_file(split, self._write_bytes)
+                figures = self.derivations.latest(split)
+                if figures is None:  # the write failed before deriving them
+                    figures, _ = self.derivations.at_write(split, self.monitor.figures(split))
+                writer.write_run_file(split, figures, split.record_counts(), self._write_bytes)
         except OSError as exc:
             log.error(
                 "cannot write %s either: %s", split.out_dir / layout.RUN_FILE, exc.strerror or exc
@@ -386,6 +400,7 @@ class Server:
             self.config.root,
             self.config.interval_s,
             self._rate_window[0],
+            self.derivations,
             self.access.job_ids.dropped,
         )
         return self.snapshot
@@ -497,6 +512,7 @@ class Server:
                     self.write(split)
             for split in self.registry.prune(now, KEEP_ENDED_S):
                 self.monitor.forget(split)
+                self.derivations.forget(split)
             self.owners.forget(self.registry.streams, now, KEEP_ENDED_S)
 
     def run(self) -> int:

@@ -10,17 +10,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from sidecar.daemon.derivations import Derivations
 from sidecar.ingest.streams import Registry
 from sidecar.model.aggregator import RankAggregator
-from sidecar.model.efficiency import refresh_waits
+from sidecar.model.derived import SplitFigures
 from sidecar.model.goodput import Account
 from sidecar.model.split import Split
 from sidecar.model.stragglers import RankStanding
 from sidecar.resources import fields
 from sidecar.resources.monitor import ResourceMonitor, SplitResources
-
-# How often the live view reruns the straggler rule on a split of several ranks, s.
-WAITS_REFRESH_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -155,20 +153,15 @@ def _rank_view(agg: RankAggregator, straggler_per_iteration_s: float) -> RankVie
     )
 
 
-def _refresh_waits(split: Split) -> None:
-    """Rerun the straggler rule on a split of several ranks at most every
-    ``WAITS_REFRESH_S`` (it reads the stored rows; a write also refreshes it)."""
-    now = time.monotonic()
-    if len(split.ranks) > 1 and now - split.waits_refreshed_monotonic >= WAITS_REFRESH_S:
-        split.waits_refreshed_monotonic = now
-        refresh_waits(list(split.ranks.values()), split.straggler_waits)
-
-
-def split_view(split: Split, resources: SplitResources | None) -> SplitView:
-    """The view of ``split`` with its running resource figures (loop thread only)."""
+def split_view(
+    split: Split, resources: SplitResources | None, figures: SplitFigures | None = None
+) -> SplitView:
+    """The view of ``split`` with its running resource figures and its derived
+    ``figures`` (``daemon/derivations.py``: each rank's wait for the slowest one and the
+    standings; None: no rank compared yet). Loop thread only."""
     first = split.ranks.get(0) or next(iter(split.ranks.values()), None)
     counts = split.record_counts()
-    _refresh_waits(split)
+    waits = figures.waits_s if figures is not None else {}
     info = split.info
     gpus: tuple[GpuView, ...] = ()
     host_gauges: dict[str, float] = {}
@@ -198,7 +191,7 @@ def split_view(split: Split, resources: SplitResources | None) -> SplitView:
         ),
         end_unix=split.end_unix,
         ranks=tuple(
-            _rank_view(split.ranks[r], split.straggler_waits.get(r, 0.0))
+            _rank_view(split.ranks[r], waits.get(r, 0.0))
             for r in sorted(split.ranks)
             if split.ranks[r].sessions
         ),
@@ -210,7 +203,7 @@ def split_view(split: Split, resources: SplitResources | None) -> SplitView:
         },
         gpus=gpus,
         host_gauges=host_gauges,
-        standings=split.standings,
+        standings=figures.standings if figures is not None else (),
         folder=str(split.out_dir),
     )
 
@@ -222,10 +215,12 @@ def take(
     root: Path | None,
     interval_s: float,
     rate_since: tuple[float, int],
+    derivations: Derivations,
     job_ids_dropped: int = 0,
 ) -> Snapshot:
     """The snapshot of this moment (loop thread only). ``rate_since`` is (monotonic s,
     records received then): the record rate is the mean since that point;
+    ``derivations`` gives each split's derived figures (refreshed there, throttled);
     ``job_ids_dropped`` counts the hellos' Slurm job ids not believed."""
     now = time.monotonic()
     then, before = rate_since
@@ -255,5 +250,9 @@ def take(
             "gpus": monitor.gpu_status(),
         },
         runs=tuple(RunView(**run) for run in counts["runs"]),
-        splits=tuple(split_view(split, monitor.live(split)) for split in registry.splits.values()),
+        splits=tuple(
+            split_view(split, live, derivations.live(split, live))
+            for split in registry.splits.values()
+            for live in (monitor.live(split),)
+        ),
     )

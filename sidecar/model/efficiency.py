@@ -1,13 +1,14 @@
-"""A split's goodput accounts: each rank's, with the time it waited for the slowest rank.
+"""A split's efficiency figures: each rank's wait for the slowest rank, the mean goodput
+account, throughput in batches and the MFU estimate.
 
 The straggler rule (``sidecar.model.stragglers``) compares the ranks' stored iterations;
-``rank_iterations`` gives it one rank's, from the rows this sidecar stores. Ranks merged
-from several sidecars can be handed to ``split_accounts`` the same way.
+``rank_iterations`` gives it one rank's, from the rows this sidecar stores
+(``sidecar.model.derived`` runs it once per derivation).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -15,7 +16,7 @@ from markers import wire
 from sidecar.model.aggregator import RankAggregator
 from sidecar.model.goodput import Account, total
 from sidecar.model.peaks import Mfu, peak_tflops
-from sidecar.model.stragglers import RankIterations, stragglers
+from sidecar.model.stragglers import RankIterations, Stragglers
 
 # The straggler rule's PHASES, as phase ids.
 _PHASE_IDS = tuple(p.phase for p in wire.STEP_PHASES)
@@ -46,48 +47,13 @@ def rank_iterations(agg: RankAggregator, host: str = "") -> RankIterations:
     )
 
 
-def waits_per_iteration(ranks: Mapping[int, RankIterations]) -> dict[int, float]:
-    """Seconds each rank waited for the slowest one per aligned iteration (0 with fewer
+def waits_per_iteration(compared: Stragglers | None, ranks: Iterable[int]) -> dict[int, float]:
+    """Seconds each rank waited for the slowest one per aligned iteration, from the
+    straggler rule's ``compared`` view (0 for each of ``ranks`` without a view, with fewer
     than two ranks or no aligned iteration)."""
-    if len(ranks) < 2:
+    if compared is None or not compared.aligned:
         return dict.fromkeys(ranks, 0.0)
-    view = stragglers(ranks)
-    if not view.aligned:
-        return dict.fromkeys(ranks, 0.0)
-    return {standing.rank: standing.waited_s / view.aligned for standing in view.standings}
-
-
-def refresh_waits(
-    aggs: Sequence[RankAggregator],
-    split_waits: dict[int, float],
-    ranks: Mapping[int, RankIterations] | None = None,
-) -> None:
-    """Put each rank's wait per iteration for the slowest rank into ``split_waits``;
-    ``ranks``: the iterations the straggler rule compares (default: the stored ones of
-    those of ``aggs`` with a session; ranks merged from several sidecars can be given)."""
-    counted = [agg for agg in aggs if agg.sessions]
-    if ranks is None:
-        ranks = (
-            {agg.rank: rank_iterations(agg) for agg in counted}
-            if len(counted) > 1
-            else dict.fromkeys((agg.rank for agg in counted), _NO_ITERATIONS)
-        )
-    split_waits.update(waits_per_iteration(ranks))
-
-
-def split_accounts(
-    aggs: Sequence[RankAggregator],
-    split_waits: dict[int, float],
-    ranks: Mapping[int, RankIterations] | None = None,
-) -> dict[int, Account]:
-    """The goodput account of each rank of ``aggs`` with a session, its straggler part from
-    ``refresh_waits`` (which also updates ``split_waits``, the live view's)."""
-    refresh_waits(aggs, split_waits, ranks)
-    return {
-        agg.rank: agg.goodput_account(split_waits.get(agg.rank, 0.0))
-        for agg in aggs
-        if agg.sessions
-    }
+    return {s.rank: s.waited_s / compared.aligned for s in compared.standings}
 
 
 def mean(accounts: Sequence[Account]) -> Account:

@@ -8,7 +8,6 @@ from typing import Any
 
 from sidecar.model import state
 from sidecar.model.aggregator import RankAggregator, Settings
-from sidecar.model.stragglers import RankStanding
 
 # Two orders of the same four statuses, for two questions (later ones win in both):
 # - how a split's ranks ended: "running" until one ends, then the worst ending of its
@@ -83,10 +82,6 @@ class Split:
         self.rejected = 0
         self.dirty = True
         self.write_error: str | None = None
-        # Per rank: seconds it waited for the slowest rank per measured iteration, as of
-        # the last write (the straggler rule runs on the stored rows when files are made).
-        self.straggler_waits: dict[int, float] = {}
-        self.waits_refreshed_monotonic = float("-inf")  # the live view's last refresh
         # The DataLoader settings of the latest train / validation loop (run.json).
         self.loaders: dict[str, dict[str, Any]] = {}
         # Per rank this sidecar serves: its process's host, and its status and cause.
@@ -95,14 +90,18 @@ class Split:
         # did not come in time, and the seconds the end waited for them.
         self.late_nodes: dict[str, LateNode] = {}  # by node id
         self.nodes_waited_s: float | None = None
-        # The ranks compared at the last write of the summary (the sidecar serving rank 0)
-        self.standings: tuple[RankStanding, ...] = ()
 
     @property
     def world_size(self) -> int:
         """The job's ranks as its processes said (``WORLD_SIZE``), at least those seen."""
         said = self.info.get("world_size")
         return max(said if isinstance(said, int) else 1, max(self.ranks, default=-1) + 1)
+
+    @property
+    def multi_node(self) -> bool:
+        """Whether other sidecars serve ranks of the split: this one lacks rank 0 or some
+        of the ranks the job said it has."""
+        return 0 not in self.ranks or self.world_size > len(self.ranks)
 
     @property
     def split_dir(self) -> Path:

@@ -126,19 +126,33 @@ def _phase_means(files: Sequence[SplitFiles]) -> pd.DataFrame:
     )
 
 
+def _stated_figures(files: SplitFiles) -> tuple[float, float, int]:
+    """The split's training and validation throughput (NaN unknown) and its records
+    dropped, as its run.json entry states them; from summary.log's text for a folder
+    written before run.json held them (one regex per figure; text of others before our
+    block is not read)."""
+    entry = files.entry
+    stated = entry.get("throughput")
+    if isinstance(stated, dict) and isinstance(entry.get("records_dropped"), int):
+        train, val = (stated.get(loop) for loop in ("train", "val"))
+        return (
+            float(train) if isinstance(train, (int, float)) else np.nan,
+            float(val) if isinstance(val, (int, float)) else np.nan,
+            int(entry["records_dropped"]),
+        )
+    block = files.summary[files.summary.index(TITLE_LINE) :]  # read.py checked it is there
+    throughputs = [float(m[1]) if m[1] else np.nan for m in _THROUGHPUT.finditer(block)]
+    throughputs += [np.nan] * (2 - len(throughputs))
+    records = _RECORDS.search(block)
+    return throughputs[0], throughputs[1], int(records[1]) if records else 0
+
+
 def _summary_figures(files: Sequence[SplitFiles]) -> pd.DataFrame:
-    """Throughputs and dropped records, as our block of summary.log states them (one regex
-    per file; text of others before the block is not read)."""
-    train, val, dropped = [], [], []
-    for f in files:
-        block = f.summary[f.summary.index(TITLE_LINE) :]  # read.py checked it is there
-        throughputs = [float(m[1]) if m[1] else np.nan for m in _THROUGHPUT.finditer(block)]
-        throughputs += [np.nan] * (2 - len(throughputs))
-        train.append(throughputs[0])
-        val.append(throughputs[1])
-        records = _RECORDS.search(block)
-        dropped.append(int(records[1]) if records else 0)
-    return pd.DataFrame({"train throughput": train, "val throughput": val, "dropped": dropped})
+    """Throughputs and dropped records of each split (``_stated_figures``)."""
+    stated = [_stated_figures(f) for f in files]
+    return pd.DataFrame(stated, columns=["train throughput", "val throughput", "dropped"]).astype(
+        {"train throughput": "float64", "val throughput": "float64", "dropped": "int64"}
+    )
 
 
 def _windows(group: np.ndarray, t: np.ndarray) -> np.ndarray:

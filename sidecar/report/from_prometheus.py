@@ -47,7 +47,7 @@ from sidecar.model.units import BYTES_PER_MIB
 from sidecar.report import jobs
 from sidecar.report.build import PHASE_MEANS, Report, damaged_frame
 from sidecar.report.figures import PLOT_POINTS, READ_PHASES
-from sidecar.report.stragglers import STRAGGLER_GPU_COLUMNS
+from sidecar.report.stragglers import STRAGGLER_COLUMNS
 
 TIMEOUT_S = 30.0
 RUN = ["run", "user", "host", "slurm_job_id"]
@@ -62,7 +62,7 @@ _ONCE_PER_GPU = {
     "GPU utilization mean (%)": "mean",
     "GPU memory peak (MB)": "max",
     "power mean (W)": "mean",
-    "energy (kWh)": "max",
+    "energy (J)": "max",
 }
 _PHASE = "trainmon_phase_duration_seconds"
 # The phases read (the report's names) -> their ``phase`` label; PHASE_MEANS' order.
@@ -228,10 +228,8 @@ def _gpus(url: str, since: str, job_of: pd.Series) -> pd.DataFrame:
             url, f"max_over_time(trainmon_gpu_memory_used_bytes{selector}) / {BYTES_PER_MIB}", keys
         ),
         "power mean (W)": _values(url, f"avg_over_time(trainmon_gpu_power_watts{selector})", keys),
-        "energy (kWh)": _values(
-            url,
-            f"last_over_time(trainmon_gpu_energy_joules_total{selector}) / {jobs.J_PER_KWH:g}",
-            keys,
+        "energy (J)": _values(
+            url, f"last_over_time(trainmon_gpu_energy_joules_total{selector})", keys
         ),
     }
     frame = pd.DataFrame(figures)
@@ -346,6 +344,10 @@ def from_prometheus(url: str, since: str) -> Report:
                 "CPU mean (%)": last["cpu"] / wall * 100.0,
                 "memory peak (MB)": last["rss"] / BYTES_PER_MIB,
                 "records dropped": np.nan_to_num(last["dropped"]).astype("int64"),
+                # the straggler is in the run folders, not exported per job
+                **dict.fromkeys(STRAGGLER_COLUMNS, np.nan),
+                **dict.fromkeys(["straggler rank", "straggler host", "straggler phase"], ""),
+                "straggler throttle reasons": "",
             }
         )
     per_job = (
@@ -355,18 +357,17 @@ def from_prometheus(url: str, since: str) -> Report:
             model=("model", lambda m: ", ".join(sorted(set(m)))),
             util=("GPU utilization mean (%)", "mean"),
             peak=("GPU memory peak (MB)", "max"),
-            energy=("energy (kWh)", lambda s: s.sum(min_count=1)),
+            energy=("energy (J)", lambda s: s.sum(min_count=1)),
             power=("power mean (W)", lambda s: s.sum(min_count=1)),
         )
         .reindex(run)
     )
     table["GPUs"] = per_job["n"].fillna(0).astype("int64").to_numpy()
     table["GPU model"] = per_job["model"].fillna("").to_numpy()
-    table["GPU-hours"] = table["GPUs"] * table["wall (s)"] / 3600.0
     table["GPU utilization mean (%)"] = per_job["util"].to_numpy()
     table["GPU memory peak (MB)"] = per_job["peak"].to_numpy()
     table["GPU memory peak (%)"] = np.nan
-    table["energy (kWh)"] = per_job["energy"].to_numpy()
+    table["energy (J)"] = per_job["energy"].to_numpy()
     table["power mean (W)"] = per_job["power"].to_numpy()
     # the goodput account of a split is the mean over its ranks, on whichever node
     parts = {
@@ -378,22 +379,20 @@ def from_prometheus(url: str, since: str) -> Report:
         )
         for part in ("productive", *CAUSES)
     }
-    wall_s = _rank_mean(url, f"last_over_time(trainmon_goodput_wall_seconds[{since}])", job_of, run)
-    for column, values in jobs.goodput_columns(wall_s, parts["productive"], parts).items():
-        table[column] = values
-    # the straggler figures come from the run folders' summaries (not exported per job)
-    table[["straggler rank", "straggler host", "straggler phase"]] = ""
-    table[[c for c in STRAGGLER_GPU_COLUMNS if c != "straggler throttle reasons"]] = np.nan
-    table["straggler throttle reasons"] = ""
-    table["waiting GPU-hours"] = np.nan
-    table["flags"] = jobs.flags(table)
-    job_table = jobs.typed(table, jobs.JOB_COLUMNS)
+    table["goodput wall (s)"] = _rank_mean(
+        url, f"last_over_time(trainmon_goodput_wall_seconds[{since}])", job_of, run
+    )
+    table["productive (s)"] = parts["productive"]
+    for cause in CAUSES:
+        table[f"badput {cause} (s)"] = parts[cause]
+    job_table = jobs.job_table(table[jobs.INPUT_COLUMNS])
 
     per_gpu = (
         gpus.drop(columns="host")
         .merge(job_table[["run_id", "folder", "host", "user"]], left_on="run", right_on="run_id")
         .rename(columns={"model": "GPU model"})
     )
+    per_gpu["energy (kWh)"] = per_gpu["energy (J)"] / jobs.J_PER_KWH
     per_gpu["status"] = ""
     per_gpu["data loading share (%)"] = np.nan
     per_gpu["flags"] = jobs.flags(per_gpu)

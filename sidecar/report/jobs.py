@@ -2,6 +2,10 @@
 ``gpus.tsv`` (one row per run and GPU) and ``summary.tsv`` (totals per host, user and GPU model),
 from the run folders' figures.
 
+Either source (the run folders here, a Prometheus server in ``from_prometheus``) states
+the facts of each job as an inputs frame (``INPUT_COLUMNS``); ``job_table`` derives every
+column of jobs.tsv from it, the same way for both.
+
 A run of several splits gets the mean over its splits weighted by their Training time
 for means and shares, the maximum for peaks, the sum for energy and dropped records. A
 job's GPU utilization is the mean over its GPUs, its power and energy the sums over them,
@@ -11,7 +15,7 @@ its memory peaks the largest of any GPU.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -24,6 +28,8 @@ from sidecar.report.stragglers import STRAGGLER_COLUMNS, straggler_frame
 
 RUN_COLUMNS = ["run_id", "folder", "host", "user"]  # first in jobs.tsv and gpus.tsv
 JOB_TEXT_COLUMNS = ["slurm_job_id", "command", "start", "end", "status", "cause"]
+# What a job says of itself (run.json, or a series' labels), then its wall time
+META_COLUMNS = [*RUN_COLUMNS, *JOB_TEXT_COLUMNS, "wall (s)"]
 # A GPU's figures, in gpus.tsv per GPU and in jobs.tsv for the job's GPUs together
 GPU_FIGURE_COLUMNS = [
     "GPU utilization mean (%)",
@@ -52,6 +58,28 @@ JOB_COLUMNS = [
     "flags",
 ]
 GPU_COLUMNS = [*RUN_COLUMNS, "gpu", "uuid", "GPU model", *GPU_FIGURE_COLUMNS, "flags"]
+# The facts of a job either source states, from which ``job_table`` derives JOB_COLUMNS:
+# the GPU-hours, the energy in kWh, the goodput share and the flags are derived there
+INPUT_COLUMNS = [
+    *META_COLUMNS,
+    "GPUs",
+    "GPU model",
+    "GPU utilization mean (%)",
+    "GPU memory peak (MB)",
+    "GPU memory peak (%)",
+    "energy (J)",
+    "power mean (W)",
+    "train throughput (samples/s)",
+    "val throughput (samples/s)",
+    "data loading share (%)",
+    "CPU mean (%)",
+    "memory peak (MB)",
+    "records dropped",
+    "goodput wall (s)",  # the goodput account's wall time: its parts add up to it
+    "productive (s)",
+    *(f"badput {cause} (s)" for cause in CAUSES),
+    *STRAGGLER_COLUMNS,
+]
 TEXT_COLUMNS = frozenset(
     {
         *RUN_COLUMNS,
@@ -156,34 +184,34 @@ def most_wasteful_first(frame: pd.DataFrame) -> pd.DataFrame:
     ).drop(columns=["_idle", "_flags"])
 
 
-def goodput_columns(
-    wall_s: Sequence[float], productive_s: Sequence[float], badput_s: Mapping[str, Sequence[float]]
-) -> dict[str, np.ndarray]:
-    """The jobs table's goodput columns from each job's goodput wall time, productive
-    time and badput seconds by cause (NaN where unknown)."""
-    wall = np.asarray(wall_s, dtype="float64")
-    with np.errstate(invalid="ignore", divide="ignore"):
-        share = np.where(wall > 0, np.asarray(productive_s, dtype="float64") / wall * 100.0, np.nan)
-    return {
-        "goodput (%)": share,
-        **{f"badput {cause} (s)": np.asarray(badput_s[cause], dtype="float64") for cause in CAUSES},
-    }
+def job_table(inputs: pd.DataFrame) -> pd.DataFrame:
+    """JOB_COLUMNS of each job, derived from its INPUT_COLUMNS (``inputs``, one row per
+    job, from either source): GPU-hours (GPUs × wall time; 0 without GPUs), the energy
+    in kWh, the goodput share (productive over the account's wall time; NaN unknown) and
+    the flags; the other columns as stated."""
+    jobs = inputs.copy()
+    jobs["GPU-hours"] = (jobs["GPUs"] * jobs["wall (s)"] / 3600.0).where(jobs["GPUs"] > 0, 0.0)
+    jobs["energy (kWh)"] = jobs["energy (J)"] / J_PER_KWH
+    wall_s = jobs["goodput wall (s)"]
+    jobs["goodput (%)"] = (jobs["productive (s)"] / wall_s * 100.0).where(wall_s > 0)
+    jobs["flags"] = flags(jobs)
+    return typed(jobs, JOB_COLUMNS)
 
 
-def _goodput(runs: Sequence[RunFolder]) -> dict[str, np.ndarray]:
-    """The goodput columns from each run.json's ``goodput`` (the splits' means added)."""
+def _goodput(runs: Sequence[RunFolder]) -> dict[str, list[float]]:
+    """The goodput inputs from each run.json's ``goodput`` (the splits' means added)."""
     entries: list[dict[str, Any]] = []
     for run in runs:
         entry = run.meta.get("goodput")
         entries.append(entry if isinstance(entry, dict) else {})
-    return goodput_columns(
-        [_number(e.get("wall_s")) for e in entries],
-        [_number(e.get("productive_s")) for e in entries],
-        {
-            cause: [_number((e.get("badput_s") or {}).get(cause)) for e in entries]
+    return {
+        "goodput wall (s)": [_number(e.get("wall_s")) for e in entries],
+        "productive (s)": [_number(e.get("productive_s")) for e in entries],
+        **{
+            f"badput {cause} (s)": [_number((e.get("badput_s") or {}).get(cause)) for e in entries]
             for cause in CAUSES
         },
-    )
+    }
 
 
 def hosts(meta: dict[str, Any]) -> list[str]:
@@ -223,7 +251,7 @@ def _meta_frame(runs: Sequence[RunFolder]) -> pd.DataFrame:
                 },
             }
         )
-    return pd.DataFrame(rows, columns=[*JOB_COLUMNS[:11], "announced"])
+    return pd.DataFrame(rows, columns=[*META_COLUMNS, "announced"])
 
 
 def _split_weights(runs: Sequence[RunFolder]) -> pd.DataFrame:
@@ -253,6 +281,26 @@ def _per_gpu(figures: Figures, splits: pd.DataFrame) -> pd.DataFrame:
 def tables(runs: Sequence[RunFolder], figures: Figures) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``jobs`` (JOB_COLUMNS) and ``gpus`` (GPU_COLUMNS) frames of ``runs``; ``figures`` has
     the splits of every run in order (``run.splits`` of runs[0], then of runs[1], ...)."""
+    inputs, gpus = _inputs(runs, figures)
+    per_gpu = gpus.join(inputs[RUN_COLUMNS], on="run")
+    per_gpu = per_gpu.rename(
+        columns={
+            "model": "GPU model",
+            "peak_mib": "GPU memory peak (MB)",
+            "peak_pct": "GPU memory peak (%)",
+            "utilization mean (%)": "GPU utilization mean (%)",
+        }
+    )
+    per_gpu["energy (kWh)"] = per_gpu["energy_j"] / J_PER_KWH
+    per_gpu["status"] = ""  # a GPU is not failed or incomplete: its job is
+    per_gpu["data loading share (%)"] = np.nan
+    per_gpu["flags"] = flags(per_gpu)
+    return job_table(inputs), typed(per_gpu, GPU_COLUMNS)
+
+
+def _inputs(runs: Sequence[RunFolder], figures: Figures) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The inputs frame of ``runs`` (INPUT_COLUMNS; the run folders' facts), and one row
+    per run and GPU (its splits combined)."""
     jobs = _meta_frame(runs)
     splits = _split_weights(runs)
     per_split = figures.splits.join(splits)
@@ -277,11 +325,10 @@ def tables(runs: Sequence[RunFolder], figures: Figures) -> tuple[pd.DataFrame, p
     ]
     jobs["GPUs"] = [len(n) for n in names]
     jobs["GPU model"] = [", ".join(sorted({str(v) for v in n.values()})) for n in names]
-    jobs["GPU-hours"] = (jobs["GPUs"] * jobs["wall (s)"] / 3600.0).where(jobs["GPUs"] > 0, 0.0)
     jobs["GPU utilization mean (%)"] = job_gpu["util"]
     jobs["GPU memory peak (MB)"] = job_gpu["peak_mib"]
     jobs["GPU memory peak (%)"] = job_gpu["peak_pct"]
-    jobs["energy (kWh)"] = job_gpu["energy_j"] / J_PER_KWH
+    jobs["energy (J)"] = job_gpu["energy_j"]
     jobs["power mean (W)"] = job_gpu["power"]
     jobs["train throughput (samples/s)"] = means["train throughput"]
     jobs["val throughput (samples/s)"] = means["val throughput"]
@@ -292,22 +339,7 @@ def tables(runs: Sequence[RunFolder], figures: Figures) -> tuple[pd.DataFrame, p
     for column, values in _goodput(runs).items():
         jobs[column] = values
     jobs[STRAGGLER_COLUMNS] = straggler_frame(runs, jobs["GPUs"])
-    jobs["flags"] = flags(jobs)
-
-    per_gpu = gpus.join(jobs[["run_id", "folder", "host", "user"]], on="run")
-    per_gpu = per_gpu.rename(
-        columns={
-            "model": "GPU model",
-            "peak_mib": "GPU memory peak (MB)",
-            "peak_pct": "GPU memory peak (%)",
-            "utilization mean (%)": "GPU utilization mean (%)",
-        }
-    )
-    per_gpu["energy (kWh)"] = per_gpu["energy_j"] / J_PER_KWH
-    per_gpu["status"] = ""  # a GPU is not failed or incomplete: its job is
-    per_gpu["data loading share (%)"] = np.nan
-    per_gpu["flags"] = flags(per_gpu)
-    return typed(jobs, JOB_COLUMNS), typed(per_gpu, GPU_COLUMNS)
+    return jobs[INPUT_COLUMNS], gpus
 
 
 def summary(jobs: pd.DataFrame) -> pd.DataFrame:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,9 @@ class SplitFiles:
     # (body, header) of each other node's resources-<node-id>.tsv (docs/multi-node.md):
     # its host's samples, which the job's energy and host figures add up with rank 0's
     node_resources: tuple[tuple[bytes, tuple[str, ...]], ...] = ()
+    # the split's entry in run.json: the figures its sidecars state there (throughput,
+    # records dropped, straggler); a folder written before them lacks those keys
+    entry: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,7 @@ def _split_files(folder: Path, split: int, entry: Any) -> SplitFiles:
         summary,
         ranks,
         node_resources,
+        entry,
     )
 
 

@@ -1,5 +1,6 @@
 """The report's straggler columns (docs/multi-node.md): per job, the rank that held the
-others back as its summary's ``Straggler:`` line names it (rank, host, phase), what its
+others back as its run.json names it (rank, host, phase; the summary's ``Straggler:``
+line for a folder written before run.json held it), what its
 GPU showed in the iterations it was the slowest (its row of ``logs/ranks.tsv``: median SM
 clock, mean power, largest temperature, throttle reasons; empty for a CPU rank), and the
 GPU-hours the other ranks spent waiting for the slowest one.
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from sidecar.report.read import RunFolder
+from sidecar.report.read import RunFolder, SplitFiles
 
 # the straggler's GPU: report column <- ranks.tsv column (sidecar.sinks.ranks_text)
 STRAGGLER_GPU_COLUMNS = {
@@ -79,11 +80,29 @@ def _gpu(text: str, rank: str) -> dict[str, object]:
     return out
 
 
+def _named(files: SplitFiles) -> tuple[str, str, str] | None:
+    """The straggler of a split (rank, host, phase) as its run.json entry names it, or its
+    summary's ``Straggler:`` line where the entry has no ``straggler`` (an older folder);
+    None: none named."""
+    if "straggler" in files.entry:
+        stated = files.entry["straggler"]
+        if not isinstance(stated, dict):
+            return None
+        return (
+            str(stated.get("rank", "")),
+            str(stated.get("host", "")),
+            str(stated.get("phase", "")),
+        )
+    line = _LINE.search(files.summary)
+    return (line[1], line[2], line[3]) if line else None
+
+
 def straggler_frame(runs: Sequence[RunFolder], gpus: pd.Series) -> pd.DataFrame:
-    """STRAGGLER_COLUMNS per run (``gpus``: each run's GPU count, in order)."""
+    """STRAGGLER_COLUMNS per run (``gpus``: each run's GPU count, in order): the straggler
+    of its first split that names one."""
     rows = []
     for run, count in zip(runs, gpus.tolist(), strict=True):
-        found = next(((f, m) for f in run.splits if (m := _LINE.search(f.summary))), None)
+        found = next(((f, n) for f in run.splits if (n := _named(f))), None)
         named = found[1] if found else None
         waited_s, ranks = 0.0, 0
         for files in run.splits:
@@ -93,10 +112,10 @@ def straggler_frame(runs: Sequence[RunFolder], gpus: pd.Series) -> pd.DataFrame:
         per_rank = count / ranks if ranks else 0.0
         rows.append(
             {
-                "straggler rank": named[1] if named else "",
-                "straggler host": named[2] if named else "",
-                "straggler phase": named[3] if named else "",
-                **_gpu(found[0].ranks if found else "", named[1] if named else ""),
+                "straggler rank": named[0] if named else "",
+                "straggler host": named[1] if named else "",
+                "straggler phase": named[2] if named else "",
+                **_gpu(found[0].ranks if found else "", named[0] if named else ""),
                 "waiting GPU-hours": waited_s * per_rank / 3600.0,
             }
         )

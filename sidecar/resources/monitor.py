@@ -12,7 +12,7 @@ import bisect
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -198,21 +198,27 @@ class ResourceFigures:
     session_starts_ns: list[int] = field(default_factory=list)
 
     def gpu_readings(self, uuid: str, from_ns: int, to_ns: int) -> np.ndarray:
-        """The samples of the GPU ``uuid`` (by its hex part: a MIG instance may be named
-        GPU-... or MIG-...) taken from ``from_ns`` to ``to_ns`` (monotonic ns) as the
-        straggler view takes them (``merge.figures_of``): rows of t_ns, then
-        ``straggler_gpu.READING_COLUMNS``, NaN unknown. Only that span is read (the
-        samples are in time order), so the cost follows the stored iterations, not the
-        run's length."""
-        key = uuid_key(uuid)
-        low = bisect.bisect_left(self.gpu_samples, from_ns, key=lambda s: s.t_ns)
-        high = bisect.bisect_right(self.gpu_samples, to_ns, key=lambda s: s.t_ns)
-        rows = [
-            [s.t_ns, *(getattr(s, name) for name in READING_COLUMNS)]
-            for s in self.gpu_samples[low:high]
-            if uuid_key(s.uuid) == key
-        ]
-        return np.array(rows, dtype=float).reshape(-1, 1 + len(READING_COLUMNS))
+        """``gpu_readings`` of these samples."""
+        return gpu_readings(self.gpu_samples, uuid, from_ns, to_ns)
+
+
+def gpu_readings(
+    samples: Sequence[nvml.GpuSample], uuid: str, from_ns: int, to_ns: int
+) -> np.ndarray:
+    """The ``samples`` (in time order) of the GPU ``uuid`` (by its hex part: a MIG
+    instance may be named GPU-... or MIG-...) taken from ``from_ns`` to ``to_ns``
+    (monotonic ns) as the straggler view takes them (``merge.figures_of``): rows of t_ns,
+    then ``straggler_gpu.READING_COLUMNS``, NaN unknown. Only that span is read, so the
+    cost follows the stored iterations, not the run's length."""
+    key = uuid_key(uuid)
+    low = bisect.bisect_left(samples, from_ns, key=lambda s: s.t_ns)
+    high = bisect.bisect_right(samples, to_ns, key=lambda s: s.t_ns)
+    rows = [
+        [s.t_ns, *(getattr(s, name) for name in READING_COLUMNS)]
+        for s in samples[low:high]
+        if uuid_key(s.uuid) == key
+    ]
+    return np.array(rows, dtype=float).reshape(-1, 1 + len(READING_COLUMNS))
 
 
 class ResourceMonitor:

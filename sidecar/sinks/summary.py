@@ -110,6 +110,15 @@ def _phase_lines(agg: RankAggregator, rows: Sequence[wire.PhaseDef], on_gpu: boo
     return out
 
 
+def throughput(agg: RankAggregator, loop_phase: int) -> float | None:
+    """Samples per second over the stored rows of ``loop_phase`` (a loop) of known batch
+    size: their samples over their summed seconds (None: no such row). The figure of the
+    summary's ``Throughput:`` line, unrounded."""
+    rows = rowtext.texts(agg, loop_phase)
+    wall_s = sum(rows.known_wall_s)
+    return rows.samples / wall_s if rows.known_wall_s and wall_s > 0 else None
+
+
 def _throughput_lines(
     agg: RankAggregator, loop_phase: int, gpu_phases: Sequence[int], on_gpu: bool
 ) -> list[str]:
@@ -122,10 +131,11 @@ def _throughput_lines(
     if not rows.lines:
         return ["Throughput: no measurement"]
     known = len(rows.known_wall_s)
-    if not known:
+    rate = throughput(agg, loop_phase)
+    if rate is None:
         return ["Throughput: unknown (batch size not given and not readable from the batches)"]
     samples = rows.samples
-    out = [f"Throughput: {samples / sum(rows.known_wall_s):.2f} images/s"]
+    out = [f"Throughput: {rate:.2f} images/s"]
     if known < len(rows.lines):
         out[0] += f" (over the {known} of {len(rows.lines)} iterations of known batch size)"
     if on_gpu:

@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 
 from sidecar.report.jobs import JOB_COLUMNS
-from tests.support.helpers import JOB, env, read_tsv
+from tests.support.helpers import JOB, env, read_tsv, report_jobs
 
 CHROMIUM = "chromium-headless-shell"
 INPUT_BOUND = textwrap.dedent("""
@@ -413,3 +413,37 @@ def test_folders_of_older_and_newer_versions_are_read_not_skipped(
         assert not math.isnan(now), column
         assert _close(jobs.loc["runs/older", column], now), column
         assert _close(jobs.loc["runs/newer", column], now), column
+
+
+STATED = ("throughput", "records_dropped", "straggler")  # run.json's per split, for the report
+
+
+def test_the_report_reads_run_json_and_an_older_folder_its_summary(
+    cluster: Path, tmp_path: Path
+) -> None:
+    """run.json states per split what the summary prints (throughput, records dropped);
+    the report takes them there, and from summary.log in a folder laid out as before
+    run.json held them."""
+    for name in ("now", "before", "stated"):
+        shutil.copytree(cluster / FAST[0], tmp_path / "runs" / name)
+    meta = json.loads((cluster / FAST[0] / "run.json").read_text())
+    entry = meta["splits"]["0"]
+    summary = (cluster / FAST[0] / "training" / "split-0" / "summary.log").read_text()
+    train = _summary_number(summary, r"^Throughput: ([0-9.]+) images/s")
+    assert entry["throughput"]["train"] == train
+    assert entry["records_dropped"] == _summary_number(summary, r"dropped ([0-9]+) \(not sent")
+    assert entry["straggler"] is None  # one rank: nothing compared
+    before = {**meta, "splits": {"0": {k: v for k, v in entry.items() if k not in STATED}}}
+    (tmp_path / "runs" / "before" / "run.json").write_text(json.dumps(before))
+    # the report's figure is run.json's (summary.log left as it was)
+    stated = {**meta, "splits": {"0": {**entry, "throughput": {"train": 12345.5, "val": None}}}}
+    stated["splits"]["0"]["records_dropped"] = 7
+    (tmp_path / "runs" / "stated" / "run.json").write_text(json.dumps(stated))
+    jobs = report_jobs(tmp_path, "runs").set_index("folder")
+    assert sorted(jobs.index) == ["runs/before", "runs/now", "runs/stated"]
+    for column in ("train throughput (samples/s)", "records dropped"):
+        assert jobs.loc["runs/before", column] == jobs.loc["runs/now", column], column
+    assert jobs.loc["runs/now", "train throughput (samples/s)"] == train
+    assert jobs.loc["runs/stated", "train throughput (samples/s)"] == 12345.5
+    assert math.isnan(jobs.loc["runs/stated", "val throughput (samples/s)"])
+    assert jobs.loc["runs/stated", "records dropped"] == 7

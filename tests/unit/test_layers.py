@@ -6,6 +6,8 @@ markers never imports sidecar."""
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -148,3 +150,40 @@ def test_the_layer_check_sees_an_upward_import() -> None:
         "sidecar.ingest.streams (layer 2) imports sidecar.sinks.layout (layer 2)",
         "sidecar.sinks.metrics (layer 2) imports sidecar.daemon.snapshot (layer 3)",
     ]
+
+
+# The modules that lay out a split's files: they take what the model derived
+# (sidecar.model.derived) and may import the model's types, constants and its state's
+# (de)serialization, never a function that computes figures.
+RENDERERS = ("sidecar.sinks.writer", "sidecar.sinks.run_file")
+SERIALIZATION = {"sidecar.model.state"}
+
+
+def model_functions(path: Path) -> list[str]:
+    """The functions of sidecar.model a module (at ``path``) imports by name."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sidecar.model"):
+            module = importlib.import_module(node.module or "")
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                target = (
+                    importlib.import_module(full)
+                    if full in modules("sidecar")
+                    else getattr(module, alias.name)
+                )
+                if inspect.ismodule(target):
+                    if target.__name__ not in SERIALIZATION:
+                        found.append(target.__name__)
+                elif callable(target) and not inspect.isclass(target):
+                    found.append(full)
+    return found
+
+
+@pytest.mark.parametrize("name", RENDERERS)
+def test_the_writers_import_no_computing_function_of_the_model(name: str) -> None:
+    assert model_functions(modules("sidecar")[name]) == []
+
+
+def test_the_check_sees_a_computing_function() -> None:
+    assert model_functions(ROOT / "sidecar" / "model" / "derived.py") != []

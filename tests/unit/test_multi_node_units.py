@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 from sidecar.model.aggregator import RankAggregator, Settings
+from sidecar.model.derived import derive
 from sidecar.model.merge import RankFigures, figures_of, merged
 from sidecar.model.split import Split
 from sidecar.model.stragglers import PHASES
@@ -22,7 +23,7 @@ from sidecar.report.read import RunFolder, SplitFiles
 from sidecar.report.stragglers import straggler_frame
 from sidecar.resources.monitor import ResourceFigures
 from sidecar.resources.samplers.nvml import NvmlSampler, open_nvml
-from sidecar.sinks import nodes, ranks_text, writer
+from sidecar.sinks import nodes, ranks_text, run_file, writer
 from tests.support.fake_pynvml import FakeGpu, FakeNvml
 from tests.unit.test_aggregator import MS, iteration
 
@@ -92,7 +93,8 @@ def test_run_json_keeps_every_node_and_the_worst_status_wins(tmp_path: Path) -> 
         "gpus": [{"uuid": "GPU-b", "name": "B"}],
     }
     replaced = {"node_id": "restarted", "node_host": "a", "ranks": [1], "status": "running"}
-    text = writer.run_json(split, json.dumps({"splits": {"0": {"nodes": [other, replaced]}}}))
+    previous = json.dumps({"splits": {"0": {"nodes": [other, replaced]}}})
+    text = run_file.run_json(split, derive(split), split.record_counts(), previous)
     entry = json.loads(text)["splits"]["0"]
     assert entry["ranks"] == [0, 1, 2, 3]
     assert (entry["status"], entry["cause"]) == ("incomplete", "its sidecar stopped")
@@ -117,6 +119,49 @@ def test_the_report_counts_the_gpu_hours_spent_waiting(tmp_path: Path) -> None:
     )
     # 2 ranks × 36 s × 10 (measured / stored) × 2 GPUs per rank / 3600
     assert row["waiting GPU-hours"] == pytest.approx(0.4)
+
+
+def test_the_report_names_the_straggler_run_json_names(tmp_path: Path) -> None:
+    """run.json's ``straggler`` of a split is what the report reads; the summary's line
+    only for a split entry without it (a folder written before)."""
+    summary = "Straggler: rank 3 on b, data loading, +1.0e-02 s over the median before the sync\n"
+    stated = {"straggler": {"rank": 1, "host": "a", "phase": "forward"}}
+    cases = {"stated": stated, "none named": {"straggler": None}, "older": {}}
+    runs = [
+        RunFolder(tmp_path, {}, [SplitFiles(0, 1.0, b"", 1, b"", (), summary, "", (), entry)])
+        for entry in cases.values()
+    ]
+    frame = straggler_frame(runs, pd.Series([4, 4, 4]))
+    columns = ["straggler rank", "straggler host", "straggler phase"]
+    assert frame[columns].values.tolist() == [
+        ["1", "a", "forward"],
+        ["", "", ""],
+        ["3", "b", "data loading"],
+    ]
+
+
+def test_run_json_states_the_straggler_and_keeps_rank_0s_on_other_nodes(tmp_path: Path) -> None:
+    split = Split(tmp_path, 0, Settings(warmup_iterations=0), {"world_size": 3})
+    for rank in range(3):
+        _ranks_records(split.rank(rank))
+    entry = json.loads(
+        run_file.run_json(
+            split, derive(split, nodes.NODE_ID, nodes.HOSTNAME), split.record_counts(), ""
+        )
+    )["splits"]["0"]
+    assert entry["straggler"] == {"rank": 2, "host": nodes.HOSTNAME, "phase": "forward"}
+    # a sidecar without rank 0 keeps what rank 0's stated
+    other = Split(tmp_path, 0, Settings(warmup_iterations=0), {"world_size": 3})
+    _ranks_records(other.rank(1))
+    other.dropped["x"] = 5
+    merged_entry = json.loads(
+        run_file.run_json(
+            other, derive(other), other.record_counts(), json.dumps({"splits": {"0": entry}})
+        )
+    )["splits"]["0"]
+    assert merged_entry["straggler"] == entry["straggler"]
+    assert merged_entry["throughput"] == entry["throughput"]
+    assert merged_entry["records_dropped"] == 5
 
 
 SLOW_GPU = "GPU-2c2c2c2c"
@@ -234,7 +279,8 @@ def test_the_writer_takes_each_rank_the_samples_of_the_gpu_it_reported(tmp_path:
     span = resources.gpu_readings(SLOW_GPU, 12 * MS, 28 * MS)
     assert span[:, 0].tolist() == [12 * MS, 18 * MS, 22 * MS, 28 * MS]
     assert span[:, 1].tolist() == [900, 1980, 900, 1980]
-    files, block = writer.render(split, resources, split.record_counts(), with_state=False)
+    figures = derive(split, nodes.NODE_ID, nodes.HOSTNAME, resources.gpu_readings)
+    files, block = writer.render(split, figures, resources, split.record_counts(), with_state=False)
     assert block is not None
     [line] = [line for line in block if line.startswith("Straggler GPU:")]
     assert line.startswith(

@@ -19,6 +19,7 @@ import pytest
 from markers import wire
 from sidecar.model import state
 from sidecar.model.aggregator import RankAggregator, Settings
+from sidecar.model.derived import derive
 from sidecar.model.series import PhaseSeries
 from sidecar.model.split import RecordCounts, Split
 from sidecar.resources.monitor import ResourceFigures
@@ -147,11 +148,11 @@ def test_files_written_with_kept_text_equal_a_fresh_writers(tmp_path: Path) -> N
     agg.custom_key("augment")
     for batch in range(3):
         agg.add_records(array("q", _iteration(batch, 10.0 * batch)))
-        writer.write_split(split, figures, counts, with_state=True)
+        writer.write_split(split, derive(split), figures, counts, with_state=True)
     fresh = copy.copy(split)
     fresh.out_dir = tmp_path / "fresh"
     fresh.ranks = {0: _fresh(agg)}
-    writer.write_split(fresh, figures, counts, with_state=True)
+    writer.write_split(fresh, derive(fresh), figures, counts, with_state=True)
     for path in sorted(split.split_dir.rglob("*")):
         if path.is_file() and path.suffix != ".lock":
             twin = fresh.split_dir / path.relative_to(split.split_dir)

@@ -9,12 +9,17 @@ import json
 from pathlib import Path
 
 from sidecar.model.aggregator import Settings
+from sidecar.model.derived import derive
 from sidecar.model.split import Split
-from sidecar.sinks import writer
+from sidecar.sinks import run_file
 
 
 def _split(folder: Path, index: int) -> Split:
     return Split(folder, index, Settings(), {"start_unix": 100.0})
+
+
+def _run_json(split: Split, existing: str) -> str:
+    return run_file.run_json(split, derive(split), split.record_counts(), existing)
 
 
 def test_a_split_takes_the_worst_ending_of_its_ranks(tmp_path: Path) -> None:
@@ -31,10 +36,10 @@ def test_a_split_takes_the_worst_ending_of_its_ranks(tmp_path: Path) -> None:
 def test_a_run_is_running_while_one_of_its_splits_runs(tmp_path: Path) -> None:
     done, going = _split(tmp_path, 0), _split(tmp_path, 1)
     done.set_status("completed", None)
-    text = writer.run_json(going, writer.run_json(done, ""))
+    text = _run_json(going, _run_json(done, ""))
     assert json.loads(text)["status"] == "running"
     going.set_status("incomplete", "killed")
-    assert json.loads(writer.run_json(going, text))["status"] == "incomplete"
+    assert json.loads(_run_json(going, text))["status"] == "incomplete"
 
 
 def test_record_counts_take_the_lost_ones_off_what_was_received(tmp_path: Path) -> None:
