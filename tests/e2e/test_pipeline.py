@@ -351,8 +351,8 @@ def test_summary_block_is_laid_out_like_the_reference(sidecar: Sidecar) -> None:
         "        Phase          |         Time (s)          |       GPU Time (s)"
         "        |    GPU Max Memory (MB)"
     )
-    labels = [line.split("|")[0].rstrip() for line in lines if "|" in line][1:13]
-    assert labels == [
+    rows = [line.split("|")[0].rstrip() for line in lines if "|" in line][1:]  # under Phase
+    expected = [
         "Training",
         " Epoch",
         "  Iteration",
@@ -366,6 +366,7 @@ def test_summary_block_is_laid_out_like_the_reference(sidecar: Sidecar) -> None:
         "  Evaluation",
         "  Metrics computation",
     ]
+    assert rows[: len(expected)] == expected
     training = next(line for line in lines if line.startswith("Training "))
     assert re.fullmatch(r"Training {15}\| \d\.\d\de[+-]\d\d \[1\] +\| +\|", training)
     assert all(len(line) <= 106 for line in lines)
