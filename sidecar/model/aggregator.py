@@ -555,7 +555,7 @@ class RankAggregator(SeriesStore):
         """The rule of a whole iteration closed by ``loop_record``, both paths call it once
         per iteration in order: None when warmup leaves it out, else whether its rows are
         stored (while fewer than ``num_measurements`` of its kind are), its batches and its
-        batch size and samples (``iteration_samples``). Counts it as stored and adds its
+        batch size and samples (``BatchSizes.iteration_samples``). Counts it as stored and adds its
         samples."""
         if loop_record[P_BATCH] < self.settings.warmup_iterations:
             return None

@@ -85,7 +85,7 @@ class RankFigures:
         return RankIterations(
             self.host,
             np.array(self.keys, dtype=np.int64).reshape(-1, 2),
-            np.array(self.phase_s, dtype=float).reshape(-1, 4),
+            np.array(self.phase_s, dtype=float).reshape(-1, len(STRAGGLER_PHASES)),
             np.array(self.loop_s, dtype=float),
             GpuReadings.from_rows(self.gpu) if self.gpu_uuid is not None else None,
         )

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
+from markers import wire
 from tests.support.helpers import env, read_tsv
 from tests.support.prometheus import (
     free_port,
@@ -125,6 +126,8 @@ def _gpu_hours_by_user(result: Result, files: dict[str, float]) -> None:
     assert 0 < _value(result) < 2 * 600 / 3600, result
 
 
+# the PromQL matcher over the step parts (tests/unit/test_phase_table.py holds the docs to it)
+STEP_PHASES = "|".join(p.metric for p in wire.STEP_PHASES)
 # what each expression of the docs returns, by its text without whitespace
 CHECKS: dict[str, Callable[[Result, dict[str, float]], None]] = {
     _key(e): check
@@ -157,7 +160,7 @@ CHECKS: dict[str, Callable[[Result, dict[str, float]], None]] = {
         ),
         (
             "sum by (phase) (rate(trainmon_phase_duration_seconds_sum"
-            '{phase=~"train_loading|forward|backward|optimization"}[5m])) / ignoring(phase) '
+            f'{{phase=~"{STEP_PHASES}"}}[5m])) / ignoring(phase) '
             'group_left sum(rate(trainmon_phase_duration_seconds_sum{phase="train_loop"}[5m]))',
             _phase_shares,
         ),
