@@ -5,8 +5,8 @@ that sleeps, a validation pass inside the training loop every few iterations, a
 ``checkpoint`` phase after each epoch, warmup iterations; optionally two ranks in forked
 processes that meet at a barrier in Backward (the all-reduce) with one rank slower in
 Forward, and a death by SIGKILL some iterations after a checkpoint. Each rank writes its
-own sums (``perf_counter``; the start-up from the kernel's process start time) to
-``<clock>.<rank>.json`` after every iteration.
+own sums (``perf_counter``; the start-up from the kernel's process start time, its start
+ticks against ``CLOCK_BOOTTIME``) to ``<clock>.<rank>.json`` after every iteration.
 """
 
 from __future__ import annotations
@@ -22,8 +22,6 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 import markers
 
 
@@ -37,6 +35,14 @@ def _write(path: Path, clock: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(clock))
     os.replace(tmp, path)
+
+
+def _process_start_unix() -> float:
+    """This process's start (Unix s): its start ticks since boot (``/proc/self/stat``)
+    against the boot clock read now."""
+    ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+    boot_s, unix = time.clock_gettime(time.CLOCK_BOOTTIME), time.time()
+    return unix - (boot_s - ticks / os.sysconf("SC_CLK_TCK"))
 
 
 def rank_main(args: argparse.Namespace, rank: int, barrier: Any) -> None:
@@ -58,7 +64,7 @@ def rank_main(args: argparse.Namespace, rank: int, barrier: Any) -> None:
     path = Path(f"{args.clock}.{rank}.json")
     clock = {
         "pid": os.getpid(),
-        "process_start_unix": psutil.Process().create_time(),
+        "process_start_unix": _process_start_unix(),
         "first_iteration_unix": None,
         "warmup": 0.0,
         "data_stall": 0.0,
