@@ -150,6 +150,11 @@ class Session:
         """Wall-clock time (Unix seconds) of the process's ``perf_counter_ns`` value ``ns``."""
         return self.start_unix + (ns - self.start_ns) / NS_PER_S
 
+    def ns_at(self, unix: float) -> int:
+        """The process's ``perf_counter_ns`` value at wall-clock time ``unix`` (Unix s):
+        the inverse of ``unix_at``."""
+        return self.start_ns + round((unix - self.start_unix) * NS_PER_S)
+
     @property
     def last_unix(self) -> float:
         """When this session was last heard of (end, else its latest record), Unix s."""

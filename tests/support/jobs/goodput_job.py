@@ -122,13 +122,14 @@ def rank_main(args: argparse.Namespace, rank: int, barrier: Any) -> None:
                     if after_checkpoint >= 0:
                         after_checkpoint += 1
                         if after_checkpoint == args.die_after:
-                            # dies in the iteration begun at the last fetch: the work
-                            # since the checkpoint ends there
-                            clock["death_unix"] = clock["fetch_unix"]
-                            _write(Path(f"{path}.death"), clock)
-                            run._buffer.flush()  # type: ignore[union-attr]
-                            time.sleep(0.3)
-                            os.kill(os.getpid(), signal.SIGKILL)
+                            # dies inside a phase: its record and those still in the
+                            # markers' buffer die too; the work since the checkpoint
+                            # ends at the death
+                            with run.phase("forward"):
+                                time.sleep(0.3)
+                                clock["death_unix"] = time.time()
+                                _write(Path(f"{path}.death"), clock)
+                                os.kill(os.getpid(), signal.SIGKILL)
             walls = [b - a for a, b in pairwise(stamps)]
             for index, wall in enumerate(walls):
                 wall -= away[index] if index < len(away) else 0.0
