@@ -58,7 +58,7 @@ def settle(split: Split, now: float, wait_s: float) -> bool:
                 "sidecar or job stopped)"
             )
             split.late_nodes[node.node_id] = LateNode(
-                node.host, tuple(sorted(f.rank for f in node.ranks)), cause
+                node.host, tuple(sorted(f.rank for f in node.ranks)), cause, node.written_unix
             )
             split.set_status("incomplete", cause)
             reported.update(f.rank for f in node.ranks)

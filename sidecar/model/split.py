@@ -42,11 +42,13 @@ class RankInfo:
 @dataclass(frozen=True)
 class LateNode:
     """A node of the split whose final figures did not come in time: its host, the ranks
-    its last figures named, and the cause its ranks are written incomplete with."""
+    its last figures named, the cause its ranks are written incomplete with, and its end
+    as known (Unix s): when it was last heard of (its node file written)."""
 
     host: str
     ranks: tuple[int, ...]
     cause: str
+    end_unix: float
 
 
 @dataclass(frozen=True)

@@ -203,7 +203,13 @@ def _split_entry(split: Split, previous: Any, accounts: Mapping[int, Account]) -
             }
             others.append(entry)
         if entry.get("status") == "running":
-            entry.update(status="incomplete", cause=late.cause)
+            # ended as last heard of: its own last activity, else the late node's end
+            heard = _number(entry.get("last_unix"))
+            entry.update(
+                status="incomplete",
+                cause=late.cause,
+                end_unix=late.end_unix if heard is None else max(heard, late.end_unix),
+            )
     every = [{key: mine.get(key) for key in _NODE_KEYS}, *others]
     if not others:
         return {**mine, "nodes": every}
