@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
-from sidecar.model.split import LateNode, Split
+from sidecar.model.split import NEVER_WROTE, LateNode, Split
 from sidecar.sinks import nodes
 from sidecar.sinks.writer import multi_node
 
@@ -64,11 +64,14 @@ def settle(split: Split, now: float, wait_s: float) -> bool:
             reported.update(f.rank for f in node.ranks)
     never = [rank for rank in missing if rank not in reported]
     if never:
-        split.set_status(
-            "incomplete",
+        cause = (
             f"ranks {', '.join(map(str, never))} sent no "
-            f"figures within {wait_s:g} s (their node never wrote)",
+            f"figures within {wait_s:g} s (their node never wrote)"
         )
+        # run.json gives them a node entry of their own (or marks the one their node
+        # wrote before it died), incomplete, ended when the wait did
+        split.late_nodes[NEVER_WROTE] = LateNode(None, tuple(never), cause, now)
+        split.set_status("incomplete", cause)
     log.info(
         "split %d of %s: waited %.2f s for the other nodes%s",
         split.split,

@@ -32,7 +32,7 @@ from sidecar.model.efficiency import split_accounts, split_mfu
 from sidecar.model.goodput import Account
 from sidecar.model.merge import RankFigures, SplitView, figures_of, merged
 from sidecar.model.peaks import Mfu
-from sidecar.model.split import RUN_STATUS_ORDER, RecordCounts, Split
+from sidecar.model.split import NEVER_WROTE, RUN_STATUS_ORDER, RecordCounts, Split
 from sidecar.resources.monitor import ResourceFigures
 from sidecar.sinks import (
     goodput_text,
@@ -192,14 +192,22 @@ def _split_entry(split: Split, previous: Any, accounts: Mapping[int, Account]) -
             kept = {h: [r for r in rs if r in left] for h, rs in (node.get("hosts") or {}).items()}
             others.append({**node, "ranks": left, "hosts": {h: rs for h, rs in kept.items() if rs}})
     for node_id, late in split.late_nodes.items():
-        entry = next((n for n in others if n.get("node_id") == node_id), None)
+        entry = next(
+            (
+                n
+                for n in others
+                if n.get("node_id") == node_id
+                or (node_id == NEVER_WROTE and set(late.ranks) & set(n.get("ranks") or []))
+            ),
+            None,
+        )
         if entry is None:  # it died before its first write of run.json
             entry = {
-                "node_id": node_id,
+                "node_id": node_id or None,
                 "node_host": late.host,
                 "ranks": list(late.ranks),
                 "status": "running",
-                "hosts": {late.host: list(late.ranks)},
+                "hosts": {late.host: list(late.ranks)} if late.host else {},
             }
             others.append(entry)
         if entry.get("status") == "running":

@@ -14,9 +14,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from sidecar.daemon import nodes_wait
 from sidecar.model.aggregator import RankAggregator, Settings
 from sidecar.model.merge import RankFigures, figures_of, merged
-from sidecar.model.split import LateNode, Split
+from sidecar.model.split import NEVER_WROTE, LateNode, Split
 from sidecar.report.read import RunFolder, SplitFiles
 from sidecar.report.stragglers import straggler_frame
 from sidecar.resources.monitor import ResourceFigures
@@ -276,3 +277,27 @@ def test_a_late_node_ends_when_last_heard_of_so_the_failed_split_has_an_end(
     assert theirs["status"] == "incomplete" and theirs["end_unix"] == 1009.0
     assert entry["status"] == "failed" and entry["end_unix"] == 1012.0
     assert entry["end"] is not None
+
+
+@pytest.mark.parametrize("wrote_run_json", [False, True])
+def test_a_node_that_never_wrote_its_node_file_is_incomplete_in_run_json(
+    tmp_path: Path, wrote_run_json: bool
+) -> None:
+    """Killed before its first node file: the wait names its ranks missing, and run.json
+    has them in a node entry marked incomplete with that cause (the entry it wrote before
+    dying, or one of their own), which ends when the wait did."""
+    split = _ended_split(tmp_path, 1012.0)
+    split.status, split.cause = "completed", None  # ranks 0 and 1 completed
+    assert nodes_wait.settle(split, 1015.0, 2.0)
+    never = split.late_nodes[NEVER_WROTE]
+    assert (never.ranks, never.end_unix) == ((2, 3), 1015.0)
+    written = {"node_id": "b-1", "node_host": "b", "ranks": [2, 3], "status": "running"}
+    previous = {"splits": {"0": {"nodes": [written]}}} if wrote_run_json else {}
+    entry = json.loads(writer.run_json(split, json.dumps(previous)))["splits"]["0"]
+    [theirs] = [n for n in entry["nodes"] if n["node_id"] != nodes.NODE_ID]
+    assert theirs["ranks"] == [2, 3] and theirs["status"] == "incomplete"
+    assert theirs["cause"] == "ranks 2, 3 sent no figures within 2 s (their node never wrote)"
+    assert theirs["node_id"] == ("b-1" if wrote_run_json else None)
+    assert theirs["end_unix"] == 1015.0
+    assert entry["ranks"] == [0, 1, 2, 3]
+    assert (entry["status"], entry["end_unix"]) == ("incomplete", 1015.0)
