@@ -69,10 +69,15 @@ def process_start_unix(
 
 def note_startup(session: Session, body: dict[str, Any], start_unix: float) -> None:
     """Set ``session``'s time before ``start_run`` from a hello ``body`` (its ``pid``,
-    ``host`` and ``sidecar_wait_s``) whose run started at ``start_unix``."""
+    ``host``, ``sidecar_wait_s`` and ``earlier_runs``) whose run started at
+    ``start_unix``. A run after others in the same process (a k-fold split) starts at its
+    own ``start_run``: the process's start, and the earlier runs, are not its start-up."""
     pid, host = body.get("pid"), body.get("host")
+    first = not body.get("earlier_runs")
     started = (
-        process_start_unix(pid, host) if isinstance(pid, int) and isinstance(host, str) else None
+        process_start_unix(pid, host)
+        if first and isinstance(pid, int) and isinstance(host, str)
+        else None
     )
     if started is not None and 0.0 <= start_unix - started <= MAX_PRE_RUN_S:
         session.pre_run_s = start_unix - started

@@ -372,3 +372,47 @@ def test_mfu_estimate_from_the_given_flops(serve, short_tmp: Path) -> None:
     assert f"MFU (estimate, split 0): {mfu['mfu'] * 100:.1f} % — 4.00e+12 FLOPs/batch" in " ".join(
         report.stdout.split()
     )
+
+
+def test_kfold_splits_in_one_process_each_start_at_their_own_start_run(
+    serve, short_tmp: Path
+) -> None:
+    """Three splits one after the other in one process: split 0's account starts at the
+    process's start, split k's at its own ``start_run`` (not at the process's start, which
+    would count splits 0 … k − 1 as its start-up); the folder's wall is within the
+    process's life."""
+    sidecar = serve()
+    out = short_tmp / "root" / "kfold"
+    job = start_job(
+        sidecar.endpoint,
+        short_tmp,
+        *("--clock", str(short_tmp / "clock"), "--out-dir", str(out), "--splits", "3"),
+        *("--epochs", "1", "--iters", "15", "--warmup", "2", "--step-s", "0.02"),
+        *("--startup-s", "0.4", "--between-s", "0.3"),
+    )
+    assert job.wait(120) == 0
+    wait_for(
+        lambda: (
+            [run_json(out)["splits"].get(str(k), {}).get("status") for k in range(3)]
+            == ["completed"] * 3
+        ),
+        30,
+        "the three splits written",
+    )
+    splits = run_json(out)["splits"]
+    for k in range(3):
+        account = splits[str(k)]["goodput"]["ranks"]["0"]
+        mine = json.loads(
+            Path(f"{short_tmp / 'clock'}{f'.split{k}' if k else ''}.0.json").read_text()
+        )
+        _adds_up(account)
+        badput = account["badput_s"]
+        _close(
+            badput["startup"] + badput["sidecar_start"],
+            mine["first_iteration_unix"] - mine["process_start_unix"],
+            f"split {k} start-up",
+        )
+        _close(account["wall_s"], mine["end_unix"] - mine["process_start_unix"], f"split {k} wall")
+    first = json.loads((short_tmp / "clock.0.json").read_text())
+    last = json.loads((short_tmp / "clock.split2.0.json").read_text())
+    assert run_json(out)["goodput"]["wall_s"] < last["end_unix"] - first["process_start_unix"]

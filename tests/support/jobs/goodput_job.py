@@ -46,11 +46,27 @@ def _process_start_unix() -> float:
 
 
 def rank_main(args: argparse.Namespace, rank: int, barrier: Any) -> None:
-    """One rank's training loop; its clock in ``<clock>.<rank>.json``."""
+    """One rank's splits, one after the other in this process (k-fold); each split's
+    clock in ``<clock>.<rank>.json`` (split 0) or ``<clock>.split<k>.<rank>.json``, its
+    start the process's (split 0) or its ``start_run``'s."""
     time.sleep(args.startup_s)  # the script's own set-up before start_run
+    for split in range(args.splits):
+        start_unix = _process_start_unix() if split == 0 else time.time()
+        suffix = f".split{split}" if split else ""
+        split_main(
+            args, rank, barrier, split, start_unix, Path(f"{args.clock}{suffix}.{rank}.json")
+        )
+        time.sleep(args.between_s)
+
+
+def split_main(
+    args: argparse.Namespace, rank: int, barrier: Any, split: int, start_unix: float, path: Path
+) -> None:
+    """One rank's training loop of one split, started at ``start_unix``; its clock in
+    ``path``."""
     run = markers.start_run(
         out_dir=args.out_dir,
-        split=0,
+        split=split,
         rank=rank,
         warmup_iterations=args.warmup,
         num_measurements=args.cap,
@@ -61,10 +77,9 @@ def rank_main(args: argparse.Namespace, rank: int, barrier: Any) -> None:
     if args.gpu:  # stands in for CUDA: the run names this GPU
         uuid, name = args.gpu.split(":", 1)
         run._sender.send_control({"type": "gpu", "uuid": uuid, "name": name})  # type: ignore[union-attr]
-    path = Path(f"{args.clock}.{rank}.json")
     clock = {
         "pid": os.getpid(),
-        "process_start_unix": _process_start_unix(),
+        "process_start_unix": start_unix,
         "first_iteration_unix": None,
         "warmup": 0.0,
         "data_stall": 0.0,
@@ -180,6 +195,8 @@ def main() -> None:
         help="SIGKILL itself this many iterations after the checkpoint",
     )
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--splits", type=int, default=1, help="splits one after the other")
+    parser.add_argument("--between-s", type=float, default=0.0, help="sleep after each split")
     parser.add_argument("--ranks", type=int, default=1)
     parser.add_argument("--slow-rank", type=int, default=1)
     parser.add_argument("--gpu", help="UUID:NAME: announce this GPU")
