@@ -108,7 +108,11 @@ def _node_entry(split: Split, accounts: Mapping[int, Account]) -> dict[str, Any]
     aggs = [a for a in split.ranks.values() if a.sessions]
     mfu = _mfu(split)
     first = split.ranks.get(0) or next(iter(split.ranks.values()), None)
-    start_unix = min((a.run_start_unix for a in aggs), default=info.get("start_unix"))
+    # from the first process's start to its last activity (its finish, or its death): the
+    # goodput account's wall, which jobs.tsv and the job report read as end − start
+    start_unix = min((a.process_start_unix for a in aggs), default=info.get("start_unix"))
+    last_unix = max((a.sessions[-1].last_unix for a in aggs), default=None)
+    end_unix = None if split.end_unix is None else (last_unix or split.end_unix)
     return {
         # the run id of the split's first process: the `run` label of the metrics
         # (docs/contract.md, Prometheus metrics)
@@ -116,12 +120,12 @@ def _node_entry(split: Split, accounts: Mapping[int, Account]) -> dict[str, Any]
         "status": split.status,
         "cause": split.cause,
         "start": _iso(start_unix),
-        "end": _iso(split.end_unix),
+        "end": _iso(end_unix),
         "start_unix": start_unix,
-        "end_unix": split.end_unix,
+        "end_unix": end_unix,
         "sessions": max((len(a.sessions) for a in split.ranks.values()), default=0),
         "ranks": sorted(split.ranks),
-        "last_unix": max((a.sessions[-1].last_unix for a in aggs), default=None),
+        "last_unix": last_unix,
         "training_s": max((a.training_s() for a in split.ranks.values()), default=None),
         "wall_s": max((a.wall_s() for a in split.ranks.values()), default=None),
         "gpus": [{"uuid": uuid, "name": name} for uuid, name in split.gpus],

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -194,6 +195,45 @@ def test_kill_and_resume_redone_work_and_downtime(serve, short_tmp: Path) -> Non
     _close(account["productive_s"], one["productive"] + two["productive"], "productive")
     _close(account["wall_s"], two["end_unix"] - one["process_start_unix"], "wall")
     _report_shows(short_tmp, run_json(out)["goodput"])
+    _one_wall_everywhere(short_tmp, out, account)
+
+
+def _one_wall_everywhere(root: Path, out: Path, account: dict[str, Any]) -> None:
+    """One wall time and one downtime in every block of summary.log, in run.json, jobs.tsv
+    and ``sidecar report --job``: the goodput account's (one rank, one split)."""
+    wall, badput = account["wall_s"], account["badput_s"]
+    summary = (split_dir(out) / "summary.log").read_text()
+    match = re.search(
+        r"; wall (\S+) s\n +including downtime (\S+) s and redone work (\S+) s .*\n"
+        r" +and the processes' time before start_run (\S+) s",
+        summary,
+    )
+    assert match, summary
+    assert float(match[1]) == pytest.approx(wall, abs=0.006)
+    assert float(match[2]) == pytest.approx(badput["downtime"], abs=0.006)
+    assert float(match[3]) == pytest.approx(badput["redone"], abs=0.006)
+    assert f"Wall time {wall:.2f} s from the process start" in summary
+    assert re.search(rf"^downtime between sessions +\| +{badput['downtime']:.2f} \|", summary, re.M)
+    document = run_json(out)
+    entry = document["splits"]["0"]
+    for where in (document, entry):
+        assert where["end_unix"] - where["start_unix"] == pytest.approx(wall, abs=1e-3)
+    assert entry["wall_s"] == pytest.approx(wall, abs=1e-6)
+    jobs = read_tsv(root / "report" / "jobs.tsv")
+    assert jobs["wall (s)"][0] == pytest.approx(wall, abs=1e-3)
+    parts = jobs[[f"badput {cause} (s)" for cause in CAUSES]].sum(axis=1)[0]
+    assert parts + document["goodput"]["productive_s"] == pytest.approx(wall, abs=2e-3)
+    shown = subprocess.run(
+        [sys.executable, "-m", "sidecar", "report", "--job", str(out)],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shown.returncode == 0, shown.stderr
+    header = re.search(r"^Wall (\S+) ", shown.stdout, re.M)
+    went = re.search(r"^Goodput: where (\S+) went", shown.stdout, re.M)
+    assert header and went and header[1] == went[1], shown.stdout
 
 
 def _report_shows(root: Path, whole: dict[str, Any]) -> None:
