@@ -14,10 +14,15 @@ opens is the reference, ``anchor.elapsed_time(start)`` places every start event 
 GPU's timeline, and the host time of the anchor on that timeline is estimated from the
 fact that the GPU never runs an event before the host recorded it: it is the largest
 ``host start - GPU offset`` seen so far (exact as soon as the GPU was idle once when a
-phase began), allowed to fall by at most ``DRIFT_PER_NS`` of the time since the bound
-that last set it, so a GPU clock running slightly fast is followed too, and a loop that
-stays ahead of its GPU for hours keeps its lag (the estimate falls 0.1 ms per second at
-most until the GPU idles once more at a phase start). The lag (GPU start minus
+phase began), allowed to fall by the measured drift of the GPU clock against the host's
+(``drift_per_ns``: the median slope of the best bound of consecutive ``DRIFT_WINDOW_NS``
+windows; a constant lag cancels out of it) times the time since the bound that last set
+it. So a GPU clock running slightly fast is followed, and a loop that stays ahead of its
+GPU for hours keeps its lag: it falls only as fast as the clocks really drift apart,
+never at an assumed rate. The anchor is renewed every ``REANCHOR_NS`` (a new event,
+placed on the old one's timeline once the GPU passed it): CUDA's elapsed times are
+float32 milliseconds, whose step grows with the span (8 ms after a day from one
+anchor); the chained renewals add microseconds. The lag (GPU start minus
 host start, >= 0) lets the sidecar attribute GPU utilization and power to the phases
 the GPU was really running (``docs/samplers.md``).
 
@@ -54,7 +59,9 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
+from itertools import pairwise
 from typing import Any, Protocol
 
 from markers.cuda import Memory
@@ -63,9 +70,15 @@ PEAK_MODES = ("bound", "reset", "off")
 
 # (gpu_ns, peak_bytes, lag_ns) of a slot that holds no measurement
 NOT_MEASURED = (-1, -1, 0)
-# How fast the anchor's estimated host time may fall between two estimates (100 ppm,
-# far above the drift of a GPU clock against the host's): see the module docstring.
-DRIFT_PER_NS = 1e-4
+# The anchor is renewed this often (host time): CUDA gives elapsed times in float32
+# milliseconds, whose step grows with the span (8 ms at a day, 4 us at a minute), so
+# offsets from an anchor at most about this old stay within a few microseconds.
+REANCHOR_NS = 60 * 10**9
+# The drift of the GPU clock against the host's is measured, not assumed: the largest start
+# bound of each window this long, and the median slope between consecutive windows' (a lag
+# that stays the same moves every bound alike, so it cancels out of the slope).
+DRIFT_WINDOW_NS = 10 * 10**9
+DRIFT_WINDOWS = 64  # windows whose slopes the median takes
 
 # Slot states. _FAILED: end() could not finish after the start event was recorded (or
 # the phase ended inside a graph capture); the slot polls as NOT_MEASURED once, then is free.
@@ -155,7 +168,11 @@ class GpuTimer:
     """
 
     def __init__(
-        self, backend: EventBackend, pool_size: int = 256, peak_memory: str = "bound"
+        self,
+        backend: EventBackend,
+        pool_size: int = 256,
+        peak_memory: str = "bound",
+        now_ns: Callable[[], int] = time.perf_counter_ns,
     ) -> None:
         if pool_size < 1:
             raise ValueError("pool_size must be at least 1")
@@ -182,10 +199,19 @@ class GpuTimer:
         self._read = None if peak_memory == "off" else backend.memory
         self._reset = backend.reset_peak if peak_memory == "reset" else None
         # The anchor: its host time on the GPU's timeline, estimated (module docstring).
+        self._now = now_ns  # the host clock (perf_counter_ns; a test's own)
         self._anchor = backend.new_event()
         self._anchor_ns = 0  # 0: no anchor (it could not be recorded)
         self._anchor_bound_ns = 0  # the bound that last set the estimate
         self._anchor_seen_ns = 0  # host start of the phase whose bound that was
+        self._anchored_ns = 0  # host time the anchor was recorded
+        self._renewal: Any = None  # the next anchor's event, made at the first renewal
+        self._renewal_ns = 0  # host time it was recorded; 0: none in flight
+        # The drift measurement: this window's [start, host time of its best bound, that
+        # bound], and the best (host time, bound) of the windows before.
+        self._window: list[int] = []
+        self._maxima: deque[tuple[int, int]] = deque(maxlen=DRIFT_WINDOWS)
+        self.drift_per_ns = 0.0  # measured: how fast the anchor's host time falls
         self._place_anchor()
 
     @property
@@ -205,7 +231,8 @@ class GpuTimer:
         except Exception:
             return
         # The GPU cannot run the anchor before it was recorded: a first lower bound.
-        self._anchor_ns = self._anchor_bound_ns = self._anchor_seen_ns = time.perf_counter_ns()
+        self._anchor_ns = self._anchor_bound_ns = self._anchor_seen_ns = self._now()
+        self._anchored_ns = self._anchor_ns
 
     def begin(self) -> int:
         """Record a start event on the current stream; a slot id, or -1 when the pool is
@@ -300,26 +327,77 @@ class GpuTimer:
         if not self._anchor_ns:
             return 0
         try:
+            self._renew_anchor()
+        except Exception:  # the old anchor stays; a new one is tried next period
+            self._renewal_ns = 0
+        try:
             offset_ns = round(self._backend.elapsed_ms(self._anchor, start) * 1_000_000)
         except Exception:
             return 0
-        # The GPU ran ``start`` no earlier than the host recorded it: the anchor's host
-        # time is at least host_start - offset. Keep the largest such bound, let it fall
-        # no faster than clock drift could make it.
+        bound = host_start_ns - offset_ns
+        self._measure_drift(host_start_ns, bound)
+        self._take_bound(host_start_ns, bound)
+        return max(0, self._anchor_ns + offset_ns - host_start_ns)
+
+    def _take_bound(self, host_ns: int, bound: int) -> None:
+        """The GPU ran an event recorded at ``host_ns`` no earlier than that: the anchor's
+        host time is at least ``bound``. Keep the largest such bound; let it fall no faster
+        than the measured drift of the clocks."""
         # The allowance runs from the last bound that set the estimate (``_anchor_bound_ns``
         # at ``_anchor_seen_ns``), not from the previous estimate: lowered by every poll,
         # it would compound, and in a loop that never lets the GPU idle (every bound
         # below) the lag would collapse to 0.
         floor = self._anchor_bound_ns - int(
-            max(0, host_start_ns - self._anchor_seen_ns) * DRIFT_PER_NS
+            max(0, host_ns - self._anchor_seen_ns) * self.drift_per_ns
         )
-        bound = host_start_ns - offset_ns
         if bound >= floor:
             self._anchor_ns = self._anchor_bound_ns = bound
-            self._anchor_seen_ns = host_start_ns
+            self._anchor_seen_ns = host_ns
         else:
             self._anchor_ns = floor
-        return max(0, self._anchor_ns + offset_ns - host_start_ns)
+
+    def _measure_drift(self, host_ns: int, bound: int) -> None:
+        """Note a start bound: each ``DRIFT_WINDOW_NS`` window keeps its largest; at a new
+        window, the drift is the median slope between the windows' (how fast the best
+        bounds fall; 0 when they do not)."""
+        window = self._window
+        if window and host_ns - window[0] < DRIFT_WINDOW_NS:
+            if bound > window[2]:
+                window[1], window[2] = host_ns, bound
+            return
+        if window:
+            self._maxima.append((window[1], window[2]))
+            slopes = [(b1 - b0) / (h1 - h0) for (h0, b0), (h1, b1) in pairwise(self._maxima)]
+            if slopes:  # the median (the upper one of an even count)
+                self.drift_per_ns = max(0.0, -sorted(slopes)[len(slopes) // 2])
+        self._window = [host_ns, host_ns, bound]
+
+    def _renew_anchor(self) -> None:
+        """Every ``REANCHOR_NS``, record a new anchor; once the GPU passed it, place it on
+        the old one's timeline and use it. Never waits; a failure leaves the old one."""
+        if self._renewal_ns:
+            if not self._query(self._renewal):
+                return
+            shift_ns = round(self._backend.elapsed_ms(self._anchor, self._renewal) * 1_000_000)
+            self._anchor, self._renewal = self._renewal, self._anchor
+            # every host time of the old anchor's timeline moves to the new one's
+            self._anchor_ns += shift_ns
+            self._anchor_bound_ns += shift_ns
+            if self._window:
+                self._window[2] += shift_ns
+            self._maxima = deque(((h, b + shift_ns) for h, b in self._maxima), DRIFT_WINDOWS)
+            recorded_ns, self._renewal_ns = self._renewal_ns, 0
+            self._anchored_ns = recorded_ns
+            self._take_bound(recorded_ns, recorded_ns)  # it ran no earlier than recorded
+            return
+        now_ns = self._now()
+        if now_ns - self._anchored_ns < REANCHOR_NS or self.capturing():
+            return
+        self._anchored_ns = now_ns  # tried now: after a failure, again next period
+        if self._renewal is None:
+            self._renewal = self._backend.new_event()
+        self._record(self._renewal)
+        self._renewal_ns = now_ns
 
     def drain(
         self, slots: Sequence[int], timeout_s: float, host_starts: Sequence[int] | None = None

@@ -63,6 +63,9 @@ FIELDS: dict[str, Field] = {
     "worker_phases": Field("int", default=0),
     # seconds start_run waited for the private sidecar it started (0: none started)
     "sidecar_wait_s": Field("number", default=0.0),
+    # start_run calls this process made before this one (k-fold splits in one process): the
+    # process's start is then the first run's start-up, not this one's
+    "earlier_runs": Field("int", default=0),
     # the model FLOPs of one training batch, for the MFU estimate (None: not asked)
     "flops_per_batch": Field("number", nullable=True),
     "flops_dtype": Field("choice", default="bf16", choices=FLOPS_DTYPES),

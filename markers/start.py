@@ -35,6 +35,8 @@ CONNECT_TIMEOUT_S = 5.0
 PRIVATE_START_TIMEOUT_S = 20.0  # a fresh interpreter importing the sidecar on a busy machine
 
 _current: list[Run | NullRun] = []  # the run started last in this process
+# start_run calls per process id (a forked child starts its own count at 0)
+_runs_started: dict[int, int] = {}
 
 
 def current_run() -> Run | NullRun | None:
@@ -203,6 +205,7 @@ def start_run(
         return _current[0]
     # Training time starts when the run is ready: a private sidecar's start-up is not training.
     connected = sender.wait_connected(timeout_s)
+    earlier_runs = _runs_started.get(os.getpid(), 0)
     hello = {
         "type": wire.HELLO,
         "out_dir": os.fspath(out_dir),
@@ -217,9 +220,11 @@ def start_run(
         "start_ns": time.perf_counter_ns(),
         "versions": _versions(),
         "sidecar_wait_s": time.perf_counter() - began_s if private is not None else 0.0,
+        "earlier_runs": earlier_runs,
         "world_size": _world_size(),
         "token": os.urandom(16).hex(),
     }
+    _runs_started[os.getpid()] = earlier_runs + 1
     reply = sender.request(hello, timeout_s) if connected else None
     on_close = None
     if private is not None:

@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
-from sidecar.model.split import LateNode, Split
+from sidecar.model.split import NEVER_WROTE, LateNode, Split
 from sidecar.sinks import nodes
 
 log = logging.getLogger("sidecar")
@@ -57,17 +57,20 @@ def settle(split: Split, now: float, wait_s: float) -> bool:
                 "sidecar or job stopped)"
             )
             split.late_nodes[node.node_id] = LateNode(
-                node.host, tuple(sorted(f.rank for f in node.ranks)), cause
+                node.host, tuple(sorted(f.rank for f in node.ranks)), cause, node.written_unix
             )
             split.set_status("incomplete", cause)
             reported.update(f.rank for f in node.ranks)
     never = [rank for rank in missing if rank not in reported]
     if never:
-        split.set_status(
-            "incomplete",
+        cause = (
             f"ranks {', '.join(map(str, never))} sent no "
-            f"figures within {wait_s:g} s (their node never wrote)",
+            f"figures within {wait_s:g} s (their node never wrote)"
         )
+        # run.json gives them a node entry of their own (or marks the one their node
+        # wrote before it died), incomplete, ended when the wait did
+        split.late_nodes[NEVER_WROTE] = LateNode(None, tuple(never), cause, now)
+        split.set_status("incomplete", cause)
     log.info(
         "split %d of %s: waited %.2f s for the other nodes%s",
         split.split,

@@ -25,6 +25,7 @@ from markers import wire
 from sidecar.daemon import nodes_wait, slurm_jobs
 from sidecar.daemon import snapshot as snapshots
 from sidecar.daemon.access import Access, claim_split
+from sidecar.daemon.deaths import DeathWatch
 from sidecar.daemon.derivations import Derivations
 from sidecar.daemon.dispatch import Dispatcher
 from sidecar.daemon.job import DEFAULT_NICE, Job, lower_priority
@@ -135,6 +136,7 @@ class Server:
         )
         self._signal: int | None = None
         self._gone: dict[bytes, float] = {}  # run id -> when its process was first seen gone
+        self.deaths = DeathWatch()  # when a local run's process died, to the millisecond
         # Runs whose hello was answered with a refusal: their connection ends, not dropped.
         self._sent_away: deque[bytes] = deque(maxlen=1024)
         self._next_liveness = 0.0
@@ -152,6 +154,7 @@ class Server:
     def _on_stream(self, stream: Stream) -> None:
         if not stream.is_local():
             return
+        self.deaths.watch(stream.run_id, stream.pid)
         split = stream.split
         agg = split.ranks.get(0)
         if self.monitor.watch(split, stream.pid) and agg is not None and len(agg.sessions) > 1:
@@ -469,11 +472,22 @@ class Server:
             if now - first_seen < LIVENESS_S:
                 continue  # its last messages may still be on the way
             cause = self._job_cause() or gone_cause(stream.pid)
-            self._end_stream(stream, cause, now)
+            self._end_stream(stream, cause, now, first_seen)
 
-    def _end_stream(self, stream: Stream, cause: str, now: float) -> None:
+    def _end_stream(
+        self, stream: Stream, cause: str, now: float, gone_unix: float | None = None
+    ) -> None:
+        """End ``stream`` as incomplete, at its process's death when known (the death watch;
+        else ``gone_unix``, when it was first seen gone), else at its last record: the
+        records of its last moments may have died with it, and the work after its last
+        checkpoint (redone at a resume) runs up to its death."""
         log.warning("run %s (pid %d): %s; files marked incomplete", stream.key, stream.pid, cause)
-        self.registry.finish(stream, "incomplete", cause, None, now)
+        died = self.deaths.died_at(stream.run_id)
+        died = died if died is not None else gone_unix
+        session = stream.split.rank(stream.rank).sessions[-1]
+        end_ns = None if died is None else max(session.last_ns, session.ns_at(died))
+        self.registry.finish(stream, "incomplete", cause, end_ns, now)
+        self.deaths.forget(stream.run_id)
         self.write(stream.split)
 
     def _should_stop(self) -> bool:
@@ -513,6 +527,7 @@ class Server:
             for split in self.registry.prune(now, KEEP_ENDED_S):
                 self.monitor.forget(split)
                 self.derivations.forget(split)
+            self.deaths.retain(self.registry.streams)
             self.owners.forget(self.registry.streams, now, KEEP_ENDED_S)
 
     def run(self) -> int:
@@ -546,6 +561,7 @@ class Server:
         finally:
             self.receiver.close()
             self.monitor.close()
+            self.deaths.close()
         status = self.job.exit_status() if self.job is not None else None
         if status is not None:
             return status

@@ -19,6 +19,9 @@ Semantics (docs/contract.md, Semantics, docs/iteration-model.md):
   measurement (warmup counts its occurrences in the process) in its own column — until
   the phase is measured inside an iteration: its column is then iteration-aligned and
   its outside rows become flagged rows.
+* An Epoch or Validation open at the checkpoint a session resumed from is one
+  measurement: its part up to the checkpoint plus its part in the resumed session (both
+  kept as flagged rows, ``part``), the time between the sessions left out.
 * Epoch and Validation are never warmed up nor capped. Training is derived from the
   sessions: one value per split, resumed time added up.
 * Every measured value also feeds a streaming count/mean/std, past the cap. Flagged
@@ -38,7 +41,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 
 import numpy as np
@@ -106,9 +109,10 @@ class RankAggregator(SeriesStore):
         # Open iterations: their phases' sums and the context record of each.
         self._open: dict[tuple[bool, int], tuple[list[int], dict[int, Partial]]] = {}
         self._spans: dict[int, list[int]] = {}  # Epoch/Validation begun, not ended: begin record
-        # (phase, epoch) of the spans open at the checkpoint this aggregator resumed from:
-        # their end in this session closes their second part.
-        self.continued: set[tuple[int, int]] = set()
+        # (phase, epoch) of the spans open at the checkpoint this aggregator resumed from,
+        # with the row of their first part: their end in this session closes their second
+        # part, and both make one measurement.
+        self.continued: dict[tuple[int, int], Row] = {}
         self._standalone_seen: dict[int, int] = {}
         self._batch_sizes = self._new_batch_sizes()  # of the current session
 
@@ -159,9 +163,30 @@ class RankAggregator(SeriesStore):
     def continue_parts(self, parts: dict[int, Row]) -> None:
         """Resume from a state that kept ``parts`` (``open_span_parts``): each is a flagged
         row, and the same span's end in the next session is its second part."""
-        self.continued = {(phase, row.epoch) for phase, row in parts.items()}
+        self.continued = {(phase, row.epoch): row for phase, row in parts.items()}
         for phase, row in parts.items():
             self._series(phase).flagged.append(row)
+
+    def _measure_whole(self, phase: int, first: Row, second: Row | None) -> None:
+        """One measurement of an Epoch or Validation cut by a checkpoint: its ``first`` part
+        (up to the checkpoint) and its ``second`` (from the resume to its end; None when
+        the resumed process went on with a later one), the time between them (downtime,
+        redone work) left out. The row starts where the span did."""
+        whole = replace(first, flag="")
+        if second is not None:
+            gpus = (first.gpu_s, second.gpu_s)
+            peaks = [p for p in (first.peak_mib, second.peak_mib) if p is not None]
+            whole = replace(
+                whole,
+                wall_s=first.wall_s + second.wall_s,
+                gpu_s=None if None in gpus else sum(g for g in gpus if g is not None),
+                peak_mib=max(peaks) if peaks else None,
+            )
+        series = self._series(phase)
+        series.wall.add(whole.wall_s)
+        if whole.gpu_s is not None:
+            series.gpu.add(whole.gpu_s)
+        series.rows.append(whole)
 
     def note_batch_size(
         self, validation: bool, iteration: int, size: int | None, position: int = 0
@@ -473,14 +498,22 @@ class RankAggregator(SeriesStore):
             if earlier is not None:  # begun again without an end: the earlier one was cut
                 self._flag(phase, earlier, record[P_START] - earlier[P_START], -1, -1, INCOMPLETE)
             self._spans[phase] = record
+            for key in [k for k in self.continued if k[0] == phase and k[1] != record[P_EPOCH]]:
+                # the resumed process went on with another one: the part up to the
+                # checkpoint is all of it
+                self._measure_whole(phase, self.continued.pop(key), None)
             return
         self._spans.pop(phase, None)
         wall_ns = record[P_END] - record[P_START]
         if flags & wire.FLAG_INCOMPLETE:
             self._flag(phase, record, wall_ns, record[P_GPU], record[P_PEAK], INCOMPLETE)
         elif (phase, record[P_EPOCH]) in self.continued:
-            self.continued.discard((phase, record[P_EPOCH]))
-            self._flag(phase, record, wall_ns, record[P_GPU], record[P_PEAK], PART)
+            first = self.continued.pop((phase, record[P_EPOCH]))
+            second = self._row(record, wall_ns, record[P_GPU], record[P_PEAK], None, None, 0, PART)
+            flagged = self._series(phase).flagged
+            if len(flagged) < self.settings.num_measurements:
+                flagged.append(second)
+            self._measure_whole(phase, first, second)
         else:
             self._measure(phase, record, wall_ns, record[P_GPU], record[P_PEAK], store=True)
 

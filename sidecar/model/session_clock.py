@@ -36,6 +36,11 @@ class Session:
         """Wall-clock time (Unix seconds) of the process's ``perf_counter_ns`` value ``ns``."""
         return self.start_unix + (ns - self.start_ns) / NS_PER_S
 
+    def ns_at(self, unix: float) -> int:
+        """The process's ``perf_counter_ns`` value at wall-clock time ``unix`` (Unix s):
+        the inverse of ``unix_at``."""
+        return self.start_ns + round((unix - self.start_unix) * NS_PER_S)
+
     @property
     def last_unix(self) -> float:
         """When this session was last heard of (end, else its latest record), Unix s."""
@@ -88,13 +93,20 @@ class SessionClock:
         end_ns = current.end_ns if current.end_ns is not None else current.last_ns
         return self.training_before_s + (end_ns - current.start_ns) / NS_PER_S
 
+    @property
+    def process_start_unix(self) -> float:
+        """When the split's first process started (Unix s): its ``start_run`` less its time
+        before it (``Session.pre_run_s``, 0 when unknown)."""
+        return self.run_start_unix - (self.sessions[0].pre_run_s if self.sessions else 0.0)
+
     def wall_s(self) -> float:
-        """Wall time of the split in seconds, from the first start to the latest activity:
-        the effective Training time plus downtime and redone work between sessions.
+        """Wall time of the split in seconds, from the first process's start to the latest
+        activity (the goodput account's wall): the effective Training time plus downtime
+        and redone work between sessions and the processes' time before ``start_run``.
         """
         if not self.sessions:
             return 0.0
-        return self.sessions[-1].last_unix - self.run_start_unix
+        return self.sessions[-1].last_unix - self.process_start_unix
 
     def account_resume(
         self, saved_unix: float, previous_end_unix: float | None, start_unix: float

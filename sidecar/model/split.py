@@ -38,14 +38,22 @@ class RankInfo:
     cause: str | None = None
 
 
+# The key in ``Split.late_nodes`` of the ranks whose node never wrote its node file.
+NEVER_WROTE = ""
+
+
 @dataclass(frozen=True)
 class LateNode:
-    """A node of the split whose final figures did not come in time: its host, the ranks
-    its last figures named, and the cause its ranks are written incomplete with."""
+    """A node of the split whose final figures did not come in time: its host (None: a
+    node that never wrote its node file, only its ranks are known), the ranks its last
+    figures named (or that no node covered), the cause its ranks are written incomplete
+    with, and its end as known (Unix s): when it was last heard of (its node file written),
+    else when the wait for it ended."""
 
-    host: str
+    host: str | None
     ranks: tuple[int, ...]
     cause: str
+    end_unix: float
 
 
 @dataclass(frozen=True)
@@ -88,7 +96,7 @@ class Split:
         self.rank_info: dict[int, RankInfo] = {}
         # Served with other sidecars (docs/multi-node.md): the nodes whose final figures
         # did not come in time, and the seconds the end waited for them.
-        self.late_nodes: dict[str, LateNode] = {}  # by node id
+        self.late_nodes: dict[str, LateNode] = {}  # by node id (NEVER_WROTE: no node file)
         self.nodes_waited_s: float | None = None
 
     @property

@@ -20,7 +20,7 @@ from typing import Any
 
 from markers import wire
 from sidecar.model.derived import SplitFigures
-from sidecar.model.split import RUN_STATUS_ORDER, RecordCounts, Split
+from sidecar.model.split import NEVER_WROTE, RUN_STATUS_ORDER, RecordCounts, Split
 from sidecar.sinks import goodput_text, layout, nodes, summary
 from sidecar.sinks.nodes import HOSTNAME
 
@@ -83,7 +83,11 @@ def _node_entry(split: Split, figures: SplitFigures, counts: RecordCounts) -> di
     aggs = [a for a in split.ranks.values() if a.sessions]
     mfu = figures.mfu
     first = split.ranks.get(0) or next(iter(split.ranks.values()), None)
-    start_unix = min((a.run_start_unix for a in aggs), default=info.get("start_unix"))
+    # from the first process's start to its last activity (its finish, or its death): the
+    # goodput account's wall, which jobs.tsv and the job report read as end − start
+    start_unix = min((a.process_start_unix for a in aggs), default=info.get("start_unix"))
+    last_unix = max((a.sessions[-1].last_unix for a in aggs), default=None)
+    end_unix = None if split.end_unix is None else (last_unix or split.end_unix)
     return {
         # the run id of the split's first process: the `run` label of the metrics
         # (docs/contract.md, Prometheus metrics)
@@ -91,12 +95,12 @@ def _node_entry(split: Split, figures: SplitFigures, counts: RecordCounts) -> di
         "status": split.status,
         "cause": split.cause,
         "start": _iso(start_unix),
-        "end": _iso(split.end_unix),
+        "end": _iso(end_unix),
         "start_unix": start_unix,
-        "end_unix": split.end_unix,
+        "end_unix": end_unix,
         "sessions": max((len(a.sessions) for a in split.ranks.values()), default=0),
         "ranks": sorted(split.ranks),
-        "last_unix": max((a.sessions[-1].last_unix for a in aggs), default=None),
+        "last_unix": last_unix,
         "training_s": max((a.training_s() for a in split.ranks.values()), default=None),
         "wall_s": max((a.wall_s() for a in split.ranks.values()), default=None),
         "gpus": [{"uuid": uuid, "name": name} for uuid, name in split.gpus],
@@ -179,18 +183,32 @@ def _split_entry(
             kept = {h: [r for r in rs if r in left] for h, rs in (node.get("hosts") or {}).items()}
             others.append({**node, "ranks": left, "hosts": {h: rs for h, rs in kept.items() if rs}})
     for node_id, late in split.late_nodes.items():
-        entry = next((n for n in others if n.get("node_id") == node_id), None)
+        entry = next(
+            (
+                n
+                for n in others
+                if n.get("node_id") == node_id
+                or (node_id == NEVER_WROTE and set(late.ranks) & set(n.get("ranks") or []))
+            ),
+            None,
+        )
         if entry is None:  # it died before its first write of run.json
             entry = {
-                "node_id": node_id,
+                "node_id": node_id or None,
                 "node_host": late.host,
                 "ranks": list(late.ranks),
                 "status": "running",
-                "hosts": {late.host: list(late.ranks)},
+                "hosts": {late.host: list(late.ranks)} if late.host else {},
             }
             others.append(entry)
         if entry.get("status") == "running":
-            entry.update(status="incomplete", cause=late.cause)
+            # ended as last heard of: its own last activity, else the late node's end
+            heard = _number(entry.get("last_unix"))
+            entry.update(
+                status="incomplete",
+                cause=late.cause,
+                end_unix=late.end_unix if heard is None else max(heard, late.end_unix),
+            )
     every = [{key: mine.get(key) for key in _NODE_KEYS}, *others]
     if not others:
         return {**mine, "nodes": every}

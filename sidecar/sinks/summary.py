@@ -210,11 +210,18 @@ def time_lines(agg: RankAggregator, gaps: Sequence[tuple[float, float]]) -> list
     since the run started).
     """
     sessions = len(agg.sessions)
+    # the wall time, downtime and redone work of the goodput account: one figure each in
+    # every block and file
+    account = agg.goodput_account()
+    training_s = agg.training_s()
+    downtime_s, redone_s = account.badput_s["downtime"], account.badput_s["redone"]
+    before_s = max(0.0, account.wall_s - training_s - downtime_s - redone_s)
     out = [
-        f"Training time: effective {agg.training_s():.2f} s over {sessions} "
-        f"session{'s' if sessions != 1 else ''}; wall {agg.wall_s():.2f} s",
-        f"  including downtime {agg.downtime_s:.2f} s and redone work {agg.redone_s:.2f} s "
+        f"Training time: effective {training_s:.2f} s over {sessions} "
+        f"session{'s' if sessions != 1 else ''}; wall {account.wall_s:.2f} s",
+        f"  including downtime {downtime_s:.2f} s and redone work {redone_s:.2f} s "
         "(work after the last checkpoint, done again on resume)",
+        f"  and the processes' time before start_run {before_s:.2f} s",
     ]
     for start, end in gaps:
         out.append(

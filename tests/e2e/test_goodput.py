@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -194,6 +195,45 @@ def test_kill_and_resume_redone_work_and_downtime(serve, short_tmp: Path) -> Non
     _close(account["productive_s"], one["productive"] + two["productive"], "productive")
     _close(account["wall_s"], two["end_unix"] - one["process_start_unix"], "wall")
     _report_shows(short_tmp, run_json(out)["goodput"])
+    _one_wall_everywhere(short_tmp, out, account)
+
+
+def _one_wall_everywhere(root: Path, out: Path, account: dict[str, Any]) -> None:
+    """One wall time and one downtime in every block of summary.log, in run.json, jobs.tsv
+    and ``sidecar report --job``: the goodput account's (one rank, one split)."""
+    wall, badput = account["wall_s"], account["badput_s"]
+    summary = (split_dir(out) / "summary.log").read_text()
+    match = re.search(
+        r"; wall (\S+) s\n +including downtime (\S+) s and redone work (\S+) s .*\n"
+        r" +and the processes' time before start_run (\S+) s",
+        summary,
+    )
+    assert match, summary
+    assert float(match[1]) == pytest.approx(wall, abs=0.006)
+    assert float(match[2]) == pytest.approx(badput["downtime"], abs=0.006)
+    assert float(match[3]) == pytest.approx(badput["redone"], abs=0.006)
+    assert f"Wall time {wall:.2f} s from the process start" in summary
+    assert re.search(rf"^downtime between sessions +\| +{badput['downtime']:.2f} \|", summary, re.M)
+    document = run_json(out)
+    entry = document["splits"]["0"]
+    for where in (document, entry):
+        assert where["end_unix"] - where["start_unix"] == pytest.approx(wall, abs=1e-3)
+    assert entry["wall_s"] == pytest.approx(wall, abs=1e-6)
+    jobs = read_tsv(root / "report" / "jobs.tsv")
+    assert jobs["wall (s)"][0] == pytest.approx(wall, abs=1e-3)
+    parts = jobs[[f"badput {cause} (s)" for cause in CAUSES]].sum(axis=1)[0]
+    assert parts + document["goodput"]["productive_s"] == pytest.approx(wall, abs=2e-3)
+    shown = subprocess.run(
+        [sys.executable, "-m", "sidecar", "report", "--job", str(out)],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shown.returncode == 0, shown.stderr
+    header = re.search(r"^Wall (\S+) ", shown.stdout, re.M)
+    went = re.search(r"^Goodput: where (\S+) went", shown.stdout, re.M)
+    assert header and went and header[1] == went[1], shown.stdout
 
 
 def _report_shows(root: Path, whole: dict[str, Any]) -> None:
@@ -372,3 +412,47 @@ def test_mfu_estimate_from_the_given_flops(serve, short_tmp: Path) -> None:
     assert f"MFU (estimate, split 0): {mfu['mfu'] * 100:.1f} % — 4.00e+12 FLOPs/batch" in " ".join(
         report.stdout.split()
     )
+
+
+def test_kfold_splits_in_one_process_each_start_at_their_own_start_run(
+    serve, short_tmp: Path
+) -> None:
+    """Three splits one after the other in one process: split 0's account starts at the
+    process's start, split k's at its own ``start_run`` (not at the process's start, which
+    would count splits 0 … k − 1 as its start-up); the folder's wall is within the
+    process's life."""
+    sidecar = serve()
+    out = short_tmp / "root" / "kfold"
+    job = start_job(
+        sidecar.endpoint,
+        short_tmp,
+        *("--clock", str(short_tmp / "clock"), "--out-dir", str(out), "--splits", "3"),
+        *("--epochs", "1", "--iters", "15", "--warmup", "2", "--step-s", "0.02"),
+        *("--startup-s", "0.4", "--between-s", "0.3"),
+    )
+    assert job.wait(120) == 0
+    wait_for(
+        lambda: (
+            [run_json(out)["splits"].get(str(k), {}).get("status") for k in range(3)]
+            == ["completed"] * 3
+        ),
+        30,
+        "the three splits written",
+    )
+    splits = run_json(out)["splits"]
+    for k in range(3):
+        account = splits[str(k)]["goodput"]["ranks"]["0"]
+        mine = json.loads(
+            Path(f"{short_tmp / 'clock'}{f'.split{k}' if k else ''}.0.json").read_text()
+        )
+        _adds_up(account)
+        badput = account["badput_s"]
+        _close(
+            badput["startup"] + badput["sidecar_start"],
+            mine["first_iteration_unix"] - mine["process_start_unix"],
+            f"split {k} start-up",
+        )
+        _close(account["wall_s"], mine["end_unix"] - mine["process_start_unix"], f"split {k} wall")
+    first = json.loads((short_tmp / "clock.0.json").read_text())
+    last = json.loads((short_tmp / "clock.split2.0.json").read_text())
+    assert run_json(out)["goodput"]["wall_s"] < last["end_unix"] - first["process_start_unix"]

@@ -165,17 +165,21 @@ def test_resume_keeps_the_epoch_open_at_the_checkpoint(serve: Callable[..., Side
     phases = read_tsv(split_dir(folder) / "logs" / "phases.tsv")
     epochs = phases[phases["phase"] == "Epoch"]
     flags = [flag if isinstance(flag, str) else "" for flag in epochs["flag"]]
+    # Epoch 1, cut by the checkpoint, is one Epoch row (the resumed process went on with
+    # epoch 2: its part up to the checkpoint is all of it), and its part is kept.
     assert list(zip(epochs["epoch"], epochs["session"], flags, strict=True)) == [
         (0, 0, ""),
+        (1, 0, ""),
         (1, 0, "part"),
         (2, 1, ""),
     ]
     part = epochs.iloc[flags.index("part")]
+    assert epochs.iloc[1]["wall (s)"] == part["wall (s)"]
     validations = phases[(phases["phase"] == "Validation") & (phases["epoch"] == 1)]
     # The part runs up to the checkpoint, taken at the end of epoch 1's last validation.
     assert part["start (s)"] + part["wall (s)"] >= validations["start (s)"].max()
     assert (
-        read_tsv(split_dir(folder) / "logs" / "computational.tsv")["Epoch (s)"].notna().sum() == 2
+        read_tsv(split_dir(folder) / "logs" / "computational.tsv")["Epoch (s)"].notna().sum() == 3
     )
 
 

@@ -239,6 +239,9 @@ def test_a_node_that_never_wrote_is_named_and_the_wait_is_bounded(short_tmp: Pat
     entry = run_json(folder)["splits"]["0"]
     assert entry["status"] == "incomplete"
     assert "ranks 2, 3 sent no figures within 2 s" in entry["cause"]
+    [theirs] = [node for node in entry["nodes"] if node["ranks"] == [2, 3]]
+    assert theirs["status"] == "incomplete" and theirs["cause"] == entry["cause"]
+    assert entry["ranks"] == [0, 1, 2, 3] and entry["end_unix"] is not None
 
 
 def test_the_same_rank_on_a_second_sidecar_is_refused(short_tmp: Path) -> None:

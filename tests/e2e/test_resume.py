@@ -32,17 +32,19 @@ def _phases(out: Path) -> pd.DataFrame:
 def _time_account(summary: str) -> dict[str, float]:
     match = re.search(
         r"Training time: effective (\S+) s over (\d+) sessions?; wall (\S+) s\n"
-        r" +including downtime (\S+) s and redone work (\S+) s",
+        r" +including downtime (\S+) s and redone work (\S+) s .*\n"
+        r" +and the processes' time before start_run (\S+) s",
         summary,
     )
     assert match, summary
-    effective, sessions, wall, downtime, redone = match.groups()
+    effective, sessions, wall, downtime, redone, before = match.groups()
     return {
         "effective": float(effective),
         "sessions": int(sessions),
         "wall": float(wall),
         "downtime": float(downtime),
         "redone": float(redone),
+        "before": float(before),
     }
 
 
@@ -133,8 +135,11 @@ def test_resume_after_sigkill_continues_every_count(serve, short_tmp: Path) -> N
     # redone: from the last checkpoint to the kill (the last records came just before it)
     assert abs(account["redone"] - (killed_unix - saved["saved_unix"])) < 0.3
     assert (
-        abs(account["wall"] - (account["effective"] + account["downtime"] + account["redone"]))
-        < 0.5
+        abs(
+            account["wall"]
+            - (account["effective"] + account["downtime"] + account["redone"] + account["before"])
+        )
+        < 0.02
     )
     table_training = float(re.search(r"^Training\s+\|\s+(\S+) \[1\]", summary, re.M)[1])
     assert abs(table_training - account["effective"]) < 0.01 * account["effective"] + 0.01

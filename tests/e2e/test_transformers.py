@@ -172,16 +172,22 @@ def test_an_epoch_open_at_the_checkpoint_is_kept_as_two_parts(
     phases = read_tsv(split_dir(out) / "logs" / "phases.tsv")
     epochs = phases[phases["phase"] == "Epoch"]
     flags = [flag if isinstance(flag, str) else "" for flag in epochs["flag"]]
+    # Epoch 0, cut by the checkpoint, is one Epoch row: its two parts, the time between the
+    # processes left out; both parts are kept.
     assert list(zip(epochs["epoch"], epochs["session"], flags, strict=True)) == [
+        (0, 0, ""),
         (0, 0, "part"),
         (0, 1, "part"),
         (1, 1, ""),
     ]
+    whole, first_part, second_part = (epochs.iloc[i] for i in range(3))
+    assert whole["wall (s)"] == pytest.approx(
+        first_part["wall (s)"] + second_part["wall (s)"], abs=2e-6
+    )
     loops = phases[(phases["phase"] == "Training loop") & (phases["session"] == 0)]
-    first_part = epochs.iloc[0]
     # The first part runs up to the checkpoint (after step 4), not past the kill.
     assert first_part["start (s)"] + first_part["wall (s)"] >= loops["start (s)"].max()
-    assert computational(out)["Epoch (s)"].notna().sum() == 1
+    assert computational(out)["Epoch (s)"].notna().sum() == 2
     # The saves are the checkpoint phase: the second process saves at steps 8, 12 and
     # 16, the first of them is warmup.
     saves = phases[phases["phase"] == "checkpoint"]

@@ -35,6 +35,11 @@ import torch  # only for torch.device, which needs no CUDA
 # FakeBackend: the EventBackend protocol, stepped by the test
 
 
+def _float32(ms: float) -> float:
+    """``ms`` as CUDA's ``cudaEventElapsedTime`` gives it: float32 milliseconds."""
+    return float(struct.unpack("f", struct.pack("f", ms))[0])
+
+
 class FakeEvent:
     def __init__(self) -> None:
         self.seq = None  # position on the fake stream of the latest record
@@ -61,6 +66,7 @@ class FakeBackend:
         self.queries = 0
         self.capture = False  # a CUDA graph capture is under way
         self.later: tuple[int, int] | None = None  # (after this many queries, set done)
+        self.float32 = False  # elapsed times in float32, as CUDA's (a clock driven for hours)
 
     # EventBackend
     def new_event(self) -> FakeEvent:
@@ -84,7 +90,8 @@ class FakeBackend:
 
     def elapsed_ms(self, start: FakeEvent, end: FakeEvent) -> float:
         assert self.query(start) and self.query(end), "elapsed_ms on an incomplete event"
-        return end.t_ms - start.t_ms
+        assert start.t_ms is not None and end.t_ms is not None
+        return _float32(end.t_ms - start.t_ms) if self.float32 else end.t_ms - start.t_ms
 
     def memory(self) -> tuple[int, int, int, int]:
         if not self.exact_peaks:
@@ -207,8 +214,7 @@ class FakeCudaEvent:
             )
         if self.at_ns is None or end.at_ns is None or not (self.query() and end.query()):
             raise RuntimeError("device not ready")
-        # CUDA computes it in float32 milliseconds
-        return struct.unpack("f", struct.pack("f", (end.at_ns - self.at_ns) / 1e6))[0]
+        return _float32((end.at_ns - self.at_ns) / 1e6)
 
     def synchronize(self) -> None:
         self._cuda._sync("Event.synchronize")

@@ -313,7 +313,10 @@ def test_training_time_adds_sessions_and_state_round_trips() -> None:
     assert [r.session for r in copy.series[wire.FORWARD].rows] == [0, 1]
 
 
-def test_an_epoch_open_at_a_state_is_two_flagged_parts_on_resume() -> None:
+def test_an_epoch_open_at_a_state_is_two_flagged_parts_and_one_epoch_on_resume() -> None:
+    """Epoch 1, open at the state (3 ms up to its last record), goes on for 25 ms in the
+    resumed process: phases.tsv keeps both parts, the Epoch column one row of 28 ms (the
+    time between the processes left out), where epoch 1 began."""
     agg = RankAggregator(0, Settings(warmup_iterations=0), 1000.0)
     agg.begin_session(1000.0, 0, "first")
     begin = wire.FLAG_BEGIN
@@ -343,7 +346,25 @@ def test_an_epoch_open_at_a_state_is_two_flagged_parts_on_resume() -> None:
         )
     )
     assert flagged(resumed, wire.EPOCH) == [(3.0, "part"), (25.0, "part")]
-    assert walls(resumed, wire.EPOCH) == [10.0, 20.0]
+    assert walls(resumed, wire.EPOCH) == [10.0, 28.0, 20.0]
+    rows = resumed.series[wire.EPOCH].rows
+    assert [(r.epoch, r.session, r.flag) for r in rows] == [(0, 0, ""), (1, 0, ""), (2, 1, "")]
+    assert rows[1].start_s == pytest.approx(0.010)
+    assert resumed.series[wire.EPOCH].wall.count == 3
+    # Resumed at the next epoch (the checkpoint was the epoch's last step): the part up to
+    # the checkpoint is the epoch's row.
+    later = RankAggregator(0, agg.settings, 0.0)
+    state.load_rank(later, saved)
+    later.begin_session(2000.0, 0)
+    later.add_records(
+        array(
+            "q",
+            record(wire.EPOCH, 0, 0, flags=begin, epoch=2)
+            + record(wire.EPOCH, 0, 20, flags=0, epoch=2),
+        )
+    )
+    assert flagged(later, wire.EPOCH) == [(3.0, "part")]
+    assert walls(later, wire.EPOCH) == [10.0, 3.0, 20.0]
     # A new sidecar taking over the same process: its epoch goes on and ends whole.
     taken_over = RankAggregator(0, agg.settings, 0.0)
     state.load_rank(taken_over, saved, continue_run="first")

@@ -134,7 +134,8 @@ def test_gpu_start_lag_is_estimated_on_the_host_clock() -> None:
 
 
 def test_the_anchor_estimate_follows_a_gpu_clock_running_fast() -> None:
-    """A phase whose bound is below the estimate lowers it by at most DRIFT_PER_NS."""
+    """A phase whose bound is below the estimate lowers it by at most the measured drift
+    (none measured yet: not at all)."""
     cuda = FakeCuda(["A"])
     timer = GpuTimer(TorchCudaBackend(fake_torch(cuda), 0), pool_size=4)
     before = timer._anchor_ns

@@ -14,10 +14,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from sidecar.daemon import nodes_wait
 from sidecar.model.aggregator import RankAggregator, Settings
 from sidecar.model.derived import derive
 from sidecar.model.merge import RankFigures, figures_of, merged
-from sidecar.model.split import Split
+from sidecar.model.split import NEVER_WROTE, LateNode, Split
 from sidecar.model.stragglers import PHASES
 from sidecar.report.read import RunFolder, SplitFiles
 from sidecar.report.stragglers import straggler_frame
@@ -294,3 +295,60 @@ def test_the_writer_takes_each_rank_the_samples_of_the_gpu_it_reported(tmp_path:
     )
     # over the iterations each rank was the slowest: none for rank 0; rank 1 has no GPU
     assert table["gpu samples"].astype(str).tolist() == ["0", "", "20"]
+
+
+def _ended_split(tmp_path: Path, end_unix: float) -> Split:
+    """A 4-rank split of which this sidecar served ranks 0 and 1, both failed at
+    ``end_unix`` (the other node was killed: the all-reduce failed)."""
+    split = Split(tmp_path, 0, Settings(), {"world_size": 4})
+    for rank in (0, 1):
+        split.rank(rank).begin_session(1000.0, 0, "r")
+        split.rank(rank).end_session(int((end_unix - 1000.0) * 1e9))
+    split.set_status("failed", "RuntimeError: Connection closed by peer")
+    split.end_unix = end_unix
+    return split
+
+
+def test_a_late_node_ends_when_last_heard_of_so_the_failed_split_has_an_end(
+    tmp_path: Path,
+) -> None:
+    """The other node wrote run.json and a node file, then was killed: its entry is
+    incomplete and ends when its node file was last written; the split ends at the latest
+    of its nodes' ends, not ``null``."""
+    split = _ended_split(tmp_path, 1012.0)
+    late = {"node_id": "b-1", "node_host": "b", "ranks": [2, 3], "status": "running"}
+    late |= {"hosts": {"b": [2, 3]}, "start_unix": 1000.0, "last_unix": 1008.0}
+    split.late_nodes["b-1"] = LateNode("b", (2, 3), "node b sent no final figures", 1009.0)
+    text = json.dumps({"splits": {"0": {"nodes": [late]}}})
+    entry = json.loads(run_file.run_json(split, derive(split), split.record_counts(), text))
+    entry = entry["splits"]["0"]
+    [mine, theirs] = entry["nodes"]
+    assert mine["end_unix"] == 1012.0 and mine["status"] == "failed"
+    assert theirs["status"] == "incomplete" and theirs["end_unix"] == 1009.0
+    assert entry["status"] == "failed" and entry["end_unix"] == 1012.0
+    assert entry["end"] is not None
+
+
+@pytest.mark.parametrize("wrote_run_json", [False, True])
+def test_a_node_that_never_wrote_its_node_file_is_incomplete_in_run_json(
+    tmp_path: Path, wrote_run_json: bool
+) -> None:
+    """Killed before its first node file: the wait names its ranks missing, and run.json
+    has them in a node entry marked incomplete with that cause (the entry it wrote before
+    dying, or one of their own), which ends when the wait did."""
+    split = _ended_split(tmp_path, 1012.0)
+    split.status, split.cause = "completed", None  # ranks 0 and 1 completed
+    assert nodes_wait.settle(split, 1015.0, 2.0)
+    never = split.late_nodes[NEVER_WROTE]
+    assert (never.ranks, never.end_unix) == ((2, 3), 1015.0)
+    written = {"node_id": "b-1", "node_host": "b", "ranks": [2, 3], "status": "running"}
+    previous = {"splits": {"0": {"nodes": [written]}}} if wrote_run_json else {}
+    text = run_file.run_json(split, derive(split), split.record_counts(), json.dumps(previous))
+    entry = json.loads(text)["splits"]["0"]
+    [theirs] = [n for n in entry["nodes"] if n["node_id"] != nodes.NODE_ID]
+    assert theirs["ranks"] == [2, 3] and theirs["status"] == "incomplete"
+    assert theirs["cause"] == "ranks 2, 3 sent no figures within 2 s (their node never wrote)"
+    assert theirs["node_id"] == ("b-1" if wrote_run_json else None)
+    assert theirs["end_unix"] == 1015.0
+    assert entry["ranks"] == [0, 1, 2, 3]
+    assert (entry["status"], entry["end_unix"]) == ("incomplete", 1015.0)

@@ -5,8 +5,8 @@ that sleeps, a validation pass inside the training loop every few iterations, a
 ``checkpoint`` phase after each epoch, warmup iterations; optionally two ranks in forked
 processes that meet at a barrier in Backward (the all-reduce) with one rank slower in
 Forward, and a death by SIGKILL some iterations after a checkpoint. Each rank writes its
-own sums (``perf_counter``; the start-up from the kernel's process start time) to
-``<clock>.<rank>.json`` after every iteration.
+own sums (``perf_counter``; the start-up from the kernel's process start time, its start
+ticks against ``CLOCK_BOOTTIME``) to ``<clock>.<rank>.json`` after every iteration.
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ from collections.abc import Iterator
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
-
-import psutil
 
 import markers
 
@@ -39,12 +37,36 @@ def _write(path: Path, clock: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def _process_start_unix() -> float:
+    """This process's start (Unix s): its start ticks since boot (``/proc/self/stat``)
+    against the boot clock read now."""
+    ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+    boot_s, unix = time.clock_gettime(time.CLOCK_BOOTTIME), time.time()
+    return unix - (boot_s - ticks / os.sysconf("SC_CLK_TCK"))
+
+
 def rank_main(args: argparse.Namespace, rank: int, barrier: Any) -> None:
-    """One rank's training loop; its clock in ``<clock>.<rank>.json``."""
+    """One rank's splits, one after the other in this process (k-fold); each split's
+    clock in ``<clock>.<rank>.json`` (split 0) or ``<clock>.split<k>.<rank>.json``, its
+    start the process's (split 0) or its ``start_run``'s."""
     time.sleep(args.startup_s)  # the script's own set-up before start_run
+    for split in range(args.splits):
+        start_unix = _process_start_unix() if split == 0 else time.time()
+        suffix = f".split{split}" if split else ""
+        split_main(
+            args, rank, barrier, split, start_unix, Path(f"{args.clock}{suffix}.{rank}.json")
+        )
+        time.sleep(args.between_s)
+
+
+def split_main(
+    args: argparse.Namespace, rank: int, barrier: Any, split: int, start_unix: float, path: Path
+) -> None:
+    """One rank's training loop of one split, started at ``start_unix``; its clock in
+    ``path``."""
     run = markers.start_run(
         out_dir=args.out_dir,
-        split=0,
+        split=split,
         rank=rank,
         warmup_iterations=args.warmup,
         num_measurements=args.cap,
@@ -55,10 +77,9 @@ def rank_main(args: argparse.Namespace, rank: int, barrier: Any) -> None:
     if args.gpu:  # stands in for CUDA: the run names this GPU
         uuid, name = args.gpu.split(":", 1)
         run._sender.send_control({"type": "gpu", "uuid": uuid, "name": name})  # type: ignore[union-attr]
-    path = Path(f"{args.clock}.{rank}.json")
     clock = {
         "pid": os.getpid(),
-        "process_start_unix": psutil.Process().create_time(),
+        "process_start_unix": start_unix,
         "first_iteration_unix": None,
         "warmup": 0.0,
         "data_stall": 0.0,
@@ -116,13 +137,14 @@ def rank_main(args: argparse.Namespace, rank: int, barrier: Any) -> None:
                     if after_checkpoint >= 0:
                         after_checkpoint += 1
                         if after_checkpoint == args.die_after:
-                            # dies in the iteration begun at the last fetch: the work
-                            # since the checkpoint ends there
-                            clock["death_unix"] = clock["fetch_unix"]
-                            _write(Path(f"{path}.death"), clock)
-                            run._buffer.flush()  # type: ignore[union-attr]
-                            time.sleep(0.3)
-                            os.kill(os.getpid(), signal.SIGKILL)
+                            # dies inside a phase: its record and those still in the
+                            # markers' buffer die too; the work since the checkpoint
+                            # ends at the death
+                            with run.phase("forward"):
+                                time.sleep(0.3)
+                                clock["death_unix"] = time.time()
+                                _write(Path(f"{path}.death"), clock)
+                                os.kill(os.getpid(), signal.SIGKILL)
             walls = [b - a for a, b in pairwise(stamps)]
             for index, wall in enumerate(walls):
                 wall -= away[index] if index < len(away) else 0.0
@@ -173,6 +195,8 @@ def main() -> None:
         help="SIGKILL itself this many iterations after the checkpoint",
     )
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--splits", type=int, default=1, help="splits one after the other")
+    parser.add_argument("--between-s", type=float, default=0.0, help="sleep after each split")
     parser.add_argument("--ranks", type=int, default=1)
     parser.add_argument("--slow-rank", type=int, default=1)
     parser.add_argument("--gpu", help="UUID:NAME: announce this GPU")
