@@ -3,9 +3,9 @@ that check the files against them."""
 
 from __future__ import annotations
 
-# computational.tsv's header, in the contract's order (custom phases follow).
+# computational.tsv's header, in the contract's order (custom phases follow): the
+# reference's 22 columns, no index column.
 STANDARD_COLUMNS = [
-    "measurement #",
     "Training (s)",
     "Epoch (s)",
     "Training loop (s)",
