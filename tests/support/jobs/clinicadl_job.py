@@ -1,7 +1,10 @@
 """A real clinicadl 2.0 ``Trainer`` on a synthetic BIDS folder (8x8x8 NIfTI volumes), with
 the stock monitor or markers' one, for the clinicadl tests.
 
-    python clinicadl_job.py ROOT TRUTH.json [--monitor stock|ours|alone] [...]
+    python clinicadl_job.py ROOT TRUTH.json [--monitor stock|ours|alone|both] [...]
+
+``both``: the stock monitor measures the same batches as markers' callback (switched on
+again after ours switched it off); its table goes to ROOT/stock.tsv.
 
 ROOT holds the BIDS folder (made once) and the MAPS folder ``maps``. The model sleeps a
 known time in each step and records how long each of its steps took (the script's own
@@ -138,7 +141,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("root", type=Path)
     parser.add_argument("truth", type=Path)
-    parser.add_argument("--monitor", choices=("stock", "ours", "alone"), default="ours")
+    parser.add_argument("--monitor", choices=("stock", "ours", "alone", "both"), default="ours")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--train", type=int, default=8, help="training subjects")
     parser.add_argument("--val", type=int, default=4, help="validation subjects")
@@ -173,9 +176,10 @@ def main() -> None:
         Stamps("open", args.raise_at_epoch, args.interrupt_at_epoch),
         TrainingCheckpointCallback(every_n_epochs=1),
     ]
-    if args.monitor == "stock":  # clinicadl moves it before every user callback
-        callbacks.append(StockMonitor(warmup_iterations=args.warmup))
-    else:
+    stock = StockMonitor(warmup_iterations=args.warmup)
+    if args.monitor in ("stock", "both"):  # clinicadl moves it before every user callback
+        callbacks.append(stock)
+    if args.monitor != "stock":
         callbacks.append(MonitorCallback(warmup_iterations=args.warmup))
         if args.monitor == "ours":
             callbacks.append(StockMonitor(enabled=False))
@@ -191,6 +195,8 @@ def main() -> None:
             )
             trainer = Trainer(maps, model=model, optimization=optimization, callbacks=callbacks)
     TRUTH["warnings"] = [str(w.message) for w in caught if "markers" in str(w.message)]
+    if args.monitor == "both":  # ours switched it off: on again, measuring the same batches
+        stock.config.enabled = True
     computational = ComputationalConfig(gpu=False, amp=False, channels_last=False)
     try:
         for index in range(args.splits):
@@ -204,6 +210,8 @@ def main() -> None:
                 TRUTH["train_s"].append(time.perf_counter() - start)
     finally:
         args.truth.write_text(json.dumps(TRUTH))
+    if args.monitor == "both":  # the stock monitor's table of the same run, beside ours
+        stock._build_df().to_csv(args.root / "stock.tsv", sep="\t", index=False)
     sys.exit(0)
 
 
