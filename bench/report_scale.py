@@ -35,7 +35,6 @@ sys.path.insert(0, str(ROOT))
 
 from bench.results import machine_line, write_section  # noqa: E402
 from sidecar.resources.fields import columns  # noqa: E402
-from sidecar.sinks.layout import INDEX_LABEL  # noqa: E402
 from sidecar.sinks.summary import STARS, TITLE_LINE  # noqa: E402
 from sidecar.sinks.tables import COLUMNS, to_tsv  # noqa: E402
 
@@ -47,8 +46,7 @@ def _computational(rng: np.random.Generator) -> str:
     frame = pd.DataFrame(
         rng.gamma(2.0, 0.01, (ROWS, len(COLUMNS))), columns=[label for label, _, _ in COLUMNS]
     )
-    frame.index.name = INDEX_LABEL
-    return to_tsv(frame, index=True)
+    return to_tsv(frame, index=False)
 
 
 def _resources(rng: np.random.Generator, gpus: int, rounds: int) -> str:

@@ -17,12 +17,33 @@ from markers import wire
 from markers.transport import Sender
 
 
+def _samples(batch: list[Any] | tuple[Any, ...]) -> bool:
+    """Whether ``batch`` is a list of samples as they are (an identity ``collate_fn``, or a
+    batch class of its own), never a default-collated list of fields: ``default_collate``
+    gives plain lists, turns tuple samples into lists and transposes token lists, and
+    keeps a mapping's own class only in a single collated mapping."""
+    if not isinstance(batch, list):
+        return False
+    if type(batch) is not list:
+        return True  # a batch class of its own (clinicadl's Batch of subjects)
+    return (
+        all(isinstance(item, tuple) and not hasattr(item, "_fields") for item in batch)
+        or all(
+            isinstance(item, list) and all(isinstance(x, (int, float, str)) for x in item)
+            for item in batch
+        )
+        or all(isinstance(item, Mapping) and type(item) is not dict for item in batch)
+    )
+
+
 def first_dims(batch: Any, depth: int = 3) -> set[int] | None:
     """The first dimensions found in ``batch``: a tensor's (anything with ``shape``), those
     of the fields of a tuple, a default-collated list or a mapping (``(inputs, labels)``,
-    ``{"input_ids": ...}``), the length of a list of strings or numbers. None when it cannot
-    tell: a list of samples as they are (a list of tuples, dicts or token lists, as an
-    identity ``collate_fn`` gives), or an object without a shape.
+    ``{"input_ids": ...}``), the length of a list of strings or numbers, the length of a
+    list of samples as they are (``_samples``: tuples, token lists or sample objects such
+    as torchio subjects, as an identity ``collate_fn`` gives, or a list subclass such as
+    clinicadl's ``Batch``). None when it cannot tell: a plain list of plain dicts or lists
+    (samples, or the fields of collated tuple samples), or an object without a shape.
     """
     shape = getattr(batch, "shape", None)
     if shape is not None:
@@ -35,8 +56,8 @@ def first_dims(batch: Any, depth: int = 3) -> set[int] | None:
         items = list(batch)
         texts = all(isinstance(item, str) for item in items)
         scalars = isinstance(batch, list) and all(isinstance(i, (int, float)) for i in items)
-        if items and (texts or scalars):
-            return {len(items)}  # texts, or scalar samples
+        if items and (texts or scalars or _samples(batch)):
+            return {len(items)}  # texts, scalar samples, or samples as they are
         if (
             isinstance(batch, list)
             and items

@@ -200,7 +200,9 @@ class Run:
         still in flight), have the sidecar write its files (waiting as long as it reports
         progress on them, and at most ``FINISH_TIMEOUT_S`` without), close the connection.
         Safe to call more than once. One RuntimeWarning when the sidecar did not answer or
-        could not write the files (it names the sidecar's error).
+        could not write the files (it names the sidecar's error). ``status``:
+        ``completed``, ``failed``, or ``incomplete`` (cut short, not by an error: Ctrl-C
+        where the framework ends without telling its callbacks).
 
         An iteration, epoch or validation pass still open is cut short: kept in phases.tsv
         flagged incomplete (an iteration left by a loop's ``break`` before a completed
@@ -210,7 +212,7 @@ class Run:
             return
         self._finished = True
         end_ns = perf_counter_ns()
-        self._iter.close_all(status == "failed", end_ns)
+        self._iter.close_all(status != "completed", end_ns)
         self._tell_if_no_iterations(0)
         if self._buffer.gpu is not None:
             self._buffer.drain_gpu()

@@ -113,7 +113,7 @@ def _group_mean(split: np.ndarray, values: np.ndarray, count: int) -> np.ndarray
 
 def _phase_means(files: Sequence[SplitFiles]) -> pd.DataFrame:
     fields = max((f.computational_columns for f in files), default=1)
-    positions = {name: _LABELS.index(f"{label} (s)") + 1 for name, label in PHASE_COLUMNS.items()}
+    positions = {name: _LABELS.index(f"{label} (s)") for name, label in PHASE_COLUMNS.items()}
     frame = _read(
         [f.computational for f in files], fields, positions, dict.fromkeys(positions, "float64")
     )

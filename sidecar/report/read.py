@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,8 +21,11 @@ from sidecar.sinks import layout
 from sidecar.sinks.summary import TITLE_LINE
 from sidecar.sinks.tables import COLUMNS
 
-# What a computational.tsv header starts with; custom phase columns may follow.
-COMPUTATIONAL_HEADER = "\t".join([layout.INDEX_LABEL, *(label for label, _, _ in COLUMNS)]).encode()
+# What a computational.tsv header starts with; custom phase columns may follow. Earlier
+# versions wrote an index column first (layout.INDEX_LABEL): still read, without it.
+COMPUTATIONAL_HEADER = "\t".join(label for label, _, _ in COLUMNS).encode()
+OLD_INDEX = layout.INDEX_LABEL.encode() + b"\t"
+_FIRST_FIELD = re.compile(rb"^[^\t\n]*\t", re.M)
 REQUIRED_KEYS = ("status", "start", "splits")
 
 
@@ -72,10 +76,6 @@ def find_run_folders(paths: Iterable[Path]) -> Iterator[Path]:
                 subfolders.sort()
 
 
-def _has_prefix(header: bytes) -> Callable[[bytes], bool]:
-    return lambda first: first.startswith(header)
-
-
 def _has_columns(required: Iterable[str]) -> Callable[[bytes], bool]:
     wanted = {name.encode() for name in required}
     return lambda first: wanted <= set(first.split(b"\t"))
@@ -109,6 +109,19 @@ def _resources_body(path: Path) -> tuple[bytes, tuple[str, ...]]:
     return body, tuple(header.decode().split("\t"))
 
 
+def _computational(path: Path) -> tuple[bytes, bytes]:
+    """The body and header of a computational.tsv, in today's columns: the index column
+    of an earlier version's file is dropped from every line. Raises Damaged,
+    FileNotFoundError."""
+    body, header = _body(
+        path,
+        lambda first: first.removeprefix(OLD_INDEX).startswith(COMPUTATIONAL_HEADER),
+    )
+    if header.startswith(OLD_INDEX):
+        return _FIRST_FIELD.sub(b"", body), header.removeprefix(OLD_INDEX)
+    return body, header
+
+
 def _split_files(folder: Path, split: int, entry: Any) -> SplitFiles:
     if not isinstance(entry, dict):
         raise Damaged(f"run.json: split {split} is not an object")
@@ -116,9 +129,7 @@ def _split_files(folder: Path, split: int, entry: Any) -> SplitFiles:
     split_dir = layout.split_dir(folder, split)
     logs = layout.logs_dir(folder, split)
     try:
-        computational, header = _body(
-            logs / layout.computational_file(0), _has_prefix(COMPUTATIONAL_HEADER)
-        )
+        computational, header = _computational(logs / layout.computational_file(0))
         summary = (split_dir / layout.SUMMARY_FILE).read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError as exc:
         raise Damaged(f"split {split}: {Path(exc.filename).name} missing") from None

@@ -38,7 +38,9 @@ RANKS_FILE = "ranks.tsv"
 SUMMARY_FILE = "summary.log"
 RESOURCES_FILE = "resources.tsv"
 WIDTH = 106  # characters of the reference's summary block (its star and dash lines)
-INDEX_LABEL = "measurement #"  # the first column of computational.tsv
+# The index column that computational.tsv of earlier versions started with (the reference
+# writes none): readers still accept it.
+INDEX_LABEL = "measurement #"
 
 
 def rank_suffix(rank: int) -> str:

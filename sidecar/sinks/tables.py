@@ -24,14 +24,14 @@ import numpy as np
 
 from markers import wire
 from sidecar.model.aggregator import RankAggregator
-from sidecar.sinks import layout, rowtext
+from sidecar.sinks import rowtext
 from sidecar.sinks.rowtext import quoted
 
 if TYPE_CHECKING:
     import pandas as pd
 
-# The 22 columns of computational.tsv after "measurement #", in order: label, phase and
-# the Row attribute that fills it. Training is filled from the sessions instead.
+# The 22 columns of computational.tsv, in the reference's order (it writes no index column):
+# label, phase and the Row attribute that fills it. Training is filled from the sessions instead.
 COLUMNS: list[tuple[str, int, str]] = [
     (f"{row.column}{suffix}", row.phase, field)
     for row in wire.PHASES
@@ -53,7 +53,7 @@ def computational_text(agg: RankAggregator) -> str:
     """The wide table of ``agg``: the 22 standard columns, then one per custom phase, row
     *i* holding the *i*-th stored row of each phase; the shorter columns leave their tail
     empty."""
-    header = [layout.INDEX_LABEL, *(label for label, _, _ in COLUMNS)]
+    header = [label for label, _, _ in COLUMNS]
     # One segment per phase: its cells of each row (see rowtext.SEGMENT_FIELDS), and the
     # text of its empty cells.
     segments: list[tuple[list[str], str]] = []
@@ -69,7 +69,7 @@ def computational_text(agg: RankAggregator) -> str:
         segments.append((rowtext.texts(agg, phase).segments, ""))
     count = max(len(cells) for cells, _ in segments)
     columns = [chain(cells, repeat(empty, count - len(cells))) for cells, empty in segments]
-    return _text(header, map("\t".join, zip(map(str, range(count)), *columns, strict=True)))
+    return _text(header, map("\t".join, zip(*columns, strict=True)))
 
 
 def phases_text(agg: RankAggregator) -> str:

@@ -428,18 +428,30 @@ def test_a_batch_size_that_changes_across_a_resume_counts_per_row(
     assert abs(throughput(summary_of(out)) - expected) <= 0.01 * expected
 
 
-@pytest.mark.parametrize("shape", ["tuples", "tokens"])
-def test_ambiguous_batches_warn_once_and_leave_throughput_unknown(
-    serve, short_tmp: Path, shape: str
-) -> None:
+def test_ambiguous_batches_warn_once_and_leave_throughput_unknown(serve, short_tmp: Path) -> None:
     sidecar = serve()
-    out = short_tmp / "root" / shape
+    out = short_tmp / "root" / "dicts"
     stderr = finished(
-        job(short_tmp, "--out-dir", str(out), "--shape", shape, endpoint=sidecar.endpoint)
+        job(short_tmp, "--out-dir", str(out), "--shape", "dicts", endpoint=sidecar.endpoint)
     )
     assert warnings_about(stderr, "batch size cannot be read") == 1, stderr
     assert "Throughput: unknown" in summary_of(out)
     assert "images/s" not in summary_of(out).split("Validation")[0]
+
+
+@pytest.mark.parametrize("shape", ["tuples", "tokens"])
+def test_a_list_of_samples_gives_its_length(serve, short_tmp: Path, shape: str) -> None:
+    sidecar = serve()
+    out = short_tmp / "root" / shape
+    stderr = finished(
+        job(
+            short_tmp,
+            *("--out-dir", str(out), "--shape", shape, "--batch-size", "6"),
+            endpoint=sidecar.endpoint,
+        )
+    )
+    assert "cannot be read" not in stderr
+    assert set(phases(out).query("phase == 'Training loop'")["batch size"]) == {6}
 
 
 def test_a_tuple_of_tensors_gives_its_batch_size(serve, short_tmp: Path) -> None:

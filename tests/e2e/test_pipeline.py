@@ -97,7 +97,7 @@ def test_counts_follow_warmup_at_iteration_boundaries_and_caps(sidecar: Sidecar)
         train(run, epochs=2, train_batches=10, val_batches=5)
     logs = sidecar.split_dir() / "logs"
     frame = read_tsv(logs / "computational.tsv")
-    counts = frame.drop(columns="measurement #").notna().sum()
+    counts = frame.notna().sum()
     expected = {"Training (s)": 1, "Epoch (s)": 2, "Validation (s)": 2}
     for column in (
         "Training loop (s)",
@@ -113,7 +113,7 @@ def test_counts_follow_warmup_at_iteration_boundaries_and_caps(sidecar: Sidecar)
         expected[column] = 8
     for column, count in counts.items():
         assert count == expected.get(column, 0), column
-    assert list(frame["measurement #"]) == list(range(8))
+    assert len(frame) == 8
 
     phases = read_tsv(logs / "phases.tsv")
     per_phase = phases.groupby("phase").size().to_dict()

@@ -382,13 +382,17 @@ def test_a_split_without_samples_is_reported_without_resource_figures(
 def test_folders_of_older_and_newer_versions_are_read_not_skipped(
     cluster: Path, tmp_path: Path
 ) -> None:
-    """resources.tsv of another version: an older one without the session column, a newer
-    one with a column appended. Both read, with the figures of the original."""
+    """Files of another version: an older resources.tsv without the session column and an
+    older computational.tsv with its index column first (``measurement #``), a newer
+    resources.tsv with a column appended. Both read, with the figures of the original."""
     for name in ("now", "older", "newer"):
         shutil.copytree(cluster / FAST[0], tmp_path / "runs" / name)
     logs = Path("training") / "split-0" / "logs" / "resources.tsv"
     older = read_tsv(tmp_path / "runs" / "older" / logs).drop(columns=["session"])
     older.to_csv(tmp_path / "runs" / "older" / logs, sep="\t", index=False)
+    table = tmp_path / "runs" / "older" / logs.with_name("computational.tsv")
+    read_tsv(table).rename_axis("measurement #").to_csv(table, sep="\t")
+    assert table.read_text().startswith("measurement #\tTraining (s)\t")
     newer = read_tsv(tmp_path / "runs" / "newer" / logs)
     newer["pcie rx (MB/s)"] = 12.5
     newer.to_csv(tmp_path / "runs" / "newer" / logs, sep="\t", index=False)
@@ -408,6 +412,7 @@ def test_folders_of_older_and_newer_versions_are_read_not_skipped(
         "GPU utilization mean (%)",
         "CPU mean (%)",
         "memory peak (MB)",
+        "data loading share (%)",
     ):
         now = jobs.loc["runs/now", column]
         assert not math.isnan(now), column

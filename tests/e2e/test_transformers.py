@@ -79,7 +79,7 @@ def test_tiny_bert_with_accumulation_and_evaluation_inside_training(sidecar: Sid
     # (2 batches) every 2 steps. The first step is warmup.
     _truth, out = train(sidecar, "--model", "bert", "--accumulation", "2", "--eval-steps", "2")
     frame = computational(out)
-    counts = frame.drop(columns="measurement #").notna().sum()
+    counts = frame.notna().sum()
     for name in TRAINING:
         assert counts[name] == 3, name
     for name in ("Validation loop (s)", "Validation data loading (s)", "Evaluation (s)"):
@@ -93,7 +93,7 @@ def test_tiny_bert_with_accumulation_and_evaluation_inside_training(sidecar: Sid
 def test_evaluation_at_epoch_ends_lies_inside_its_epoch(sidecar: Sidecar) -> None:
     _truth, out = train(sidecar, "--model", "bert", "--eval-epochs")
     logs = split_dir(out) / "logs"
-    counts = computational(out).drop(columns="measurement #").notna().sum()
+    counts = computational(out).notna().sum()
     assert counts["Validation (s)"] == 2 and counts["Epoch (s)"] == 2
     assert counts["Training loop (s)"] == 7  # 4 steps per epoch, the first is warmup
     phases = read_tsv(logs / "phases.tsv")

@@ -10,20 +10,20 @@ CONTRACT = Path(__file__).parents[2] / "docs" / "contract.md"
 
 
 def _computational_header() -> list[str]:
-    """computational.tsv's header as the contract's row for the file states it: its first
-    column, then "exactly these N columns in this order: `...`, ...; then" (checked: N)."""
+    """computational.tsv's header as the contract's row for the file states it: "exactly
+    these N columns in this order: `...`, ...; then" (checked: N), no index column."""
     row = next(
         line
         for line in CONTRACT.read_text(encoding="utf-8").splitlines()
         if line.startswith("| `training/split-<k>/logs/computational.tsv` |")
     )
     stated = re.search(
-        r"first column `([^`]+)`.*? exactly these (\d+) columns in this order: (.+?); then", row
+        r"no index column.*? exactly these (\d+) columns in this order: (.+?); then", row
     )
     assert stated is not None, "the contract's computational.tsv row no longer reads as expected"
-    columns = re.findall(r"`([^`]+)`", stated[3])
-    assert len(columns) == int(stated[2]), f"the contract counts {stated[2]}, lists {len(columns)}"
-    return [stated[1], *columns]
+    columns = re.findall(r"`([^`]+)`", stated[2])
+    assert len(columns) == int(stated[1]), f"the contract counts {stated[1]}, lists {len(columns)}"
+    return columns
 
 
 # computational.tsv's header, in the contract's order (custom phases follow).

@@ -29,6 +29,14 @@ class Tensor:
         self.shape = shape
 
 
+class Subject(dict):  # type: ignore[type-arg]
+    """A sample class of its own, as torchio's Subject (a dict subclass)."""
+
+
+class Batch(list):  # type: ignore[type-arg]
+    """A batch class of its own, as clinicadl's Batch (a list subclass)."""
+
+
 @pytest.mark.parametrize(
     ("batch", "size"),
     [
@@ -39,9 +47,17 @@ class Tensor:
         ((Tensor(5, 3), ["a.png"] * 5), 5),  # images and their file names
         (["some text"] * 6, 6),
         ([1.0, 2.0, 3.0], 3),  # scalar samples
-        ([(Tensor(3, 32, 32), 1)] * 8, None),  # collate_fn=lambda b: b: not the channels (3)
-        ([[101, 7, 102]] * 8, None),  # token lists: not the first sample's length
+        # Samples as they are (collate_fn=lambda b: b): their count, not the channels (3)
+        # nor the first sample's length.
+        ([(Tensor(3, 32, 32), 1)] * 8, 8),
+        ([[101, 7, 102]] * 8, 8),
+        ([Subject(image=Tensor(1, 8, 8, 8))] * 5, 5),  # a sample class (torchio, clinicadl)
+        (Batch([{"x": Tensor(3)}] * 3), 3),  # a batch class of its own (clinicadl's Batch)
+        # Plain dicts or lists in a plain list: samples, or the fields of collated tuple
+        # samples ((inputs, targets) of dicts): ambiguous.
         ([{"x": Tensor(3)}] * 8, None),
+        ([{"x": Tensor(4, 3)}, {"y": Tensor(4)}], None),
+        ([[Tensor(4, 3)], [Tensor(4)]], None),
         ((Tensor(8, 3), Tensor(4)), None),  # first dimensions disagree
         (object(), None),
         (Tensor(), None),

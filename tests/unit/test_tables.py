@@ -46,8 +46,8 @@ _PHASES_FIELDS = {
 }
 
 
-def _csv(frame: pd.DataFrame, index: bool) -> str:
-    return frame.to_csv(sep="\t", na_rep="", index=index, lineterminator="\n")
+def _csv(frame: pd.DataFrame) -> str:
+    return frame.to_csv(sep="\t", na_rep="", index=False, lineterminator="\n")
 
 
 def expected_computational(agg: RankAggregator) -> str:
@@ -64,9 +64,7 @@ def expected_computational(agg: RankAggregator) -> str:
         columns[f"{agg.custom_names[phase]} (s)"] = pd.Series(
             [r.wall_s for r in agg.series[phase].rows], dtype="float64"
         )
-    frame = pd.DataFrame(columns)
-    frame.index.name = layout.INDEX_LABEL
-    return _csv(frame, True)
+    return _csv(pd.DataFrame(columns))
 
 
 def expected_phases(agg: RankAggregator) -> str:
@@ -89,11 +87,11 @@ def expected_phases(agg: RankAggregator) -> str:
         }
     )
     order = np.argsort(frame["start (s)"].to_numpy(), kind="stable")
-    return _csv(frame.iloc[order].reset_index(drop=True), False)
+    return _csv(frame.iloc[order].reset_index(drop=True))
 
 
-def _read(text: str, index: bool) -> pd.DataFrame:
-    return pd.read_csv(StringIO(text), sep="\t", index_col=0 if index else None)
+def _read(text: str) -> pd.DataFrame:
+    return pd.read_csv(StringIO(text), sep="\t")
 
 
 def test_computational_text_has_the_reference_columns_then_custom_ones() -> None:
@@ -107,17 +105,16 @@ def test_computational_text_has_the_reference_columns_then_custom_ones() -> None
     agg.add_records(array("q", values))
     text = tables.computational_text(agg)
     assert text == expected_computational(agg)
-    frame = _read(text, True)
+    frame = _read(text)
     standard = len(tables.COLUMNS)  # the phase table's columns, then the custom ones
     assert list(frame.columns[:standard]) == [c[0] for c in tables.COLUMNS]
     assert list(frame.columns[standard:]) == ["augment (s)"]
-    assert frame.index.name == layout.INDEX_LABEL
     assert frame["Forward (s)"].round(6).tolist() == [0.002] * 3
     assert frame["Epoch (s)"].notna().sum() == 1 and frame["Training (s)"].notna().sum() == 1
     assert frame["Forward GPU (s)"].isna().all()  # a CPU run: GPU columns empty
     header = text.splitlines()[0].split("\t")
-    assert header[0] == "measurement #" and len(header) == 1 + standard + 1
-    assert text.splitlines()[2].split("\t")[2] == ""  # Epoch's tail is an empty cell
+    assert header[0] == "Training (s)" and len(header) == standard + 1  # no index column
+    assert text.splitlines()[2].split("\t")[1] == ""  # Epoch's tail is an empty cell
 
 
 def test_phases_text_is_long_and_ordered_by_start() -> None:
@@ -125,7 +122,7 @@ def test_phases_text_is_long_and_ordered_by_start() -> None:
     agg.add_records(array("q", iteration(0, 0.0, 0) + iteration(1, 10.0, 1)))
     text = tables.phases_text(agg)
     assert text == expected_phases(agg)
-    frame = _read(text, False)
+    frame = _read(text)
     assert list(frame.columns) == tables.PHASES_COLUMNS
     assert frame["start (s)"].is_monotonic_increasing
     assert set(frame["phase"]) == {"Training data loading", "Forward", "Training loop"}
@@ -145,7 +142,7 @@ def test_phases_text_keeps_flagged_rows_batches_and_batch_sizes() -> None:
     agg.add_records(array("q", values))
     text = tables.phases_text(agg)
     assert text == expected_phases(agg)
-    frame = _read(text, False)
+    frame = _read(text)
     assert frame["phase"].tolist() == [
         "Forward",
         "Training loop",

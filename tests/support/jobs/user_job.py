@@ -37,6 +37,8 @@ def batch(shape: str, size: int) -> object:
         return (Tensor(size, 3, 8, 8), Tensor(size))  # (inputs, labels)
     if shape == "tuples":  # collate_fn=lambda b: b over (image, label) samples
         return [(Tensor(3, 8, 8), 1) for _ in range(size)]
+    if shape == "dicts":  # collate_fn=lambda b: b over dict samples: or collated fields?
+        return [{"image": Tensor(3, 8, 8)} for _ in range(size)]
     return [[101, 7, 102] for _ in range(size)]  # token-id lists
 
 
@@ -63,7 +65,9 @@ def main() -> None:
         action="store_true",
         help="pass the batch size to start_run (else it is read)",
     )
-    parser.add_argument("--shape", choices=("tensor", "tuples", "tokens"), default="tensor")
+    parser.add_argument(
+        "--shape", choices=("tensor", "tuples", "tokens", "dicts"), default="tensor"
+    )
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--state-in", type=Path, help="run.load_state_dict() from this file")
     parser.add_argument("--state-out", type=Path, help="save run.state_dict() per epoch")

@@ -1,0 +1,256 @@
+"""``MonitorCallback`` for clinicadl's ``Trainer`` (clinicadl 2.0), in place of clinicadl's
+own monitor:
+
+    from clinicadl.callbacks import MonitorCallback as StockMonitor
+    from markers.integrations.clinicadl import MonitorCallback
+
+    trainer = Trainer(maps, model=..., callbacks=[StockMonitor(enabled=False), MonitorCallback()])
+
+Passed alone, it switches off the stock monitor that clinicadl adds by default (one
+warning says so): clinicadl adds its default unless a callback of exactly that class is in
+the list, so both would otherwise write their tables.
+
+clinicadl 2.0 calls, per training batch: ``on_batch_start`` → ``on_forward_step_start``
+→ ``on_backward_step_start`` → ``on_backward_step_end`` → ``on_optimization_step_start``
+/ ``_end`` (stepping batches only) → ``on_batch_end``; per validation batch
+``on_batch_start`` → ``on_evaluation_step_start`` → ``on_metrics_computation_start`` /
+``_end`` → ``on_batch_end``. So, as clinicadl's users read the 22 columns:
+
+* Training data loading: the previous batch's end (or the epoch's start) →
+  ``on_forward_step_start`` (the batch's move to the device included);
+* Forward → ``on_backward_step_start``; Backward → ``on_backward_step_end``;
+  Optimization between the two optimization events;
+* an iteration (Training loop) ends with the batch that stepped, or the epoch's last batch
+  (clinicadl carries that batch's gradients into the next epoch; the iteration does not
+  span epochs): whole accumulation steps;
+* Validation: ``on_validation_start`` → ``on_validation_end``; each batch an iteration,
+  its data loading up to ``on_evaluation_step_start``, Evaluation up to
+  ``on_metrics_computation_start``, Metrics computation up to its end event.
+
+One run per split (``Trainer.train(split)``): the run folder is ``maps.path``, the split
+``split.index``, the batch sizes those of the split's loader configs (each batch's own
+size from ``len(batch)``), the accumulation that of the optimization config, the GPU
+``computational.device`` when ``computational.gpu``; keyword arguments given here (those
+of ``markers.start_run``) win. The state travels in clinicadl's own checkpoints
+(``TrainingCheckpointCallback`` saves ``state_dict()`` and gives it back to
+``load_state_dict`` on ``Trainer.resume``), so ``Trainer.from_maps(maps, ...,
+callbacks=[...]).resume(split)`` continues the split. An exception writes the files marked
+failed (``on_exception``). A KeyboardInterrupt reaches no clinicadl callback: the split
+is written ``incomplete`` when the next split starts on the same callback, or at
+interpreter exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import sys
+import warnings
+from typing import Any
+
+from clinicadl.callbacks import Callback
+from clinicadl.callbacks import MonitorCallback as StockMonitor
+
+from markers.integrations.monitor import Monitor, never_raise
+from markers.run import NullRun, describe
+
+STATE_KEY = "trainmon"
+TRAIN = "train"  # state.called of Trainer.train (clinicadl's TrainerCall.TRAIN)
+TRAINING_STAGE = "training"  # state.stage in its training batches (TrainerStage.TRAIN)
+
+
+class MonitorCallback(Monitor, Callback):
+    """Monitors clinicadl's ``Trainer.train``: takes clinicadl's monitor arguments, then
+    those of ``markers.start_run``; ``enabled=False`` measures and writes nothing."""
+
+    def __init__(
+        self,
+        num_measurements: int = 100,
+        warmup_iterations: int = 10,
+        enabled: bool = True,
+        **start_run_kwargs: Any,
+    ) -> None:
+        super().__init__(
+            num_measurements=num_measurements,
+            warmup_iterations=warmup_iterations,
+            **start_run_kwargs,
+        )
+        self.enabled = enabled
+        self._stepped = False  # on_optimization_step_start came in this batch
+
+    def __repr__(self) -> str:
+        """The constructor call that builds this callback again (clinicadl's
+        ``callbacks.json`` records it)."""
+        kwargs = self.start_run_kwargs
+        first = {key: kwargs[key] for key in ("num_measurements", "warmup_iterations")}
+        given = {**first, "enabled": self.enabled, **kwargs}  # clinicadl's order first
+        arguments = ", ".join(f"{key}={value!r}" for key, value in given.items())
+        return f"markers.integrations.clinicadl.MonitorCallback({arguments})"
+
+    # -- start, resume, end ---------------------------------------------------------
+
+    @never_raise
+    def on_trainer_init(self, *, callbacks: Any, **kwargs: Any) -> None:
+        """Switch off clinicadl's own monitor (the default it added, or one passed
+        enabled): one Computational Summary per summary.log."""
+        stock = [c for c in callbacks.callbacks if type(c) is StockMonitor and c.config.enabled]
+        if self.enabled and stock:
+            for callback in stock:
+                callback.config.enabled = False
+            warnings.warn(
+                "markers: clinicadl's own MonitorCallback is switched off, markers' "
+                "MonitorCallback replaces it (pass clinicadl.callbacks.MonitorCallback("
+                "enabled=False) beside it to say so yourself)",
+                UserWarning,
+                stacklevel=2,
+            )
+
+    @never_raise
+    def on_train_start(self, **kwargs: Any) -> None:
+        """A split starts: its run starts."""
+        self._start_split(**kwargs)
+
+    @never_raise
+    def on_resume(self, **kwargs: Any) -> None:
+        """A split resumes: its run starts; ``load_state_dict`` continues it."""
+        self._start_split(**kwargs)
+
+    def _start_split(
+        self, *, maps: Any, split: Any, optimization: Any, computational: Any, **kwargs: Any
+    ) -> None:
+        if not self.enabled:
+            return
+        self._end_interrupted()
+        self._started = False  # one run per split: the base starts once
+        self.start(
+            out_dir=maps.path,
+            split=split.index,
+            train_batch_size=split.config.train_loader_config.batch_size,
+            val_batch_size=split.config.val_loader_config.batch_size,
+            accumulation_steps=optimization.accumulation_steps,
+            device=computational.device if computational.gpu else None,
+        )
+        # After start_run's own hook, so that it runs first at exit (a run left open by
+        # a KeyboardInterrupt is incomplete, not failed).
+        atexit.unregister(self._end_interrupted)
+        atexit.register(self._end_interrupted)
+
+    def _end_interrupted(self) -> None:
+        """A run still open was cut short without any clinicadl event (a KeyboardInterrupt
+        reaches none): written incomplete."""
+        if isinstance(self.run, NullRun):
+            return
+        last = getattr(sys, "last_value", None)
+        self.finish(
+            "incomplete",
+            describe(last) if last is not None else "Trainer.train ended without on_train_end",
+        )
+        self.run = NullRun()
+
+    @never_raise
+    def on_train_end(self, **kwargs: Any) -> None:
+        """The split is over: the sidecar writes the files."""
+        self.finish()
+        self.run = NullRun()
+
+    @never_raise
+    def on_exception(self, *, state: Any, exception: Exception, **kwargs: Any) -> None:
+        """The training failed: the files are written, marked failed."""
+        if state.called == TRAIN:
+            self.finish("failed", describe(exception))
+            self.run = NullRun()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The monitor's state, for clinicadl's training checkpoint (plain containers)."""
+        try:
+            return {STATE_KEY: self.run.state_dict()}
+        except Exception:  # never into the trainer: a checkpoint without our state
+            return {}
+
+    @never_raise
+    def load_state_dict(self, state_dict: Any) -> None:
+        """Continue the split from the state a checkpoint kept."""
+        state = state_dict.get(STATE_KEY) if state_dict else None
+        if state:
+            self.run.load_state_dict(state)
+
+    # -- training -------------------------------------------------------------------
+
+    @never_raise
+    def on_epoch_start(self, *, state: Any, **kwargs: Any) -> None:
+        """An epoch starts (clinicadl counts from 1)."""
+        self.run.begin_epoch(int(state.current_epoch) - 1)
+
+    @never_raise
+    def on_epoch_end(self, **kwargs: Any) -> None:
+        """The epoch (its validation included) ends."""
+        self.run.end_epoch()
+
+    @never_raise
+    def on_forward_step_start(self, *, batch: Any, **kwargs: Any) -> None:
+        """Data loading ends, Forward begins."""
+        self.begin_batch(False, batch)
+        self.switch("forward")
+
+    @never_raise
+    def on_backward_step_start(self, **kwargs: Any) -> None:
+        """Backward begins."""
+        self.switch("backward")
+
+    @never_raise
+    def on_backward_step_end(self, **kwargs: Any) -> None:
+        """Backward ends."""
+        self.switch(None)
+
+    @never_raise
+    def on_optimization_step_start(self, **kwargs: Any) -> None:
+        """Optimization begins."""
+        self._stepped = True
+        self.switch("optimization")
+
+    @never_raise
+    def on_optimization_step_end(self, **kwargs: Any) -> None:
+        """Optimization ends."""
+        self.switch(None)
+
+    @never_raise
+    def on_batch_end(self, *, state: Any, **kwargs: Any) -> None:
+        """The batch ends; a validation batch's iteration too, a training batch's when the
+        optimizer stepped or the epoch has no batch left."""
+        if state.called != TRAIN:
+            return
+        if state.stage == TRAINING_STAGE:
+            stepped, self._stepped = self._stepped, False
+            self.end_batch(stepped or state.current_train_batch >= state.num_train_batches)
+        else:
+            self.end_batch(True)
+
+    # -- validation -----------------------------------------------------------------
+
+    @never_raise
+    def on_validation_start(self, **kwargs: Any) -> None:
+        """The validation pass of an epoch starts."""
+        self.run.begin_validation()
+
+    @never_raise
+    def on_evaluation_step_start(self, *, state: Any, batch: Any, **kwargs: Any) -> None:
+        """Validation data loading ends, Evaluation begins."""
+        if state.called == TRAIN:
+            self.begin_batch(True, batch)
+            self.switch("evaluation")
+
+    @never_raise
+    def on_metrics_computation_start(self, *, state: Any, **kwargs: Any) -> None:
+        """Metrics computation begins."""
+        if state.called == TRAIN:
+            self.switch("metrics")
+
+    @never_raise
+    def on_metrics_computation_end(self, *, state: Any, **kwargs: Any) -> None:
+        """Metrics computation ends."""
+        if state.called == TRAIN:
+            self.switch(None)
+
+    @never_raise
+    def on_validation_end(self, **kwargs: Any) -> None:
+        """The validation pass ends."""
+        self.run.end_validation()

@@ -1,0 +1,232 @@
+"""MonitorCallback for clinicadl 2.0: a real ``Trainer`` on a synthetic BIDS folder (8x8x8
+NIfTI volumes), the model's steps sleeping known times. Against clinicadl's own monitor on
+the same data and settings; each ending (accumulation with an odd batch count, a crash
+then ``from_maps(...).resume``, Ctrl-C, two splits on one Trainer, ours passed alone).
+Each job starts its own private sidecar, as a clinicadl user's script does."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from tests.support.contract import STANDARD_COLUMNS
+from tests.support.helpers import REPO, env, read_tsv, run_json, split_dir
+from tests.support.spin import assert_between
+
+pytest.importorskip("clinicadl")
+pytest.importorskip("nibabel")
+JOB = REPO / "tests" / "support" / "jobs" / "clinicadl_job.py"
+TRAINING = ["Training loop (s)", "Training data loading (s)", "Forward (s)", "Backward (s)"]
+VALIDATION = ["Validation loop (s)", "Validation data loading (s)", "Evaluation (s)"]
+# Phases both monitors open and close at the same two events: the model's part, and the
+# events that open and close the window.
+ALIKE = {
+    "Forward (s)": ("forward", "on_forward_step_start", "on_backward_step_start"),
+    "Backward (s)": ("backward", "on_backward_step_start", "on_backward_step_end"),
+    "Optimization (s)": (
+        "optimization",
+        "on_optimization_step_start",
+        "on_optimization_step_end",
+    ),
+    "Evaluation (s)": ("evaluation", "on_evaluation_step_start", "on_metrics_computation_start"),
+}
+WARMUP = 2  # the job's default
+
+
+def train(root: Path, *args: str, code: int = 0) -> dict[str, Any]:
+    """Run the clinicadl job in ``root`` (its MAPS folder is ``root/maps``); its truth."""
+    root.mkdir(parents=True, exist_ok=True)
+    truth = root / f"truth-{len(list(root.glob('truth-*')))}.json"
+    result = subprocess.run(
+        [sys.executable, str(JOB), str(root), str(truth), *args],
+        cwd=root,
+        env=env(OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert result.returncode == code, result.stderr[-3000:]
+    return json.loads(truth.read_text())
+
+
+def windows(truth: dict[str, Any], opening: str, closing: str) -> list[float]:
+    """The script's clock from just before markers' callback at ``opening`` to just after
+    it at ``closing``, each time: a window that holds the monitor's row."""
+    return [
+        end - start
+        for start, end in zip(truth["open"][opening], truth["close"][closing], strict=True)
+    ]
+
+
+def summary(maps: Path, split: int = 0) -> str:
+    return (split_dir(maps, split) / "summary.log").read_text()
+
+
+def computational(maps: Path, split: int = 0) -> pd.DataFrame:
+    return read_tsv(split_dir(maps, split) / "logs" / "computational.tsv")
+
+
+def throughput(text: str) -> float:
+    line = next(line for line in text.splitlines() if line.startswith("Throughput: "))
+    return float(line.split()[1])  # "nan" parses too: the caller checks it is a number
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict[str, Any]]]:
+    """The stock monitor's run, ours, and both on the same batches (the stock one's table
+    saved beside), on the same data and settings: 3 epochs of 4 training batches and 2
+    validation batches, warmup 2."""
+    root = tmp_path_factory.mktemp("clinicadl")
+    return {
+        monitor: (root / monitor / "maps", train(root / monitor, "--monitor", monitor))
+        for monitor in ("stock", "ours", "both")
+    }
+
+
+def test_same_paths_and_columns_as_the_stock_monitor(both: dict) -> None:
+    for monitor in ("stock", "ours"):
+        maps = both[monitor][0]
+        table = split_dir(maps) / "logs" / "computational.tsv"
+        header = table.read_text().splitlines()[0].split("\t")
+        assert header == STANDARD_COLUMNS, monitor  # the 22 columns, no index column
+        assert summary(maps).count("Computational Summary") == 1, monitor
+    ours = both["ours"][0]
+    assert (split_dir(ours) / "logs" / "phases.tsv").exists()  # ours beside its table
+    assert run_json(ours.parent / "maps")["status"] == "completed"
+    callbacks = json.loads((ours / "callbacks.json").read_text())["callbacks"]
+    assert "markers.integrations.clinicadl.MonitorCallback(num_measurements=100, " in str(callbacks)
+
+
+def test_counts_agree_with_the_stock_monitor_where_it_is_right(both: dict) -> None:
+    stock, ours = (computational(both[m][0]).notna().sum() for m in ("stock", "ours"))
+    # 12 training batches, the first 2 warmup; 6 validation batches, none warmup (ours:
+    # warmup is of training iterations).
+    for name in [*TRAINING, "Optimization (s)"]:
+        assert ours[name] == 10, name
+    for name in [*VALIDATION, "Metrics computation (s)"]:
+        assert ours[name] == 6, name
+    assert (ours["Epoch (s)"], ours["Validation (s)"], ours["Training (s)"]) == (3, 3, 1)
+    # The reference switches its warmup on at the end of a backward pass: the Optimization
+    # of that batch is measured, its Forward and Backward are not. Everything else counts
+    # alike.
+    assert stock["Optimization (s)"] == ours["Optimization (s)"] + 1
+    for name in STANDARD_COLUMNS:
+        if name != "Optimization (s)":
+            assert stock[name] == ours[name], name
+
+
+def test_means_agree_with_the_stock_monitor_and_rows_with_the_clock(both: dict) -> None:
+    maps, truth = both["both"]
+    stock = read_tsv(maps.parent / "stock.tsv")  # the same batches, measured by both
+    ours = computational(maps)
+    for name, (part, opening, closing) in ALIKE.items():
+        assert abs(ours[name].mean() - stock[name].mean()) <= 0.15 * stock[name].mean(), name
+        # Ours row by row: within 5 % or 0.5 ms of the script's clock, between the model's
+        # own step and the window from the event before ours to the event after it.
+        skip = 0 if part == "evaluation" else WARMUP
+        assert_between(
+            ours[name].dropna().tolist(),
+            truth[part][skip:],
+            windows(truth, opening, closing)[skip:],
+            name,
+            0.05,
+            0.5e-3,
+        )
+    epochs = windows(truth, "on_epoch_start", "on_epoch_end")
+    assert_between(ours["Epoch (s)"].dropna().tolist(), epochs, epochs, "Epoch", 0.05, 0.5e-3)
+    # Its validation data loading is its own, not a copy of the loop (the reference's).
+    loading, loop = (stock[f"Validation {x} (s)"].dropna() for x in ("data loading", "loop"))
+    assert loading.tolist() == loop.tolist()
+    loading, loop = (ours[f"Validation {x} (s)"].dropna() for x in ("data loading", "loop"))
+    assert len(loading) == len(loop) and (loading < loop).all()
+    assert ours["Training (s)"].iloc[0] <= truth["train_s"][0]
+
+
+def test_accumulation_with_an_odd_batch_count_and_ours_passed_alone(tmp_path: Path) -> None:
+    """7 batches of 1, accumulation 2: steps after batches 2, 4 and 6, and the epoch's last
+    batch ends an iteration of its own. Ours passed alone switches the stock default off,
+    with one warning."""
+    truth = train(
+        tmp_path,
+        *("--monitor", "alone", "--train", "7", "--batch", "1", "--accumulation", "2"),
+        *("--epochs", "2", "--warmup", "1"),
+    )
+    assert len(truth["warnings"]) == 1 and "switched off" in truth["warnings"][0]
+    maps = tmp_path / "maps"
+    assert summary(maps).count("Computational Summary") == 1
+    frame = computational(maps)
+    # 2 epochs x 4 iterations (2 + 2 + 2 + 1 batches), the first one warmup.
+    for name in TRAINING:
+        assert frame[name].notna().sum() == 7, name
+    assert frame["Optimization (s)"].notna().sum() == 5  # the lone batches do not step
+    phases = read_tsv(split_dir(maps) / "logs" / "phases.tsv")
+    loop = phases.query("phase == 'Training loop' and flag != flag")
+    assert sorted(loop["batches"].tolist()) == [1, 1, 2, 2, 2, 2, 2]
+    # Forward of an iteration: its batches' Forward summed.
+    ends = [2, 4, 6, 7, 9, 11, 13, 14]  # iterations' ends, in batches (2 epochs of 7)
+    starts = [0, *ends[:-1]]
+
+    def per_iteration(values: list[float]) -> list[float]:
+        return [sum(values[a:b]) for a, b in zip(starts, ends, strict=True)][1:]
+
+    _part, opening, closing = ALIKE["Forward (s)"]
+    assert_between(
+        frame["Forward (s)"].dropna().tolist(),
+        per_iteration(truth["forward"]),
+        per_iteration(windows(truth, opening, closing)),
+        "Forward",
+        0.05,
+        0.5e-3,
+    )
+    assert throughput(summary(maps)) > 0
+
+
+def test_a_crash_then_resume_from_the_checkpoint(tmp_path: Path) -> None:
+    """A callback raises at epoch 3 (checkpoints after every epoch): the files are written
+    marked failed; ``from_maps(...).resume(0)`` in a new process continues the split."""
+    first = train(tmp_path, "--raise-at-epoch", "3", "--epochs", "4", code=1)
+    maps = tmp_path / "maps"
+    document = run_json(maps)
+    assert document["status"] == "failed" and "boom at epoch 3" in document["cause"]
+    assert computational(maps)["Epoch (s)"].notna().sum() == 2
+    second = train(tmp_path, "--resume")
+    document = run_json(maps)
+    assert document["status"] == "completed"
+    frame = computational(maps)
+    assert frame["Epoch (s)"].notna().sum() == 4  # epochs 1-2, then 3-4 after the resume
+    # Training adds up both sessions, each within its own Trainer call.
+    training_s = frame["Training (s)"].iloc[0]
+    assert training_s <= first["train_s"][0] + second["train_s"][0]
+    epochs = [windows(t, "on_epoch_start", "on_epoch_end") for t in (first, second)]
+    assert training_s >= sum(epochs[0]) + sum(epochs[1])
+    value = throughput(summary(maps))
+    assert value == value and value > 0  # a number, never nan
+    phases = read_tsv(split_dir(maps) / "logs" / "phases.tsv")
+    assert set(phases["session"]) == {0, 1}
+
+
+def test_ctrl_c_writes_the_split_incomplete(tmp_path: Path) -> None:
+    train(tmp_path, "--interrupt-at-epoch", "2", code=-signal.SIGINT)
+    maps = tmp_path / "maps"
+    document = run_json(maps)
+    assert (document["status"], document["cause"]) == ("incomplete", "KeyboardInterrupt")
+    assert computational(maps)["Epoch (s)"].notna().sum() == 1
+
+
+def test_two_splits_on_one_trainer(tmp_path: Path) -> None:
+    train(tmp_path, "--splits", "2", "--epochs", "2")
+    maps = tmp_path / "maps"
+    document = run_json(maps)
+    assert document["status"] == "completed"
+    assert sorted(document["splits"]) == ["0", "1"]
+    for split in (0, 1):
+        assert document["splits"][str(split)]["status"] == "completed"
+        assert computational(maps, split)["Epoch (s)"].notna().sum() == 2
+        assert summary(maps, split).count("Computational Summary") == 1
