@@ -364,6 +364,12 @@ class ResourceMonitor:
             self.gpus = None
             if gpus.hung:
                 self.hung_reason = gpus.reason
+        elif gpus.hung != (self.hung_reason is not None):
+            # every GPU is stuck in a call (a wedged driver), or one came back: sampling
+            # resumes by itself, the watchdog pauses meanwhile
+            self.hung_reason = gpus.reason if gpus.hung else None
+            self.gpu_off_reason = f"stalled: {gpus.reason}" if gpus.hung else None
+            log.warning("GPU sampling %s", self.gpu_off_reason or "resumed")
         return samples
 
     def _for_split(self, split: Split, samples: list[nvml.GpuSample]) -> list[nvml.GpuSample]:

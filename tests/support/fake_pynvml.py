@@ -28,6 +28,8 @@ from typing import Any
 
 import pynvml
 
+from sidecar.resources.samplers.nvml import NvmlSampler, open_nvml
+
 MIB = 1024 * 1024
 ENERGY_STEP_S = 0.1  # NVML's energy counter moves about every 100 ms
 UTIL_WINDOW_S = 1 / 6  # the driver's utilization window on a fast product
@@ -499,3 +501,12 @@ def rank_gpus_third_throttled() -> FakeNvml:
         pynvml.nvmlClocksEventReasonHwSlowdown | pynvml.nvmlClocksEventReasonHwThermalSlowdown
     )
     return FakeNvml(gpus)
+
+
+def opened(fake: FakeNvml, visible: str | None = None, **kwargs: float) -> NvmlSampler:
+    """``open_nvml`` on ``fake``, which must open. The expensive calls are made every round
+    (``slow_period_s`` 0) unless given: the tests of their values sample a few rounds at
+    made-up times; their period has its own test."""
+    sampler = open_nvml(visible, api=fake, **{"slow_period_s": 0.0, **kwargs})
+    assert isinstance(sampler, NvmlSampler), sampler
+    return sampler

@@ -11,10 +11,10 @@ import numpy as np
 import pynvml
 import pytest
 
-from sidecar.resources.samplers.nvml import GpuSample, NvmlSampler, NvmlUnavailable, open_nvml
+from sidecar.resources.samplers.nvml import GpuSample, NvmlUnavailable, open_nvml
 from sidecar.resources.samplers.nvml_devices import NvmlDevice, resolve_visible_devices
 from sidecar.resources.samplers.summary import attribute_phases
-from tests.support.fake_pynvml import MIB, FakeGpu, FakeNvml
+from tests.support.fake_pynvml import MIB, FakeGpu, FakeNvml, opened
 
 UUIDS = [f"GPU-{i}{i}{i}{i}aaaa-0000-0000-0000-00000000000{i}" for i in range(4)]
 # Pids that exist in this pid namespace (this test, its parent, init) and one that cannot
@@ -30,12 +30,6 @@ def nvml() -> Iterator[FakeNvml]:
     fake = FakeNvml([FakeGpu(uuid=u, name=f"Fake {i}") for i, u in enumerate(UUIDS)])
     yield fake
     fake.release.set()  # let a thread blocked in a "hung" call finish
-
-
-def opened(fake: FakeNvml, visible: str | None = None, **kwargs: float) -> NvmlSampler:
-    sampler = open_nvml(visible, api=fake, **kwargs)
-    assert isinstance(sampler, NvmlSampler), sampler
-    return sampler
 
 
 def test_every_field_with_units(nvml: FakeNvml) -> None:
@@ -80,6 +74,7 @@ def test_every_field_with_units(nvml: FakeNvml) -> None:
                 "retrying": {},
                 "notes": {},
                 "whole_gpu": None,
+                "stuck_calls": 0,
             }
         ],
     }

@@ -110,6 +110,7 @@ class Gpu:
     gpm: list[Any] | None = None  # [previous, current] GPM sample buffers; None: no GPM
     gpm_primed: bool = False
     notes: dict[str, str] = field(default_factory=dict)  # figures unknown this round, why
+    slow_at_ns: int | None = None  # the round that last made the expensive calls
 
 
 class Cancelled(Exception):
@@ -174,12 +175,20 @@ class GpuReader:
         gpu.guard.failed(call, kind, reason, round_no)
 
     def sample(
-        self, gpu: Gpu, aliases: dict[int, int], now_ns: int, round_no: int, entered_ns: int
+        self,
+        gpu: Gpu,
+        aliases: dict[int, int],
+        now_ns: int,
+        round_no: int,
+        entered_ns: int,
+        slow: bool = True,
     ) -> GpuSample:
         """One GpuSample of ``gpu``; ``aliases`` maps every pid alias of the job's
         processes to its pid (empty: the job fields are None and not queried).
         ``entered_ns`` is ``time.monotonic_ns()`` when the round stamped ``now_ns`` began
-        here: the energy counter's reading is stamped ``now_ns`` plus the time since."""
+        here: the energy counter's reading is stamped ``now_ns`` plus the time since.
+        Without ``slow`` the expensive calls (process lists, per-process utilization,
+        GPM) are not made and their fields are None."""
         api = self._api
 
         def read(call: str, fn: Callable[..., Any], *args: Any, whole: bool = False) -> Any:
@@ -203,7 +212,8 @@ class GpuReader:
         )
         clock = read("sm clock", api.nvmlDeviceGetClockInfo, api.NVML_CLOCK_SM, whole=True)
         throttle = read("throttle reasons", self._throttle_reasons, whole=True)
-        sm_activity = None if gpu.gpm is None else read("sm activity", self._gpm, gpu)
+        sm_activity = None if gpu.gpm is None or not slow else read("sm activity", self._gpm, gpu)
+        job = aliases if slow else {}
         return GpuSample(
             t_ns=now_ns,
             gpu_index=gpu.index,
@@ -219,8 +229,8 @@ class GpuReader:
             temperature_c=None if temp is None else float(temp),
             sm_clock_mhz=None if clock is None else float(clock),
             sm_activity_pct=sm_activity,
-            job_mem_mib=self._job_memory(gpu, read, aliases) if aliases else None,
-            job_sm_util_pct=self._job_sm_util(gpu, read, aliases) if aliases else None,
+            job_mem_mib=self._job_memory(gpu, read, job) if job else None,
+            job_sm_util_pct=self._job_sm_util(gpu, read, job) if job else None,
             whole_gpu_uuid=gpu.whole_uuid,
             util_windows=windows,
             throttle_reasons=None if throttle is None else int(throttle),
