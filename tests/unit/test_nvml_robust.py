@@ -138,7 +138,7 @@ def test_every_gpu_wedged_is_hung_until_a_call_returns(nvml: FakeNvml) -> None:
     rounds = 0
     while not sampler.hung and rounds < 40:  # each retry of a hung call leaves a thread
         samples = sampler.sample(set(), rounds)
-        assert all(s.util_pct is None for s in samples)  # the rest of each GPU goes on
+        assert all(s.mem_used_mib == 1000.0 for s in samples)  # the rest of each GPU goes on
         rounds += 1
     assert time.monotonic() - start < 10
     assert sampler.hung and "did not return within 0.2 s on every GPU" in str(sampler.reason)

@@ -13,8 +13,8 @@ import pytest
 
 from sidecar.resources.samplers.nvml import GpuSample, NvmlUnavailable, open_nvml
 from sidecar.resources.samplers.nvml_devices import NvmlDevice, resolve_visible_devices
-from sidecar.resources.samplers.summary import attribute_phases
-from tests.support.fake_pynvml import MIB, FakeGpu, FakeNvml, opened
+from sidecar.resources.samplers.summary import attribute_phases, summarize_gpus
+from tests.support.fake_pynvml import MIB, FakeGpu, FakeNvml, opened, periodic_busy
 
 UUIDS = [f"GPU-{i}{i}{i}{i}aaaa-0000-0000-0000-00000000000{i}" for i in range(4)]
 # Pids that exist in this pid namespace (this test, its parent, init) and one that cannot
@@ -377,3 +377,21 @@ def test_a_window_shorter_than_the_counters_step_gives_the_last_windows_power(
         time.sleep(0.01)
         [extra] = sampler.sample(set(), time.monotonic_ns())
         assert extra.power_source == "energy" and 100.0 <= extra.power_w <= 300.0, extra.power_w
+
+
+def test_the_run_mean_is_right_for_a_loop_that_beats_with_the_rounds() -> None:
+    """Busy the first 0.3 s of every second, read at each whole second: the driver's last
+    period before every round is idle, but the run was 30 % busy."""
+    clock = [(time.monotonic_ns() // 1_000_000_000 + 1) * 1_000_000_000]
+    gpu = FakeGpu(uuid=UUIDS[0], busy=periodic_busy(clock[0], 30, period_s=1.0, busy_s=0.3))
+    sampler = opened(FakeNvml([gpu], clock_ns=lambda: clock[0]))
+    samples = []
+    for _ in range(20):
+        [sample] = sampler.sample(set(), clock[0])
+        samples.append(sample)
+        clock[0] += 1_000_000_000
+    assert {s.util_windows is not None for s in samples} == {True}
+    [summary] = summarize_gpus(samples)
+    assert summary.figures["util_mean_pct"] == pytest.approx(30.0, abs=1.0)
+    # each round of resources.tsv holds its own second, not the idle moment before it
+    assert all(s.util_pct == pytest.approx(30.0, abs=1.0) for s in samples[1:])

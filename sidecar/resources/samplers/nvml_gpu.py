@@ -13,7 +13,9 @@ round. Which readings:
 * utilization: ``nvmlDeviceGetUtilizationRates`` covers only the driver's last sample
   period (1/6 s to 1 s by product), not the round; ``nvmlDeviceGetSamples`` gives each
   driver sample since the last round with its timestamp, kept as ``util_windows`` for
-  the per-phase attribution (``summary.attribute_phases``).
+  the per-phase attribution (``summary.attribute_phases``), and the round's ``util_pct``
+  is their mean, each weighted by its period: the whole round as the driver saw it, so
+  the run's mean (weighted by the rounds) is not the last period's of each round.
 * MIG instances: memory, process lists and utilization of the instance; power, energy,
   temperature, SM clock and throttle reasons are the whole GPU's, shared with every other
   instance on it (``whole_gpu_uuid`` names that GPU).
@@ -55,7 +57,7 @@ class GpuSample:
     gpu_index: int
     uuid: str
     name: str
-    util_pct: float | None
+    util_pct: float | None  # the driver samples' mean since the last round, where any
     mem_util_pct: float | None
     mem_used_mib: float | None
     mem_total_mib: float | None
@@ -72,8 +74,8 @@ class GpuSample:
     whole_gpu_uuid: str | None = None
     # The driver's own utilization samples since the previous round, each over its own
     # sample period: (start_ns, end_ns, %) on the monotonic clock. None where the driver
-    # gives none (nvmlDeviceGetSamples unsupported or failing): then ``util_pct``, the
-    # driver's last period only, stands for the whole round.
+    # gives none (nvmlDeviceGetSamples unsupported or failing), or () when no new one:
+    # then ``util_pct``, the driver's last period only, stands for the whole round.
     util_windows: tuple[tuple[int, int, float], ...] | None = None
     # NVML's clocks event (throttle) reasons bitmask at the round, the whole GPU's
     # (``sidecar.model.straggler_gpu.reason_names`` names the bits)
@@ -219,7 +221,11 @@ class GpuReader:
             gpu_index=gpu.index,
             uuid=gpu.uuid,
             name=gpu.name,
-            util_pct=None if util is None else float(util.gpu),
+            util_pct=_windows_mean(windows)
+            if windows
+            else None
+            if util is None
+            else float(util.gpu),
             mem_util_pct=None if util is None else float(util.memory),
             mem_used_mib=None if mem is None else mem.used / BYTES_PER_MIB,
             mem_total_mib=None if mem is None else mem.total / BYTES_PER_MIB,
@@ -430,6 +436,15 @@ class GpuReader:
             if exc.value in (api.NVML_ERROR_NOT_FOUND, api.NVML_SUCCESS):
                 return []
             raise
+
+
+def _windows_mean(windows: tuple[tuple[int, int, float], ...]) -> float:
+    """The mean of driver utilization samples (start_ns, end_ns, %), each weighted by its
+    length (their plain mean where every length is 0)."""
+    total_ns = sum(end - start for start, end, _ in windows)
+    if total_ns <= 0:
+        return sum(value for _, _, value in windows) / len(windows)
+    return sum((end - start) * value for start, end, value in windows) / total_ns
 
 
 def now_us() -> int:
