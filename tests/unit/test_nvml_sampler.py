@@ -58,6 +58,7 @@ def test_every_field_with_units(nvml: FakeNvml) -> None:
         job_mem_mib=300.0,
         job_sm_util_pct=None,
         throttle_reasons=0x48,
+        job_pids=(ME,),  # the job's pid on its process list (INIT is not the job's)
     )  # no per-process sample yet: unknown
     assert sampler.status() == {
         "gpu_sampling": "on",

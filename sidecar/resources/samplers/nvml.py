@@ -111,6 +111,7 @@ def open_nvml(
     api: Any = None,
     round_timeout_s: float = 1.0,
     slow_period_s: float = SLOW_PERIOD_S,
+    candidates_only: bool = False,
 ) -> NvmlSampler | NvmlUnavailable:
     """Initialise NVML and select the job's GPUs.
 
@@ -120,7 +121,10 @@ def open_nvml(
     bounds initialisation and device enumeration (nvmlInit can take seconds without
     persistence mode); ``round_timeout_s`` bounds each later call (a sampling round,
     adding GPUs, closing); ``slow_period_s`` is how often the expensive calls are made
-    per GPU (0: every round). Never raises for a missing library, driver or GPU: returns
+    per GPU (0: every round). With ``candidates_only`` (a private sidecar of one rank) the
+    visible GPUs are only candidates: none is sampled until the job reports it
+    (``add_uuids``) or its processes show up in its process lists (``discover``). Never
+    raises for a missing library, driver or GPU: returns
     NvmlUnavailable instead.
     """
     if api is None:
@@ -142,16 +146,19 @@ def open_nvml(
         sampler.close()
         return NvmlUnavailable("no GPU: NVML lists no device")
     wanted = resolve_visible_devices(visible_devices, devices)
-    sampler.add_uuids(wanted)
-    if sampler.failed:
-        sampler.close()
-        return NvmlUnavailable(str(sampler.reason))
     if not wanted:
         sampler.close()
         return NvmlUnavailable(
             f"no GPU: CUDA_VISIBLE_DEVICES={visible_devices!r} names none "
             f"of the {len(devices)} devices"
         )
+    if candidates_only:
+        sampler.candidates = wanted
+        return sampler
+    sampler.add_uuids(wanted)
+    if sampler.failed:
+        sampler.close()
+        return NvmlUnavailable(str(sampler.reason))
     return sampler
 
 
@@ -222,6 +229,8 @@ class NvmlSampler:
         self._pids = PidAliases()
         self._round = 0
         self._closed = False
+        self._looking: Worker | None = None  # the thread of ``discover``, while it runs
+        self.candidates: list[str] = []  # visible GPUs sampled once the job is seen there
         self.failed = False
         self.hung = False  # a call hung on a control call, or every GPU is wedged now
         self.reason: str | None = None
@@ -248,6 +257,43 @@ class NvmlSampler:
             return []
         added = self._run("adding GPUs", lambda: [self._add(uuid) for uuid in wanted])
         return added or []
+
+    def discover(self, job_pids: set[int]) -> list[str]:
+        """Add the candidate GPUs on whose process lists one of ``job_pids`` (our pid
+        namespace) shows up; returns the UUIDs added. One process-list call per candidate
+        not sampled yet, on a thread of its own waited for at most the round timeout: a
+        call that hangs there loses that look only (the next waits until it returns)."""
+        waiting = [uuid for uuid in self.candidates if uuid not in self.uuids]
+        if not waiting or not job_pids or self.failed or self._closed:
+            return []
+        if self._looking is not None and self._looking.alive:
+            return []  # the last look is still stuck in a call
+        aliases = self._pids.aliases(job_pids)
+        self._looking = Worker("nvml-discover")
+        try:
+            found = self._looking.call(
+                lambda: [uuid for uuid in waiting if self._runs_on(uuid, aliases)],
+                self._timeout_s,
+            )
+        except CallTimeout:
+            return []
+        finally:
+            self._looking.stop()
+        return self.add_uuids(found)
+
+    def _runs_on(self, uuid: str, aliases: dict[int, int]) -> bool:
+        """Whether a process of the job is on the compute or graphics list of ``uuid``."""
+        api, handle = self._api, self._devices[uuid].handle
+        for listing in (
+            api.nvmlDeviceGetComputeRunningProcesses,
+            api.nvmlDeviceGetGraphicsRunningProcesses,
+        ):
+            try:
+                if any(proc.pid in aliases for proc in listing(handle)):
+                    return True
+            except Exception:  # a list this GPU does not give: the other may
+                continue
+        return False
 
     def _add(self, uuid: str) -> str:
         api = self._api

@@ -80,6 +80,9 @@ class GpuSample:
     # NVML's clocks event (throttle) reasons bitmask at the round, the whole GPU's
     # (``sidecar.model.straggler_gpu.reason_names`` names the bits)
     throttle_reasons: int | None = None
+    # The job's pids (our namespace) on this GPU's process lists this round; None when the
+    # lists were not read. Which split uses the GPU, for a process on several GPUs.
+    job_pids: tuple[int, ...] | None = None
 
 
 class GpuLost(Exception):
@@ -216,6 +219,7 @@ class GpuReader:
         throttle = read("throttle reasons", self._throttle_reasons, whole=True)
         sm_activity = None if gpu.gpm is None or not slow else read("sm activity", self._gpm, gpu)
         job = aliases if slow else {}
+        job_mem = self._job_memory(gpu, read, job) if job else (None, None)
         return GpuSample(
             t_ns=now_ns,
             gpu_index=gpu.index,
@@ -235,11 +239,12 @@ class GpuReader:
             temperature_c=None if temp is None else float(temp),
             sm_clock_mhz=None if clock is None else float(clock),
             sm_activity_pct=sm_activity,
-            job_mem_mib=self._job_memory(gpu, read, job) if job else None,
+            job_mem_mib=job_mem[0],
             job_sm_util_pct=self._job_sm_util(gpu, read, job) if job else None,
             whole_gpu_uuid=gpu.whole_uuid,
             util_windows=windows,
             throttle_reasons=None if throttle is None else int(throttle),
+            job_pids=job_mem[1],
         )
 
     def _util_windows(self, handle: Any, gpu: Gpu) -> tuple[tuple[int, int, float], ...]:
@@ -380,11 +385,12 @@ class GpuReader:
 
     def _job_memory(
         self, gpu: Gpu, read: Callable[..., Any], aliases: dict[int, int]
-    ) -> float | None:
-        """GPU memory used by the job's processes, MiB; None if neither list is readable
-        or the lists speak another pid namespace."""
+    ) -> tuple[float | None, tuple[int, ...] | None]:
+        """GPU memory used by the job's processes, MiB, and the job's pids listed; None,
+        None if neither list is readable or the lists speak another pid namespace."""
         api = self._api
         used: dict[int, int] = {}
+        seen: set[int] = set()  # the job's pids listed, with or without a memory figure
         listed: list[int] = []
         answered = False
         for call, fn in (
@@ -398,11 +404,13 @@ class GpuReader:
             for proc in processes:
                 listed.append(proc.pid)
                 pid = aliases.get(proc.pid)
+                if pid is not None:
+                    seen.add(pid)
                 if pid is not None and proc.usedGpuMemory is not None:
                     used[pid] = max(used.get(pid, 0), proc.usedGpuMemory)
         if not answered or (not used and self._unknown_namespace(gpu, listed)):
-            return None
-        return sum(used.values()) / BYTES_PER_MIB
+            return None, None
+        return sum(used.values()) / BYTES_PER_MIB, tuple(sorted(seen))
 
     def _job_sm_util(
         self, gpu: Gpu, read: Callable[..., Any], aliases: dict[int, int]
