@@ -31,7 +31,8 @@ done
                                        manylinux2014_x86_64 manylinux1_x86_64)
 LIMIT_MIB=64
 # The pass imports these (bench/gpu_check.sh MODULES); pip adds their dependencies.
-PACKAGES=(pyzmq psutil pandas nvidia-ml-py prometheus_client pytest pytest-timeout)
+# setuptools: the C markers are built on the device (setup.py), and Python 3.12 has none
+PACKAGES=(pyzmq psutil pandas nvidia-ml-py prometheus_client pytest pytest-timeout setuptools)
 PLATFORM_ARGS=()
 for platform in "${PLATFORMS[@]}"; do PLATFORM_ARGS+=(--platform "$platform"); done
 
