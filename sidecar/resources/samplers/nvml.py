@@ -326,7 +326,9 @@ class NvmlSampler:
             except Exception as exc:
                 gpu.guard.off["sm activity"] = f"GPM: {exc}"
         self._gpus.append(gpu)
-        self._lanes[gpu.index] = _Lane(None, GpuReader(api, self._pids))
+        # its thread started now, not in its first round: a thread's start on a busy
+        # machine is not to eat into that round's deadline
+        self._lanes[gpu.index] = _Lane(Worker(f"nvml-gpu{gpu.index}"), GpuReader(api, self._pids))
         return uuid
 
     def sample(self, job_pids: set[int], now_ns: int) -> list[GpuSample]:
