@@ -40,6 +40,7 @@ BENCHMARKS: list[tuple[str, list[str]]] = [
     ("write_cap.py", []),
     ("checkpoint_cost.py", []),
     ("sampler_cost.py", []),
+    ("nvml_round.py", []),
     ("instrument_overhead.py", []),
     ("step_sizes.py", []),
     ("curve_cost.py", []),

@@ -95,7 +95,7 @@ class Server:
         config: Config,
         *,
         hooks: Sequence[Lifecycle] = (),
-        open_gpus: Callable[[str | None], Any] = open_nvml,
+        open_gpus: Callable[..., Any] = open_nvml,
         write_bytes: WriteBytes | None = None,
         viewers: Viewers | None = None,
     ) -> None:
@@ -130,6 +130,7 @@ class Server:
             os.environ.get("CUDA_VISIBLE_DEVICES") if own_job else None,
             all_splits_share_gpus=own_job,
             open_gpus=open_gpus,
+            private=config.owner_pid is not None,  # one rank's: only the GPUs it uses
         )
         self.dispatcher = Dispatcher(
             self.registry, self.monitor, self.write, self.status_for, self.finish_job

@@ -221,6 +221,18 @@ def gpu_readings(
     return np.array(rows, dtype=float).reshape(-1, 1 + len(READING_COLUMNS))
 
 
+def _claim_gpus(split: Split, pids: set[int], samples: list[nvml.GpuSample]) -> None:
+    """Add to ``split``'s GPUs every sampled GPU whose process lists show one of its
+    ``pids``: a process on several GPUs (``device_map``, DataParallel) reports one, and
+    its run's GPU list, utilization, power and energy must cover them all."""
+    known = {uuid_key(uuid) for uuid, _ in split.gpus}
+    for sample in samples:
+        key = uuid_key(sample.uuid)
+        if sample.job_pids and pids.intersection(sample.job_pids) and key not in known:
+            split.add_gpu(sample.uuid, sample.name)
+            known.add(key)
+
+
 class ResourceMonitor:
     """Samples on a schedule for every split it watches.
 
@@ -229,6 +241,9 @@ class ResourceMonitor:
     takes every sampled one (a job's own sidecar) or none (the node daemon).
     ``clock_ns`` is the monotonic clock the schedule and the samples' stamps read (ns;
     the markers' records are on ``time.monotonic_ns``): a test seam, never changed in use.
+    ``private``: a private sidecar of one process (one rank), which samples only the GPUs
+    that process uses: those it reports and those whose process lists show it
+    (``open_gpus`` is called with ``candidates_only=True``), not every GPU it may see.
     """
 
     def __init__(
@@ -236,10 +251,13 @@ class ResourceMonitor:
         interval_s: float,
         visible_devices: str | None,
         all_splits_share_gpus: bool,
-        open_gpus: Callable[[str | None], Any] = nvml.open_nvml,
+        open_gpus: Callable[..., Any] = nvml.open_nvml,
         clock_ns: Callable[[], int] = time.monotonic_ns,
+        private: bool = False,
     ) -> None:
         self.interval_s = interval_s
+        self.private = private
+        self._next_look_ns = 0  # when to look for the job on the GPUs not sampled yet
         self._clock_ns = clock_ns
         self.all_splits_share_gpus = all_splits_share_gpus
         self.splits: dict[int, tuple[Split, SplitResources]] = {}
@@ -257,8 +275,12 @@ class ResourceMonitor:
         )
         self._opener.start()
 
-    def _open(self, visible_devices: str | None, open_gpus: Callable[[str | None], Any]) -> None:
-        result = open_gpus(visible_devices)
+    def _open(self, visible_devices: str | None, open_gpus: Callable[..., Any]) -> None:
+        result = (
+            open_gpus(visible_devices, candidates_only=True)
+            if self.private
+            else open_gpus(visible_devices)
+        )
         if isinstance(result, nvml.NvmlSampler):
             self.gpus, self.gpu_off_reason = result, None
             log.info("GPU sampling on: %s", ", ".join(result.uuids))
@@ -348,6 +370,7 @@ class ResourceMonitor:
             return
         gpu_samples = self._sample_gpus(live, now_ns)
         for split, resources in live:
+            _claim_gpus(split, resources.host.pids, gpu_samples)
             resources.add_host(resources.host.sample(now_ns))
             resources.add_gpus(self._for_split(split, gpu_samples))
             resources.thin()
@@ -363,6 +386,9 @@ class ResourceMonitor:
             gpus.add_uuids(self._pending_uuids)
             self._pending_uuids.clear()
         pids = set().union(*(r.host.pids for _, r in live))
+        if gpus.candidates and now_ns >= self._next_look_ns:
+            self._next_look_ns = now_ns + round(nvml.SLOW_PERIOD_S * 1e9)
+            gpus.discover(pids)
         samples = gpus.sample(pids, now_ns)
         if gpus.failed:
             self.gpu_off_reason = f"stopped: {gpus.reason}"
@@ -370,6 +396,12 @@ class ResourceMonitor:
             self.gpus = None
             if gpus.hung:
                 self.hung_reason = gpus.reason
+        elif gpus.hung != (self.hung_reason is not None):
+            # every GPU is stuck in a call (a wedged driver), or one came back: sampling
+            # resumes by itself, the watchdog pauses meanwhile
+            self.hung_reason = gpus.reason if gpus.hung else None
+            self.gpu_off_reason = f"stalled: {gpus.reason}" if gpus.hung else None
+            log.warning("GPU sampling %s", self.gpu_off_reason or "resumed")
         return samples
 
     def _for_split(self, split: Split, samples: list[nvml.GpuSample]) -> list[nvml.GpuSample]:

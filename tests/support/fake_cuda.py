@@ -31,6 +31,8 @@ from typing import Any, NamedTuple
 
 import torch  # only for torch.device, which needs no CUDA
 
+CURRENT_STREAM_COST_S = 2e-6  # torch.cuda.current_stream(), per call (see FakeCuda)
+
 # --------------------------------------------------------------------------------------
 # FakeBackend: the EventBackend protocol, stepped by the test
 
@@ -214,7 +216,9 @@ class FakeCudaEvent:
             )
         if self.at_ns is None or end.at_ns is None or not (self.query() and end.query()):
             raise RuntimeError("device not ready")
-        return _float32((end.at_ns - self.at_ns) / 1e6)
+        # CUDA computes it in float32 milliseconds, on the GPU's own clock
+        gpu_ns = (end.at_ns - self.at_ns) * (1 + self._cuda.drift_ppm * 1e-6)
+        return _float32(gpu_ns / 1e6)
 
     def synchronize(self) -> None:
         self._cuda._sync("Event.synchronize")
@@ -247,6 +251,14 @@ class FakeCuda:
         self.destroyed_in_child = 0  # events whose destructor ran in a forked child
         self.public_stats_calls = 0  # memory_stats_as_nested_dict calls
         self.c_stats_calls = 0  # allocator dicts built (the C function, however reached)
+        # The GPU's timer runs this many parts per million fast (negative: slow) against the
+        # host's perf_counter, as a real one drifts: event times are on the GPU's clock.
+        self.drift_ppm = 0.0
+        # What torch.cuda.current_stream() costs the host per call (s): it builds a new
+        # Stream object from the C stream each time, and Event.record() without a stream
+        # calls it on every record. About 2 µs on a recent CPU (the GPU pass measures the
+        # markers' host cost per phase with it included).
+        self.current_stream_cost_s = CURRENT_STREAM_COST_S
 
     # -- what TorchCudaBackend and choose_device call ------------------------------------
 
@@ -274,6 +286,9 @@ class FakeCuda:
 
     def current_stream(self, device: int | None = None) -> Stream:
         index = self._current if device is None else device
+        end = time.perf_counter() + self.current_stream_cost_s
+        while time.perf_counter() < end:  # the host time torch spends building the object
+            pass
         return self.devices[index].current
 
     def is_current_stream_capturing(self) -> bool:
@@ -292,7 +307,8 @@ class FakeCuda:
         self.c_stats_calls += 1
         dev = self.devices[device]
         if dev.allocator != "native" and not dev.context:
-            return {}  # cudaMallocAsync answers only for devices it has initialised
+            # cudaMallocAsync on a device it has not initialised: every counter 0
+            return allocator_stats(dict.fromkeys(dev.stats, 0))
         return allocator_stats(dev.stats)
 
     def memory_stats(self, device: int | None = None) -> dict[str, Any]:

@@ -18,6 +18,7 @@ gives only the last); process samples with any pids (another namespace's too).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import Counter
@@ -28,10 +29,31 @@ from typing import Any
 
 import pynvml
 
+from sidecar.resources.samplers.nvml import NvmlSampler, open_nvml
+
 MIB = 1024 * 1024
 ENERGY_STEP_S = 0.1  # NVML's energy counter moves about every 100 ms
 UTIL_WINDOW_S = 1 / 6  # the driver's utilization window on a fast product
 DRIVER_SAMPLES = 100  # utilization samples the driver keeps (nvmlDeviceGetSamples)
+# Per call, the time a real driver takes (s), for ``FakeNvml(latency_s=...)``: about
+# 20-25 µs for most calls through pynvml, far more for power and the process lists
+# (docs/samplers.md). Assumed figures until the GPU pass measures them (bench/gpu_probe.py
+# prints the real ones per call kind): a benchmark that uses them says so.
+DRIVER_LATENCY_S = {
+    "nvmlDeviceGetUtilizationRates": 25e-6,
+    "nvmlDeviceGetSamples": 50e-6,
+    "nvmlDeviceGetMemoryInfo": 25e-6,
+    "nvmlDeviceGetTotalEnergyConsumption": 25e-6,
+    "nvmlDeviceGetFieldValues": 500e-6,
+    "nvmlDeviceGetPowerUsage": 500e-6,
+    "nvmlDeviceGetTemperature": 25e-6,
+    "nvmlDeviceGetClockInfo": 25e-6,
+    "nvmlDeviceGetCurrentClocksEventReasons": 25e-6,
+    "nvmlDeviceGetComputeRunningProcesses": 1e-3,
+    "nvmlDeviceGetGraphicsRunningProcesses": 1e-3,
+    "nvmlDeviceGetProcessUtilization": 1e-3,
+    "nvmlGpmSampleGet": 500e-6,
+}
 
 
 @dataclass
@@ -127,7 +149,14 @@ class FakeNvml:
         init_error: int | None = None,
         init_hang: bool = False,
         clock_ns: Callable[[], int] = time.monotonic_ns,
+        latency_s: dict[str, float] | None = None,
+        serialised: bool = True,
     ) -> None:
+        """``latency_s``: per function name, how long each call takes (s; e.g.
+        ``DRIVER_LATENCY_S``), on every GPU; with ``serialised`` the calls of all GPUs
+        take turns, as they do in the driver."""
+        self.latency_s = dict(latency_s or {})
+        self._driver = threading.Lock() if serialised else None
         self.gpus = gpus
         self.clock_ns = clock_ns  # the busy timelines' and the energy counter's clock
         self._util_seen: dict[str, list[tuple[int, int]]] = {}  # uuid: (clock ns, util)
@@ -156,6 +185,7 @@ class FakeNvml:
             self.release.wait(30)
         if function in gpu.slow:
             time.sleep(gpu.slow[function])
+        self._take(self.latency_s.get(function, 0.0))
         if gpu.lost:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
         if function in gpu.unsupported:
@@ -169,6 +199,19 @@ class FakeNvml:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
         if function in gpu.errors:
             raise pynvml.NVMLError(gpu.errors[function])
+
+    def _take(self, latency_s: float) -> None:
+        """Spend ``latency_s`` in the "driver" (its lock held when serialised): the bulk
+        asleep, the GIL released as ctypes releases it; the last 150 µs spinning, since a
+        sleep overshoots by about that much."""
+        if latency_s <= 0:
+            return
+        with self._driver or contextlib.nullcontext():
+            end = time.perf_counter() + latency_s
+            if latency_s > 150e-6:
+                time.sleep(latency_s - 150e-6)
+            while time.perf_counter() < end:
+                pass
 
     def _whole_only(self, function: str, gpu: FakeGpu) -> None:
         """A whole-GPU call on a MIG instance: NOT_SUPPORTED, as NVML answers."""
@@ -499,3 +542,12 @@ def rank_gpus_third_throttled() -> FakeNvml:
         pynvml.nvmlClocksEventReasonHwSlowdown | pynvml.nvmlClocksEventReasonHwThermalSlowdown
     )
     return FakeNvml(gpus)
+
+
+def opened(fake: FakeNvml, visible: str | None = None, **kwargs: float) -> NvmlSampler:
+    """``open_nvml`` on ``fake``, which must open. The expensive calls are made every round
+    (``slow_period_s`` 0) unless given: the tests of their values sample a few rounds at
+    made-up times; their period has its own test."""
+    sampler = open_nvml(visible, api=fake, **{"slow_period_s": 0.0, **kwargs})
+    assert isinstance(sampler, NvmlSampler), sampler
+    return sampler

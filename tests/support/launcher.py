@@ -33,7 +33,7 @@ def seams(
     result: dict[str, Any] = {}
     if fake_nvml:
         factory = getattr(fake_pynvml, fake_nvml)
-        result["open_gpus"] = lambda visible: nvml.open_nvml(visible, api=factory())
+        result["open_gpus"] = lambda visible, **kw: nvml.open_nvml(visible, api=factory(), **kw)
     if disk_quota:
         folder, _, size = disk_quota.rpartition(":")
         quota = DiskQuota(Path(folder), int(size))

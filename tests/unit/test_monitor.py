@@ -268,3 +268,58 @@ def test_samples_restored_from_an_earlier_session_open_no_attribution_window(
     assert len(figures.gpu_samples) > len(old_gpu)  # the earlier samples are kept
     # Forward ran only in this session: the busy rounds restored before it do not count.
     assert figures.attribution["Forward"].util_mean_pct == 0.0
+
+
+def _eight_gpus(on: dict[int, int]) -> list[FakeGpu]:
+    """8 GPUs of a node; ``on`` maps a GPU index to a pid listed on it (1 GiB)."""
+    return [
+        FakeGpu(
+            uuid=f"GPU-{i}{i}{i}{i}cccc-0000-0000-0000-00000000000{i}",
+            compute_procs=[(on[i], 1 << 30)] if i in on else [(1, 1 << 20)],
+        )
+        for i in range(8)
+    ]
+
+
+def test_a_ranks_private_sidecar_opens_only_its_gpus(tmp_path: Path) -> None:
+    gpus = _eight_gpus({3: os.getpid()})  # this rank's process runs on GPU 3 only
+    fake = FakeNvml(gpus, clock_ns=CLOCK)
+    CLOCK.now_ns = max(CLOCK.now_ns, time.monotonic_ns())
+    monitor = ResourceMonitor(
+        INTERVAL_S,
+        None,  # CUDA_VISIBLE_DEVICES unset: all 8 visible, as under torchrun
+        all_splits_share_gpus=True,
+        open_gpus=lambda visible, **kw: open_nvml(visible, api=fake, **kw),
+        clock_ns=CLOCK,
+        private=True,
+    )
+    split = make_split(tmp_path)
+    monitor.watch(split, os.getpid())
+    wait_opened(monitor)
+    run_phase(monitor, 1.0)
+    assert monitor.gpus is not None and monitor.gpus.uuids == [gpus[3].uuid]
+    per_gpu = [fake.count("nvmlDeviceGetUtilizationRates", gpu) for gpu in gpus]
+    assert per_gpu[3] > 0 and sum(per_gpu) == per_gpu[3]  # no other GPU is sampled
+    assert [uuid for uuid, _ in split.gpus] == [gpus[3].uuid]
+    [summary] = monitor.figures(split).gpus
+    assert summary.uuid == gpus[3].uuid
+
+
+def test_a_two_gpu_process_reports_both(tmp_path: Path) -> None:
+    """device_map / DataParallel: one process on GPUs 0 and 1 reports only GPU 0 (its
+    markers' device); the run's GPU list, utilization, power and energy cover both."""
+    gpus = _eight_gpus({0: os.getpid(), 1: os.getpid()})
+    gpus[1].util = 90
+    monitor = monitor_of(INTERVAL_S, False, fake_nvml(gpus))  # the node daemon's way
+    split = make_split(tmp_path)
+    split.add_gpu(gpus[0].uuid, gpus[0].name)
+    monitor.add_gpu(gpus[0].uuid)
+    monitor.watch(split, os.getpid())
+    wait_opened(monitor)
+    run_phase(monitor, 1.0)
+    assert [uuid for uuid, _ in split.gpus] == [gpus[0].uuid, gpus[1].uuid]
+    summaries = {g.uuid: g for g in monitor.figures(split).gpus}
+    assert set(summaries) == {gpus[0].uuid, gpus[1].uuid}
+    second = summaries[gpus[1].uuid].figures
+    assert second["util_mean_pct"] == 90.0
+    assert second["power_mean_w"] is not None and second["energy_j"] is not None

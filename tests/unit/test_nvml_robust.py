@@ -13,8 +13,8 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from sidecar.resources.samplers.nvml import MAX_STUCK_THREADS, NvmlSampler, open_nvml
-from tests.support.fake_pynvml import MIB, FakeGpu, FakeNvml
+from sidecar.resources.samplers.nvml import MAX_STUCK_THREADS, open_nvml
+from tests.support.fake_pynvml import MIB, FakeGpu, FakeNvml, opened
 
 UUIDS = ["GPU-aaaa0000-0000-0000-0000-000000000000", "GPU-bbbb0000-0000-0000-0000-000000000000"]
 MIGS = ["MIG-cccc0000-0000-0000-0000-000000000000", "MIG-dddd0000-0000-0000-0000-000000000000"]
@@ -26,12 +26,6 @@ def nvml() -> Iterator[FakeNvml]:
     fake = FakeNvml([FakeGpu(uuid=u, name=f"Fake {i}") for i, u in enumerate(UUIDS)])
     yield fake
     fake.release.set()
-
-
-def opened(fake: FakeNvml, visible: str | None = None, **kwargs: float) -> NvmlSampler:
-    sampler = open_nvml(visible, api=fake, **kwargs)
-    assert isinstance(sampler, NvmlSampler), sampler
-    return sampler
 
 
 # ---- any exception degrades one call of one GPU ------------------------------------
@@ -82,10 +76,11 @@ def test_a_gpu_that_stops_answering_for_a_while_comes_back(nvml: FakeNvml) -> No
     assert not sampler.status()["gpus"][0]["lost"]
 
 
-def test_a_slow_round_is_lost_and_sampling_goes_on(nvml: FakeNvml) -> None:
+def test_a_slow_gpu_loses_its_own_sample_and_sampling_goes_on(nvml: FakeNvml) -> None:
     nvml.gpus[1].slow = {"nvmlDeviceGetTemperature": 0.6}
     sampler = opened(nvml, round_timeout_s=0.2)
-    assert sampler.sample(set(), 1) == []  # this round did not complete in time
+    # the other GPUs' readings came back within the deadline: only GPU 1's is lost
+    assert [s.gpu_index for s in sampler.sample(set(), 1)] == [0]
     status = sampler.status()
     assert status["gpu_sampling"] == "on"
     assert "did not return within 0.2 s" in status["gpus"][1]["retrying"]["temperature"]
@@ -97,19 +92,78 @@ def test_a_slow_round_is_lost_and_sampling_goes_on(nvml: FakeNvml) -> None:
     assert later[-1][1].temperature_c == 60.0 and not sampler.failed
 
 
-def test_calls_that_never_return_stop_gpu_sampling_within_bounds(nvml: FakeNvml) -> None:
+def test_one_slow_gpu_of_eight_loses_only_its_own_sample() -> None:
+    fake = FakeNvml([FakeGpu(uuid=f"GPU-{i}{i}{i}{i}eeee") for i in range(8)])
+    fake.gpus[5].slow = {"nvmlDeviceGetMemoryInfo": 2.0}  # the whole round's deadline over
+    sampler = opened(fake, round_timeout_s=0.5)
+    began = time.monotonic()
+    samples = sampler.sample(set(), 1)
+    waited_s = time.monotonic() - began
+    assert [s.gpu_index for s in samples] == [0, 1, 2, 3, 4, 6, 7]
+    assert all(s.util_pct == 50.0 and s.mem_used_mib == 1000.0 for s in samples)
+    assert waited_s < 1.9  # one deadline for the round, not one per GPU nor the slow call
+    assert "memory v2" in sampler.status()["gpus"][5]["retrying"]
+    fake.release.set()
+
+
+def test_a_call_that_hangs_twice_does_not_stop_sampling() -> None:
+    nvml = FakeNvml([FakeGpu(uuid=f"GPU-{i}{i}{i}{i}dddd") for i in range(4)])
+    hung = nvml.gpus[2]
+    hung.hang = {"nvmlDeviceGetUtilizationRates"}
+    sampler = opened(nvml, round_timeout_s=0.2)
+    rounds = 0
+    while sampler.status()["gpus"][2]["stuck_calls"] < MAX_STUCK_THREADS and rounds < 40:
+        samples = sampler.sample(set(), rounds)
+        assert {0, 1, 3} <= {s.gpu_index for s in samples}  # the others every round
+        rounds += 1
+    assert rounds < 40 and not sampler.failed and not sampler.hung
+    # GPU 2 is skipped while its two threads are stuck; the rest goes on
+    assert [s.gpu_index for s in sampler.sample(set(), rounds)] == [0, 1, 3]
+    assert sampler.status()["gpu_sampling"] == "on"
+    hung.hang = set()
+    nvml.release.set()  # the driver comes back: the stuck calls return
+    deadline = time.monotonic() + 10
+    while sampler.status()["gpus"][2]["stuck_calls"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    later = range(rounds + 1, rounds + 80)
+    indices = [s.gpu_index for r in later for s in sampler.sample(set(), r)]
+    assert 2 in indices  # sampled again: one call that hung twice stopped nothing for good
+
+
+def test_every_gpu_wedged_is_hung_until_a_call_returns(nvml: FakeNvml) -> None:
     for gpu in nvml.gpus:
         gpu.hang = {"nvmlDeviceGetUtilizationRates"}
     sampler = opened(nvml, round_timeout_s=0.2)
     start = time.monotonic()
     rounds = 0
-    while not sampler.failed and rounds < 40:  # each retry of a hung call leaves a thread
+    while not sampler.hung and rounds < 40:  # each retry of a hung call leaves a thread
         samples = sampler.sample(set(), rounds)
-        assert all(s.util_pct is None for s in samples)  # the rest of each GPU goes on
+        assert all(s.mem_used_mib == 1000.0 for s in samples)  # the rest of each GPU goes on
         rounds += 1
     assert time.monotonic() - start < 10
-    assert sampler.failed and f"{MAX_STUCK_THREADS} calls stuck" in sampler.reason
-    assert sampler.status()["gpu_sampling"] == "off"
+    assert sampler.hung and "did not return within 0.2 s on every GPU" in str(sampler.reason)
+    assert not sampler.failed
+    for gpu in nvml.gpus:
+        gpu.hang = set()
+    nvml.release.set()
+    deadline = time.monotonic() + 10
+    while sampler.hung and time.monotonic() < deadline:
+        sampler.sample(set(), rounds)
+        rounds += 1
+        time.sleep(0.01)
+    assert not sampler.hung and sampler.reason is None
+
+
+def test_the_expensive_calls_are_made_once_per_period(nvml: FakeNvml) -> None:
+    gpu = nvml.gpus[0]
+    gpu.compute_procs = [(os.getpid(), 300 * MIB)]
+    sampler = opened(nvml, "0", slow_period_s=5.0)
+    per_round = [sampler.sample({os.getpid()}, t * 1_000_000_000)[0] for t in range(11)]
+    # rounds at 0 s, 5 s and 10 s read the process list; the others do not
+    assert [s.job_mem_mib for s in per_round] == [300.0 if t % 5 == 0 else None for t in range(11)]
+    assert nvml.count("nvmlDeviceGetComputeRunningProcesses", gpu) == 3
+    assert nvml.count("nvmlDeviceGetProcessUtilization", gpu) == 3
+    assert nvml.count("nvmlDeviceGetUtilizationRates", gpu) == 11
 
 
 # ---- processes: no sample, other pid namespaces ------------------------------------

@@ -11,10 +11,10 @@ import numpy as np
 import pynvml
 import pytest
 
-from sidecar.resources.samplers.nvml import GpuSample, NvmlSampler, NvmlUnavailable, open_nvml
+from sidecar.resources.samplers.nvml import GpuSample, NvmlUnavailable, open_nvml
 from sidecar.resources.samplers.nvml_devices import NvmlDevice, resolve_visible_devices
-from sidecar.resources.samplers.summary import attribute_phases
-from tests.support.fake_pynvml import MIB, FakeGpu, FakeNvml
+from sidecar.resources.samplers.summary import attribute_phases, summarize_gpus
+from tests.support.fake_pynvml import MIB, FakeGpu, FakeNvml, opened, periodic_busy
 
 UUIDS = [f"GPU-{i}{i}{i}{i}aaaa-0000-0000-0000-00000000000{i}" for i in range(4)]
 # Pids that exist in this pid namespace (this test, its parent, init) and one that cannot
@@ -30,12 +30,6 @@ def nvml() -> Iterator[FakeNvml]:
     fake = FakeNvml([FakeGpu(uuid=u, name=f"Fake {i}") for i, u in enumerate(UUIDS)])
     yield fake
     fake.release.set()  # let a thread blocked in a "hung" call finish
-
-
-def opened(fake: FakeNvml, visible: str | None = None, **kwargs: float) -> NvmlSampler:
-    sampler = open_nvml(visible, api=fake, **kwargs)
-    assert isinstance(sampler, NvmlSampler), sampler
-    return sampler
 
 
 def test_every_field_with_units(nvml: FakeNvml) -> None:
@@ -64,6 +58,7 @@ def test_every_field_with_units(nvml: FakeNvml) -> None:
         job_mem_mib=300.0,
         job_sm_util_pct=None,
         throttle_reasons=0x48,
+        job_pids=(ME,),  # the job's pid on its process list (INIT is not the job's)
     )  # no per-process sample yet: unknown
     assert sampler.status() == {
         "gpu_sampling": "on",
@@ -80,6 +75,7 @@ def test_every_field_with_units(nvml: FakeNvml) -> None:
                 "retrying": {},
                 "notes": {},
                 "whole_gpu": None,
+                "stuck_calls": 0,
             }
         ],
     }
@@ -382,3 +378,21 @@ def test_a_window_shorter_than_the_counters_step_gives_the_last_windows_power(
         time.sleep(0.01)
         [extra] = sampler.sample(set(), time.monotonic_ns())
         assert extra.power_source == "energy" and 100.0 <= extra.power_w <= 300.0, extra.power_w
+
+
+def test_the_run_mean_is_right_for_a_loop_that_beats_with_the_rounds() -> None:
+    """Busy the first 0.3 s of every second, read at each whole second: the driver's last
+    period before every round is idle, but the run was 30 % busy."""
+    clock = [(time.monotonic_ns() // 1_000_000_000 + 1) * 1_000_000_000]
+    gpu = FakeGpu(uuid=UUIDS[0], busy=periodic_busy(clock[0], 30, period_s=1.0, busy_s=0.3))
+    sampler = opened(FakeNvml([gpu], clock_ns=lambda: clock[0]))
+    samples = []
+    for _ in range(20):
+        [sample] = sampler.sample(set(), clock[0])
+        samples.append(sample)
+        clock[0] += 1_000_000_000
+    assert {s.util_windows is not None for s in samples} == {True}
+    [summary] = summarize_gpus(samples)
+    assert summary.figures["util_mean_pct"] == pytest.approx(30.0, abs=1.0)
+    # each round of resources.tsv holds its own second, not the idle moment before it
+    assert all(s.util_pct == pytest.approx(30.0, abs=1.0) for s in samples[1:])

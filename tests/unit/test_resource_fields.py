@@ -159,8 +159,9 @@ def test_the_table_and_the_samples_name_the_same_fields() -> None:
     """Every attribute of a sample that is not its stamp has a table entry, and every
     entry names an attribute: a field cannot be sampled and silently left out."""
     # kept with the sample, no column (util_windows: the driver's own utilization samples,
-    # which the phase attribution reads; resources.tsv keeps the round's reading)
-    stamps = {"t_ns", "whole_gpu_uuid", "n_processes", "util_windows"}
+    # which the phase attribution reads; resources.tsv keeps the round's reading;
+    # job_pids: which split uses the GPU, read by the monitor)
+    stamps = {"t_ns", "whole_gpu_uuid", "n_processes", "util_windows", "job_pids"}
     for cls, table in ((GpuSample, fields.GPU_FIELDS), (HostSample, fields.HOST_FIELDS)):
         attributes = {f.name for f in dataclasses.fields(cls)} - stamps
         assert attributes == {f.attribute for f in table}, cls.__name__

@@ -7,12 +7,17 @@ inside ``open_nvml``, so importing this module never needs a driver.
 
 Guards, so that NVML can never take the sidecar down nor switch more off than failed:
 
-* Every NVML call runs on a dedicated daemon thread (``worker.Worker``); the caller waits
-  at most a timeout. A round that does not return in time is lost: the call under way
-  backs off (``nvml_guard``), the stuck thread is left behind and a fresh one takes
-  over. Only when ``MAX_STUCK_THREADS`` threads are stuck at once (a hung driver) does
-  GPU sampling stop for good, marked ``hung`` (host sampling goes on; the node daemon's
-  watchdog stops, so systemd restarts it).
+* Every GPU has its own daemon thread (``worker.Worker``), so the NVML calls of a round
+  run off the caller's thread and a slow GPU delays no other. The caller waits for all
+  of them until one deadline, ``round_timeout_s`` after the round began: a GPU whose
+  reading is not back by then loses its sample of that round, the others keep theirs.
+  The call under way backs off (``nvml_guard``), the stuck thread is left behind and a
+  fresh one takes over at the next round. A GPU with ``MAX_STUCK_THREADS`` threads stuck
+  at once is skipped until one of them comes back, then sampled again: a hung call
+  never stops sampling for good. While every GPU is so stuck (a wedged driver) the
+  sampler says ``hung`` (the node daemon's watchdog stops, so systemd restarts it).
+* The expensive calls (process lists, per-process utilization, GPM) are made at most
+  once per ``slow_period_s`` (``SLOW_PERIOD_S``) per GPU; the cheap fields every round.
 * Any exception of a call (an NVMLError, ``NVMLLibraryMismatchError``, a value of an
   unknown type, ...) affects that call for that GPU only: off for good when it cannot
   work (not supported, no permission, a mismatched binding), retried with backoff when
@@ -28,9 +33,10 @@ Units: MiB = bytes / 1024², W, J, °C, MHz, %. Sample times are the caller's
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sidecar.resources.samplers.nvml_devices import (
@@ -49,13 +55,43 @@ from sidecar.resources.samplers.nvml_gpu import (
     now_us,
 )
 from sidecar.resources.samplers.pids import PidAliases
-from sidecar.resources.samplers.worker import CallTimeout, Worker
+from sidecar.resources.samplers.worker import CallTimeout, Worker, wait
 
 __all__ = ["GpuSample", "NvmlSampler", "NvmlUnavailable", "open_nvml", "resolve_visible_devices"]
 
-# Worker threads left blocked in a call before sampling stops: a second call stuck while
-# the first has not come back (after its backoff) means a wedged driver, not a slow round.
+# Threads of one GPU left blocked in a call before that GPU is skipped (until one comes
+# back): a second call stuck while the first has not returned means a wedged device, and
+# more threads would only pile up behind it.
 MAX_STUCK_THREADS = 2
+# The process lists, per-process utilization and GPM of a GPU are read at most this
+# often (s): each costs far more than the cheap fields (docs/samplers.md has the figures),
+# and what they give (the job's memory, its SM share, SM activity) moves slowly or is an
+# average since the previous reading anyway.
+SLOW_PERIOD_S = 5.0
+
+
+@dataclass
+class _Lane:
+    """One GPU's own thread and reader. ``worker`` is None after a call timed out there:
+    a fresh thread starts at the next round, unless too many are stuck."""
+
+    worker: Worker | None
+    reader: GpuReader
+    stuck: list[Worker] = field(default_factory=list)  # threads left blocked in a call
+
+    def ready(self, api: Any, pids: PidAliases, name: str) -> bool:
+        """Whether the GPU can be sampled now (starting a fresh thread if needed)."""
+        self.stuck = [w for w in self.stuck if w.alive]
+        if self.worker is None:
+            if len(self.stuck) >= MAX_STUCK_THREADS:
+                return False
+            self.worker = Worker(name)
+            self.reader = GpuReader(api, pids)
+        return True
+
+    @property
+    def wedged(self) -> bool:
+        return self.worker is None and len(self.stuck) >= MAX_STUCK_THREADS
 
 
 @dataclass(frozen=True)
@@ -74,6 +110,8 @@ def open_nvml(
     timeout_s: float = 5.0,
     api: Any = None,
     round_timeout_s: float = 1.0,
+    slow_period_s: float = SLOW_PERIOD_S,
+    candidates_only: bool = False,
 ) -> NvmlSampler | NvmlUnavailable:
     """Initialise NVML and select the job's GPUs.
 
@@ -82,7 +120,11 @@ def open_nvml(
     ``pynvml`` module, or a stand-in with the same functions in tests. ``timeout_s``
     bounds initialisation and device enumeration (nvmlInit can take seconds without
     persistence mode); ``round_timeout_s`` bounds each later call (a sampling round,
-    adding GPUs, closing). Never raises for a missing library, driver or GPU: returns
+    adding GPUs, closing); ``slow_period_s`` is how often the expensive calls are made
+    per GPU (0: every round). With ``candidates_only`` (a private sidecar of one rank) the
+    visible GPUs are only candidates: none is sampled until the job reports it
+    (``add_uuids``) or its processes show up in its process lists (``discover``). Never
+    raises for a missing library, driver or GPU: returns
     NvmlUnavailable instead.
     """
     if api is None:
@@ -99,21 +141,24 @@ def open_nvml(
     except Exception as exc:
         worker.stop()
         return NvmlUnavailable(_init_failure(api, exc))
-    sampler = NvmlSampler(api, worker, devices, round_timeout_s)
+    sampler = NvmlSampler(api, worker, devices, round_timeout_s, slow_period_s)
     if not devices:
         sampler.close()
         return NvmlUnavailable("no GPU: NVML lists no device")
     wanted = resolve_visible_devices(visible_devices, devices)
-    sampler.add_uuids(wanted)
-    if sampler.failed:
-        sampler.close()
-        return NvmlUnavailable(str(sampler.reason))
     if not wanted:
         sampler.close()
         return NvmlUnavailable(
             f"no GPU: CUDA_VISIBLE_DEVICES={visible_devices!r} names none "
             f"of the {len(devices)} devices"
         )
+    if candidates_only:
+        sampler.candidates = wanted
+        return sampler
+    sampler.add_uuids(wanted)
+    if sampler.failed:
+        sampler.close()
+        return NvmlUnavailable(str(sampler.reason))
     return sampler
 
 
@@ -167,20 +212,27 @@ class NvmlSampler:
     """Samples the job's GPUs; built by ``open_nvml``. Not thread-safe: one caller."""
 
     def __init__(
-        self, api: Any, worker: Worker, devices: list[NvmlDevice], timeout_s: float
+        self,
+        api: Any,
+        worker: Worker,
+        devices: list[NvmlDevice],
+        timeout_s: float,
+        slow_period_s: float = SLOW_PERIOD_S,
     ) -> None:
         self._api = api
-        self._worker = worker
+        self._worker = worker  # adding GPUs and shutdown; each GPU samples on its lane
         self._devices = {device.uuid: device for device in devices}
         self._timeout_s = timeout_s
+        self._slow_period_ns = round(slow_period_s * 1e9)
         self._gpus: list[Gpu] = []
+        self._lanes: dict[int, _Lane] = {}  # by Gpu.index
         self._pids = PidAliases()
-        self._reader = GpuReader(api, self._pids)
         self._round = 0
-        self._stuck: list[Worker] = []  # workers left blocked in a call that timed out
         self._closed = False
+        self._looking: Worker | None = None  # the thread of ``discover``, while it runs
+        self.candidates: list[str] = []  # visible GPUs sampled once the job is seen there
         self.failed = False
-        self.hung = False  # failed because a call never returned (NVML is wedged)
+        self.hung = False  # a call hung on a control call, or every GPU is wedged now
         self.reason: str | None = None
 
     @property
@@ -205,6 +257,43 @@ class NvmlSampler:
             return []
         added = self._run("adding GPUs", lambda: [self._add(uuid) for uuid in wanted])
         return added or []
+
+    def discover(self, job_pids: set[int]) -> list[str]:
+        """Add the candidate GPUs on whose process lists one of ``job_pids`` (our pid
+        namespace) shows up; returns the UUIDs added. One process-list call per candidate
+        not sampled yet, on a thread of its own waited for at most the round timeout: a
+        call that hangs there loses that look only (the next waits until it returns)."""
+        waiting = [uuid for uuid in self.candidates if uuid not in self.uuids]
+        if not waiting or not job_pids or self.failed or self._closed:
+            return []
+        if self._looking is not None and self._looking.alive:
+            return []  # the last look is still stuck in a call
+        aliases = self._pids.aliases(job_pids)
+        self._looking = Worker("nvml-discover")
+        try:
+            found = self._looking.call(
+                lambda: [uuid for uuid in waiting if self._runs_on(uuid, aliases)],
+                self._timeout_s,
+            )
+        except CallTimeout:
+            return []
+        finally:
+            self._looking.stop()
+        return self.add_uuids(found)
+
+    def _runs_on(self, uuid: str, aliases: dict[int, int]) -> bool:
+        """Whether a process of the job is on the compute or graphics list of ``uuid``."""
+        api, handle = self._api, self._devices[uuid].handle
+        for listing in (
+            api.nvmlDeviceGetComputeRunningProcesses,
+            api.nvmlDeviceGetGraphicsRunningProcesses,
+        ):
+            try:
+                if any(proc.pid in aliases for proc in listing(handle)):
+                    return True
+            except Exception:  # a list this GPU does not give: the other may
+                continue
+        return False
 
     def _add(self, uuid: str) -> str:
         api = self._api
@@ -237,68 +326,88 @@ class NvmlSampler:
             except Exception as exc:
                 gpu.guard.off["sm activity"] = f"GPM: {exc}"
         self._gpus.append(gpu)
+        # its thread started now, not in its first round: a thread's start on a busy
+        # machine is not to eat into that round's deadline
+        self._lanes[gpu.index] = _Lane(Worker(f"nvml-gpu{gpu.index}"), GpuReader(api, self._pids))
         return uuid
 
     def sample(self, job_pids: set[int], now_ns: int) -> list[GpuSample]:
-        """One sample per job GPU that is not lost nor backing off, stamped ``now_ns``
+        """One sample per job GPU that is not lost, backing off nor stuck, and whose
+        reading came back within the round's deadline, stamped ``now_ns``
         (``time.monotonic_ns()`` of this sampling round).
 
         ``job_pids`` are the job's processes (our pid namespace) for the job's GPU memory
-        and SM utilization; with none, those two fields are None and not queried.
-        Returns [] for a round that did not complete in time and once the sampler has
-        failed; never raises.
+        and SM utilization; with none, those two fields are None and not queried (nor in
+        rounds where the expensive calls are not due, see ``SLOW_PERIOD_S``). Waits at
+        most the round timeout; returns [] once the sampler has failed; never raises.
         """
         if self.failed or self._closed or not self._gpus:
             return []
         self._round += 1
+        round_no = self._round
         aliases = self._pids.aliases(job_pids) if job_pids else {}
         entered_ns = time.monotonic_ns()
-        return (
-            self._run(
-                "sampling", lambda: self._sample_all(aliases, now_ns, entered_ns), recover=True
-            )
-            or []
-        )
-
-    def _sample_all(self, aliases: dict[int, int], now_ns: int, entered_ns: int) -> list[GpuSample]:
-        samples = []
-        round_no = self._round
+        deadline = time.monotonic() + self._timeout_s
+        pending = []
         for gpu in self._gpus:
+            lane = self._lanes[gpu.index]
             if gpu.lost is not None or not gpu.guard.allowed("device", round_no):
                 continue
+            if not lane.ready(self._api, self._pids, f"nvml-gpu{gpu.index}"):
+                continue
+            slow = gpu.slow_at_ns is None or now_ns - gpu.slow_at_ns >= self._slow_period_ns
+            if slow:
+                gpu.slow_at_ns = now_ns
+            assert lane.worker is not None
+            future = lane.worker.submit(
+                functools.partial(
+                    self._sample_one, lane.reader, gpu, aliases, now_ns, round_no, entered_ns, slow
+                )
+            )
+            pending.append((gpu, lane, future))
+        samples = []
+        for gpu, lane, future in pending:
             try:
-                samples.append(self._reader.sample(gpu, aliases, now_ns, round_no, entered_ns))
-                gpu.guard.succeeded("device")
-            except GpuLost as exc:
-                gpu.lost = str(exc)
-            except GpuSilent as exc:
-                gpu.guard.failed("device", "transient", str(exc), round_no)
+                sample = wait(future, deadline - time.monotonic())
+            except CallTimeout:
+                self._stalled(gpu, lane)
+                continue
+            except Exception as exc:  # a bug or an unforeseen binding error: this GPU only
+                gpu.lost = f"sampling failed: {exc!r}"
+                continue
+            if sample is not None:
+                samples.append(sample)
+        self._note_wedged()
         return samples
 
-    def _run(self, what: str, fn: Callable[[], Any], recover: bool = False) -> Any:
-        """``fn()`` on the worker thread. A timeout of a ``recover`` call loses that call
-        only (see ``_stalled``); any other timeout or unexpected error fails the sampler
-        with a reason. Returns None where there is no result."""
-        if self.failed:
-            return None
+    def _sample_one(
+        self,
+        reader: GpuReader,
+        gpu: Gpu,
+        aliases: dict[int, int],
+        now_ns: int,
+        round_no: int,
+        entered_ns: int,
+        slow: bool,
+    ) -> GpuSample | None:
+        """One GPU's reading, on its lane's thread; None when it has none this round."""
         try:
-            return self._worker.call(fn, self._timeout_s)
-        except CallTimeout:
-            if recover:
-                self._stalled(what)
-            else:
-                self.hung = True
-                self._fail(f"NVML {what} did not return within {self._timeout_s:g} s")
-        except Exception as exc:  # a bug or an unforeseen binding error: stop GPUs, not us
-            self._fail(f"NVML {what} failed: {exc!r}")
-        return None
+            sample = reader.sample(gpu, aliases, now_ns, round_no, entered_ns, slow)
+        except GpuLost as exc:
+            gpu.lost = str(exc)
+            return None
+        except GpuSilent as exc:
+            gpu.guard.failed("device", "transient", str(exc), round_no)
+            return None
+        gpu.guard.succeeded("device")
+        return sample
 
-    def _stalled(self, what: str) -> None:
-        """A round timed out: back off the call it was in, leave the blocked thread to
-        finish on its own, go on with a fresh one (up to MAX_STUCK_THREADS stuck)."""
-        calling = self._reader.calling
+    def _stalled(self, gpu: Gpu, lane: _Lane) -> None:
+        """``gpu``'s reading missed the round's deadline: back off the call it was in,
+        leave its thread to finish on its own; a fresh one starts at its next round."""
+        calling = lane.reader.calling
         if calling is not None:
-            gpu, call = calling
+            _, call = calling
             gpu.guard.failed(
                 call,
                 "transient",
@@ -306,18 +415,40 @@ class NvmlSampler:
                 self._round,
                 weight=3,
             )
-        self._reader.cancel()
-        self._reader = GpuReader(self._api, self._pids)
-        self._worker.stop()
-        self._stuck = [w for w in (*self._stuck, self._worker) if w.alive]
-        if len(self._stuck) >= MAX_STUCK_THREADS:
+        lane.reader.cancel()
+        if lane.worker is not None:
+            lane.worker.stop()
+            lane.stuck.append(lane.worker)
+            lane.worker = None
+
+    def _note_wedged(self) -> None:
+        """``hung`` while every GPU still sampled has too many calls stuck; it clears as
+        soon as one of them comes back."""
+        live = [gpu for gpu in self._gpus if gpu.lost is None]
+        wedged = [gpu for gpu in live if self._lanes[gpu.index].wedged]
+        self.hung = bool(live) and len(wedged) == len(live)
+        self.reason = (
+            f"NVML calls did not return within {self._timeout_s:g} s on every GPU "
+            f"({sum(len(self._lanes[g.index].stuck) for g in wedged)} calls stuck); "
+            "retried as they come back"
+            if self.hung
+            else None
+        )
+
+    def _run(self, what: str, fn: Callable[[], Any]) -> Any:
+        """``fn()`` on the control thread (adding GPUs, shutdown). A timeout or an
+        unexpected error fails the sampler with a reason. Returns None where there is no
+        result."""
+        if self.failed:
+            return None
+        try:
+            return self._worker.call(fn, self._timeout_s)
+        except CallTimeout:
             self.hung = True
-            self._fail(
-                f"NVML {what} did not return within {self._timeout_s:g} s "
-                f"({len(self._stuck)} calls stuck)"
-            )
-            return
-        self._worker = Worker("nvml-sampler")
+            self._fail(f"NVML {what} did not return within {self._timeout_s:g} s")
+        except Exception as exc:  # a bug or an unforeseen binding error: stop GPUs, not us
+            self._fail(f"NVML {what} failed: {exc!r}")
+        return None
 
     def _fail(self, reason: str) -> None:
         self.failed = True
@@ -326,8 +457,8 @@ class NvmlSampler:
     def status(self) -> dict[str, Any]:
         """For ``sidecar status``: on/off, the reason when off, and per GPU its UUID, name,
         lost flag and reason, power source, the calls switched off (with why), the calls
-        waiting for a retry, notes on figures unknown, and for a MIG instance the whole
-        GPU whose power and energy it shares."""
+        waiting for a retry, notes on figures unknown, for a MIG instance the whole GPU
+        whose power and energy it shares, and its threads stuck in a call."""
         gpus = [
             {
                 "index": gpu.index,
@@ -340,6 +471,7 @@ class NvmlSampler:
                 "retrying": gpu.guard.retrying(),
                 "notes": dict(gpu.notes),
                 "whole_gpu": gpu.whole_uuid,
+                "stuck_calls": len(self._lanes[gpu.index].stuck),
             }
             for gpu in list(self._gpus)
         ]
@@ -359,6 +491,9 @@ class NvmlSampler:
         if not self.failed:
             self._run("shutdown", self._shutdown)
         self._worker.stop()
+        for lane in self._lanes.values():
+            if lane.worker is not None:
+                lane.worker.stop()
 
     def _shutdown(self) -> None:
         api = self._api

@@ -13,7 +13,9 @@ round. Which readings:
 * utilization: ``nvmlDeviceGetUtilizationRates`` covers only the driver's last sample
   period (1/6 s to 1 s by product), not the round; ``nvmlDeviceGetSamples`` gives each
   driver sample since the last round with its timestamp, kept as ``util_windows`` for
-  the per-phase attribution (``summary.attribute_phases``).
+  the per-phase attribution (``summary.attribute_phases``), and the round's ``util_pct``
+  is their mean, each weighted by its period: the whole round as the driver saw it, so
+  the run's mean (weighted by the rounds) is not the last period's of each round.
 * MIG instances: memory, process lists and utilization of the instance; power, energy,
   temperature, SM clock and throttle reasons are the whole GPU's, shared with every other
   instance on it (``whole_gpu_uuid`` names that GPU).
@@ -55,7 +57,7 @@ class GpuSample:
     gpu_index: int
     uuid: str
     name: str
-    util_pct: float | None
+    util_pct: float | None  # the driver samples' mean since the last round, where any
     mem_util_pct: float | None
     mem_used_mib: float | None
     mem_total_mib: float | None
@@ -72,12 +74,15 @@ class GpuSample:
     whole_gpu_uuid: str | None = None
     # The driver's own utilization samples since the previous round, each over its own
     # sample period: (start_ns, end_ns, %) on the monotonic clock. None where the driver
-    # gives none (nvmlDeviceGetSamples unsupported or failing): then ``util_pct``, the
-    # driver's last period only, stands for the whole round.
+    # gives none (nvmlDeviceGetSamples unsupported or failing), or () when no new one:
+    # then ``util_pct``, the driver's last period only, stands for the whole round.
     util_windows: tuple[tuple[int, int, float], ...] | None = None
     # NVML's clocks event (throttle) reasons bitmask at the round, the whole GPU's
     # (``sidecar.model.straggler_gpu.reason_names`` names the bits)
     throttle_reasons: int | None = None
+    # The job's pids (our namespace) on this GPU's process lists this round; None when the
+    # lists were not read. Which split uses the GPU, for a process on several GPUs.
+    job_pids: tuple[int, ...] | None = None
 
 
 class GpuLost(Exception):
@@ -110,6 +115,7 @@ class Gpu:
     gpm: list[Any] | None = None  # [previous, current] GPM sample buffers; None: no GPM
     gpm_primed: bool = False
     notes: dict[str, str] = field(default_factory=dict)  # figures unknown this round, why
+    slow_at_ns: int | None = None  # the round that last made the expensive calls
 
 
 class Cancelled(Exception):
@@ -174,12 +180,20 @@ class GpuReader:
         gpu.guard.failed(call, kind, reason, round_no)
 
     def sample(
-        self, gpu: Gpu, aliases: dict[int, int], now_ns: int, round_no: int, entered_ns: int
+        self,
+        gpu: Gpu,
+        aliases: dict[int, int],
+        now_ns: int,
+        round_no: int,
+        entered_ns: int,
+        slow: bool = True,
     ) -> GpuSample:
         """One GpuSample of ``gpu``; ``aliases`` maps every pid alias of the job's
         processes to its pid (empty: the job fields are None and not queried).
         ``entered_ns`` is ``time.monotonic_ns()`` when the round stamped ``now_ns`` began
-        here: the energy counter's reading is stamped ``now_ns`` plus the time since."""
+        here: the energy counter's reading is stamped ``now_ns`` plus the time since.
+        Without ``slow`` the expensive calls (process lists, per-process utilization,
+        GPM) are not made and their fields are None."""
         api = self._api
 
         def read(call: str, fn: Callable[..., Any], *args: Any, whole: bool = False) -> Any:
@@ -203,13 +217,19 @@ class GpuReader:
         )
         clock = read("sm clock", api.nvmlDeviceGetClockInfo, api.NVML_CLOCK_SM, whole=True)
         throttle = read("throttle reasons", self._throttle_reasons, whole=True)
-        sm_activity = None if gpu.gpm is None else read("sm activity", self._gpm, gpu)
+        sm_activity = None if gpu.gpm is None or not slow else read("sm activity", self._gpm, gpu)
+        job = aliases if slow else {}
+        job_mem = self._job_memory(gpu, read, job) if job else (None, None)
         return GpuSample(
             t_ns=now_ns,
             gpu_index=gpu.index,
             uuid=gpu.uuid,
             name=gpu.name,
-            util_pct=None if util is None else float(util.gpu),
+            util_pct=_windows_mean(windows)
+            if windows
+            else None
+            if util is None
+            else float(util.gpu),
             mem_util_pct=None if util is None else float(util.memory),
             mem_used_mib=None if mem is None else mem.used / BYTES_PER_MIB,
             mem_total_mib=None if mem is None else mem.total / BYTES_PER_MIB,
@@ -219,11 +239,12 @@ class GpuReader:
             temperature_c=None if temp is None else float(temp),
             sm_clock_mhz=None if clock is None else float(clock),
             sm_activity_pct=sm_activity,
-            job_mem_mib=self._job_memory(gpu, read, aliases) if aliases else None,
-            job_sm_util_pct=self._job_sm_util(gpu, read, aliases) if aliases else None,
+            job_mem_mib=job_mem[0],
+            job_sm_util_pct=self._job_sm_util(gpu, read, job) if job else None,
             whole_gpu_uuid=gpu.whole_uuid,
             util_windows=windows,
             throttle_reasons=None if throttle is None else int(throttle),
+            job_pids=job_mem[1],
         )
 
     def _util_windows(self, handle: Any, gpu: Gpu) -> tuple[tuple[int, int, float], ...]:
@@ -364,11 +385,12 @@ class GpuReader:
 
     def _job_memory(
         self, gpu: Gpu, read: Callable[..., Any], aliases: dict[int, int]
-    ) -> float | None:
-        """GPU memory used by the job's processes, MiB; None if neither list is readable
-        or the lists speak another pid namespace."""
+    ) -> tuple[float | None, tuple[int, ...] | None]:
+        """GPU memory used by the job's processes, MiB, and the job's pids listed; None,
+        None if neither list is readable or the lists speak another pid namespace."""
         api = self._api
         used: dict[int, int] = {}
+        seen: set[int] = set()  # the job's pids listed, with or without a memory figure
         listed: list[int] = []
         answered = False
         for call, fn in (
@@ -382,11 +404,13 @@ class GpuReader:
             for proc in processes:
                 listed.append(proc.pid)
                 pid = aliases.get(proc.pid)
+                if pid is not None:
+                    seen.add(pid)
                 if pid is not None and proc.usedGpuMemory is not None:
                     used[pid] = max(used.get(pid, 0), proc.usedGpuMemory)
         if not answered or (not used and self._unknown_namespace(gpu, listed)):
-            return None
-        return sum(used.values()) / BYTES_PER_MIB
+            return None, None
+        return sum(used.values()) / BYTES_PER_MIB, tuple(sorted(seen))
 
     def _job_sm_util(
         self, gpu: Gpu, read: Callable[..., Any], aliases: dict[int, int]
@@ -420,6 +444,15 @@ class GpuReader:
             if exc.value in (api.NVML_ERROR_NOT_FOUND, api.NVML_SUCCESS):
                 return []
             raise
+
+
+def _windows_mean(windows: tuple[tuple[int, int, float], ...]) -> float:
+    """The mean of driver utilization samples (start_ns, end_ns, %), each weighted by its
+    length (their plain mean where every length is 0)."""
+    total_ns = sum(end - start for start, end, _ in windows)
+    if total_ns <= 0:
+        return sum(value for _, _, value in windows) / len(windows)
+    return sum((end - start) * value for start, end, value in windows) / total_ns
 
 
 def now_us() -> int:

@@ -47,19 +47,19 @@ class Worker:
             except BaseException as exc:  # handed to the waiting caller, never lost here
                 future.set_exception(exc)
 
+    def submit(self, fn: Callable[[], T]) -> Future[T]:
+        """Queue ``fn()`` on the worker thread; wait for it with ``wait``."""
+        future: Future[T] = Future()
+        self._jobs.put((future, fn))
+        return future
+
     def call(self, fn: Callable[[], T], timeout_s: float) -> T:
         """Run ``fn()`` on the worker thread and return its result.
 
         Waits at most ``timeout_s`` seconds. Raises CallTimeout when the call has not
         returned by then, or whatever ``fn`` raised.
         """
-        future: Future[T] = Future()
-        self._jobs.put((future, fn))
-        try:
-            return future.result(timeout=timeout_s)
-        except FutureTimeout:
-            future.cancel()  # a call still queued is dropped; a running one cannot be
-            raise CallTimeout(f"call timed out after {timeout_s:g} s") from None
+        return wait(self.submit(fn), timeout_s)
 
     @property
     def alive(self) -> bool:
@@ -69,3 +69,14 @@ class Worker:
     def stop(self) -> None:
         """Ask the thread to end after the calls already queued; does not wait."""
         self._jobs.put(None)
+
+
+def wait(future: Future[T], timeout_s: float) -> T:
+    """The result of a ``submit``, waiting at most ``timeout_s`` seconds (0: only if done).
+
+    Raises CallTimeout when it has not returned by then, or whatever the call raised."""
+    try:
+        return future.result(timeout=max(0.0, timeout_s))
+    except FutureTimeout:
+        future.cancel()  # a call still queued is dropped; a running one cannot be
+        raise CallTimeout(f"call timed out after {timeout_s:g} s") from None
