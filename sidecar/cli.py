@@ -24,6 +24,7 @@ from sidecar.daemon.viewers import Viewers, read_token
 from sidecar.ingest.binding import EndpointError
 from sidecar.ingest.receiver import HEARTBEAT_S
 from sidecar.resources.samplers import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
+from sidecar.views import commands as view_commands
 
 DEFAULT_METRICS_ADDR = "127.0.0.1"
 STATUS_TIMEOUT_S = 5.0  # a busy daemon answers after the messages queued before
@@ -249,6 +250,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --job: also write it into the job's folder (efficiency.txt, or efficiency.json)",
     )
+    view_commands.add_commands(commands, _endpoint)  # top, trace, compare
     return parser
 
 
@@ -547,6 +549,8 @@ def main(argv: list[str] | None = None, **seams: Any) -> int:
             return _status(endpoint, args.job, args.json)
         if args.command == "report":
             return _report(args)
+        if args.command in view_commands.COMMANDS:
+            return view_commands.main(args)
         logging.basicConfig(
             format="sidecar[%(process)d] %(levelname)s: %(message)s",
             level=logging.WARNING if args.quiet else logging.INFO,

@@ -1,0 +1,79 @@
+"""The command lines of ``sidecar top``, ``sidecar trace`` and ``sidecar compare``
+(docs/views.md): their parsers, added to the ``sidecar`` parser, and what each runs.
+Heavy imports (pandas, numpy, Rich) happen only in the command that needs them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+COMMANDS = ("compare",)
+USAGE_ERROR = 2
+
+
+def _percent(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a percentage") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text}: give a percentage of 0 or more")
+    return value
+
+
+def add_commands(commands: Any, endpoint: Callable[[str], str]) -> None:
+    """Add the view commands to the ``sidecar`` subparsers ``commands``; ``endpoint``
+    checks an ``--endpoint`` value."""
+    compare = commands.add_parser(
+        "compare", help="two run folders (or splits) side by side; a CI gate on speed"
+    )
+    compare.add_argument("base", type=Path, metavar="BASE", help="run folder or split folder")
+    compare.add_argument("new", type=Path, metavar="NEW", help="run folder or split folder")
+    compare.add_argument("--split", type=int, help="the split of both run folders")
+    compare.add_argument(
+        "--max-regression",
+        type=_percent,
+        metavar="PCT",
+        help="exit 1 when step time or throughput is worse than PCT %% beyond its interval",
+    )
+    compare.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from sidecar.report import compare, split_rows
+    from sidecar.report.read import Damaged
+
+    runs = []
+    for path in (args.base, args.new):
+        if not path.is_dir():
+            print(f"sidecar compare: no such folder: {path}", file=sys.stderr)
+            return USAGE_ERROR
+        try:
+            runs.append(split_rows.read_split(*split_rows.locate(path, args.split)))
+        except Damaged as exc:
+            print(f"sidecar compare: {exc}", file=sys.stderr)
+            return 1
+    result = compare.compare(*runs)
+    decided = None
+    if args.max_regression is not None:
+        decided = compare.gate(result, args.max_regression)
+    if args.json:
+        body = compare.as_json(result)
+        if decided is not None:
+            body["gate"] = {"passed": decided[0], "line": decided[1]}
+        print(json.dumps(body, indent=2))
+    else:
+        print("\n".join(compare.render(result)))
+        if decided is not None:
+            print(decided[1])
+    return 0 if decided is None or decided[0] else 1
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the view command ``args.command``; its exit status."""
+    return {"compare": _compare}[args.command](args)
