@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-COMMANDS = ("compare",)
+COMMANDS = ("trace", "compare")
 USAGE_ERROR = 2
 
 
@@ -26,9 +26,34 @@ def _percent(text: str) -> float:
     return value
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"{value}: give 2 or more")
+    return value
+
+
 def add_commands(commands: Any, endpoint: Callable[[str], str]) -> None:
     """Add the view commands to the ``sidecar`` subparsers ``commands``; ``endpoint``
     checks an ``--endpoint`` value."""
+    trace = commands.add_parser(
+        "trace", help="a run's timeline as Chrome Trace Event JSON (Perfetto, speedscope)"
+    )
+    trace.add_argument("folder", type=Path, metavar="FOLDER", help="run folder or split folder")
+    trace.add_argument("--split", type=int, help="the split (default: the folder's only one)")
+    trace.add_argument(
+        "--out", type=Path, default=Path("trace.json"), help="file to write (default trace.json)"
+    )
+    trace.add_argument(
+        "--max-points",
+        type=_count,
+        default=2000,
+        metavar="N",
+        help="points kept per counter series (neighbours averaged; default 2000)",
+    )
     compare = commands.add_parser(
         "compare", help="two run folders (or splits) side by side; a CI gate on speed"
     )
@@ -74,6 +99,34 @@ def _compare(args: argparse.Namespace) -> int:
     return 0 if decided is None or decided[0] else 1
 
 
+def _trace(args: argparse.Namespace) -> int:
+    from sidecar.report import split_rows, trace
+    from sidecar.report.read import Damaged
+    from sidecar.sinks.atomic import write_atomic
+
+    if not args.folder.is_dir():
+        print(f"sidecar trace: no such folder: {args.folder}", file=sys.stderr)
+        return USAGE_ERROR
+    try:
+        rows = split_rows.read_split(*split_rows.locate(args.folder, args.split))
+    except Damaged as exc:
+        print(f"sidecar trace: {exc}", file=sys.stderr)
+        return 1
+    document = trace.build(rows, args.max_points)
+    text = json.dumps(document, separators=(",", ":"))
+    try:
+        write_atomic(args.out, text)
+    except OSError as exc:
+        print(f"sidecar trace: cannot write {args.out}: {exc}", file=sys.stderr)
+        return 1
+    kinds = [event["ph"] for event in document["traceEvents"]]
+    print(
+        f"wrote {args.out} ({len(text) / 1e6:.2f} MB): {kinds.count('X')} slices on "
+        f"{len(document['otherData']['ranks'])} rank tracks, {kinds.count('C')} counter points"
+    )
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
     """Run the view command ``args.command``; its exit status."""
-    return {"compare": _compare}[args.command](args)
+    return {"trace": _trace, "compare": _compare}[args.command](args)
