@@ -174,6 +174,8 @@ class RankAggregator:
         self.downtime_s = 0.0  # between a process's end and the next one's start
         self.redone_s = 0.0  # training after a checkpoint, lost by a resume from it
         self.gpu_not_measured = 0  # phases whose GPU time the markers could not take
+        # the latest training epoch and iteration seen (live view only; -1: none yet)
+        self.epoch = self.iteration = -1
         # The goodput counters of each session (None: a state too old to hold them).
         self.goodput: list[goodput.Counters | None] = []
         self.aligned_custom: set[int] = set()  # custom phases measured inside iterations
@@ -366,6 +368,10 @@ class RankAggregator:
             return
         session = self.sessions[-1]
         session.last_ns = max(session.last_ns, int(records[:, P_END].max()))
+        training = records[(records[:, P_FLAGS] & wire.FLAG_VALIDATION) == 0]
+        if len(training):
+            self.epoch = max(self.epoch, int(training[:, P_EPOCH].max()))
+            self.iteration = max(self.iteration, int(training[:, P_ITERATION].max()))
         self.gpu_not_measured += int(np.count_nonzero(records[:, P_FLAGS] & wire.FLAG_GPU_DROPPED))
         counters = self.goodput[-1]
         if counters is not None:

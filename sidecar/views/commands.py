@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-COMMANDS = ("trace", "compare")
+COMMANDS = ("top", "trace", "compare")
 USAGE_ERROR = 2
 
 
@@ -39,6 +39,18 @@ def _count(text: str) -> int:
 def add_commands(commands: Any, endpoint: Callable[[str], str]) -> None:
     """Add the view commands to the ``sidecar`` subparsers ``commands``; ``endpoint``
     checks an ``--endpoint`` value."""
+    top = commands.add_parser("top", help="live view of the runs a sidecar serves (q quits)")
+    top.add_argument(
+        "--endpoint", type=endpoint, help="default: $SIDECAR_ENDPOINT, else the daemon's"
+    )
+    top.add_argument("--job", help="show only the runs of this Slurm job id")
+    top.add_argument("--run", metavar="ID", help="show only the run whose id starts with ID")
+    top.add_argument(
+        "--token-file",
+        type=Path,
+        help="a /metrics token (the admin's sees every run of a shared daemon)",
+    )
+    top.add_argument("--once", action="store_true", help="print one view and exit")
     trace = commands.add_parser(
         "trace", help="a run's timeline as Chrome Trace Event JSON (Perfetto, speedscope)"
     )
@@ -127,6 +139,23 @@ def _trace(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(args: argparse.Namespace) -> int:
-    """Run the view command ``args.command``; its exit status."""
+def _top(args: argparse.Namespace, ask: Any, endpoint: Callable[[], str]) -> int:
+    from sidecar.daemon.viewers import read_token
+    from sidecar.views.top import top
+
+    token = None
+    if args.token_file is not None:
+        try:
+            token = read_token(args.token_file)
+        except (OSError, ValueError) as exc:
+            print(f"sidecar top: cannot read --token-file: {exc}", file=sys.stderr)
+            return USAGE_ERROR
+    return top(ask, endpoint(), args.job, args.run, token, args.once)
+
+
+def main(args: argparse.Namespace, ask: Any, endpoint: Callable[[], str]) -> int:
+    """Run the view command ``args.command``; its exit status. ``ask`` sends a control to
+    a sidecar (``sidecar.cli``), ``endpoint`` gives the endpoint to ask by default."""
+    if args.command == "top":
+        return _top(args, ask, endpoint)
     return {"trace": _trace, "compare": _compare}[args.command](args)

@@ -19,6 +19,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("resources",),
     ("ingest", "sinks"),
     ("daemon", "report"),
+    ("views",),
     ("cli",),
     ("__main__",),
 )
