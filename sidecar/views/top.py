@@ -241,7 +241,8 @@ def _split_lines(tracked: Tracked) -> list[Text]:
             )
         )
     lines.append(Text(_job_line(tracked)[:WIDTH]))
-    return lines
+    straggler = _straggler_line(view)
+    return lines if straggler is None else [*lines, straggler]
 
 
 def _job_line(tracked: Tracked) -> str:
@@ -255,11 +256,20 @@ def _job_line(tracked: Tracked) -> str:
         f" job CPU {cpu} %, RSS {_mib(view['host_gauges'].get('trainmon_job_memory_rss_bytes'))}"
         f" MiB; records dropped {records['dropped']}, lost {records['lost']}"
     )
-    standings = [s for s in view.get("standings") or [] if s["slowest"] > 0]
-    if len(view["ranks"]) > 1 and standings:
-        worst = max(standings, key=lambda s: s["slowest"])
-        text += f"; straggler rank {worst['rank']} ({worst['phase'] or '?'})"
     return text
+
+
+def _straggler_line(view: dict[str, Any]) -> Text | None:
+    """The rank most often the slowest of several, from the sidecar's standings."""
+    standings = [s for s in view.get("standings") or [] if s["slowest"] > 0]
+    if len(view["ranks"]) < 2 or not standings:
+        return None
+    worst = max(standings, key=lambda s: s["slowest"])
+    text = (
+        f" straggler rank {worst['rank']} on {worst['host']} ({worst['phase'] or '?'}): "
+        f"slowest in {worst['slowest_share'] * 100:.0f} % of the compared steps"
+    )
+    return Text(text[:WIDTH], style="yellow")
 
 
 @contextlib.contextmanager

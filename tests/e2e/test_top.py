@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import local_users
+from tests.support.fake_pynvml import RANK_GPUS
 from tests.support.helpers import (
     SAME_PRIORITY,
     Sidecar,
@@ -229,3 +230,77 @@ def test_a_user_sees_only_their_run_which_stays_shown_once_ended(
                 stop.touch()
             for job in jobs:
                 job.communicate(timeout=120)
+
+
+def test_gpus_and_the_straggler_of_four_ranks(short_tmp: Path) -> None:
+    """Four ranks on one sidecar, each reporting its GPU (the fake NVML holds rank 2's at
+    120 W, the others at 300 W); rank 2's data loading is slowed: top shows every rank,
+    each GPU's power, and rank 2 as the straggler in data loading."""
+    endpoint = f"ipc://{short_tmp}/g.sock"
+    hold = short_tmp / "hold"
+    job = subprocess.Popen(
+        [
+            *sidecar_command(
+                "run",
+                "--quiet",
+                *SAME_PRIORITY,
+                "--endpoint",
+                endpoint,
+                "--interval",
+                "0.2",
+                seams=("--fake-nvml", "rank_gpus_third_throttled"),
+            ),
+            "--",
+            sys.executable,
+            str(JOB.parent / "ranks_job.py"),
+            "--spawn",
+            "0,1,2,3",
+            "--world",
+            "4",
+            "--truth",
+            str(short_tmp),
+            "--iters",
+            "30",
+            "--slow-rank",
+            "2",
+            "--slow-s",
+            "0.05",
+            "--gpu-uuids",
+            ",".join(RANK_GPUS),
+            "--hold-file",
+            str(hold),
+        ],
+        cwd=short_tmp,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+    def view() -> str | None:
+        done = subprocess.run(
+            sidecar_command("top", "--endpoint", endpoint, "--once"),
+            env=env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        return done.stdout if "straggler rank" in done.stdout else None
+
+    try:
+        wait_for((short_tmp / "g.sock").exists, 60, "the sidecar's socket")
+        shown = wait_for(view, 120, "the straggler in top", interval_s=1.0)
+        print(shown)
+        assert re.search(r"straggler rank 2 on \S+ \(data loading\)", shown), shown
+        ranks = [
+            int(m[1])
+            for m in map(re.compile(r"^\s+(\d)\s+\d+\s+\d+").match, shown.splitlines())
+            if m
+        ]
+        assert ranks == [0, 1, 2, 3], shown
+        powers = dict(re.findall(r"GPU (\d) NVIDIA Fake: .* (\d+) W", shown))
+        assert powers == {"0": "300", "1": "300", "2": "120", "3": "300"}, shown
+        assert all(len(line) <= 80 for line in shown.splitlines()), shown
+    finally:
+        hold.touch()
+        job.communicate(timeout=120)
