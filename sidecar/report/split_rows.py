@@ -104,15 +104,16 @@ def _rank_starts(split_dir: Path) -> dict[int, float]:
     return starts
 
 
-def _node_starts(entry: dict[str, Any]) -> tuple[dict[int, float], dict[str, float]]:
-    """(rank -> start of the node serving it, node id -> its start), Unix s, from run.json."""
-    by_rank: dict[int, float] = {}
+def _node_starts(entry: dict[str, Any]) -> tuple[dict[int, str], dict[str, float]]:
+    """(rank -> id of the node serving it, node id -> its start in Unix s), from run.json."""
+    by_rank: dict[int, str] = {}
     by_node: dict[str, float] = {}
     for node in entry.get("nodes") or []:
+        node_id = str(node.get("node_id", ""))
         start = node.get("start_unix")
         if isinstance(start, (int, float)):
-            by_node[str(node.get("node_id", ""))] = float(start)
-            by_rank.update((int(r), float(start)) for r in node.get("ranks", []))
+            by_node[node_id] = float(start)
+        by_rank.update((int(r), node_id) for r in node.get("ranks", []))
     return by_rank, by_node
 
 
@@ -139,15 +140,14 @@ def read_split(folder: Path, split: int) -> SplitRows:
     rank_nodes, node_starts = _node_starts(entry)
     starts = _rank_starts(layout.split_dir(folder, split))
     for rank in phases["rank"].unique().tolist():
-        starts.setdefault(int(rank), rank_nodes.get(int(rank), split_start))
+        starts.setdefault(int(rank), node_starts.get(rank_nodes.get(int(rank), ""), split_start))
     hosts = {
         int(rank): str(host) for host, ranks in (entry.get("hosts") or {}).items() for rank in ranks
     }
     resources = []
-    rank0_node = next((n for n, t in node_starts.items() if t == rank_nodes.get(0)), "")
     if (logs / layout.RESOURCES_FILE).exists():
         origin = starts.get(0, split_start)
-        resources.append((_read_tsv(logs / layout.RESOURCES_FILE), origin, rank0_node))
+        resources.append((_read_tsv(logs / layout.RESOURCES_FILE), origin, rank_nodes.get(0, "")))
     for path in sorted(logs.glob(layout.node_resources_file("*"))):
         node = path.stem.removeprefix("resources-")
         resources.append((_read_tsv(path), node_starts.get(node, split_start), node))
