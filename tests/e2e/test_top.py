@@ -42,11 +42,15 @@ class Pane:
     def __init__(self, folder: Path, command: list[str]) -> None:
         self.socket = str(folder / "tmux.sock")
         self.rc_file = folder / "top.rc"
+        self.rc_file.unlink(missing_ok=True)
         line = " ".join(f"'{part}'" for part in command)
         script = folder / "pane.sh"
         exports = " ".join(f"{k}='{v}'" for k, v in env().items() if k in ("PYTHONPATH", "PATH"))
+        # the shell survives a Ctrl-C meant for the command (a handler, not an ignore: the
+        # command gets the default), to write down its status
         script.write_text(
-            f"export {exports} TERM=xterm-256color\n{line}\necho $? > {self.rc_file}\n"
+            f"trap true INT\nexport {exports} TERM=xterm-256color\n{line}\n"
+            f"echo $? > {self.rc_file}\n"
         )
         self._tmux("new-session", "-d", "-s", "top", "-x", "80", "-y", "40", f"sh {script}")
 
@@ -146,6 +150,12 @@ def test_top_follows_a_live_run_and_q_quits(
         assert wait_for(lambda: pane.exit_status() is not None, 30, "top to exit") and (
             pane.exit_status() == 0
         )
+        pane.close()
+        again = panes(short_tmp, sidecar_command("top", "--endpoint", endpoint))
+        wait_for(lambda: _rank0(again.screen()), 60, "rank 0's line in top again")
+        again.press("C-c")
+        assert wait_for(lambda: again.exit_status() is not None, 30, "top to exit on Ctrl-C")
+        assert again.exit_status() == 0
     finally:
         stop.touch()
         job.communicate(timeout=120)
