@@ -402,7 +402,8 @@ class Server:
         viewer = self.access.viewers.viewer(f"Bearer {token}") if token else None
 
         def sees(user: str | None) -> bool:
-            return viewer in (ALL, user) or self.access.may_see(caller, user)
+            by_token = viewer is not None and viewer in (ALL, user)
+            return by_token or self.access.may_see(caller, user)
 
         view["runs"] = [run for run in view["runs"] if sees(run["user"])]
         if body.get("splits"):
