@@ -1,7 +1,8 @@
 """A marked training loop whose phases last set times, for the view tests (top, trace,
 compare): data loading, forward, backward and optimization each sleep for their own time
-(a sleeper is woken promptly on a busy machine, where a spinning loop is stretched by
-whole time slices), and the script writes down how long each forward and each step really
+but its last 2 ms, spun to the deadline (a sleeper is woken promptly on a busy machine,
+where a spinning loop is stretched by whole time slices; the spin absorbs a late wake-up),
+and the script writes down how long each forward and each step really
 took on its own clock (``--truth``, JSON), so a test compares the monitor's figures with
 the loop's own. ``--hold-file F``: after its epochs the loop goes on until F exists (a
 live run a test can watch); ``--validate``: a validation pass per epoch.
@@ -26,10 +27,16 @@ class Batch:
         self.shape = (size, 4)
 
 
+SPIN_S = 0.002  # the end of a phase is spun, not slept: a wake-up comes late by up to this
+
+
 def spin(seconds: float) -> float:
     """Take ``seconds``; returns the time really spent, on the loop's own clock."""
     start = time.perf_counter()
-    time.sleep(seconds)
+    deadline = start + seconds
+    time.sleep(max(0.0, seconds - SPIN_S))
+    while time.perf_counter() < deadline:
+        pass
     return time.perf_counter() - start
 
 
