@@ -24,6 +24,7 @@ from sidecar.daemon.viewers import Viewers, read_token
 from sidecar.ingest.binding import EndpointError
 from sidecar.ingest.receiver import HEARTBEAT_S
 from sidecar.resources.samplers import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
+from sidecar.views import commands as view_commands
 
 DEFAULT_METRICS_ADDR = "127.0.0.1"
 STATUS_TIMEOUT_S = 5.0  # a busy daemon answers after the messages queued before
@@ -249,6 +250,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --job: also write it into the job's folder (efficiency.txt, or efficiency.json)",
     )
+    view_commands.add_commands(commands, _endpoint)  # top, trace, compare
     return parser
 
 
@@ -530,6 +532,15 @@ def _serve(args: argparse.Namespace, seams: dict[str, Any]) -> int:
             _remove_private_folder(endpoint)
 
 
+def _asked_endpoint(args: argparse.Namespace) -> str:
+    """The sidecar a client command asks: --endpoint, $SIDECAR_ENDPOINT, the daemon's."""
+    return (
+        args.endpoint
+        or os.environ.get("SIDECAR_ENDPOINT")
+        or _in_runtime_folder(endpoints.daemon_endpoint)
+    )
+
+
 def main(argv: list[str] | None = None, **seams: Any) -> int:
     """Entry point of the console script and of ``python -m sidecar``; returns the status:
     the job's under ``sidecar run``, 2 for a command-line mistake (one line on stderr).
@@ -537,16 +548,14 @@ def main(argv: list[str] | None = None, **seams: Any) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command in ("status", "finish"):
-            endpoint = (
-                args.endpoint
-                or os.environ.get("SIDECAR_ENDPOINT")
-                or _in_runtime_folder(endpoints.daemon_endpoint)
-            )
+            endpoint = _asked_endpoint(args)
             if args.command == "finish":
                 return _finish(endpoint, args.job)
             return _status(endpoint, args.job, args.json)
         if args.command == "report":
             return _report(args)
+        if args.command in view_commands.COMMANDS:
+            return view_commands.main(args, _ask, lambda: _asked_endpoint(args))
         logging.basicConfig(
             format="sidecar[%(process)d] %(levelname)s: %(message)s",
             level=logging.WARNING if args.quiet else logging.INFO,

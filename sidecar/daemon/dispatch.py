@@ -39,7 +39,7 @@ class Dispatcher:
         registry: Registry,
         monitor: ResourceMonitor,
         write: Write,
-        status: Callable[[Peer | None], dict[str, Any]],
+        status: Callable[[Peer | None, dict[str, Any]], dict[str, Any]],
         finish_job: Callable[[str, Peer | None], dict[str, Any]],
     ) -> None:
         self.registry = registry
@@ -70,7 +70,7 @@ class Dispatcher:
             raise wire.WireError("unknown_control", f"control type {kind!r}")
         schema.check(kind, body)
         if kind == wire.STATUS:
-            return {"ok": True, **self.status(caller)}
+            return {"ok": True, **self.status(caller, body)}
         if kind == wire.FINISH_JOB:
             return self.finish_job(body["job_id"], caller)
         if kind == wire.HELLO:

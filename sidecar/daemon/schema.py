@@ -82,7 +82,10 @@ FIELDS: dict[str, Fields] = {
         "worker_phases": (False, True, integer()),
         "gpu_unfinished": (False, True, integer()),
     },
-    wire.STATUS: {},
+    wire.STATUS: {  # splits: also every split's figures (sidecar top); token: see all
+        "splits": (False, False, flag),
+        "token": (False, False, text(NAME_MAX, 1)),
+    },
     wire.LOADER: {
         "kind": (True, False, one_of("train", "validation")),
         "num_workers": (True, False, integer(0, 2**31 - 1)),

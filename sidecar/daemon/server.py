@@ -15,7 +15,7 @@ import signal
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from sidecar.daemon.lifecycle import Lifecycle
 from sidecar.daemon.liveness import gone_cause, pid_alive
 from sidecar.daemon.ownership import Owners
 from sidecar.daemon.snapshot import Snapshot
-from sidecar.daemon.viewers import Viewers
+from sidecar.daemon.viewers import ALL, Viewers
 from sidecar.ingest.hello import Refused
 from sidecar.ingest.peers import Peer
 from sidecar.ingest.receiver import HEARTBEAT_S, Incoming, Receiver
@@ -409,11 +409,24 @@ class Server:
         )
         return self.snapshot
 
-    def status_for(self, caller: Peer | None) -> dict[str, Any]:
+    def status_for(self, caller: Peer | None, body: dict[str, Any] | None = None) -> dict[str, Any]:
         """The status view for ``caller``: on a shared daemon a user other than root sees
-        only their own runs (the counts stay the daemon's)."""
-        view = self.publish().as_status()
-        view["runs"] = [run for run in view["runs"] if self.access.may_see(caller, run["user"])]
+        only their own runs (the counts stay the daemon's). ``body`` (the status control):
+        ``splits`` adds every split's figures it may see (``sidecar top``); a ``token`` the
+        /metrics scrapes use (the admin's, a user's) shows what such a scrape sees."""
+        body = body or {}
+        snapshot = self.publish()
+        view = snapshot.as_status()
+        token = body.get("token")
+        viewer = self.access.viewers.viewer(f"Bearer {token}") if token else None
+
+        def sees(user: str | None) -> bool:
+            by_token = viewer is not None and viewer in (ALL, user)
+            return by_token or self.access.may_see(caller, user)
+
+        view["runs"] = [run for run in view["runs"] if sees(run["user"])]
+        if body.get("splits"):
+            view["splits"] = [asdict(s) for s in snapshot.splits if sees(s.user)]
         return view
 
     def finish_job(self, job_id: str, caller: Peer | None) -> dict[str, Any]:

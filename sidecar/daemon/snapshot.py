@@ -93,6 +93,8 @@ class RankView:
     train_samples: int | None
     val_samples: int | None
     goodput: Account  # its wall time by part (sidecar.model.goodput)
+    epoch: int = -1  # the latest training epoch and iteration (optimization step) seen
+    iteration: int = -1
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,8 @@ def _rank_view(agg: RankAggregator, straggler_per_iteration_s: float) -> RankVie
         agg.samples[False],
         agg.samples[True],
         agg.goodput_account(straggler_per_iteration_s),
+        agg.epoch,
+        agg.iteration,
     )
 
 

@@ -106,6 +106,8 @@ class RankAggregator(SeriesStore):
         # "is validation"; None until one size is known.
         self.samples: dict[bool, int | None] = {False: None, True: None}
         self.gpu_not_measured = 0  # phases whose GPU time the markers could not take
+        # the latest training epoch and iteration seen (live view only; -1: none yet)
+        self.epoch = self.iteration = -1
         # Open iterations: their phases' sums and the context record of each.
         self._open: dict[tuple[bool, int], tuple[list[int], dict[int, Partial]]] = {}
         self._spans: dict[int, list[int]] = {}  # Epoch/Validation begun, not ended: begin record
@@ -212,6 +214,10 @@ class RankAggregator(SeriesStore):
             return
         session = self.sessions[-1]
         session.last_ns = max(session.last_ns, int(records[:, P_END].max()))
+        training = records[(records[:, P_FLAGS] & wire.FLAG_VALIDATION) == 0]
+        if len(training):
+            self.epoch = max(self.epoch, int(training[:, P_EPOCH].max()))
+            self.iteration = max(self.iteration, int(training[:, P_ITERATION].max()))
         self.gpu_not_measured += int(np.count_nonzero(records[:, P_FLAGS] & wire.FLAG_GPU_DROPPED))
         counters = self.goodput[-1]
         if counters is not None:

@@ -21,6 +21,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("resources",),
     ("ingest", "sinks"),
     ("daemon", "report"),
+    ("views",),
     ("cli",),
     ("__main__",),
 )

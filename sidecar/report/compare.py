@@ -1,0 +1,369 @@
+"""``sidecar compare BASE NEW``: two runs (or splits) side by side, and a gate for CI.
+
+Method (docs/views.md): each phase's figure is the median of its stored measurements
+(unflagged rows of every rank's phases.tsv), with a 95 % percentile bootstrap interval
+(``BOOTSTRAP_ROUNDS`` resamples of the rows, numpy's generator seeded with
+``SEED``, so the same files always give the same intervals). A difference is NEW
+against BASE in percent; its interval comes from the same resamples (NEW's over BASE's,
+resample by resample). Throughput is Σ samples / Σ Training loop time over the stored
+training steps (a step's samples: its batch size × its batches), resampled by step. GPU
+utilization is the mean of the samples in resources.tsv, resampled by sample. Memory
+peak and goodput parts are one value per run: their differences have no interval.
+
+The gate (``--max-regression PCT``) fails when the step time (Training loop) is worse
+than PCT percent with its whole interval beyond PCT, or the throughput is lower by more
+than PCT percent with its whole interval beyond it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from markers import wire
+from sidecar.report.split_rows import SplitRows
+
+BOOTSTRAP_ROUNDS = 2000
+SEED = 0
+CONFIDENCE = 0.95
+STEP = "Training loop"
+# Phases that are not a part of a training step (the step itself, spans, validation)
+NOT_STEP_PARTS = frozenset(
+    p.column
+    for p in wire.PHASES
+    if p.validation or p.loop or p.phase in (wire.TRAINING, wire.EPOCH)
+)
+UTILIZATION = "utilization (%)"
+MEMORY_USED = "memory used (MB)"
+METHOD = (
+    f"medians of the stored rows; {CONFIDENCE:.0%} percentile bootstrap intervals "
+    f"({BOOTSTRAP_ROUNDS} resamples, seed {SEED})"
+)
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure of both runs and its difference. ``*_ci``: (low, high) or None for a
+    figure of one value per run; ``change_pct``: NEW against BASE in percent (points for
+    a share), None when BASE's value is 0 or missing."""
+
+    name: str
+    unit: str  # "s", "samples/s", "%", "MiB", "share"
+    base: float | None
+    new: float | None
+    base_ci: tuple[float, float] | None = None
+    new_ci: tuple[float, float] | None = None
+    change_pct: float | None = None
+    change_ci: tuple[float, float] | None = None
+    rows: tuple[int, int] = (0, 0)  # measurements behind it in BASE and NEW
+
+
+def _interval(draws: np.ndarray) -> tuple[float, float]:
+    tail = (1 - CONFIDENCE) / 2 * 100
+    low, high = np.percentile(draws, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+def _resampled(
+    rng: np.random.Generator, columns: tuple[np.ndarray, ...], statistic: Callable[..., Any]
+) -> np.ndarray:
+    """``statistic`` over ``BOOTSTRAP_ROUNDS`` resamples of the rows of ``columns``
+    (arrays of one length, resampled together), one value per resample."""
+    index = rng.integers(0, len(columns[0]), (BOOTSTRAP_ROUNDS, len(columns[0])))
+    return np.asarray(statistic(*(c[index] for c in columns)), dtype=float)
+
+
+def _figure(
+    rng: np.random.Generator,
+    name: str,
+    unit: str,
+    base: tuple[np.ndarray, ...],
+    new: tuple[np.ndarray, ...],
+    statistic: Callable[..., Any],
+) -> Figure:
+    """A bootstrapped figure: ``statistic(*columns)`` on each run's rows (axis -1)."""
+    base_draws = _resampled(rng, base, statistic)
+    new_draws = _resampled(rng, new, statistic)
+    base_value = float(statistic(*(c[None, :] for c in base))[0])
+    new_value = float(statistic(*(c[None, :] for c in new))[0])
+    change = change_ci = None
+    if base_value > 0 and np.all(base_draws > 0):
+        change = (new_value / base_value - 1) * 100
+        change_ci = _interval((new_draws / base_draws - 1) * 100)
+    return Figure(
+        name,
+        unit,
+        base_value,
+        new_value,
+        _interval(base_draws),
+        _interval(new_draws),
+        change,
+        change_ci,
+        (len(base[0]), len(new[0])),
+    )
+
+
+def _median(values: np.ndarray) -> np.ndarray:
+    return np.median(values, axis=-1)
+
+
+def _rate(samples: np.ndarray, wall_s: np.ndarray) -> np.ndarray:
+    return samples.sum(axis=-1) / wall_s.sum(axis=-1)
+
+
+def _mean(values: np.ndarray) -> np.ndarray:
+    return values.mean(axis=-1)
+
+
+def measured(rows: SplitRows) -> pd.DataFrame:
+    """The measurements: stored rows that are not flagged."""
+    return rows.phases[rows.phases["flag"] == ""]
+
+
+def _steps(rows: SplitRows) -> pd.DataFrame:
+    frame = measured(rows)
+    return frame[frame["phase"] == STEP]
+
+
+def _phase_names(frame: pd.DataFrame) -> list[str]:
+    return list(dict.fromkeys(frame["phase"].tolist()))
+
+
+def _samples(steps: pd.DataFrame) -> np.ndarray | None:
+    """Each step's samples (batch size × batches), None when a step has no batch size."""
+    if steps.empty or steps["batch size"].isna().any():
+        return None
+    return (steps["batch size"] * steps["batches"].clip(lower=1)).to_numpy(float)
+
+
+def _utilization(rows: SplitRows) -> np.ndarray:
+    values = [t[UTILIZATION].dropna() for t, _, _ in rows.resources if UTILIZATION in t]
+    return pd.concat(values).to_numpy(float) if values else np.array([])
+
+
+def _memory_peak(rows: SplitRows) -> float | None:
+    peaks = [t[MEMORY_USED].max() for t, _, _ in rows.resources if MEMORY_USED in t]
+    peaks = [p for p in peaks if not math.isnan(p)]
+    return max(peaks) if peaks else None
+
+
+def _plain(name: str, unit: str, base: float | None, new: float | None) -> Figure:
+    """A figure of one value per run: its change in percent (points for a share)."""
+    change = None
+    if base is not None and new is not None:
+        if unit == "share":
+            change = (new - base) * 100
+        elif base > 0:
+            change = (new / base - 1) * 100
+    return Figure(name, unit, base, new, change_pct=change)
+
+
+def _goodput(rows: SplitRows) -> dict[str, float]:
+    """The split's goodput parts as shares of its wall time (run.json's mean over ranks)."""
+    account = (rows.entry.get("goodput") or {}).get("mean") or {}
+    wall_s = account.get("wall_s") or 0.0
+    if wall_s <= 0:
+        return {}
+    parts = {"productive": account.get("productive_s") or 0.0}
+    parts.update(account.get("badput_s") or {})
+    return {part: float(value) / wall_s for part, value in parts.items()}
+
+
+def _modal(series: pd.Series) -> Any:
+    values = series.dropna()
+    if values.empty:
+        return None
+    value = values.mode().iloc[0]
+    return int(value) if float(value).is_integer() else value
+
+
+def _gpu_names(rows: SplitRows) -> list[str]:
+    return sorted(str(g.get("name", "")) for g in rows.entry.get("gpus") or [])
+
+
+def unlike(base: SplitRows, new: SplitRows) -> list[str]:
+    """How the two runs differ in ways that make figures not like for like, one sentence
+    each (empty when alike)."""
+    said = []
+    base_phases, new_phases = set(_phase_names(measured(base))), set(_phase_names(measured(new)))
+    if base_phases != new_phases:
+        only = [
+            f"only in {which}: {', '.join(sorted(names))}"
+            for which, names in (
+                ("BASE", base_phases - new_phases),
+                ("NEW", new_phases - base_phases),
+            )
+            if names
+        ]
+        said.append(f"phases differ ({'; '.join(only)}): those are shown, not compared")
+    sizes = [_modal(_steps(r)["batch size"]) for r in (base, new)]
+    if sizes[0] != sizes[1]:
+        said.append(
+            f"batch size differs ({sizes[0]} vs {sizes[1]}): phase and step times are per "
+            "step of another size; throughput (samples/s) is like for like"
+        )
+    batches = [_modal(_steps(r)["batches"]) for r in (base, new)]
+    if batches[0] != batches[1]:
+        said.append(f"batches per step differ ({batches[0]} vs {batches[1]}): accumulation")
+    gpus = [_gpu_names(r) for r in (base, new)]
+    if gpus[0] != gpus[1]:
+        said.append(
+            f"GPUs differ ({', '.join(gpus[0]) or 'none'} vs {', '.join(gpus[1]) or 'none'})"
+        )
+    ranks = [len(r.entry.get("ranks") or r.rank_start_unix) for r in (base, new)]
+    if ranks[0] != ranks[1]:
+        said.append(f"ranks differ ({ranks[0]} vs {ranks[1]}): medians pool every rank's rows")
+    return said
+
+
+def compare(base: SplitRows, new: SplitRows) -> dict[str, Any]:
+    """Every figure of BASE and NEW, with their differences and how the runs differ."""
+    rng = np.random.default_rng(SEED)
+    base_rows, new_rows = measured(base), measured(new)
+    shared = [p for p in _phase_names(base_rows) if p in set(_phase_names(new_rows))]
+    phases = [
+        _figure(
+            rng,
+            phase,
+            "s",
+            (base_rows.loc[base_rows["phase"] == phase, "wall (s)"].to_numpy(float),),
+            (new_rows.loc[new_rows["phase"] == phase, "wall (s)"].to_numpy(float),),
+            _median,
+        )
+        for phase in shared
+    ]
+    others: list[Figure] = []
+    samples = [_samples(_steps(r)) for r in (base, new)]
+    if samples[0] is not None and samples[1] is not None:
+        walls = [_steps(r)["wall (s)"].to_numpy(float) for r in (base, new)]
+        others.append(
+            _figure(
+                rng,
+                "throughput",
+                "samples/s",
+                (samples[0], walls[0]),
+                (samples[1], walls[1]),
+                _rate,
+            )
+        )
+    busy = [_utilization(r) for r in (base, new)]
+    if len(busy[0]) and len(busy[1]):
+        others.append(_figure(rng, "GPU utilization", "%", (busy[0],), (busy[1],), _mean))
+    peaks = [_memory_peak(r) for r in (base, new)]
+    if peaks[0] is not None or peaks[1] is not None:
+        others.append(_plain("GPU memory peak", "MiB", *peaks))
+    goodput = [_goodput(r) for r in (base, new)]
+    for part in dict.fromkeys([*goodput[0], *goodput[1]]):
+        others.append(
+            _plain(f"goodput {part}", "share", goodput[0].get(part), goodput[1].get(part))
+        )
+    return {
+        "base": {"folder": str(base.folder), "split": base.split},
+        "new": {"folder": str(new.folder), "split": new.split},
+        "method": METHOD,
+        "phases": phases,
+        "figures": others,
+        "unlike": unlike(base, new),
+    }
+
+
+def gate(result: dict[str, Any], max_regression_pct: float) -> tuple[bool, str]:
+    """(passed, the line that decided). Step time is gated unless the batch sizes differ;
+    throughput always. A failing step time names the phase whose median grew most."""
+    step = next((f for f in result["phases"] if f.name == STEP), None)
+    rate = next((f for f in result["figures"] if f.name == "throughput"), None)
+    sized_alike = not any(s.startswith("batch size") for s in result["unlike"])
+    if (
+        step is not None
+        and sized_alike
+        and step.change_ci is not None
+        and step.change_ci[0] > max_regression_pct
+    ):
+        grown = max(
+            (f for f in result["phases"] if f.name not in NOT_STEP_PARTS and f.base and f.new),
+            key=lambda f: f.new - f.base,
+            default=None,
+        )
+        cause = f"; most of it {_change_text(grown)}" if grown is not None else ""
+        return False, (
+            f"FAIL: step time {_change_text(step)} is worse than the {max_regression_pct:g} %"
+            f" allowed, its whole interval beyond it{cause}"
+        )
+    if rate is not None and rate.change_ci is not None and rate.change_ci[1] < -max_regression_pct:
+        return False, (
+            f"FAIL: throughput {_change_text(rate)} is lower than the {max_regression_pct:g} %"
+            " allowed, its whole interval beyond it"
+        )
+    gated = (("step time", step if sized_alike else None), ("throughput", rate))
+    checked = [f"{name} {_change_text(f)}" for name, f in gated if f is not None]
+    if not checked:
+        return True, "PASS: neither step time nor throughput could be compared"
+    return True, (
+        f"PASS: {' and '.join(checked)}: not worse than {max_regression_pct:g} % "
+        "beyond the interval"
+    )
+
+
+def _change_text(figure: Figure) -> str:
+    if figure.change_pct is None:
+        return f"{figure.name}: no change computable"
+    unit = " points" if figure.unit == "share" else " %"
+    text = f"{figure.change_pct:+.1f}{unit}"
+    if figure.change_ci is not None:
+        text += f" [{figure.change_ci[0]:+.1f}, {figure.change_ci[1]:+.1f}]"
+    return text if figure.name in (STEP, "throughput") else f"{figure.name} {text}"
+
+
+def _scale(value: float, unit: str) -> tuple[float, str]:
+    """(factor, unit shown) for a value: seconds as s, ms or µs, a share in percent."""
+    if unit == "s":
+        return next(((f, u) for f, u in ((1, "s"), (1e3, "ms")) if value * f >= 1), (1e6, "µs"))
+    return (100.0, "%") if unit == "share" else (1.0, unit)
+
+
+def _cell(value: float | None, ci: tuple[float, float] | None, unit: str) -> str:
+    """``value unit [low, high]`` in the unit that suits ``value``."""
+    if value is None:
+        return "-"
+    factor, shown = _scale(value, unit)
+    text = f"{value * factor:.3g}"
+    if ci is not None:
+        text += f" [{ci[0] * factor:.3g}, {ci[1] * factor:.3g}]"
+    return f"{text} {shown}"
+
+
+def render(result: dict[str, Any]) -> list[str]:
+    """The comparison as text lines: one per figure, then how the runs differ."""
+    lines = [
+        f"BASE {result['base']['folder']} split {result['base']['split']}; "
+        f"NEW {result['new']['folder']} split {result['new']['split']}",
+        f"Method: {result['method']}; difference: NEW against BASE",
+        f"{'figure':<24}{'BASE':<30}{'NEW':<30}difference",
+    ]
+    for figure in [*result["phases"], *result["figures"]]:
+        change = "-"
+        if figure.change_pct is not None:
+            unit = " pt" if figure.unit == "share" else " %"
+            change = f"{figure.change_pct:+.1f}{unit}"
+            if figure.change_ci is not None:
+                change += f" [{figure.change_ci[0]:+.1f}, {figure.change_ci[1]:+.1f}]"
+        lines.append(
+            f"{figure.name[:23]:<24}{_cell(figure.base, figure.base_ci, figure.unit):<30}"
+            f"{_cell(figure.new, figure.new_ci, figure.unit):<30}{change}"
+        )
+    lines += [f"Unlike runs: {sentence}" for sentence in result["unlike"]]
+    return lines
+
+
+def as_json(result: dict[str, Any]) -> dict[str, Any]:
+    """The comparison as JSON-compatible data."""
+    return {
+        **result,
+        "phases": [asdict(f) for f in result["phases"]],
+        "figures": [asdict(f) for f in result["figures"]],
+    }

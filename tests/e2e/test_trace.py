@@ -1,0 +1,184 @@
+"""``sidecar trace`` on real runs (docs/views.md): the file is Trace Event JSON holding
+every stored row of phases.tsv with its duration, nested as the phases are, with counter
+tracks; speedscope (headless Chromium, offline) opens it and names the tracks; a split
+served by two sidecars gives one track per rank, every rank on one wall clock.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from tests.support import speedscope
+from tests.support.helpers import SAME_PRIORITY, env, sidecar_command, split_dir
+
+JOBS = Path(__file__).resolve().parents[1] / "support" / "jobs"
+HOST = socket.gethostname()
+NODE_DELAY_S = 3.0  # the second node starts this much later than the first
+
+
+def _trace(cwd: Path, folder: str) -> dict[str, Any]:
+    done = subprocess.run(
+        sidecar_command("trace", folder, "--out", "trace.json"),
+        cwd=cwd,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    document = json.loads((cwd / "trace.json").read_text())
+    for event in document["traceEvents"]:
+        assert event["ph"] in ("X", "C", "M") and isinstance(event["pid"], int), event
+        if event["ph"] != "M":
+            assert isinstance(event["ts"], float | int) and math.isfinite(event["ts"]), event
+    return document
+
+
+def _slices(document: dict[str, Any]) -> list[dict[str, Any]]:
+    return [e for e in document["traceEvents"] if e["ph"] == "X"]
+
+
+def _process_names(document: dict[str, Any]) -> dict[int, str]:
+    return {
+        e["pid"]: e["args"]["name"]
+        for e in document["traceEvents"]
+        if e["ph"] == "M" and e["name"] == "process_name"
+    }
+
+
+def _inside(child: dict[str, Any], parents: list[dict[str, Any]]) -> bool:
+    return any(
+        p["ts"] <= child["ts"] and child["ts"] + child["dur"] <= p["ts"] + p["dur"] + 1e-3
+        for p in parents
+        if p["pid"] == child["pid"]
+    )
+
+
+def test_every_stored_row_is_a_slice_and_speedscope_names_the_track(short_tmp: Path) -> None:
+    done = subprocess.run(
+        [
+            *sidecar_command("run", "--quiet", *SAME_PRIORITY),
+            "--",
+            sys.executable,
+            str(JOBS / "paced_job.py"),
+            "--out-dir",
+            "run",
+            "--iters",
+            "20",
+            "--validate",
+        ],
+        cwd=short_tmp,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr
+    document = _trace(short_tmp, "run")
+    slices = _slices(document)
+    rows = pd.read_csv(split_dir(short_tmp / "run") / "logs" / "phases.tsv", sep="\t")
+    rows = rows.rename(columns={"start (s)": "start_s", "wall (s)": "wall_s"})
+    assert len(slices) == len(rows)
+    by_key = {
+        (e["name"], e["args"]["epoch"], e["args"]["iteration"], e["args"]["batch"]): e
+        for e in slices
+    }
+    start_us = min(e["ts"] for e in slices) - rows["start_s"].min() * 1e6
+    for row in rows.itertuples(index=False):
+        event = by_key[(row.phase, row.epoch, row.iteration, row.batch)]
+        assert event["dur"] == pytest.approx(row.wall_s * 1e6, abs=1e-3), (row, event)
+        assert event["ts"] == pytest.approx(start_us + row.start_s * 1e6, abs=1e-2), (row, event)
+    # nested as the phases are
+    loops = [e for e in slices if e["name"] == "Training loop"]
+    epochs = [e for e in slices if e["name"] == "Epoch"]
+    passes = [e for e in slices if e["name"] == "Validation"]
+    for name, parents in (
+        ("Forward", loops),
+        ("Optimization", loops),
+        ("Training loop", epochs),
+        ("Validation loop", passes),
+        ("Validation", epochs),
+    ):
+        children = [e for e in slices if e["name"] == name]
+        assert children and all(_inside(c, parents) for c in children), name
+    counters = {e["name"] for e in document["traceEvents"] if e["ph"] == "C"}
+    assert {"job CPU (%)", "job memory RSS (MiB)"} <= counters, counters
+    assert _process_names(document)[0] == f"rank 0 on {HOST}"
+    why_not = speedscope.unavailable()
+    if why_not:
+        pytest.skip(why_not)
+    names = speedscope.track_names(short_tmp / "trace.json", short_tmp)
+    assert [n.startswith(f"rank 0 on {HOST} (pid 0)") for n in names] == [True], names
+
+
+def _node(cwd: Path, ranks: str) -> subprocess.Popen[str]:
+    """One node of a 4-rank job: ``sidecar run`` over ranks_job.py for ``ranks``."""
+    return subprocess.Popen(
+        [
+            *sidecar_command("run", "--quiet", *SAME_PRIORITY),
+            "--",
+            sys.executable,
+            str(JOBS / "ranks_job.py"),
+            "--spawn",
+            ranks,
+            "--world",
+            "4",
+            "--truth",
+            str(cwd),
+            "--iters",
+            "30",
+            "--forward-s",
+            "0.01",
+        ],
+        cwd=cwd,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def test_two_nodes_give_one_track_per_rank_on_one_clock(short_tmp: Path) -> None:
+    launched = [time.time()]
+    first = _node(short_tmp, "0,1")
+    time.sleep(NODE_DELAY_S)
+    launched.append(time.time())
+    second = _node(short_tmp, "2,3")
+    outputs = [node.communicate(timeout=240)[0] for node in (first, second)]
+    ended = time.time()
+    assert [first.returncode, second.returncode] == [0, 0], outputs
+    document = _trace(short_tmp, "maps")
+    names = _process_names(document)
+    tracks = {pid: name for pid, name in names.items() if not name.startswith("resources on")}
+    assert tracks == {r: f"rank {r} on {HOST}" for r in range(4)}, names
+    assert len(names) > len(tracks), names  # the resources of the nodes
+    start_unix = document["otherData"]["start_unix"]
+    slices = _slices(document)
+    first_epoch = {
+        rank: min(e["ts"] for e in slices if e["pid"] == rank and e["name"] == "Epoch") / 1e6
+        for rank in range(4)
+    }
+    # on one wall clock: every slice inside the test's own span of the job, and the later
+    # node's ranks later by the delay the test made (their own clocks would start at ~0)
+    for event in slices:
+        begin = start_unix + event["ts"] / 1e6
+        assert launched[0] <= begin and begin + event["dur"] / 1e6 <= ended, event
+    later_s = min(first_epoch[2], first_epoch[3]) - max(first_epoch[0], first_epoch[1])
+    print(f"ranks 2-3 began {later_s:.2f} s after ranks 0-1 (launched {NODE_DELAY_S} s later)")
+    # not sooner than launched; later by the second node's start-up on a loaded machine
+    assert launched[1] - launched[0] - 0.5 < later_s < launched[1] - launched[0] + 15, first_epoch
+    why_not = speedscope.unavailable()
+    if why_not:
+        pytest.skip(why_not)
+    names = speedscope.track_names(short_tmp / "trace.json", short_tmp)
+    assert [n.split(" (pid")[0] for n in names] == [f"rank {r} on {HOST}" for r in range(4)]
