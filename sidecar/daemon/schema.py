@@ -76,7 +76,7 @@ FIELDS: dict[str, Fields] = {
         "payload_bytes": (False, False, integer()),
     },
     wire.FINISH: {
-        "status": (True, False, one_of("completed", "failed")),
+        "status": (True, False, one_of("completed", "failed", "incomplete")),
         "error": (False, True, text()),
         "end_ns": (False, True, integer()),
         "worker_phases": (False, True, integer()),
