@@ -324,14 +324,13 @@ class RankAggregator:
     ) -> tuple[int | None, int | None]:
         """``(batch size, samples)`` of ``iteration`` of this session, which held
         ``batches`` batches: the size of its first batch and the sum of its batches'
-        sizes. As given at its start, else as read from the batches; None when unknown
-        (samples: when any of its batches' is)."""
+        sizes. As read from the batches, a batch that cannot tell having the size given
+        at its start; None when unknown (samples: when any of its batches' is)."""
         given = self.settings.val_batch_size if validation else self.settings.train_batch_size
-        if given is not None:
-            return given, given * batches
-        size = None  # the size from before ``iteration`` (or from its first batch) on
+        size = given  # the size from before ``iteration`` (or from its first batch) on
         inside: list[tuple[int, int | None]] = []  # (position, size) read within it
         for first, position, read in self._read_sizes[validation]:
+            read = given if read is None else read
             if first > iteration:
                 break
             if first < iteration or not position:
