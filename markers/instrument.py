@@ -51,6 +51,9 @@ the first iteration after ``instrument()``.
 graph); instrument the compiled module (``instrument(torch.compile(m))``) so the hooks
 run outside the compiled graph, eagerly.
 
+A forward that raises (a caught OOM, retried with a smaller batch) ends its stamp: the
+forward hook is always called. The iteration opened for it is left unmeasured.
+
 Hooks never raise into the training loop: an error inside one is reported once
 (RuntimeWarning) and every hook stops measuring (``remove()`` takes them off).
 
@@ -59,6 +62,7 @@ Importing this module does not import torch; ``instrument()`` does.
 
 from __future__ import annotations
 
+import sys
 import warnings
 import weakref
 from collections.abc import Callable, Iterable
@@ -209,7 +213,9 @@ class _Hooks:
             self._handles.append(
                 module.register_forward_pre_hook(self._forward_pre, with_kwargs=True)
             )
-            self._handles.append(module.register_forward_hook(self._forward_post))
+            # always_call: a forward that raises (a caught CUDA OOM, then a smaller batch)
+            # still ends its stamp, or every later forward would look nested in it.
+            self._handles.append(module.register_forward_hook(self._forward_post, always_call=True))
         if optimizers is None:
             self._handles.append(register_optimizer_step_pre_hook(self._global_pre))
             self._handles.append(register_optimizer_step_post_hook(self._global_post))
@@ -300,6 +306,9 @@ class _Hooks:
             if marker is None:  # hooks installed during this forward
                 return
             marker.__exit__(None, None, None)
+            if output is None and sys.exc_info()[0] is not None:
+                self._forward_raised()
+                return
             if self._grad_enabled():
                 self._grad_forward = True
             if marker is self._evaluation and self._owned is not None and self._owned[0]:
@@ -310,6 +319,15 @@ class _Hooks:
                 self._last_ns = perf_counter_ns()
         except Exception as exc:  # never into the training loop
             self._fail(exc)
+
+    def _forward_raised(self) -> None:
+        """The outermost forward raised (torch calls the post-hook from its handler): the
+        iteration the hooks opened for it is never measured (its batch still counts for
+        warmup); what the script does before its next forward is that one's data loading."""
+        if self._owned is not None:
+            self._leave()
+        self._after_backward = False
+        self._last_ns = perf_counter_ns()
 
     def _is_training(self, module: torch.nn.Module) -> bool:
         if not module.training or self._run.in_validation:

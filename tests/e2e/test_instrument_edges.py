@@ -1,0 +1,66 @@
+"""markers.instrument() where a script leaves the plain path: a forward that raises and
+is retried, a test pass under no_grad in training mode, compiled models, DataParallel.
+Each against the script's own clock (``tests.support.spin``), with a real sidecar."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import markers
+from tests.support.helpers import Sidecar, read_tsv
+from tests.support.spin import SpinNet, SpinSGD, Truth, assert_close, one_thread, spin_loader
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+__all__ = ["one_thread"]  # a fixture, used through pytestmark
+
+FORWARD_S = 0.002
+
+
+def column(sidecar: Sidecar, name: str) -> list[float]:
+    """The stored values of one column of the split's computational.tsv."""
+    frame = read_tsv(sidecar.split_dir() / "logs" / "computational.tsv")
+    return frame[name].dropna().tolist() if name in frame else []
+
+
+class OutOfMemory(RuntimeError):
+    """What a CUDA allocator raises for a batch too large (a RuntimeError subclass)."""
+
+
+class LimitedNet(SpinNet):
+    """A SpinNet that 'runs out of memory' for a batch over ``limit`` samples."""
+
+    limit = 4
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > self.limit:
+            raise OutOfMemory("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return super().forward(x)
+
+
+def test_a_forward_that_raises_once_does_not_stop_the_forward_stamps(sidecar: Sidecar) -> None:
+    # The "catch the OOM, halve the batch" pattern: step 3's batch is too large once.
+    truth = Truth()
+    model = LimitedNet(truth, FORWARD_S)
+    optimizer = SpinSGD(model.parameters(), truth)
+    steps = 12
+    with markers.start_run(out_dir="maps", warmup_iterations=1) as run:
+        markers.instrument(model, optimizer, run)
+        for i, (x, y) in enumerate(spin_loader(truth, steps, size=4)):
+            if i == 3:
+                x, y = torch.cat([x, x]), torch.cat([y, y])
+            while True:
+                try:
+                    out = model(x)
+                    break
+                except OutOfMemory:
+                    x, y = x[: len(x) // 2], y[: len(y) // 2]
+            nn.functional.mse_loss(out, y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    # Every step after the warmup one is measured, the retried one too: the failed
+    # attempt's iteration is left, and the retry starts one of its own.
+    assert len(truth.seconds["forward"]) == steps
+    assert_close(column(sidecar, "Forward (s)"), truth.seconds["forward"][1:], "Forward")
+    assert len(column(sidecar, "Optimization (s)")) == steps - 1
