@@ -36,7 +36,8 @@ Which hook stamps what (docs/contract.md, Markers API):
   training, is an evaluation: one validation iteration, whose data loading runs from the
   previous evaluation's (or step's) end; the metrics of a batch therefore count in the
   next batch's data loading. A forward in training mode under ``no_grad`` while training
-  (a GAN's generator making fakes) is part of the training iteration's Forward.
+  (a GAN's generator making fakes) is part of the training iteration's Forward; two in a
+  row with nothing trained between them are a test pass: evaluations, the first included.
 
 Where the script already uses ``run.train_batches``/``run.val_batches`` (or a framework
 callback drives the iterations), the hooks only stamp the phases: the loop driver owns
@@ -197,6 +198,10 @@ class _Hooks:
         self._backward_depth = 0  # nesting of backward calls (a reentrant checkpoint)
         self._backward_open = False
         self._grad_forward = False  # a forward under grad since the last backward
+        # A no_grad forward in training mode that opened a training iteration, until
+        # training goes on (a GAN's generator) or another such forward follows (a test
+        # pass without model.eval()): [data loading start, start, end, batch] (ns).
+        self._undecided: list[Any] | None = None
         self._probe: torch.nn.Parameter | None = None  # a parameter that has a gradient
         # The first dimension of the last one-tensor training input whose size was read
         # (None: none, or the sizes may have changed since): the same again needs no read.
@@ -286,7 +291,20 @@ class _Hooks:
                     run.batch_seen(False, args or kwargs)
                     self._read_dim = None  # the driver may have read another size
             elif self._is_training(module):
-                self._begin_training_forward(now, args or kwargs)
+                batch = args or kwargs
+                if self._grad_enabled():
+                    self._undecided = None
+                elif self._undecided is not None and self._undecided[2]:
+                    # A second no_grad forward in a row, nothing trained in between: a
+                    # test pass in training mode, the first one included.
+                    self._first_was_evaluation(module)
+                    self._begin_evaluation(module, now, batch)
+                    self._marker = self._evaluation
+                    self._marker.__enter__()
+                    return
+                elif self._owned is None:
+                    self._undecided = [max(self._last_ns, run.last_boundary_ns), now, 0, batch]
+                self._begin_training_forward(now, batch)
                 self._marker = self._forward
             else:
                 self._begin_evaluation(module, now, args or kwargs)
@@ -311,6 +329,8 @@ class _Hooks:
                 return
             if self._grad_enabled():
                 self._grad_forward = True
+            elif self._undecided is not None and not self._undecided[2]:
+                self._undecided[2] = perf_counter_ns()
             if marker is self._evaluation and self._owned is not None and self._owned[0]:
                 run = self._run
                 run.batch_done()
@@ -328,6 +348,25 @@ class _Hooks:
             self._leave()
         self._after_backward = False
         self._last_ns = perf_counter_ns()
+
+    def _first_was_evaluation(self, module: torch.nn.Module) -> None:
+        """The undecided no_grad forward was the first of a test pass: the training
+        iteration it opened is left unmeasured (its batch counts for nothing), and it is
+        recorded as the evaluation it was (no GPU time: its kind was known only now)."""
+        loading_ns, start_ns, end_ns, batch = self._undecided or (0, 0, 0, None)
+        self._undecided = None
+        self._batch_pending = False
+        self._leave()
+        run = self._run
+        run.begin_iteration(True, loading_ns)
+        run.data_loaded(loading_ns, start_ns)
+        run.batch_seen(True, batch)
+        run.record_phase("evaluation", start_ns, end_ns)
+        run.batch_done()
+        run.end_iteration(end_ns)
+        self._last_ns = end_ns
+        self._state = _VAL
+        self._last_eval_mode = not module.training
 
     def _is_training(self, module: torch.nn.Module) -> bool:
         if not module.training or self._run.in_validation:
@@ -472,6 +511,7 @@ class _Hooks:
             # A step inside a step (GradScaler's around the optimizer's, a subclass calling
             # super().step(), an optimizer wrapping another) is part of the outer one.
             self._step_depth += 1
+            self._undecided = None  # training went on
             if self._step_depth == 1:
                 self._optimization.__enter__()
         except Exception as exc:  # never into the training loop

@@ -351,6 +351,13 @@ class Run:
         belongs to no iteration: the open one's loop time leaves it out."""
         self._iter.exclude_since(start_ns)
 
+    def record_phase(self, name: str, start_ns: int, end_ns: int) -> None:
+        """Phase ``name`` from ``start_ns`` to ``end_ns`` (perf_counter_ns), in the open
+        iteration, with no GPU time: for a phase whose kind is known only after it ran."""
+        marker = self._phases[name]
+        if isinstance(marker, Phase):
+            self._buffer.record(marker.phase_id, start_ns, end_ns)
+
     def record_outside(self, name: str, start_ns: int, end_ns: int | None = None) -> None:
         """Custom phase ``name`` from ``start_ns`` to ``end_ns`` (perf_counter_ns; None:
         now), outside any iteration whatever is open (a framework's checkpoint save: its

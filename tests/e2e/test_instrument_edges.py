@@ -64,3 +64,22 @@ def test_a_forward_that_raises_once_does_not_stop_the_forward_stamps(sidecar: Si
     assert len(truth.seconds["forward"]) == steps
     assert_close(column(sidecar, "Forward (s)"), truth.seconds["forward"][1:], "Forward")
     assert len(column(sidecar, "Optimization (s)")) == steps - 1
+
+
+def test_a_no_grad_pass_in_training_mode_after_training_is_evaluation(sidecar: Sidecar) -> None:
+    truth = Truth()
+    model = SpinNet(truth, FORWARD_S)
+    optimizer = SpinSGD(model.parameters(), truth)
+    with markers.start_run(out_dir="maps", warmup_iterations=1) as run:
+        markers.instrument(model, optimizer, run)
+        for x, y in spin_loader(truth, 5):
+            nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        with torch.no_grad():  # a test pass, the model still in training mode
+            for x, _y in spin_loader(truth, 4, part="test loading"):
+                model(x)
+    assert model.training and len(truth.seconds["evaluation"]) == 4
+    assert_close(column(sidecar, "Evaluation (s)"), truth.seconds["evaluation"], "Evaluation")
+    assert len(column(sidecar, "Validation loop (s)")) == 4
+    assert_close(column(sidecar, "Forward (s)"), truth.seconds["forward"][1:], "Forward")
