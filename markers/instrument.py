@@ -64,6 +64,7 @@ Importing this module does not import torch; ``instrument()`` does.
 from __future__ import annotations
 
 import sys
+import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterable
@@ -177,6 +178,8 @@ class _Hooks:
         # Checking ``is_compiling`` costs ~0.1 µs a call; ``torch.compiler.disable`` around
         # every hook cost ~10 µs a step. The call wrappers check it once per call.
         self._is_compiling = torch.compiler.is_compiling
+        self._get_ident = threading.get_ident
+        self._thread = 0  # the thread of the first forward: the training loop's
         self._grad_enabled = torch.is_grad_enabled
         self._run = run
         self._forward = run.phase("forward")
@@ -240,6 +243,9 @@ class _Hooks:
     # -- safety ---------------------------------------------------------------------
 
     def _fail(self, exc: Exception) -> None:
+        self._fail_with(f"a hook failed ({type(exc).__name__}: {exc})")
+
+    def _fail_with(self, why: str) -> None:
         # The hooks stay registered (torch may be iterating over them right now) but do
         # nothing from now on; remove() takes them off.
         self._failed = True
@@ -247,10 +253,9 @@ class _Hooks:
             self._run.leave_iteration()
         self._owned = None
         warnings.warn(
-            f"markers.instrument: a hook failed ({type(exc).__name__}: {exc}); "
-            "the hooks stop measuring, training goes on",
+            f"markers.instrument: {why}; the hooks stop measuring, training goes on",
             RuntimeWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
 
     def remove(self) -> None:
@@ -275,6 +280,8 @@ class _Hooks:
         self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
         if self._failed or self._is_compiling():
+            return
+        if self._get_ident() != self._thread and self._other_thread():
             return
         try:
             self._depth += 1
@@ -314,7 +321,7 @@ class _Hooks:
             self._fail(exc)
 
     def _forward_post(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        if self._failed or self._is_compiling():
+        if self._failed or self._is_compiling() or self._get_ident() != self._thread:
             return
         try:
             self._depth -= 1
@@ -339,6 +346,22 @@ class _Hooks:
                 self._last_ns = perf_counter_ns()
         except Exception as exc:  # never into the training loop
             self._fail(exc)
+
+    def _other_thread(self) -> bool:
+        """A forward in a thread other than the first forward's (checked before any other
+        work): the first forward's thread is the loop's. Another one means the module's
+        hooks are shared across threads (``nn.DataParallel``'s replicas run in threads and
+        copy their module's hooks): what they stamp would mix the replicas, so the hooks
+        stop measuring and one warning says what to instrument. Returns True to skip."""
+        if not self._thread:
+            self._thread = self._get_ident()
+            return False
+        self._fail_with(
+            "the instrumented module ran in a second thread (nn.DataParallel's replicas "
+            "share its hooks); instrument the DataParallel wrapper itself, "
+            "instrument(nn.DataParallel(model), optimizer), to time its whole call"
+        )
+        return True
 
     def _forward_raised(self) -> None:
         """The outermost forward raised (torch calls the post-hook from its handler): the

@@ -4,6 +4,8 @@ Each against the script's own clock (``tests.support.spin``), with a real sideca
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from torch import nn
@@ -83,3 +85,32 @@ def test_a_no_grad_pass_in_training_mode_after_training_is_evaluation(sidecar: S
     assert_close(column(sidecar, "Evaluation (s)"), truth.seconds["evaluation"], "Evaluation")
     assert len(column(sidecar, "Validation loop (s)")) == 4
     assert_close(column(sidecar, "Forward (s)"), truth.seconds["forward"][1:], "Forward")
+
+
+def test_hooks_shared_across_threads_say_so_and_the_wrapper_is_measured(
+    sidecar: Sidecar,
+) -> None:
+    # nn.DataParallel's replicas copy their module's hooks and run in worker threads (it
+    # takes two GPUs to see); the same happens when a thread calls the module.
+    truth = Truth()
+    model = SpinNet(truth, FORWARD_S)
+    optimizer = SpinSGD(model.parameters(), truth)
+    with markers.start_run(out_dir="maps", warmup_iterations=0) as run:
+        hooks = markers.instrument(model, optimizer, run)
+        x = torch.zeros(4, 8)
+        model(x)
+        worker = threading.Thread(target=model, args=(x,))
+        with pytest.warns(RuntimeWarning, match=r"nn\.DataParallel.*instrument the DataParallel"):
+            worker.start()
+            worker.join()
+        hooks.remove()
+        # The wrapper instrumented: its whole call is one Forward (here, without GPUs,
+        # it calls the module itself).
+        truth.seconds.clear()
+        wrapper = nn.DataParallel(model)
+        markers.instrument(wrapper, optimizer, run)
+        for x, y in spin_loader(truth, 4):
+            nn.functional.mse_loss(wrapper(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    assert_close(column(sidecar, "Forward (s)"), truth.seconds["forward"], "Forward")
