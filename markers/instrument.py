@@ -49,8 +49,10 @@ evaluation counts the time since it as data loading; ``warmup_iterations`` leave
 the first iteration after ``instrument()``.
 
 ``torch.compile``: a hook Dynamo traces stamps nothing (it would bake one time into the
-graph); instrument the compiled module (``instrument(torch.compile(m))``) so the hooks
-run outside the compiled graph, eagerly.
+graph). ``instrument(torch.compile(m))`` hooks the wrapper, outside the graph. A module
+compiled in place (``m.compile()``, before or after ``instrument()``) or compiled by
+``torch.compile(m)`` after it gets hooks wrapped in ``torch.compiler.disable`` (at once,
+or from the first backward or step after a traced hook noted it), which run eagerly.
 
 A forward that raises (a caught OOM, retried with a smaller batch) ends its stamp: the
 forward hook is always called. The iteration opened for it is left unmeasured.
@@ -217,13 +219,16 @@ class _Hooks:
         self._handles: list[Any] = []
         self._unwrap: list[Callable[[], None]] = []
 
-        for module in modules:
-            self._handles.append(
-                module.register_forward_pre_hook(self._forward_pre, with_kwargs=True)
-            )
-            # always_call: a forward that raises (a caught CUDA OOM, then a smaller batch)
-            # still ends its stamp, or every later forward would look nested in it.
-            self._handles.append(module.register_forward_hook(self._forward_post, always_call=True))
+        self._modules = modules
+        self._forward_handles: list[Any] = []
+        # A module compiled in place (``model.compile()``) compiles its hooks with it: they
+        # must run outside the graph. Compiled later, a traced hook notes it (``_traced``,
+        # a side effect Dynamo replays at every call) and the next eager hook moves them.
+        self._traced = False
+        self._outside_graphs = False
+        self._hook_forwards(
+            any(getattr(m, "_compiled_call_impl", None) is not None for m in modules)
+        )
         if optimizers is None:
             self._handles.append(register_optimizer_step_pre_hook(self._global_pre))
             self._handles.append(register_optimizer_step_post_hook(self._global_post))
@@ -234,6 +239,36 @@ class _Hooks:
         self._wraps = wraps
         wraps.listen(self)
         run._open_gpu()  # the model is usually on its device by now: GPU timing from the start
+
+    def _hook_forwards(self, outside_graphs: bool) -> None:
+        """(Re)register the forward hooks on every module; with ``outside_graphs``,
+        wrapped in ``torch.compiler.disable``: Dynamo then breaks the graph around them and
+        they run eagerly (a few µs a call, so only where the module runs compiled)."""
+        import torch
+
+        for handle in self._forward_handles:
+            handle.remove()
+        self._forward_handles.clear()
+        self._outside_graphs = outside_graphs
+        pre, post = self._forward_pre, self._forward_post
+        if outside_graphs:
+            pre, post = torch.compiler.disable(pre), torch.compiler.disable(post)
+        for module in self._modules:
+            self._forward_handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+            # always_call: a forward that raises (a caught CUDA OOM, then a smaller batch)
+            # still ends its stamp, or every later forward would look nested in it.
+            self._forward_handles.append(module.register_forward_hook(post, always_call=True))
+
+    def _compiled_later(self) -> None:
+        """A forward hook was traced by Dynamo (``model.compile()`` or ``torch.compile``
+        after ``instrument()``): from the next call on, the hooks run outside the graph
+        (Dynamo recompiles once, its guards see other hooks)."""
+        self._traced = False
+        if not self._outside_graphs and not self._failed:
+            try:
+                self._hook_forwards(True)
+            except Exception as exc:  # never into the training loop
+                self._fail(exc)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _Hooks:
         # A deep copy of an instrumented model (an EMA copy) copies its hooks, our bound
@@ -263,6 +298,9 @@ class _Hooks:
         if not self.active:
             return
         self.active = False
+        for handle in self._forward_handles:
+            handle.remove()
+        self._forward_handles.clear()
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -279,7 +317,10 @@ class _Hooks:
     def _forward_pre(
         self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
-        if self._failed or self._is_compiling():
+        if self._is_compiling():
+            self._traced = True  # replayed by Dynamo after each call of the graph
+            return
+        if self._failed:
             return
         if self._get_ident() != self._thread and self._other_thread():
             return
@@ -469,6 +510,8 @@ class _Hooks:
 
     def backward_begin(self) -> None:
         """A call of ``torch.autograd.backward`` begins. Never raises."""
+        if self._traced:
+            self._compiled_later()
         if self._failed:
             return
         try:
@@ -528,6 +571,8 @@ class _Hooks:
 
     def step_begin(self, optimizer: Any) -> None:
         """A step of ``optimizer`` (one of ours) begins. Never raises."""
+        if self._traced:
+            self._compiled_later()
         if self._failed:
             return
         try:

@@ -114,3 +114,41 @@ def test_hooks_shared_across_threads_say_so_and_the_wrapper_is_measured(
             optimizer.step()
             optimizer.zero_grad()
     assert_close(column(sidecar, "Forward (s)"), truth.seconds["forward"], "Forward")
+
+
+@pytest.mark.parametrize("order", ["compile, instrument", "instrument, compile", "torch.compile"])
+def test_a_model_compiled_after_or_before_instrument_is_measured(
+    sidecar: Sidecar, order: str
+) -> None:
+    # Dynamo's eager backend: what matters is that Dynamo traces the module's call, hooks
+    # included (the default backend builds C++ and takes half a minute more).
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    truth = Truth()
+    steps, warmup = 10, 3
+    with markers.start_run(out_dir="maps", warmup_iterations=warmup) as run:
+        if order == "compile, instrument":
+            model.compile(backend="eager")
+        markers.instrument(model, optimizer, run)
+        if order == "instrument, compile":
+            model.compile(backend="eager")
+        call = torch.compile(model, backend="eager") if order == "torch.compile" else model
+        for x, y in spin_loader(truth, steps, 0.002):
+            with truth.around("step"):
+                nn.functional.mse_loss(call(x), y).backward()
+                optimizer.step()
+                optimizer.zero_grad()
+    # Compiled after instrument(), the first step's hooks are traced (no stamps): the
+    # hooks move out of the graph at its backward, and warmup counts from the next step.
+    measured = steps - warmup - (order != "compile, instrument")
+    for name in ("Forward (s)", "Backward (s)", "Optimization (s)", "Training loop (s)"):
+        assert len(column(sidecar, name)) == measured, name
+    # Each Forward within its step as the script timed it; data loading as the loader spun.
+    outer = truth.seconds["outer_step"][-measured:]
+    for forward, step in zip(column(sidecar, "Forward (s)"), outer, strict=True):
+        assert 0 < forward < step
+    assert_close(
+        column(sidecar, "Training data loading (s)"),
+        truth.seconds["loading"][-measured:],
+        "Loading",
+    )
