@@ -181,7 +181,8 @@ class _Hooks:
         # every hook cost ~10 µs a step. The call wrappers check it once per call.
         self._is_compiling = torch.compiler.is_compiling
         self._get_ident = threading.get_ident
-        self._thread = 0  # the thread of the first forward: the training loop's
+        self._thread = threading.get_ident()  # instrument()'s: the training loop's
+        self._told_thread = False
         self._grad_enabled = torch.is_grad_enabled
         self._run = run
         self._forward = run.phase("forward")
@@ -278,9 +279,6 @@ class _Hooks:
     # -- safety ---------------------------------------------------------------------
 
     def _fail(self, exc: Exception) -> None:
-        self._fail_with(f"a hook failed ({type(exc).__name__}: {exc})")
-
-    def _fail_with(self, why: str) -> None:
         # The hooks stay registered (torch may be iterating over them right now) but do
         # nothing from now on; remove() takes them off.
         self._failed = True
@@ -288,9 +286,10 @@ class _Hooks:
             self._run.leave_iteration()
         self._owned = None
         warnings.warn(
-            f"markers.instrument: {why}; the hooks stop measuring, training goes on",
+            f"markers.instrument: a hook failed ({type(exc).__name__}: {exc}); "
+            "the hooks stop measuring, training goes on",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=2,
         )
 
     def remove(self) -> None:
@@ -322,7 +321,8 @@ class _Hooks:
             return
         if self._failed:
             return
-        if self._get_ident() != self._thread and self._other_thread():
+        if self._get_ident() != self._thread:
+            self._other_thread()
             return
         try:
             self._depth += 1
@@ -388,21 +388,24 @@ class _Hooks:
         except Exception as exc:  # never into the training loop
             self._fail(exc)
 
-    def _other_thread(self) -> bool:
-        """A forward in a thread other than the first forward's (checked before any other
-        work): the first forward's thread is the loop's. Another one means the module's
-        hooks are shared across threads (``nn.DataParallel``'s replicas run in threads and
-        copy their module's hooks): what they stamp would mix the replicas, so the hooks
-        stop measuring and one warning says what to instrument. Returns True to skip."""
-        if not self._thread:
-            self._thread = self._get_ident()
-            return False
-        self._fail_with(
-            "the instrumented module ran in a second thread (nn.DataParallel's replicas "
-            "share its hooks); instrument the DataParallel wrapper itself, "
-            "instrument(nn.DataParallel(model), optimizer), to time its whole call"
+    def _other_thread(self) -> None:
+        """A forward in a thread other than ``instrument()``'s (the loop's): not measured.
+        During a backward it is a checkpointed forward recomputed by the autograd engine's
+        device thread (part of Backward). Otherwise the module's hooks are shared across
+        threads (``nn.DataParallel``'s replicas run in worker threads and copy their
+        module's hooks), or the loop runs in another thread: one warning says what to do."""
+        if self._backward_open or self._told_thread or self._failed:
+            return
+        self._told_thread = True
+        warnings.warn(
+            "markers.instrument: the instrumented module ran in a thread other than "
+            "instrument()'s (nn.DataParallel's replicas share its hooks); those forwards "
+            "are not measured. Instrument the DataParallel wrapper itself, "
+            "instrument(nn.DataParallel(model), optimizer), to time its whole call, or "
+            "call instrument() in the training loop's thread",
+            RuntimeWarning,
+            stacklevel=3,
         )
-        return True
 
     def _forward_raised(self) -> None:
         """The outermost forward raised (torch calls the post-hook from its handler): the

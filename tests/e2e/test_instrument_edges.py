@@ -100,7 +100,9 @@ def test_hooks_shared_across_threads_say_so_and_the_wrapper_is_measured(
         x = torch.zeros(4, 8)
         model(x)
         worker = threading.Thread(target=model, args=(x,))
-        with pytest.warns(RuntimeWarning, match=r"nn\.DataParallel.*instrument the DataParallel"):
+        with pytest.warns(
+            RuntimeWarning, match=r"nn\.DataParallel.*Instrument the DataParallel wrapper"
+        ):
             worker.start()
             worker.join()
         hooks.remove()
