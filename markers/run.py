@@ -552,6 +552,9 @@ class NullRun:
     def exclude_since(self, start_ns: int) -> None:
         """Does nothing."""
 
+    def record_phase(self, name: str, start_ns: int, end_ns: int) -> None:
+        """Does nothing."""
+
     def record_outside(self, name: str, start_ns: int, end_ns: int | None = None) -> None:
         """Does nothing."""
 
