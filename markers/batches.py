@@ -102,31 +102,35 @@ def batch_size(batch: Any) -> int | None:
 
 
 class BatchSizes:
-    """The batch sizes of one run, by ``validation``: read from every batch unless
-    ``start_run`` was given them, and sent when they change."""
+    """The batch sizes of one run, by ``validation``: read from every batch and sent when
+    they change. A size given to ``start_run`` stands for the batches that cannot tell; a
+    readable size wins over it (a short last batch counts what it holds)."""
 
-    __slots__ = ("_read", "_sender", "_sized")
+    __slots__ = ("_given", "_read", "_sender", "_sized")
 
     def __init__(self, sender: Sender, hello: dict[str, Any]) -> None:
         self._sender = sender
-        # The last size sent (0: the batches cannot tell), None before the first batch,
-        # -1 when given to start_run (never read).
-        self._read: list[int | None] = [
-            None if hello.get(key) is None else -1 for key in ("train_batch_size", "val_batch_size")
+        self._given: list[int | None] = [
+            hello.get(key) for key in ("train_batch_size", "val_batch_size")
         ]
+        # The size in force (0: the batches cannot tell), None before the first batch; a
+        # given size is in force from the start (the sidecar has it from the hello).
+        self._read: list[int | None] = list(self._given)
         # The batch read last, (iteration, position): a hook that sees the batch a loop
         # driver already read (its forward's arguments) reads nothing.
         self._sized: list[tuple[int, int] | None] = [None, None]
 
     def seen(self, validation: bool, iteration: int, position: int, batch: Any) -> None:
         """Batch ``position`` (0 first) of iteration number ``iteration`` was fetched: its
-        size is read (once) and sent when it changed; a batch that cannot tell gives one
+        size is read (once) and sent when it changed (a batch that cannot tell has the
+        given size, if any); without a given size, a batch that cannot tell gives one
         RuntimeWarning (at the caller of ``Run.batch_seen``)."""
         where = (iteration, position)
-        if self._read[validation] == -1 or self._sized[validation] == where:
+        if self._sized[validation] == where:
             return
         self._sized[validation] = where
-        size = batch_size(batch) or 0
+        given = self._given[validation]
+        size = batch_size(batch) or given or 0
         if size == self._read[validation]:
             return
         first = self._read[validation] is None
@@ -142,10 +146,10 @@ class BatchSizes:
             }
         )
         if not size and first:
-            given = "val_batch_size" if validation else "train_batch_size"
+            name = "val_batch_size" if validation else "train_batch_size"
             warnings.warn(
                 f"markers: the {kind} batch size cannot be read from a batch of "
-                f"type {type(batch).__name__} (ambiguous: give {given}= to "
+                f"type {type(batch).__name__} (ambiguous: give {name}= to "
                 "start_run); its throughput is reported as unknown",
                 RuntimeWarning,
                 stacklevel=3,

@@ -9,6 +9,24 @@ from collections.abc import Callable
 from typing import Any
 
 
+def meta_copy(model: Any) -> Any:
+    """A copy of ``model`` whose parameters and buffers are on the meta device, made
+    without copying their data: a plain ``deepcopy`` clones every parameter on its own
+    device first (a large model can run out of memory, and the peak-memory statistics
+    grow). Parameters keep ``requires_grad``; gradients are not copied."""
+    import torch
+
+    memo: dict[int, Any] = {}
+    for parameter in model.parameters():
+        memo[id(parameter)] = torch.nn.Parameter(
+            torch.empty_like(parameter, device="meta"), parameter.requires_grad
+        )
+    for buffer in model.buffers():
+        memo[id(buffer)] = torch.empty_like(buffer, device="meta")
+    # Tensors held otherwise (plain attributes) are copied as deepcopy does, then moved.
+    return copy.deepcopy(model, memo).to("meta")
+
+
 def count_flops_per_batch(model: Any, batch: Any, loss: Callable[[Any], Any] | None = None) -> int:
     """FLOPs of ``model`` on ``batch`` (a tensor, or a tuple/list/dict of them), forward and
     backward, as ``torch.utils.flop_counter.FlopCounterMode`` counts them on meta-device
@@ -17,7 +35,7 @@ def count_flops_per_batch(model: Any, batch: Any, loss: Callable[[Any], Any] | N
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    meta_model = copy.deepcopy(model).to("meta")
+    meta_model = meta_copy(model)
 
     def to_meta(value: Any) -> Any:
         if isinstance(value, torch.Tensor):

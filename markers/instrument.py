@@ -36,7 +36,8 @@ Which hook stamps what (docs/contract.md, Markers API):
   training, is an evaluation: one validation iteration, whose data loading runs from the
   previous evaluation's (or step's) end; the metrics of a batch therefore count in the
   next batch's data loading. A forward in training mode under ``no_grad`` while training
-  (a GAN's generator making fakes) is part of the training iteration's Forward.
+  (a GAN's generator making fakes) is part of the training iteration's Forward; two in a
+  row with nothing trained between them are a test pass: evaluations, the first included.
 
 Where the script already uses ``run.train_batches``/``run.val_batches`` (or a framework
 callback drives the iterations), the hooks only stamp the phases: the loop driver owns
@@ -48,8 +49,13 @@ evaluation counts the time since it as data loading; ``warmup_iterations`` leave
 the first iteration after ``instrument()``.
 
 ``torch.compile``: a hook Dynamo traces stamps nothing (it would bake one time into the
-graph); instrument the compiled module (``instrument(torch.compile(m))``) so the hooks
-run outside the compiled graph, eagerly.
+graph). ``instrument(torch.compile(m))`` hooks the wrapper, outside the graph. A module
+compiled in place (``m.compile()``, before or after ``instrument()``) or compiled by
+``torch.compile(m)`` after it gets hooks wrapped in ``torch.compiler.disable`` (at once,
+or from the first backward or step after a traced hook noted it), which run eagerly.
+
+A forward that raises (a caught OOM, retried with a smaller batch) ends its stamp: the
+forward hook is always called. The iteration opened for it is left unmeasured.
 
 Hooks never raise into the training loop: an error inside one is reported once
 (RuntimeWarning) and every hook stops measuring (``remove()`` takes them off).
@@ -59,6 +65,8 @@ Importing this module does not import torch; ``instrument()`` does.
 
 from __future__ import annotations
 
+import sys
+import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterable
@@ -172,6 +180,9 @@ class _Hooks:
         # Checking ``is_compiling`` costs ~0.1 µs a call; ``torch.compiler.disable`` around
         # every hook cost ~10 µs a step. The call wrappers check it once per call.
         self._is_compiling = torch.compiler.is_compiling
+        self._get_ident = threading.get_ident
+        self._thread = threading.get_ident()  # instrument()'s: the training loop's
+        self._told_thread = False
         self._grad_enabled = torch.is_grad_enabled
         self._run = run
         self._forward = run.phase("forward")
@@ -193,6 +204,10 @@ class _Hooks:
         self._backward_depth = 0  # nesting of backward calls (a reentrant checkpoint)
         self._backward_open = False
         self._grad_forward = False  # a forward under grad since the last backward
+        # A no_grad forward in training mode that opened a training iteration, until
+        # training goes on (a GAN's generator) or another such forward follows (a test
+        # pass without model.eval()): [data loading start, start, end, batch] (ns).
+        self._undecided: list[Any] | None = None
         self._probe: torch.nn.Parameter | None = None  # a parameter that has a gradient
         # The first dimension of the last one-tensor training input whose size was read
         # (None: none, or the sizes may have changed since): the same again needs no read.
@@ -205,11 +220,16 @@ class _Hooks:
         self._handles: list[Any] = []
         self._unwrap: list[Callable[[], None]] = []
 
-        for module in modules:
-            self._handles.append(
-                module.register_forward_pre_hook(self._forward_pre, with_kwargs=True)
-            )
-            self._handles.append(module.register_forward_hook(self._forward_post))
+        self._modules = modules
+        self._forward_handles: list[Any] = []
+        # A module compiled in place (``model.compile()``) compiles its hooks with it: they
+        # must run outside the graph. Compiled later, a traced hook notes it (``_traced``,
+        # a side effect Dynamo replays at every call) and the next eager hook moves them.
+        self._traced = False
+        self._outside_graphs = False
+        self._hook_forwards(
+            any(getattr(m, "_compiled_call_impl", None) is not None for m in modules)
+        )
         if optimizers is None:
             self._handles.append(register_optimizer_step_pre_hook(self._global_pre))
             self._handles.append(register_optimizer_step_post_hook(self._global_post))
@@ -220,6 +240,36 @@ class _Hooks:
         self._wraps = wraps
         wraps.listen(self)
         run._open_gpu()  # the model is usually on its device by now: GPU timing from the start
+
+    def _hook_forwards(self, outside_graphs: bool) -> None:
+        """(Re)register the forward hooks on every module; with ``outside_graphs``,
+        wrapped in ``torch.compiler.disable``: Dynamo then breaks the graph around them and
+        they run eagerly (a few µs a call, so only where the module runs compiled)."""
+        import torch
+
+        for handle in self._forward_handles:
+            handle.remove()
+        self._forward_handles.clear()
+        self._outside_graphs = outside_graphs
+        pre, post = self._forward_pre, self._forward_post
+        if outside_graphs:
+            pre, post = torch.compiler.disable(pre), torch.compiler.disable(post)
+        for module in self._modules:
+            self._forward_handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+            # always_call: a forward that raises (a caught CUDA OOM, then a smaller batch)
+            # still ends its stamp, or every later forward would look nested in it.
+            self._forward_handles.append(module.register_forward_hook(post, always_call=True))
+
+    def _compiled_later(self) -> None:
+        """A forward hook was traced by Dynamo (``model.compile()`` or ``torch.compile``
+        after ``instrument()``): from the next call on, the hooks run outside the graph
+        (Dynamo recompiles once, its guards see other hooks)."""
+        self._traced = False
+        if not self._outside_graphs and not self._failed:
+            try:
+                self._hook_forwards(True)
+            except Exception as exc:  # never into the training loop
+                self._fail(exc)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _Hooks:
         # A deep copy of an instrumented model (an EMA copy) copies its hooks, our bound
@@ -247,6 +297,9 @@ class _Hooks:
         if not self.active:
             return
         self.active = False
+        for handle in self._forward_handles:
+            handle.remove()
+        self._forward_handles.clear()
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -263,7 +316,13 @@ class _Hooks:
     def _forward_pre(
         self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
-        if self._failed or self._is_compiling():
+        if self._is_compiling():
+            self._traced = True  # replayed by Dynamo after each call of the graph
+            return
+        if self._failed:
+            return
+        if self._get_ident() != self._thread:
+            self._other_thread()
             return
         try:
             self._depth += 1
@@ -280,7 +339,20 @@ class _Hooks:
                     run.batch_seen(False, args or kwargs)
                     self._read_dim = None  # the driver may have read another size
             elif self._is_training(module):
-                self._begin_training_forward(now, args or kwargs)
+                batch = args or kwargs
+                if self._grad_enabled():
+                    self._undecided = None
+                elif self._undecided is not None and self._undecided[2]:
+                    # A second no_grad forward in a row, nothing trained in between: a
+                    # test pass in training mode, the first one included.
+                    self._first_was_evaluation(module)
+                    self._begin_evaluation(module, now, batch)
+                    self._marker = self._evaluation
+                    self._marker.__enter__()
+                    return
+                elif self._owned is None:
+                    self._undecided = [max(self._last_ns, run.last_boundary_ns), now, 0, batch]
+                self._begin_training_forward(now, batch)
                 self._marker = self._forward
             else:
                 self._begin_evaluation(module, now, args or kwargs)
@@ -290,7 +362,7 @@ class _Hooks:
             self._fail(exc)
 
     def _forward_post(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        if self._failed or self._is_compiling():
+        if self._failed or self._is_compiling() or self._get_ident() != self._thread:
             return
         try:
             self._depth -= 1
@@ -300,8 +372,13 @@ class _Hooks:
             if marker is None:  # hooks installed during this forward
                 return
             marker.__exit__(None, None, None)
+            if output is None and sys.exc_info()[0] is not None:
+                self._forward_raised()
+                return
             if self._grad_enabled():
                 self._grad_forward = True
+            elif self._undecided is not None and not self._undecided[2]:
+                self._undecided[2] = perf_counter_ns()
             if marker is self._evaluation and self._owned is not None and self._owned[0]:
                 run = self._run
                 run.batch_done()
@@ -310,6 +387,53 @@ class _Hooks:
                 self._last_ns = perf_counter_ns()
         except Exception as exc:  # never into the training loop
             self._fail(exc)
+
+    def _other_thread(self) -> None:
+        """A forward in a thread other than ``instrument()``'s (the loop's): not measured.
+        During a backward it is a checkpointed forward recomputed by the autograd engine's
+        device thread (part of Backward). Otherwise the module's hooks are shared across
+        threads (``nn.DataParallel``'s replicas run in worker threads and copy their
+        module's hooks), or the loop runs in another thread: one warning says what to do."""
+        if self._backward_open or self._told_thread or self._failed:
+            return
+        self._told_thread = True
+        warnings.warn(
+            "markers.instrument: the instrumented module ran in a thread other than "
+            "instrument()'s (nn.DataParallel's replicas share its hooks); those forwards "
+            "are not measured. Instrument the DataParallel wrapper itself, "
+            "instrument(nn.DataParallel(model), optimizer), to time its whole call, or "
+            "call instrument() in the training loop's thread",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+    def _forward_raised(self) -> None:
+        """The outermost forward raised (torch calls the post-hook from its handler): the
+        iteration the hooks opened for it is never measured (its batch still counts for
+        warmup); what the script does before its next forward is that one's data loading."""
+        if self._owned is not None:
+            self._leave()
+        self._after_backward = False
+        self._last_ns = perf_counter_ns()
+
+    def _first_was_evaluation(self, module: torch.nn.Module) -> None:
+        """The undecided no_grad forward was the first of a test pass: the training
+        iteration it opened is left unmeasured (its batch counts for nothing), and it is
+        recorded as the evaluation it was (no GPU time: its kind was known only now)."""
+        loading_ns, start_ns, end_ns, batch = self._undecided or (0, 0, 0, None)
+        self._undecided = None
+        self._batch_pending = False
+        self._leave()
+        run = self._run
+        run.begin_iteration(True, loading_ns)
+        run.data_loaded(loading_ns, start_ns)
+        run.batch_seen(True, batch)
+        run.record_phase("evaluation", start_ns, end_ns)
+        run.batch_done()
+        run.end_iteration(end_ns)
+        self._last_ns = end_ns
+        self._state = _VAL
+        self._last_eval_mode = not module.training
 
     def _is_training(self, module: torch.nn.Module) -> bool:
         if not module.training or self._run.in_validation:
@@ -389,6 +513,8 @@ class _Hooks:
 
     def backward_begin(self) -> None:
         """A call of ``torch.autograd.backward`` begins. Never raises."""
+        if self._traced:
+            self._compiled_later()
         if self._failed:
             return
         try:
@@ -448,12 +574,15 @@ class _Hooks:
 
     def step_begin(self, optimizer: Any) -> None:
         """A step of ``optimizer`` (one of ours) begins. Never raises."""
+        if self._traced:
+            self._compiled_later()
         if self._failed:
             return
         try:
             # A step inside a step (GradScaler's around the optimizer's, a subclass calling
             # super().step(), an optimizer wrapping another) is part of the outer one.
             self._step_depth += 1
+            self._undecided = None  # training went on
             if self._step_depth == 1:
                 self._optimization.__enter__()
         except Exception as exc:  # never into the training loop

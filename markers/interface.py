@@ -92,6 +92,9 @@ class RunInterface(Protocol):
     def exclude_since(self, start_ns: int) -> None:
         """The time since ``start_ns`` belongs to no iteration."""
 
+    def record_phase(self, name: str, start_ns: int, end_ns: int) -> None:
+        """Phase ``name`` from ``start_ns`` to ``end_ns``, in the open iteration."""
+
     def record_outside(self, name: str, start_ns: int, end_ns: int | None = ...) -> None:
         """Custom phase ``name`` from ``start_ns`` to ``end_ns``, in no iteration."""
 

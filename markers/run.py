@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from markers import forks, wire
 from markers.batches import BatchSizes
 from markers.buffer import GPU_DRAIN_S, RecordBuffer
+from markers.exits import describe, exit_outcome, exit_status_failed, is_interactive
 from markers.iteration import Iterations, OpenIteration, Span
 from markers.loaders import loader_control
 from markers.phase import NULL_PHASE, GpuPhase, NullPhase, Phase, PhaseTable
@@ -35,13 +36,6 @@ CHECKPOINT_TIMEOUT_S = 5.0
 STATE_TIMEOUT_S = 5.0
 
 __all__ = ["GpuPhase", "NullRun", "Phase", "Run", "describe"]
-
-
-def describe(exc: BaseException) -> str:
-    """``Type: message`` of an exception, or ``Type`` alone when it has no message (a
-    KeyboardInterrupt): the cause a failed run's files give."""
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 class Run:
@@ -85,6 +79,8 @@ class Run:
         self._epoch_iterations = 0  # iterations of both kinds when the open epoch began
         self._told_no_iterations = False  # the warning about phases without iterations
         self._finished = False
+        # Known while the session runs: at a kernel's exit its shell may be gone already.
+        self._interactive = is_interactive()
         forks.on_fork(self, Run._before_fork, Run._enter_child)
 
     # -- public API -----------------------------------------------------------------
@@ -266,14 +262,11 @@ class Run:
             self._on_close()
 
     def close_at_exit(self) -> None:
-        """At interpreter exit: a run left open is finished (failed after an uncaught
-        exception, which the interpreter records in ``sys.last_value``)."""
+        """At interpreter exit: a run left open is finished by the process's exit status
+        (``markers.exits``): failed after an uncaught exception or a non-zero
+        ``sys.exit``, else completed; ``incomplete`` in an interactive session."""
         if not self._finished:
-            last = getattr(sys, "last_value", None)
-            self.finish(
-                "failed" if last is not None else "completed",
-                describe(last) if last is not None else None,
-            )
+            self.finish(*exit_outcome(self._interactive or is_interactive()))
 
     def __enter__(self) -> Run:
         return self
@@ -281,7 +274,7 @@ class Run:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, _tb: object
     ) -> None:
-        if exc is None or (isinstance(exc, SystemExit) and exc.code in (0, None)):
+        if exc is None or (isinstance(exc, SystemExit) and not exit_status_failed(exc.code)):
             self.finish("completed")  # sys.exit(0) is a normal end
         else:
             self.finish("failed", describe(exc))
@@ -359,6 +352,13 @@ class Run:
         """The time since ``start_ns`` (perf_counter_ns; a framework's checkpoint save)
         belongs to no iteration: the open one's loop time leaves it out."""
         self._iter.exclude_since(start_ns)
+
+    def record_phase(self, name: str, start_ns: int, end_ns: int) -> None:
+        """Phase ``name`` from ``start_ns`` to ``end_ns`` (perf_counter_ns), in the open
+        iteration, with no GPU time: for a phase whose kind is known only after it ran."""
+        marker = self._phases[name]
+        if isinstance(marker, Phase):
+            self._buffer.record(marker.phase_id, start_ns, end_ns)
 
     def record_outside(self, name: str, start_ns: int, end_ns: int | None = None) -> None:
         """Custom phase ``name`` from ``start_ns`` to ``end_ns`` (perf_counter_ns; None:
@@ -552,6 +552,9 @@ class NullRun:
         """Does nothing."""
 
     def exclude_since(self, start_ns: int) -> None:
+        """Does nothing."""
+
+    def record_phase(self, name: str, start_ns: int, end_ns: int) -> None:
         """Does nothing."""
 
     def record_outside(self, name: str, start_ns: int, end_ns: int | None = None) -> None:

@@ -20,8 +20,8 @@ from typing import Any
 
 import zmq
 
+from markers import exits, wire
 from markers import secret as shared_secret
-from markers import wire
 from markers.cuda import check_device_spec
 from markers.endpoints import check, connect_address, ipc_path, private_endpoint
 from markers.hello import FIELDS
@@ -272,6 +272,7 @@ def start_run(
     )
     folder = reply.get("out_dir") if reply is not None else None
     run.out_dir = Path(folder) if isinstance(folder, str) else None
+    exits.watch_exit()  # the status a run left open gets at exit is sys.exit's
     atexit.register(run.close_at_exit)
     _current[:] = [run]
     return run

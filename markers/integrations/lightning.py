@@ -9,8 +9,9 @@ micro-batch) → ``on_before_backward`` → ``on_after_backward`` →
 
 * Training data loading: the previous batch's end (or the epoch's or validation's
   start) → ``on_train_batch_start``;
-* Forward: ``on_train_batch_start`` → ``on_before_backward`` (``training_step``, loss
-  included);
+* Forward: ``training_step`` itself (the module's method is wrapped while fitting), loss
+  included; Lightning's machinery between ``on_train_batch_start`` and it is in the
+  iteration's loop time only;
 * Backward: ``on_before_backward`` → ``on_after_backward``;
 * Optimization: ``on_before_optimizer_step`` → ``on_train_batch_end`` (the step; there
   is no after-step hook);
@@ -46,6 +47,7 @@ too, from ``pytorch_lightning.Callback``, so either namespace's Trainer accepts 
 
 from __future__ import annotations
 
+import functools
 import importlib
 from time import perf_counter_ns
 from typing import Any
@@ -90,6 +92,28 @@ class MonitorCallback(Monitor, *_callback_bases()):  # type: ignore[misc]
                 rank=trainer.global_rank,
             )
             self._cut_out_saves(trainer)
+            self._time_training_step(pl_module)
+
+    def _time_training_step(self, pl_module: Any) -> None:
+        """Wrap this module's ``training_step`` (an instance attribute, taken off at
+        teardown): Forward is the step itself. Lightning's own per-batch work between
+        ``on_train_batch_start`` and it (the closure, ``zero_grad`` before the first
+        micro-batch, the strategy's wrapper) stays in the iteration, in no phase."""
+        step = pl_module.training_step
+        if getattr(step, "_trainmon", False):
+            return
+
+        @functools.wraps(step)
+        def training_step(*args: Any, **kwargs: Any) -> Any:
+            self.switch("forward")
+            try:
+                return step(*args, **kwargs)
+            finally:
+                if self._current is self.run.phase("forward"):
+                    self.switch(None)  # a manual step's backward or step ends it itself
+
+        training_step._trainmon = True  # type: ignore[attr-defined]
+        pl_module.training_step = training_step
 
     def _cut_out_saves(self, trainer: Any) -> None:
         """Wrap this trainer's ``save_checkpoint`` (what ModelCheckpoint calls, after our
@@ -131,6 +155,8 @@ class MonitorCallback(Monitor, *_callback_bases()):  # type: ignore[misc]
         """The fit is over: the sidecar writes the files."""
         if stage == "fit":
             self.finish()
+            if getattr(vars(pl_module).get("training_step"), "_trainmon", False):
+                del pl_module.training_step
 
     # -- training -------------------------------------------------------------------
 
@@ -149,9 +175,8 @@ class MonitorCallback(Monitor, *_callback_bases()):  # type: ignore[misc]
     def on_train_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
     ) -> None:
-        """Data loading ends, Forward begins."""
+        """Data loading ends (Forward is ``training_step`` itself: its wrapper)."""
         self.begin_batch(False, batch)
-        self.switch("forward")
 
     @never_raise
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:

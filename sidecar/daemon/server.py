@@ -638,6 +638,8 @@ def serve(config: Config, command: list[str] | None = None, **seams: Any) -> int
         except OSError as exc:
             server.receiver.close()
             log.error("cannot start %s: %s", command[0], exc)
-            return 127
+            # The shell's convention: 126 for a command found but not executable
+            # (permission denied, not an executable format), 127 for one not found.
+            return 127 if isinstance(exc, FileNotFoundError) else 126
     lower_priority(config.nice)
     return server.run()

@@ -1,9 +1,10 @@
 """The batch sizes of one rank's session, and so the samples each iteration held.
 
 A stored loop row keeps the batch size of its iteration (``Row.batch_size``: of its first
-batch) and the samples it held (``Row.samples``): with the size given at the start of its
-session, that size × its batches; else the sum of the sizes the markers read from its
-batches (each applies from the batch it was read at on). Throughput sums the rows'
+batch) and the samples it held (``Row.samples``): the sum of the sizes the markers read
+from its batches (each applies from the batch it was read at on), a batch that cannot
+tell counting the size given at the start of its session (a readable size wins, so a
+short last batch counts what it holds). Throughput sums the rows'
 samples, so a size that changes (across a resume, a short last batch, or one inside a
 step of ``accumulation_steps`` batches) counts right.
 """
@@ -30,15 +31,14 @@ class BatchSizes:
         self, validation: bool, iteration: int, batches: int
     ) -> tuple[int | None, int | None]:
         """``(batch size, samples)`` of ``iteration``, which held ``batches`` batches: the
-        size of its first batch and the sum of its batches' sizes. As given at the
-        session's start, else as read from the batches; None when unknown (samples: when
-        any of its batches' is)."""
+        size of its first batch and the sum of its batches' sizes. As read from the
+        batches, a batch that cannot tell having the size given at the session's start;
+        None when unknown (samples: when any of its batches' is)."""
         given = self._given[validation]
-        if given is not None:
-            return given, given * batches
-        size = None  # the size from before ``iteration`` (or from its first batch) on
+        size = given  # the size from before ``iteration`` (or from its first batch) on
         inside: list[tuple[int, int | None]] = []  # (position, size) read within it
         for first, position, read in self._read[validation]:
+            read = given if read is None else read
             if first > iteration:
                 break
             if first < iteration or not position:

@@ -500,6 +500,42 @@ def test_sys_exit_inside_the_run(serve, short_tmp: Path, code: int, expected: st
     assert document["cause"] == (None if code == 0 else f"SystemExit: {code}")
 
 
+@pytest.mark.parametrize(
+    ("ending", "code", "status", "cause"),
+    [
+        ("sys.exit(3)", 3, "failed", "SystemExit: 3"),
+        ("sys.exit('disk full')", 1, "failed", "SystemExit: disk full"),
+        ("sys.exit(0)", 0, "completed", None),
+        ("pass", 0, "completed", None),
+        ("raise ValueError('bad')", 1, "failed", "ValueError: bad"),
+    ],
+)
+def test_a_run_left_open_ends_by_the_exit_status(
+    serve, short_tmp: Path, ending: str, code: int, status: str, cause: str | None
+) -> None:
+    """Without ``with run`` (and no finish()), the same rule as inside it."""
+    sidecar = serve()
+    out = short_tmp / "root" / "open"
+    script = (
+        "import sys, markers\n"
+        f"run = markers.start_run(out_dir={str(out)!r}, warmup_iterations=0)\n"
+        "for _ in run.train_batches([[1, 2]] * 3):\n"
+        "    pass\n"
+        f"{ending}\n"
+    )
+    process = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=short_tmp,
+        env=env(SIDECAR_ENDPOINT=sidecar.endpoint),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert process.returncode == code, process.stderr
+    document = run_json(out)
+    assert (document["status"], document["cause"]) == (status, cause)
+
+
 def test_a_keyboard_interrupt_the_user_handled_ends_the_run_completed(
     serve, short_tmp: Path
 ) -> None:

@@ -86,6 +86,17 @@ def test_rows_follow_the_hooks_with_accumulation(sidecar: Sidecar, accumulation:
     assert_close(column("Validation data loading (s)"), truth["val"][1:], "Validation data loading")
 
 
+def test_forward_is_the_training_step_itself(sidecar: Sidecar) -> None:
+    # A cheap forward, three micro-batches a step: Lightning's own work before each
+    # training_step (about as long as the step here) is in the iteration, not in Forward.
+    truth, folder = fit(
+        sidecar, "--accumulation", "3", "--batches", "9", "--epochs", "1", "--forward-s", "0.0005"
+    )
+    frame = read_tsv(split_dir(folder) / "logs" / "computational.tsv")
+    steps = sums(truth["training_step"], 3)[1:]  # the first step is warmup
+    assert_close(frame["Forward (s)"].dropna().tolist(), steps, "Forward", abs_s=0.1e-3)
+
+
 def grouped(values: list[float], sizes: list[int]) -> list[float]:
     """``values`` summed in consecutive groups of the given sizes."""
     sums_, start = [], 0

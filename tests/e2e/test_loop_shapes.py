@@ -336,10 +336,12 @@ def test_accumulation_with_a_short_last_step_counts_its_own_batches(folder: Path
     assert f"Throughput: {4 * 7 / loop_s:.2f} images/s" in result.summary
 
 
-def test_a_short_batch_inside_a_step_counts_the_samples_it_holds(folder: Path) -> None:
+@pytest.mark.parametrize("shape", ["short_batch", "short_given"])
+def test_a_short_batch_inside_a_step_counts_the_samples_it_holds(folder: Path, shape: str) -> None:
     # Sizes read from the batches, 4 a step; the loader's last batch (10 of 64) is the
-    # second of the last step: that step held 74 samples, not 2 x 64.
-    result = run_shape(folder, "short_batch")
+    # second of the last step: that step held 74 samples, not 2 x 64. With
+    # train_batch_size=64 given too, the size the batch itself tells wins.
+    result = run_shape(folder, shape)
     assert result.returncode == 0, result.stderr
     loops = result.measured("Training loop")
     assert list(loops["batches"]) == [4, 4, 2]

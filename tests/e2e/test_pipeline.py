@@ -430,6 +430,23 @@ def test_sidecar_run_of_a_missing_command_says_so(tmp_path: Path) -> None:
     assert "cannot start" in result.stderr
 
 
+def test_sidecar_run_of_a_file_without_execute_permission_exits_126(tmp_path: Path) -> None:
+    script = tmp_path / "script.py"
+    script.write_text("#!/usr/bin/env python3\nprint('never runs')\n")
+    script.chmod(0o644)
+    result = subprocess.run(
+        [sys.executable, "-m", "sidecar", "run", "--quiet", "--", f"./{script.name}"],
+        cwd=tmp_path,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 126, result.stderr  # the shell's "found, not executable"
+    assert "cannot start" in result.stderr
+    assert "Permission denied" in result.stderr
+
+
 def test_ranks_write_their_own_files_and_the_summary_compares_them(
     sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch
 ) -> None:

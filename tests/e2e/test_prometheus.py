@@ -28,6 +28,7 @@ from tests.support.prometheus import (
     promql,
     start_loop_job,
 )
+from tests.support.tools import require_tool
 
 __all__ = ["prometheus"]  # the fixture, used by name
 
@@ -37,6 +38,7 @@ LOOP = marked_loop(input_s=0.003)
 def test_prometheus_scrapes_the_phase_times_and_reports_like_the_files(
     prometheus: tuple[str, int], tmp_path: Path
 ) -> None:
+    require_tool("promtool")
     url, port = prometheus
     job, stop = start_loop_job(tmp_path, port)
     try:

@@ -31,6 +31,7 @@ from tests.support.prometheus import (
     promql,
     start_loop_job,
 )
+from tests.support.tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -181,6 +182,7 @@ def scrape_config() -> dict[str, Any]:
 
 
 def test_the_docs_scrape_config_passes_promtool(tmp_path: Path) -> None:
+    require_tool("promtool")
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(scrape_config()))
     check = subprocess.run(
         ["promtool", "check", "config", str(tmp_path / "prometheus.yml")],

@@ -21,6 +21,7 @@ import pytest
 
 from sidecar.report.jobs import JOB_COLUMNS
 from tests.support.helpers import JOB, env, read_tsv, report_jobs
+from tests.support.tools import require_tool
 
 CHROMIUM = "chromium-headless-shell"
 INPUT_BOUND = textwrap.dedent("""
@@ -300,7 +301,7 @@ def test_report_html_draws_offline_in_chromium(
     out, _ = report
     page = (out / "report.html").read_text()
     assert not re.search(r"""<(script|link|img)[^>]*\s(src|href)=""", page)
-    assert shutil.which(CHROMIUM), f"{CHROMIUM} is needed (Debian package; .ci/run installs it)"
+    require_tool(CHROMIUM)
     offline = [
         "--no-sandbox",
         "--headless",

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ import pytest
 
 from bench.report_scale import generate
 from tests.support.helpers import env
+from tests.support.tools import require_tool
 
 CHROMIUM = "chromium-headless-shell"
 LONG = "a-very-long-experiment-name-" * 4
@@ -55,7 +55,7 @@ def _report(root: Path, runs: Path) -> Path:
 
 def _check(page: Path) -> dict[str, Any]:
     """The page's layout check as Chromium's DOM holds it after the scripts ran."""
-    assert shutil.which(CHROMIUM), f"{CHROMIUM} is needed (Debian package; .ci/run installs it)"
+    require_tool(CHROMIUM)
     dom = subprocess.run(
         [
             CHROMIUM,

@@ -3,15 +3,16 @@ stays quiet) on the series written for it in trainmon.rules.test.yml."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
+
+from tests.support.tools import require_tool
 
 RULES = Path(__file__).parents[2] / "deploy" / "prometheus"
 
 
 def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
-    assert shutil.which("promtool"), "promtool is needed (Debian package prometheus)"
+    require_tool("promtool")
     return subprocess.run(
         ["promtool", *args], cwd=RULES, capture_output=True, text=True, timeout=120
     )

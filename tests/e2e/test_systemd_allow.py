@@ -11,9 +11,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from tests.e2e.test_systemd_units import UNITS, _installed_copy
+from tests.support.tools import require_tool
 
 DROP_IN = UNITS / "sidecar.service.d" / "allow.conf"
 
@@ -38,8 +37,8 @@ def test_read_write_paths_follow_the_allowed_roots() -> None:
     assert "$SIDECAR_ALLOW" in (UNITS / "sidecar.service").read_text()
 
 
-@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
 def test_the_unit_with_the_drop_in_verifies(tmp_path: Path) -> None:
+    require_tool("systemd-analyze")
     unit = _installed_copy(tmp_path, "sidecar.service")
     (tmp_path / "sidecar.service.d").mkdir()
     shutil.copy(DROP_IN, tmp_path / "sidecar.service.d" / "allow.conf")

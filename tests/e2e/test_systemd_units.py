@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,15 +19,19 @@ import pytest
 
 from tests.support.helpers import REPO, env, status
 from tests.support.notify_socket import Manager
+from tests.support.tools import require_tool
 
 UNITS = REPO / "systemd"
 # The scores of `systemd-analyze security --offline=true` recorded in docs/node-daemon.md.
 RECORDED_EXPOSURE = {"sidecar.service": 2.6, "sidecar@.service": 1.7}
 
-needs_analyze = pytest.mark.skipif(
-    shutil.which("systemd-analyze") is None,
-    reason="systemd-analyze not installed (apt-get install systemd)",
-)
+needs_analyze = pytest.mark.usefixtures("systemd_analyze")
+
+
+@pytest.fixture
+def systemd_analyze() -> None:
+    """The test runs ``systemd-analyze``."""
+    require_tool("systemd-analyze")
 
 
 def _installed_copy(tmp_path: Path, unit: str) -> Path:

@@ -6,7 +6,6 @@ Faults and bad input: input, pdb, Ctrl-C, Ctrl-Z). A real pseudo-terminal from u
 from __future__ import annotations
 
 import shlex
-import shutil
 import subprocess
 import sys
 import threading
@@ -27,11 +26,15 @@ from tests.support.helpers import (
     under_sidecar_run,
     wait_for,
 )
+from tests.support.tools import require_tool
 
 JOB = REPO / "tests" / "support" / "jobs" / "terminal_job.py"
-pytestmark = pytest.mark.skipif(
-    shutil.which("script") is None, reason="needs util-linux script (a pseudo-terminal)"
-)
+
+
+@pytest.fixture(autouse=True)
+def _script() -> None:
+    """Every test here runs util-linux ``script`` (a pseudo-terminal)."""
+    require_tool("script")
 
 
 class Terminal:

@@ -4,7 +4,6 @@ storage in a temporary folder) and small helpers to ask it."""
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.support.helpers import env, wait_for
+from tests.support.tools import require_tool
 
 
 def marked_loop(input_s: float) -> str:
@@ -72,7 +72,7 @@ def promql(server: str, query: str) -> list[dict[str, Any]]:
 def prometheus_server(folder: Path, config: str) -> Iterator[str]:
     """A Prometheus server run with the configuration text ``config``, its storage and log
     under ``folder``; yields its URL once ready, stops it on exit."""
-    assert shutil.which("prometheus"), "prometheus is needed (Debian package; .ci/run)"
+    require_tool("prometheus")
     web = free_port()
     (folder / "prometheus.yml").write_text(config)
     log = (folder / "prometheus.log").open("wb")

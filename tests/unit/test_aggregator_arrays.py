@@ -15,6 +15,7 @@ import pytest
 
 from markers import wire
 from sidecar.model.aggregator import MIN_ARRAY_RECORDS, RankAggregator, Settings
+from sidecar.model.batch_sizes import BatchSizes
 from sidecar.model.state import rank_state
 
 TRAIN = wire.FLAG_IN_ITERATION
@@ -148,12 +149,15 @@ def validation(rng: random.Random, t: int, epoch: int) -> list[list[int]]:
     return out
 
 
-def new_aggregator(settings: Settings, rng: random.Random) -> RankAggregator:
+def new_aggregator(
+    settings: Settings, rng: random.Random, read_sizes: bool = True
+) -> RankAggregator:
+    """An aggregator; with ``read_sizes``, half the time with sizes read from batches."""
     agg = RankAggregator(0, settings, 1000.0)
     agg.begin_session(1000.0, 0)
     for name in ("step-extra", "outside-extra"):
         agg.custom_key(name)
-    if rng.random() < 0.5:
+    if read_sizes and rng.random() < 0.5:
         agg.note_batch_size(False, 0, 32)
         agg.note_batch_size(False, 7, rng.choice([None, 16]))
         agg.note_batch_size(False, 9, 5, 1)  # a short batch inside a step
@@ -216,7 +220,9 @@ def test_a_long_regular_run_takes_the_array_path() -> None:
     record path would need ~50 000 Python steps): same figures as computed by hand."""
     rng = random.Random(1)
     agg = new_aggregator(
-        Settings(warmup_iterations=0, num_measurements=100, train_batch_size=4), rng
+        Settings(warmup_iterations=0, num_measurements=100, train_batch_size=4),
+        rng,
+        read_sizes=False,  # every batch of the given size
     )
     values = []
     for it in range(10_000):
@@ -295,3 +301,14 @@ def test_a_flood_of_any_kind_takes_the_array_path(
     spans = 2 * 5000 if kind == "validation_inside" else 0  # begin and end: one by one
     assert one_by_one - spans < total // 100
     close(rank_state(agg), rank_state(expected))
+
+
+def test_a_readable_batch_size_wins_over_the_given_one() -> None:
+    """train_batch_size=64 given; the markers send what the batches tell when it differs:
+    a short batch counts its own samples, a batch that cannot tell the given size."""
+    sizes = BatchSizes(64, None)
+    sizes.note(False, 2, 10)  # iteration 2: a short last batch of 10
+    sizes.note(False, 3, None)  # iteration 3 on: batches that cannot tell
+    assert sizes.iteration_samples(False, 1, 1) == (64, 64)
+    assert sizes.iteration_samples(False, 2, 1) == (10, 10)
+    assert sizes.iteration_samples(False, 3, 2) == (64, 128)

@@ -147,7 +147,9 @@ def main() -> None:
     parser.add_argument("--ckpt-dir")
     parser.add_argument("--resume")
     parser.add_argument("--kill-at-step", type=int)
+    parser.add_argument("--forward-s", type=float, default=COSTS["forward"])
     args = parser.parse_args()
+    COSTS["forward"] = args.forward_s
 
     torch.set_num_threads(1)
     truth = Truth()

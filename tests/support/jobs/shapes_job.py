@@ -298,6 +298,8 @@ SHAPES = {
     "probe": (probe, {}),
     "accumulation": (accumulation, {"accumulation_steps": 3}),
     "short_batch": (short_batch, {"accumulation_steps": 4, "train_batch_size": None}),
+    # The same batches with their usual size given: the readable size still wins.
+    "short_given": (short_batch, {"accumulation_steps": 4, "train_batch_size": 64}),
 }
 TRUTH = ""
 
