@@ -256,16 +256,16 @@ def _parser() -> argparse.ArgumentParser:
 
 def _job_report(args: argparse.Namespace) -> int:
     """``report --job``: one job's efficiency on stdout (and in its folder)."""
-    from sidecar.report import job, read
+    from sidecar.report import job_efficiency, read
     from sidecar.sinks.atomic import write_atomic
 
     try:
-        folder = job.find_job(args.job, args.paths or [Path(".")])
-        figures = job.figures(folder)
-    except (job.JobNotFound, read.Damaged) as exc:
+        folder = job_efficiency.find_job(args.job, args.paths or [Path(".")])
+        figures = job_efficiency.figures(folder)
+    except (job_efficiency.JobNotFound, read.Damaged) as exc:
         print(f"sidecar report: {exc}", file=sys.stderr)
         return 1
-    text = json.dumps(figures, indent=2) if args.json else "\n".join(job.render(figures))
+    text = json.dumps(figures, indent=2) if args.json else "\n".join(job_efficiency.render(figures))
     print(text)
     if args.into_folder:
         name = "efficiency.json" if args.json else "efficiency.txt"

@@ -50,7 +50,7 @@ from typing import Any
 from clinicadl.callbacks import Callback
 from clinicadl.callbacks import MonitorCallback as StockMonitor
 
-from markers.integrations.monitor import Monitor, never_raise
+from markers.integrations.base import Monitor, never_raise
 from markers.run import NullRun, describe
 
 STATE_KEY = "trainmon"

@@ -52,7 +52,7 @@ import importlib
 from time import perf_counter_ns
 from typing import Any
 
-from markers.integrations.monitor import Monitor, never_raise
+from markers.integrations.base import Monitor, never_raise
 
 STATE_KEY = "trainmon"
 

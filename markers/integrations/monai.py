@@ -44,7 +44,7 @@ from typing import Any
 
 from ignite.engine import Engine, Events
 
-from markers.integrations.monitor import Monitor, never_raise
+from markers.integrations.base import Monitor, never_raise
 from markers.run import describe
 
 

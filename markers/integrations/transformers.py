@@ -47,7 +47,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from markers.instrument import Instrumentation, instrument
-from markers.integrations.monitor import Monitor, never_raise
+from markers.integrations.base import Monitor, never_raise
 
 STATE_FILE = "trainmon-state.json"
 

@@ -22,7 +22,7 @@ from sidecar.daemon import slurm_jobs
 from sidecar.daemon.policy import OutDirPolicy
 from sidecar.daemon.users import ForeignFolder, acting_as, user_folder
 from sidecar.daemon.viewers import Viewers
-from sidecar.ingest.hello import Refused
+from sidecar.ingest.hello_check import Refused
 from sidecar.ingest.peers import Peer, user_name
 from sidecar.ingest.resume import Claim
 from sidecar.ingest.stream import HOSTNAME, Stream

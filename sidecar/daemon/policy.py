@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sidecar.ingest.hello import Refused
+from sidecar.ingest.hello_check import Refused
 from sidecar.ingest.peers import Peer
 
 

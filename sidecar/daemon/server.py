@@ -25,16 +25,16 @@ from markers import wire
 from sidecar.daemon import nodes_wait, slurm_jobs
 from sidecar.daemon import snapshot as snapshots
 from sidecar.daemon.access import Access, claim_split
+from sidecar.daemon.child_job import DEFAULT_NICE, Job, lower_priority
 from sidecar.daemon.deaths import DeathWatch
 from sidecar.daemon.derivations import Derivations
 from sidecar.daemon.dispatch import Dispatcher
-from sidecar.daemon.job import DEFAULT_NICE, Job, lower_priority
 from sidecar.daemon.lifecycle import Lifecycle
 from sidecar.daemon.liveness import gone_cause, pid_alive
 from sidecar.daemon.ownership import Owners
 from sidecar.daemon.snapshot import Snapshot
 from sidecar.daemon.viewers import ALL, Viewers
-from sidecar.ingest.hello import Refused
+from sidecar.ingest.hello_check import Refused
 from sidecar.ingest.peers import Peer
 from sidecar.ingest.receiver import HEARTBEAT_S, Incoming, Receiver
 from sidecar.ingest.stream import Stream
@@ -625,7 +625,7 @@ def serve(config: Config, command: list[str] | None = None, **seams: Any) -> int
     and everything is written. ``seams`` go to ``Server`` (hooks, open_gpus, write_bytes).
 
     Attached to a terminal (stdin is one), the job shares our process group
-    (``sidecar.daemon.job``). Raises EndpointError when the endpoint cannot be served (the
+    (``sidecar.daemon.child_job``). Raises EndpointError when the endpoint cannot be served (the
     job is then not started). The sidecar lowers its own CPU priority by ``config.nice``
     after starting ``command``, which keeps the priority it was given.
     """

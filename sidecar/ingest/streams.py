@@ -22,7 +22,7 @@ import numpy as np
 from markers import wire
 from markers.wire import P_BATCHES, P_END, P_FLAGS, P_PHASE, P_START
 from sidecar.ingest import resume
-from sidecar.ingest.hello import Hello, Refused, declarations, phase_id, phase_name
+from sidecar.ingest.hello_check import Hello, Refused, declarations, phase_id, phase_name
 from sidecar.ingest.peers import Peer
 from sidecar.ingest.pending import Pending
 from sidecar.ingest.resume import Claim, Lineage

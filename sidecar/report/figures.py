@@ -6,7 +6,7 @@ that keeps only the columns the report uses; the figures are then grouped sums o
 numpy arrays. No Python object is made per table row, so 10 000 run folders take
 seconds, not minutes.
 
-Resource figures follow ``sidecar.resources.samplers.summary`` exactly (the summary.log figures):
+Resource figures follow ``sidecar.resources.samplers.folding`` exactly (the summary.log figures):
 a sample weighs the time since the sample before it of the same GPU (of the job, for the
 host columns), the first weighs nothing unless it is the only one; energy is the
 counter's last − first where it has two readings and did not go back, else the integral

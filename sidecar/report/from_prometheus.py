@@ -47,7 +47,7 @@ from sidecar.model.units import BYTES_PER_MIB
 from sidecar.report import jobs
 from sidecar.report.build import PHASE_MEANS, Report, damaged_frame
 from sidecar.report.figures import PLOT_POINTS, READ_PHASES
-from sidecar.report.stragglers import STRAGGLER_COLUMNS
+from sidecar.report.straggler_columns import STRAGGLER_COLUMNS
 
 TIMEOUT_S = 30.0
 RUN = ["run", "user", "host", "slurm_job_id"]

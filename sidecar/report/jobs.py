@@ -24,7 +24,7 @@ import pandas as pd
 from sidecar.model.goodput import CAUSES
 from sidecar.report.figures import Figures
 from sidecar.report.read import RunFolder
-from sidecar.report.stragglers import STRAGGLER_COLUMNS, straggler_frame
+from sidecar.report.straggler_columns import STRAGGLER_COLUMNS, straggler_frame
 
 RUN_COLUMNS = ["run_id", "folder", "host", "user"]  # first in jobs.tsv and gpus.tsv
 JOB_TEXT_COLUMNS = ["slurm_job_id", "command", "start", "end", "status", "cause"]

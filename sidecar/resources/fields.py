@@ -9,7 +9,7 @@ none. Everything else derives from this table:
 * ``sidecar.sinks.resources_text``: the columns of resources.tsv (``columns()``, in table
   order after ``time (s)`` and ``session``), the summary block's lines, and reading an
   earlier session's samples back;
-* ``sidecar.resources.samplers.summary`` and ``sidecar.resources.sessions``: the figures;
+* ``sidecar.resources.samplers.folding`` and ``sidecar.resources.sessions``: the figures;
 * ``sidecar.resources.monitor`` (first readings, integrals), ``gauge_values`` and
   ``sidecar.daemon.snapshot``: the values the gauges export;
 * ``sidecar.daemon.metrics``: the metric families;

@@ -25,15 +25,15 @@ from sidecar.model.split import Split
 from sidecar.model.straggler_gpu import READING_COLUMNS
 from sidecar.resources import fields
 from sidecar.resources.samplers import nvml
-from sidecar.resources.samplers.host import HostSample, HostSampler
-from sidecar.resources.samplers.nvml_devices import uuid_key
-from sidecar.resources.samplers.schedule import Schedule
-from sidecar.resources.samplers.summary import (
+from sidecar.resources.samplers.folding import (
     GpuSummary,
     HostSummary,
     PhaseAttribution,
     attribute_phases,
 )
+from sidecar.resources.samplers.host import HostSample, HostSampler
+from sidecar.resources.samplers.nvml_devices import uuid_key
+from sidecar.resources.samplers.schedule import Schedule
 from sidecar.resources.sessions import summarize_gpus_over_sessions, summarize_host_over_sessions
 
 log = logging.getLogger("sidecar")

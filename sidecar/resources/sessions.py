@@ -13,15 +13,15 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from sidecar.resources import fields
-from sidecar.resources.samplers.host import HostSample
-from sidecar.resources.samplers.nvml import GpuSample
-from sidecar.resources.samplers.summary import (
+from sidecar.resources.samplers.folding import (
     Figures,
     GpuSummary,
     HostSummary,
     summarize_gpus,
     summarize_host,
 )
+from sidecar.resources.samplers.host import HostSample
+from sidecar.resources.samplers.nvml import GpuSample
 
 S = TypeVar("S", GpuSample, HostSample)
 

@@ -1,5 +1,5 @@
 """The resources block of summary.log and the rows of resources.tsv, laid out from the
-figures of ``sidecar.resources.samplers.summary`` by the field table
+figures of ``sidecar.resources.samplers.folding`` by the field table
 (``sidecar.resources.fields``: columns, lines, units; MB means MiB, as in every file).
 """
 
@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sidecar.resources import fields
+from sidecar.resources.samplers.folding import GpuSummary, HostSummary, PhaseAttribution
 from sidecar.resources.samplers.host import HostSample
 from sidecar.resources.samplers.nvml import GpuSample
-from sidecar.resources.samplers.summary import GpuSummary, HostSummary, PhaseAttribution
 from sidecar.resources.sessions import session_of
 from sidecar.sinks.layout import WIDTH
 

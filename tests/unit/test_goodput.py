@@ -10,7 +10,7 @@ from markers import wire
 from sidecar.model import goodput, state
 from sidecar.model.aggregator import RankAggregator, Settings
 from sidecar.model.goodput import BADPUT, CAUSES
-from sidecar.report import goodput_view, job
+from sidecar.report import goodput_view, job_efficiency
 from tests.unit.test_aggregator import MS, TRAIN, record
 
 
@@ -98,5 +98,5 @@ def test_the_cause_table_gives_each_cause_one_id_and_colour() -> None:
     assert len(set(CAUSES)) == len({cause.colour for cause in BADPUT}) == len(BADPUT)
     # the two causes without advice of their own have a finding of their own in the report
     assert {cause.id for cause in BADPUT if cause.advice is None} == {"data_stall", "straggler"}
-    assert list(job.SHORT) == ["productive", *CAUSES]
+    assert list(job_efficiency.SHORT) == ["productive", *CAUSES]
     assert tuple(cause.colour for cause in BADPUT) == goodput_view.COLOURS

@@ -10,7 +10,7 @@ import pytest
 from markers import hello, wire
 from markers.start import start_run
 from sidecar.daemon import schema
-from sidecar.ingest.hello import settings_from_hello
+from sidecar.ingest.hello_check import settings_from_hello
 from sidecar.model.aggregator import Settings
 
 

@@ -21,7 +21,7 @@ from sidecar.model.merge import RankFigures, figures_of, merged
 from sidecar.model.split import NEVER_WROTE, LateNode, Split
 from sidecar.model.stragglers import PHASES
 from sidecar.report.read import RunFolder, SplitFiles
-from sidecar.report.stragglers import straggler_frame
+from sidecar.report.straggler_columns import straggler_frame
 from sidecar.resources.monitor import ResourceFigures
 from sidecar.resources.samplers.nvml import NvmlSampler, open_nvml
 from sidecar.sinks import nodes, ranks_text, run_file, writer

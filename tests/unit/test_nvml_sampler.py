@@ -11,9 +11,9 @@ import numpy as np
 import pynvml
 import pytest
 
+from sidecar.resources.samplers.folding import attribute_phases, summarize_gpus
 from sidecar.resources.samplers.nvml import GpuSample, NvmlUnavailable, open_nvml
 from sidecar.resources.samplers.nvml_devices import NvmlDevice, resolve_visible_devices
-from sidecar.resources.samplers.summary import attribute_phases, summarize_gpus
 from tests.support.fake_pynvml import MIB, FakeGpu, FakeNvml, opened, periodic_busy
 
 UUIDS = [f"GPU-{i}{i}{i}{i}aaaa-0000-0000-0000-00000000000{i}" for i in range(4)]

@@ -11,7 +11,7 @@ import pytest
 
 from markers.endpoints import check
 from sidecar.daemon.policy import OutDirPolicy
-from sidecar.ingest.hello import Refused
+from sidecar.ingest.hello_check import Refused
 
 
 @pytest.mark.parametrize(

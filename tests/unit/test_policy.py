@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.daemon.policy import OutDirPolicy
-from sidecar.ingest.hello import Refused
+from sidecar.ingest.hello_check import Refused
 from sidecar.ingest.peers import Peer
 
 ALICE, BOB = Peer(4001, 4001, 1), Peer(4002, 4002, 1)

@@ -19,9 +19,9 @@ from sidecar.model.split import Split
 from sidecar.model.units import BYTES_PER_MIB as MIB
 from sidecar.resources import fields
 from sidecar.resources.monitor import SplitResources
+from sidecar.resources.samplers.folding import summarize_gpus
 from sidecar.resources.samplers.host import HostSample
 from sidecar.resources.samplers.nvml import GpuSample
-from sidecar.resources.samplers.summary import summarize_gpus
 from sidecar.sinks import resources_text
 from sidecar.sinks.tables import to_tsv
 from tests.support.snapshots import snapshot

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 
 from sidecar.resources.fields import GPU_FIELDS, columns
-from sidecar.resources.samplers.host import HostSample
-from sidecar.resources.samplers.nvml import GpuSample
-from sidecar.resources.samplers.summary import (
+from sidecar.resources.samplers.folding import (
     PhaseAttribution,
     attribute_phases,
     summarize_gpus,
     summarize_host,
 )
+from sidecar.resources.samplers.host import HostSample
+from sidecar.resources.samplers.nvml import GpuSample
 from sidecar.sinks.layout import WIDTH
 from sidecar.sinks.resources_text import resources_block, resources_frame
 
