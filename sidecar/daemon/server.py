@@ -32,6 +32,7 @@ from sidecar.daemon.liveness import gone_cause, pid_alive
 from sidecar.daemon.ownership import Owners
 from sidecar.daemon.snapshot import Snapshot
 from sidecar.daemon.viewers import Viewers
+from sidecar.exports.worker import Exports
 from sidecar.ingest.hello import Refused
 from sidecar.ingest.peers import Peer
 from sidecar.ingest.receiver import HEARTBEAT_S, Incoming, Receiver
@@ -74,6 +75,8 @@ class Config:
     # Serving rank 0 of a split whose other ranks other sidecars serve: how long its end
     # waits for their final figures (docs/multi-node.md).
     nodes_wait_s: float = nodes_wait.DEFAULT_NODES_WAIT_S
+    # the exports of a run that does not choose (``--export``; docs/exports.md)
+    export: tuple[str, ...] = ()
 
 
 class Server:
@@ -142,6 +145,7 @@ class Server:
         self._next_retry = 0.0
         self.nodes = nodes_wait.NodesWork(config.nodes_wait_s, self.write, self._write_node_file)
         self._next_publish = 0.0  # monotonic s
+        self.exports = Exports(config.export, config.shared)
         self.snapshot = self.publish()
 
     def _on_stream(self, stream: Stream) -> None:
@@ -162,6 +166,7 @@ class Server:
 
     def _on_records(self, stream: Stream, values: np.ndarray) -> None:
         self.monitor.note_records(stream.split, stream.rank, values)
+        self.exports.note_records(stream.split, stream.rank, values)
 
     def _connection_lost(self, run_id: bytes) -> bool:
         """A run's connection ended without a goodbye: a local run is left to the liveness
@@ -201,10 +206,11 @@ class Server:
                 raise PermissionError(refusal)
             self.monitor.final_round(split)
             writer.load_modules()  # with the daemon's own identity, see there
+            figures = self.monitor.figures(split)
             with self.access.acting(owner):
                 writer.write_split(
                     split,
-                    self.monitor.figures(split),
+                    figures,
                     split.record_counts(),
                     with_state,
                     self._write_bytes,
@@ -219,6 +225,7 @@ class Server:
             if split.end_unix is not None:
                 self._write_status_only(split, owner)
             return error
+        self.exports.written(split, figures, with_state)
         if split.end_unix is not None and not nodes_wait.waiting(split):
             self.registry.release(split)  # ended and written: another run may take it now
         return None
@@ -297,6 +304,7 @@ class Server:
             if body["type"] == wire.HELLO and reply is not None and reply.get("ok"):
                 self.owners.bind(message.header.run_id, message.peer, body)
                 self.access.say_where(body, reply)
+                self._exports_hello(message.header.run_id, reply)
         except wire.WireError as exc:
             self.registry.reject(exc.kind, str(exc))
             reply = {"ok": False, "error": str(exc)}
@@ -311,6 +319,14 @@ class Server:
                 action()
         finally:
             self._waiting = None
+
+    def _exports_hello(self, run_id: bytes, reply: dict[str, Any]) -> None:
+        """Choose the exports of the split a hello joined; their warning (an unknown name,
+        a library not installed) goes with the reply."""
+        stream = self.registry.streams.get(run_id)
+        warning = self.exports.hello(stream.split) if stream is not None else None
+        if warning:
+            reply["warning"] = "; ".join(filter(None, (reply.get("warning"), warning)))
 
     def _reply(
         self,
@@ -497,6 +513,7 @@ class Server:
                     self.write(split)
             for split in self.registry.prune(now, KEEP_ENDED_S):
                 self.monitor.forget(split)
+                self.exports.forget(split)
             self.owners.forget(self.registry.streams, now, KEEP_ENDED_S)
 
     def run(self) -> int:
@@ -523,6 +540,8 @@ class Server:
             self._call_hooks("stopping")
             self._drain()
             self._finalize()
+            for split in self.exports.close():  # summary.log says what was not exported
+                self.write(split)
             # The state after the final writing (each run's end and status), then the end:
             # an exporter serves until ``stopped``, so its last scrape is the final state.
             self._publish_for_hooks()

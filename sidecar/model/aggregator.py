@@ -76,6 +76,8 @@ UNCAPPED = frozenset({wire.EPOCH, wire.VALIDATION})
 MIN_ARRAY_RECORDS = 64
 # Kinds of records (``RankAggregator._kinds``): runs of one kind are taken together.
 _INSIDE, _OUTSIDE, _OTHER = 0, 1, 2
+# The flags that tell a training iteration's record (in an iteration, not validation).
+_ITERATION_KIND = wire.FLAG_IN_ITERATION | wire.FLAG_VALIDATION
 RecordValues = np.ndarray | array | Sequence[int]
 LOOP_PHASES = wire.LOOP_ID
 OUTSIDE = "outside"  # flag of a row measured outside any iteration
@@ -145,6 +147,11 @@ class Session:
     gpu_unfinished: int = 0  # phases whose GPU time the GPU had not reached at the finish wait
     pre_run_s: float = 0.0  # the process's start to its hello (start_run), seconds
     sidecar_wait_s: float = 0.0  # of which start_run waited for a private sidecar
+    # The optimizer step axis across resumes: the steps done before this session (those
+    # of the state it resumed from) and the training iterations it has begun so far (its
+    # highest iteration number + 1). Iteration i of the session is step first_step + i.
+    first_step: int = 0
+    steps: int = 0
 
     def unix_at(self, ns: int) -> float:
         """Wall-clock time (Unix seconds) of the process's ``perf_counter_ns`` value ``ns``."""
@@ -223,7 +230,11 @@ class RankAggregator:
         number = self.sessions[-1].number + 1 if self.sessions else 0
         if not self.sessions:
             self.run_start_unix = start_unix
-        self.sessions.append(Session(number, start_unix, start_ns, start_ns, run_id=run_id))
+        previous = self.sessions[-1] if self.sessions else None
+        first_step = previous.first_step + previous.steps if previous is not None else 0
+        self.sessions.append(
+            Session(number, start_unix, start_ns, start_ns, run_id=run_id, first_step=first_step)
+        )
         self.goodput.append(goodput.Counters())
         self._open.clear()
         self._spans.clear()
@@ -267,6 +278,12 @@ class RankAggregator:
         self.continued = {(phase, row.epoch) for phase, row in parts.items()}
         for phase, row in parts.items():
             self._series(phase).flagged.append(row)
+
+    def step(self) -> int:
+        """The optimizer steps begun so far, counted from the run's start across resumes
+        (the step of the iteration in progress, or of the next one)."""
+        last = self.sessions[-1] if self.sessions else None
+        return 0 if last is None else last.first_step + last.steps
 
     def training_s(self) -> float:
         """Effective Training time in seconds: earlier sessions plus the current one."""
@@ -366,6 +383,9 @@ class RankAggregator:
             return
         session = self.sessions[-1]
         session.last_ns = max(session.last_ns, int(records[:, P_END].max()))
+        training = (records[:, P_FLAGS] & _ITERATION_KIND) == wire.FLAG_IN_ITERATION
+        if training.any():
+            session.steps = max(session.steps, int(records[training, P_ITERATION].max()) + 1)
         self.gpu_not_measured += int(np.count_nonzero(records[:, P_FLAGS] & wire.FLAG_GPU_DROPPED))
         counters = self.goodput[-1]
         if counters is not None:

@@ -83,6 +83,8 @@ class Split:
         self.rejected = 0
         self.dirty = True
         self.write_error: str | None = None
+        # what the exports wrote and did not write (sidecar.exports), for summary.log
+        self.export_lines: list[str] = []
         # Per rank: seconds it waited for the slowest rank per measured iteration, as of
         # the last write (the straggler rule runs on the stored rows when files are made).
         self.straggler_waits: dict[int, float] = {}

@@ -437,6 +437,7 @@ def render(
                 *ranks_text.host_resource_lines(others),
                 "",
                 *records_lines(counts),
+                *split.export_lines,
             ],
             rank_lines,
             goodput_text.goodput_lines(accounts, _mfu(split)),
