@@ -32,7 +32,7 @@ from sidecar.daemon.liveness import gone_cause, pid_alive
 from sidecar.daemon.ownership import Owners
 from sidecar.daemon.snapshot import Snapshot
 from sidecar.daemon.viewers import Viewers
-from sidecar.exports.worker import Exports
+from sidecar.exports.worker import CLOSE_WAIT_S, PRIVATE_CLOSE_WAIT_S, Exports
 from sidecar.ingest.hello import Refused
 from sidecar.ingest.peers import Peer
 from sidecar.ingest.receiver import HEARTBEAT_S, Incoming, Receiver
@@ -145,7 +145,11 @@ class Server:
         self._next_retry = 0.0
         self.nodes = nodes_wait.NodesWork(config.nodes_wait_s, self.write, self._write_node_file)
         self._next_publish = 0.0  # monotonic s
-        self.exports = Exports(config.export, config.shared)
+        self.exports = Exports(
+            config.export,
+            config.shared,
+            close_wait_s=PRIVATE_CLOSE_WAIT_S if config.owner_pid is not None else CLOSE_WAIT_S,
+        )
         self.snapshot = self.publish()
 
     def _on_stream(self, stream: Stream) -> None:

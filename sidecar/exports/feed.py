@@ -100,6 +100,7 @@ class SplitFeed:
             lineage=agg.sessions[0].run_id,
             rows=rows,
             first_steps={s.number: s.first_step for s in agg.sessions},
+            session_starts=[(s.start_unix, s.first_step) for s in agg.sessions],
             run_start_unix=agg.run_start_unix,
             timeline=self.timeline.arrays(),
             gpu_samples=gpu,

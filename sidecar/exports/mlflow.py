@@ -33,7 +33,7 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 
 BATCH = 1000  # MLflow's limit of metrics per log_batch
 MAX_PENDING = 1_000_000  # points kept for a retry; older ones are given up beyond it
-BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+BACKOFF_S = (1.0, 2.0, 5.0, 10.0)  # after 1, 2, ... failures in a row
 LINEAGE_TAG = "trainmon.lineage"
 MB_PER_MIB = 1.048576  # MLflow's system metrics count megabytes of 10⁶ bytes
 
@@ -77,7 +77,8 @@ class MlflowExporter:
         self._pending: deque[Point] = deque()
         self._files: list[Any] = []
         self._end_status: str | None = None
-        self._failures = 0
+        self._failures = 0  # in a row (the backoff)
+        self.failed_attempts = 0
         self._next_try = 0.0
 
     def where(self) -> str:
@@ -129,6 +130,7 @@ class MlflowExporter:
                 self._end_status = None
         except Exception as exc:  # the client raises MlflowException, requests' errors, OSError
             self._failures += 1
+            self.failed_attempts += 1
             wait_s = BACKOFF_S[min(self._failures, len(BACKOFF_S)) - 1]
             self._next_try = time.monotonic() + wait_s
             self.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"

@@ -89,6 +89,7 @@ class Slice:
     lineage: str  # the run id of the split's first session: one MLflow run per lineage
     rows: dict[tuple[int, str], list[Row]]  # (phase, its name) -> rows new since the last
     first_steps: dict[int, int]  # session number -> its first step
+    session_starts: list[tuple[float, int]]  # each session's start (Unix s), first step
     run_start_unix: float
     timeline: tuple[np.ndarray, np.ndarray]
     gpu_samples: list[GpuSample]  # new since the last slice
@@ -105,11 +106,13 @@ class Slice:
     files: list[Any] = field(default_factory=list)  # the run files (Paths), at the end
 
     def step_at(self, unix: float) -> int:
-        """The step in progress at ``unix``: the last training iteration begun then (the
-        first step of the run's first session before any)."""
+        """The step in progress at ``unix``: the last training iteration begun then, or
+        the first step of the session running then when it began none yet."""
         starts, steps = self.timeline
         i = int(np.searchsorted(starts, unix, side="right")) - 1
-        return int(steps[i]) if i >= 0 else min(self.first_steps.values(), default=0)
+        begun = [first for start, first in self.session_starts if start <= unix]
+        session_first = begun[-1] if begun else 0
+        return max(int(steps[i]), session_first) if i >= 0 else session_first
 
     def sample_unix(self, t_ns: int) -> float:
         """A resource sample's monotonic time as Unix s."""

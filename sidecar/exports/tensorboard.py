@@ -103,6 +103,7 @@ class TensorBoardExporter:
         self.exported = 0
         self.dropped = 0
         self.error: str | None = None
+        self.failed_attempts = 0
         self._writer: EventFileWriter | None = None
         self._sessions: set[int] = set()
         self._allocated: dict[int, list[float]] = {}
@@ -141,6 +142,7 @@ class TensorBoardExporter:
             writer.flush()
         except Exception as exc:  # the library raises what the file system raised, or its own
             self.dropped += len(points)
+            self.failed_attempts += 1
             self.error = f"{type(exc).__name__}: {exc}"
             self._drop_writer()
         else:

@@ -26,6 +26,9 @@ from sidecar.resources.monitor import ResourceFigures
 log = logging.getLogger("sidecar")
 
 CLOSE_WAIT_S = 10.0  # at the sidecar's end, how long the exports may still take
+# A private sidecar is stopped by its script 5 s after the script's end: its exports
+# finish within this, or are counted as not exported.
+PRIVATE_CLOSE_WAIT_S = 4.0
 IDLE_S = 0.5  # the thread's wake-up period for retries
 
 
@@ -35,6 +38,7 @@ class Exporter(Protocol):
     exported: int  # points written so far
     dropped: int  # points given up (their write failed for good)
     error: str | None  # the last failure, None once it worked again
+    failed_attempts: int  # writes or requests that failed (their points kept or dropped)
 
     def export(self, part: Slice) -> None:
         """Write the points of ``part``; what cannot be written is kept for ``retry``
@@ -76,6 +80,7 @@ class _Job:
         self.feed = feed
         self.exporters: dict[str, Exporter] = {}
         self.written_lines: list[str] = []  # the export lines the last write put out
+        self.not_started: dict[str, str] = {}  # exporter -> why it could not start
 
 
 class Exports:
@@ -95,7 +100,8 @@ class Exports:
         self._factory = factory
         self._close_wait_s = close_wait_s
         self._feeds: dict[int, _Job] = {}  # id(split) -> its job
-        self._queue: queue.Queue[tuple[_Job, Slice] | None] = queue.Queue()
+        # (job, None): make its exporters now (their libraries import while the run goes)
+        self._queue: queue.Queue[tuple[_Job, Slice | None] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -119,7 +125,9 @@ class Exports:
             "mlflow_run_id": info.get("mlflow_run_id"),
             "mlflow_tracking_uri": info.get("mlflow_tracking_uri"),
         }
-        self._feeds[id(split)] = _Job(split, SplitFeed(split, names, settings))
+        job = self._feeds[id(split)] = _Job(split, SplitFeed(split, names, settings))
+        if names:
+            self._put(job, None)
         if warning:
             log.warning("run folder %s split %d: %s", split.out_dir, split.split, warning)
         return warning
@@ -137,8 +145,10 @@ class Exports:
             return
         job.written_lines = list(split.export_lines)
         part = job.feed.take(split, figures, with_state)
-        if part is None:
-            return
+        if part is not None:
+            self._put(job, part)
+
+    def _put(self, job: _Job, part: Slice | None) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name="exports", daemon=True)
             self._thread.start()
@@ -181,7 +191,8 @@ class Exports:
                     stopping = True
                 else:
                     self._export(*item)
-            now = time.monotonic()
+            # stopping: no backoff, the close wait bounds the tries
+            now = float("inf") if stopping else time.monotonic()
             for job in list(self._feeds.values()):
                 for exporter in job.exporters.values():
                     if exporter.pending():
@@ -195,7 +206,9 @@ class Exports:
     def _pending(self) -> int:
         return sum(e.pending() for j in self._feeds.values() for e in j.exporters.values())
 
-    def _export(self, job: _Job, part: Slice) -> None:
+    def _export(self, job: _Job, part: Slice | None) -> None:
+        """Export ``part`` with each of ``job``'s exporters, made at their first use
+        (``part`` None: only make them)."""
         for name in job.feed.names:
             exporter = job.exporters.get(name)
             if exporter is None:
@@ -203,8 +216,11 @@ class Exports:
                     exporter = job.exporters[name] = self._factory(name, job.feed.settings)
                 except Exception as exc:  # a broken library must not stop the others
                     log.exception("cannot start the %s export", name)
-                    job.split.export_lines = [f"Export {name}: not started ({exc})"]
+                    reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+                    job.not_started[name] = reason
                     continue
+            if part is None:
+                continue
             self._safely(exporter.export, part)
             if part.final:
                 self._safely(lambda e=exporter: e.close() if not e.pending() else None)
@@ -221,7 +237,7 @@ class Exports:
 def _lines(job: _Job, final: bool = False) -> list[str]:
     """summary.log's lines on ``job``'s exports: per exporter, the points written and
     those not written (kept for a retry, given up or, at the end, left unsent)."""
-    lines = []
+    lines = [f"Export {name}: not started ({why})" for name, why in job.not_started.items()]
     for name, exporter in job.exporters.items():
         pending, dropped = exporter.pending(), exporter.dropped
         missing = dropped + pending if final else dropped
@@ -232,5 +248,7 @@ def _lines(job: _Job, final: bool = False) -> list[str]:
             text += f"; {pending} waiting for a retry"
         if exporter.error and (missing or pending):
             text += f" ({exporter.error})"
+        elif exporter.failed_attempts and not missing:
+            text += f"; {exporter.failed_attempts} failed attempts, all retried"
         lines.append(text)
     return lines

@@ -8,6 +8,7 @@ import argparse
 import os
 import signal
 import time
+from pathlib import Path
 
 import markers
 
@@ -34,6 +35,11 @@ def main() -> None:
     parser.add_argument("--mlflow-run", action="store_true", help="log into an active run")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--kill-after-epoch", type=int, default=-1)
+    parser.add_argument(
+        "--pause-file",
+        type=Path,
+        help="after epoch e: touch <it>.reached<e>, then wait while <it>.hold<e> exists",
+    )
     args = parser.parse_args()
     if args.mlflow_run:
         import mlflow
@@ -67,6 +73,10 @@ def main() -> None:
             run.checkpoint()
             if epoch == args.kill_after_epoch:
                 os.kill(os.getpid(), signal.SIGKILL)
+            if args.pause_file is not None:
+                args.pause_file.with_suffix(f".reached{epoch}").touch()
+                while args.pause_file.with_suffix(f".hold{epoch}").exists():
+                    time.sleep(0.05)
 
 
 if __name__ == "__main__":
