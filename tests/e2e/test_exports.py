@@ -186,14 +186,14 @@ def _history(uri: str, experiment: str) -> tuple[object, dict[str, list[tuple[in
     }
 
 
-def _logged(uri: str, experiment: str, key: str) -> bool:
-    """Whether the run of ``experiment`` holds metric ``key`` yet."""
+def _logged(uri: str, experiment: str, key: str) -> int:
+    """How many points of metric ``key`` the run of ``experiment`` holds yet."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
     found = client.get_experiment_by_name(experiment)
     runs = client.search_runs([found.experiment_id]) if found is not None else []
-    return bool(runs) and key in runs[0].data.metrics
+    return len(client.get_metric_history(runs[0].info.run_id, key)) if runs else 0
 
 
 def test_mlflow_server_stopped_mid_run_then_started_again(tmp_path: Path) -> None:
@@ -229,6 +229,13 @@ def test_mlflow_server_stopped_mid_run_then_started_again(tmp_path: Path) -> Non
         pause.with_suffix(".hold0").unlink()
         wait_for(pause.with_suffix(".reached1").exists, 120, "the second checkpoint")
         server = _mlflow_server(store, port)
+        # retried while the run goes on (the end's short wait is not needed for them)
+        wait_for(
+            lambda: _logged(uri, "faults", "phases/forward_wall_s") >= 2 * ITERS - WARMUP,
+            120,
+            "the second epoch's points retried onto the server",
+            interval_s=0.5,
+        )
         pause.with_suffix(".hold1").unlink()
         job.wait(120)
         assert job.returncode == 0, job.stderr.read() if job.stderr else ""

@@ -13,7 +13,7 @@ def test_import_markers_loads_no_heavy_module() -> None:
     code = (
         "import sys, markers; print(','.join(m for m in ('torch', 'pandas', 'psutil', "
         "'numpy', 'pynvml', 'sidecar', 'lightning', 'pytorch_lightning', "
-        "'transformers', 'accelerate') if m in sys.modules))"
+        "'transformers', 'accelerate', 'mlflow', 'tensorboard') if m in sys.modules))"
     )
     result = subprocess.run(
         [sys.executable, "-c", code],
