@@ -56,6 +56,7 @@ def _job(
         capture_output=True,
         text=True,
         timeout=240,
+        stdin=subprocess.DEVNULL,  # never a terminal: `sidecar run` keeps its job apart
     )
 
 
@@ -215,6 +216,7 @@ def test_mlflow_server_stopped_mid_run_then_started_again(tmp_path: Path) -> Non
         env=env(MLFLOW_TRACKING_URI=uri),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
     )
     out = tmp_path / "maps"
     try:
