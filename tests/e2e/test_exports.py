@@ -175,12 +175,16 @@ def _history(uri: str, experiment: str) -> tuple[object, dict[str, list[tuple[in
     assert found is not None
     (run,) = client.search_runs([found.experiment_id])
     return run, {
-        # in step order, then by time: points logged after a retry keep their own time
+        # in step order, then by time: points logged after a retry keep their own time.
+        # Each point once: a retried request the server had applied without answering in
+        # time logs the same point (step, time, value) again (docs/exports.md, Faults).
         key: [
-            (m.step, m.value)
-            for m in sorted(
-                client.get_metric_history(run.info.run_id, key),
-                key=lambda m: (m.step, m.timestamp),
+            (step, value)
+            for step, _, value in sorted(
+                {
+                    (m.step, m.timestamp, m.value)
+                    for m in client.get_metric_history(run.info.run_id, key)
+                }
             )
         ]
         for key in run.data.metrics
