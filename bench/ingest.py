@@ -146,11 +146,15 @@ def _stop(processes: list[subprocess.Popen[str]]) -> None:
 
 
 def ingest_once(
-    count: int, records: int, sample_rss: bool = False, nice: int | None = None
+    count: int,
+    records: int,
+    sample_rss: bool = False,
+    nice: int | None = None,
+    more: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """``count`` producers sending ``records`` in all to a fresh sidecar (``nice``: its
-    ``--nice``, default its own)."""
-    args = () if nice is None else ("--nice", str(nice))
+    ``--nice``, default its own; ``more``: other options of its command line)."""
+    args = (() if nice is None else ("--nice", str(nice))) + more
     with (
         tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp,
         sidecar(Path(tmp), *args) as (endpoint, process),

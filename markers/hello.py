@@ -18,6 +18,7 @@ INT32_MAX = 2**31 - 1
 PID_MAX = 2**22  # the kernel's upper bound of pid_max
 TEXT_MAX = 4096  # paths, commands' words
 NAME_MAX = 256  # host names, user names, job ids, version strings
+EXPORTS_MAX = 8  # names in a hello's ``export`` list
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,14 @@ FIELDS: dict[str, Field] = {
     "flops_per_batch": Field("number", nullable=True),
     "flops_dtype": Field("choice", default="bf16", choices=FLOPS_DTYPES),
     "world_size": Field("int", low=1, high=INT32_MAX, default=1),  # ranks 0 … n − 1 expected
+    # Exports of the figures (``sidecar.exports``): the names asked for, checked by the
+    # sidecar, which warns of an unknown one; None: the sidecar's ``--export`` default.
+    "export": Field("words", nullable=True, high=EXPORTS_MAX),
+    "tensorboard_dir": Field("text", nullable=True, low=1, high=TEXT_MAX),
+    "mlflow_experiment": Field("text", nullable=True, low=1, high=NAME_MAX),
+    # the script's active MLflow run, when it has one (sent without importing mlflow)
+    "mlflow_run_id": Field("text", nullable=True, low=1, high=NAME_MAX),
+    "mlflow_tracking_uri": Field("text", nullable=True, low=1, high=TEXT_MAX),
 }
 
 # The fields that are aggregation settings (``start_run``'s arguments of the same names).

@@ -62,6 +62,34 @@ def _world_size() -> int:
     return int(value) if value.isdigit() and 0 < int(value) <= FIELDS["world_size"].high else 1
 
 
+def _mlflow_run() -> dict[str, str | None]:
+    """The script's active MLflow run: its id and tracking URI, from mlflow itself when
+    the script imported it (never imported here: the markers stay light), else from
+    ``MLFLOW_RUN_ID`` and ``MLFLOW_TRACKING_URI``; None for what is unknown."""
+    run_id = os.environ.get("MLFLOW_RUN_ID") or None
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or None
+    mlflow = sys.modules.get("mlflow")
+    if mlflow is not None:
+        # whatever a broken or odd mlflow raises must not stop the script
+        with contextlib.suppress(Exception):
+            active = mlflow.active_run()
+            if active is not None:
+                run_id = str(active.info.run_id)
+            uri = str(mlflow.get_tracking_uri())
+    return {"mlflow_run_id": run_id, "mlflow_tracking_uri": uri}
+
+
+def _export_names(export: Any) -> list[str] | None:
+    """``start_run``'s ``export`` as the hello's list (None: the sidecar's default); a
+    single name may be given as a string. ValueError when it is not names."""
+    if export is None:
+        return None
+    names = [export] if isinstance(export, str) else export
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"start_run: export must be names of exporters, got {export!r}")
+    return list(names)
+
+
 def _versions() -> dict[str, str]:
     versions = {"python": sys.version.split()[0], "markers": VERSION}
     torch = sys.modules.get("torch")
@@ -136,6 +164,9 @@ def start_run(
     device: Any = None,
     flops_per_batch: float | None = FIELDS["flops_per_batch"].default,
     flops_dtype: str = FIELDS["flops_dtype"].default,
+    export: Any = FIELDS["export"].default,
+    tensorboard_dir: str | os.PathLike[str] | None = FIELDS["tensorboard_dir"].default,
+    mlflow_experiment: str | None = FIELDS["mlflow_experiment"].default,
 ) -> Run | NullRun:
     """Start monitoring one split of a training run and return its ``Run``.
 
@@ -161,6 +192,15 @@ def start_run(
     device's dense peak for ``flops_dtype`` (``fp32``, ``tf32``, ``bf16``, ``fp16``,
     ``fp8``).
 
+    ``export`` names where the sidecar also writes the figures, step-aligned:
+    ``("tensorboard", "mlflow")`` (default: the sidecar's ``--export``; ``()``: none).
+    ``tensorboard_dir`` is the folder of the event files (default the split's
+    ``tensorboard/``; relative to the working directory); ``mlflow_experiment`` the
+    experiment of the MLflow run the sidecar creates when the script has no active one
+    (default the run folder's name). An unknown name, or an exporter whose library the
+    sidecar lacks, gives one warning naming the extra to install; the run goes on
+    (``docs/exports.md``).
+
     Raises ValueError for a setting outside the hello's limits (``markers.hello``: a
     negative split or warmup, a cap, batch size or accumulation below 1, a ``resume``
     that is not a bool, an unknown ``flops_dtype``), FLOPs that are not a positive
@@ -176,6 +216,9 @@ def start_run(
         "resume": resume,
         "flops_per_batch": flops_per_batch,
         "flops_dtype": flops_dtype,
+        "export": _export_names(export),
+        "tensorboard_dir": None if tensorboard_dir is None else os.fspath(tensorboard_dir),
+        "mlflow_experiment": mlflow_experiment,
     }
     for name, value in settings.items():
         try:
@@ -222,6 +265,7 @@ def start_run(
         "sidecar_wait_s": time.perf_counter() - began_s if private is not None else 0.0,
         "earlier_runs": earlier_runs,
         "world_size": _world_size(),
+        **_mlflow_run(),
         "token": os.urandom(16).hex(),
     }
     _runs_started[os.getpid()] = earlier_runs + 1

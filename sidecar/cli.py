@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 from markers import endpoints, wire
 from markers import secret as shared_secret
+from sidecar import exports
 from sidecar.daemon.nodes_wait import DEFAULT_NODES_WAIT_S
 from sidecar.daemon.notify import SystemdNotifier, stall_s_for
 from sidecar.daemon.server import DEFAULT_NICE, Config, serve
@@ -100,6 +101,15 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "other sidecars serve (other nodes): wait up to this long at its end "
         "for their final figures before the summary is written for good "
         f"(default {DEFAULT_NODES_WAIT_S:g}; docs/multi-node.md)",
+    )
+    parser.add_argument(
+        "--export",
+        type=exports.parse_list,
+        default=[],
+        metavar="NAMES",
+        help="also write each run's figures, step-aligned, to these tools "
+        f"(comma-separated: {', '.join(exports.EXPORTERS)}); a run's start_run(export=) "
+        "chooses for itself (docs/exports.md)",
     )
     parser.add_argument(
         "--nice",
@@ -482,6 +492,14 @@ def _remove_private_folder(endpoint: str) -> None:
             socket_file.parent.rmdir()
 
 
+def _exports(names: list[str]) -> tuple[str, ...]:
+    """The usable ``--export`` names; one warning for the others (the sidecar goes on)."""
+    usable, warning = exports.choose(names)
+    if warning:
+        logging.getLogger("sidecar").warning("--export: %s", warning)
+    return usable
+
+
 def _serve(args: argparse.Namespace, seams: dict[str, Any]) -> int:
     if args.command == "serve":
         problem = _serve_problem(args)
@@ -501,6 +519,7 @@ def _serve(args: argparse.Namespace, seams: dict[str, Any]) -> int:
             nice=args.nice,
             nodes_wait_s=args.nodes_wait,
             allowed=tuple(args.allow),
+            export=_exports(args.export),
         )
         # sd_notify for systemd (Type=notify, watchdog); sends nothing without NOTIFY_SOCKET
         notifier = SystemdNotifier(stall_s_for(args.interval))
@@ -523,6 +542,7 @@ def _serve(args: argparse.Namespace, seams: dict[str, Any]) -> int:
                 heartbeat_s=args.heartbeat,
                 nice=args.nice,
                 nodes_wait_s=args.nodes_wait,
+                export=_exports(args.export),
             ),
             command,
             **seams,

@@ -34,6 +34,7 @@ from sidecar.daemon.liveness import gone_cause, pid_alive
 from sidecar.daemon.ownership import Owners
 from sidecar.daemon.snapshot import Snapshot
 from sidecar.daemon.viewers import ALL, Viewers
+from sidecar.exports.worker import CLOSE_WAIT_S, PRIVATE_CLOSE_WAIT_S, Exports
 from sidecar.ingest.hello_check import Refused
 from sidecar.ingest.peers import Peer
 from sidecar.ingest.receiver import HEARTBEAT_S, Incoming, Receiver
@@ -78,6 +79,8 @@ class Config:
     # Serving rank 0 of a split whose other ranks other sidecars serve: how long its end
     # waits for their final figures (docs/multi-node.md).
     nodes_wait_s: float = nodes_wait.DEFAULT_NODES_WAIT_S
+    # the exports of a run that does not choose (``--export``; docs/exports.md)
+    export: tuple[str, ...] = ()
 
 
 class Server:
@@ -150,6 +153,11 @@ class Server:
         # each split's derived figures: afresh at each write, throttled for the snapshot
         self.derivations = Derivations()
         self._next_publish = 0.0  # monotonic s
+        self.exports = Exports(
+            config.export,
+            config.shared,
+            close_wait_s=PRIVATE_CLOSE_WAIT_S if config.owner_pid is not None else CLOSE_WAIT_S,
+        )
         self.snapshot = self.publish()
 
     def _on_stream(self, stream: Stream) -> None:
@@ -171,6 +179,7 @@ class Server:
 
     def _on_records(self, stream: Stream, values: np.ndarray) -> None:
         self.monitor.note_records(stream.split, stream.rank, values)
+        self.exports.note_records(stream.split, stream.rank, values)
 
     def _connection_lost(self, run_id: bytes) -> bool:
         """A run's connection ended without a goodbye: a local run is left to the liveness
@@ -232,6 +241,7 @@ class Server:
             if split.end_unix is not None:
                 self._write_status_only(split, owner)
             return error
+        self.exports.written(split, resources, figures, with_state)
         if split.end_unix is not None and not nodes_wait.waiting(split):
             self.registry.release(split)  # ended and written: another run may take it now
         return None
@@ -315,6 +325,7 @@ class Server:
             if body["type"] == wire.HELLO and reply is not None and reply.get("ok"):
                 self.owners.bind(message.header.run_id, message.peer, body)
                 self.access.say_where(body, reply)
+                self._exports_hello(message.header.run_id, reply)
         except wire.WireError as exc:
             self.registry.reject(exc.kind, str(exc))
             reply = {"ok": False, "error": str(exc)}
@@ -329,6 +340,14 @@ class Server:
                 action()
         finally:
             self._waiting = None
+
+    def _exports_hello(self, run_id: bytes, reply: dict[str, Any]) -> None:
+        """Choose the exports of the split a hello joined; their warning (an unknown name,
+        a library not installed) goes with the reply."""
+        stream = self.registry.streams.get(run_id)
+        warning = self.exports.hello(stream.split) if stream is not None else None
+        if warning:
+            reply["warning"] = "; ".join(filter(None, (reply.get("warning"), warning)))
 
     def _reply(
         self,
@@ -541,6 +560,7 @@ class Server:
             for split in self.registry.prune(now, KEEP_ENDED_S):
                 self.monitor.forget(split)
                 self.derivations.forget(split)
+                self.exports.forget(split)
             self.deaths.retain(self.registry.streams)
             self.owners.forget(self.registry.streams, now, KEEP_ENDED_S)
 
@@ -568,6 +588,8 @@ class Server:
             self._call_hooks("stopping")
             self._drain()
             self._finalize()
+            for split in self.exports.close():  # summary.log says what was not exported
+                self.write(split)
             # The state after the final writing (each run's end and status), then the end:
             # an exporter serves until ``stopped``, so its last scrape is the final state.
             self._publish_for_hooks()

@@ -23,6 +23,12 @@ INFO_FIELDS = (
     "flops_per_batch",
     "flops_dtype",
     "world_size",
+    # what the run asked to export (sidecar.exports)
+    "export",
+    "tensorboard_dir",
+    "mlflow_experiment",
+    "mlflow_run_id",
+    "mlflow_tracking_uri",
 )
 
 

@@ -76,6 +76,8 @@ UNCAPPED = frozenset({wire.EPOCH, wire.VALIDATION})
 MIN_ARRAY_RECORDS = 64
 # Kinds of records (``RankAggregator._kinds``): runs of one kind are taken together.
 _INSIDE, _OUTSIDE, _OTHER = 0, 1, 2
+# The flags that tell a training iteration's record (in an iteration, not validation).
+_ITERATION_KIND = wire.FLAG_IN_ITERATION | wire.FLAG_VALIDATION
 RecordValues = np.ndarray | array | Sequence[int]
 LOOP_PHASES = wire.LOOP_ID
 # What ``RankAggregator._decide`` says of a closed iteration: None (warmup), else (rows
@@ -218,6 +220,9 @@ class RankAggregator(SeriesStore):
         if len(training):
             self.epoch = max(self.epoch, int(training[:, P_EPOCH].max()))
             self.iteration = max(self.iteration, int(training[:, P_ITERATION].max()))
+        stepping = (records[:, P_FLAGS] & _ITERATION_KIND) == wire.FLAG_IN_ITERATION
+        if stepping.any():
+            session.steps = max(session.steps, int(records[stepping, P_ITERATION].max()) + 1)
         self.gpu_not_measured += int(np.count_nonzero(records[:, P_FLAGS] & wire.FLAG_GPU_DROPPED))
         counters = self.goodput[-1]
         if counters is not None:

@@ -31,6 +31,11 @@ class Session:
     gpu_unfinished: int = 0  # phases whose GPU time the GPU had not reached at the finish wait
     pre_run_s: float = 0.0  # the process's start to its hello (start_run), seconds
     sidecar_wait_s: float = 0.0  # of which start_run waited for a private sidecar
+    # The optimizer step axis across resumes: the steps done before this session (those
+    # of the state it resumed from) and the training iterations it has begun so far (its
+    # highest iteration number + 1). Iteration i of the session is step first_step + i.
+    first_step: int = 0
+    steps: int = 0
 
     def unix_at(self, ns: int) -> float:
         """Wall-clock time (Unix seconds) of the process's ``perf_counter_ns`` value ``ns``."""
@@ -65,7 +70,11 @@ class SessionClock:
         number = self.sessions[-1].number + 1 if self.sessions else 0
         if not self.sessions:
             self.run_start_unix = start_unix
-        self.sessions.append(Session(number, start_unix, start_ns, start_ns, run_id=run_id))
+        previous = self.sessions[-1] if self.sessions else None
+        first_step = previous.first_step + previous.steps if previous is not None else 0
+        self.sessions.append(
+            Session(number, start_unix, start_ns, start_ns, run_id=run_id, first_step=first_step)
+        )
         self.goodput.append(goodput.Counters())
         return number
 
@@ -84,6 +93,12 @@ class SessionClock:
         ``perf_counter_ns`` value ``ns``."""
         session = self.sessions[-1]
         return session.start_unix - self.run_start_unix + (ns - session.start_ns) / NS_PER_S
+
+    def step(self) -> int:
+        """The optimizer steps begun so far, counted from the run's start across resumes
+        (the step of the iteration in progress, or of the next one)."""
+        last = self.sessions[-1] if self.sessions else None
+        return 0 if last is None else last.first_step + last.steps
 
     def training_s(self) -> float:
         """Effective Training time in seconds: earlier sessions plus the current one."""

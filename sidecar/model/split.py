@@ -90,6 +90,8 @@ class Split:
         self.rejected = 0
         self.dirty = True
         self.write_error: str | None = None
+        # what the exports wrote and did not write (sidecar.exports), for summary.log
+        self.export_lines: list[str] = []
         # The DataLoader settings of the latest train / validation loop (run.json).
         self.loaders: dict[str, dict[str, Any]] = {}
         # Per rank this sidecar serves: its process's host, and its status and cause.

@@ -150,6 +150,7 @@ def render(
                 *ranks_text.host_resource_lines(others),
                 "",
                 *records_lines(counts),
+                *split.export_lines,
             ],
             rank_lines,
             goodput_text.goodput_lines(figures.accounts, figures.mfu),

@@ -13,7 +13,8 @@ def test_import_markers_loads_no_heavy_module() -> None:
     code = (
         "import sys, markers; print(','.join(m for m in ('torch', 'pandas', 'psutil', "
         "'numpy', 'pynvml', 'sidecar', 'lightning', 'pytorch_lightning', "
-        "'transformers', 'accelerate', 'clinicadl', 'monai', 'ignite') if m in sys.modules))"
+        "'transformers', 'accelerate', 'clinicadl', 'monai', 'ignite', 'mlflow', "
+        "'tensorboard') if m in sys.modules))"
     )
     result = subprocess.run(
         [sys.executable, "-c", code],

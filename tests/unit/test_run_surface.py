@@ -72,6 +72,9 @@ def test_callbacks_take_every_start_run_keyword(module: str) -> None:
         "device": "cpu",
         "flops_per_batch": 1e9,
         "flops_dtype": "fp32",
+        "export": ("tensorboard",),
+        "tensorboard_dir": "tb",
+        "mlflow_experiment": "exp",
     }
     assert set(values) == set(inspect.signature(start_run).parameters)
     callback = integration.MonitorCallback(**values)

@@ -1,0 +1,178 @@
+"""TensorBoard: the split's figures as scalars in event files written with TensorBoard's
+own writer (``EventFileWriter``), by default under ``training/split-<k>/tensorboard/``,
+and InnerEye's ``aggregate_resource_usage.csv`` beside resources.tsv.
+
+Resource tags InnerEye's ResourceMonitor wrote keep their names and meaning
+(docs/exports.md maps them); the others carry their unit in the tag. A resumed session
+starts with TensorBoard's own restart event (``SessionLog.START`` at its first step), so
+TensorBoard discards what the previous process wrote after the checkpoint it resumed from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any
+
+from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+from tensorboard.compat.proto.summary_pb2 import Summary
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+from sidecar.exports.points import Names, Point, Slice, every_point, scaled
+from sidecar.resources.samplers.nvml_gpu import GpuSample
+from sidecar.sinks.atomic import write_atomic
+
+AGGREGATE_FILE = "aggregate_resource_usage.csv"  # InnerEye's name, beside resources.tsv
+MIB_PER_GIB = 1024.0
+
+
+def _mem_util_pct(sample: Any, _part: Slice) -> float | None:
+    """InnerEye's MemUtil_Percent: memory used of the GPU's total, % (GPUtil memoryUtil)."""
+    used, total = sample.mem_used_mib, sample.mem_total_mib
+    return None if used is None or not total else used / total * 100
+
+
+def _cpu_share_pct(sample: Any, part: Slice) -> float:
+    """The job's CPU as a share of the machine's cores, % (100: every core busy)."""
+    return float(sample.cpu_pct) / part.cpu_count
+
+
+GPU_TAGS: Names = {
+    "GPU{i}/Load_Percent": scaled("util_pct"),
+    "GPU{i}/MemUtil_Percent": _mem_util_pct,
+    "GPU{i}/MemReserved_GB": scaled("job_mem_mib", 1 / MIB_PER_GIB),
+    "GPU{i}/MemControllerUtil_Percent": scaled("mem_util_pct"),
+    "GPU{i}/MemUsed_MiB": scaled("mem_used_mib"),
+    "GPU{i}/Power_W": scaled("power_w"),
+    "GPU{i}/Temperature_C": scaled("temperature_c"),
+}
+HOST_TAGS: Names = {
+    "CPU/Load_Percent": _cpu_share_pct,
+    "CPU/MemUtil_Percent": scaled("system_mem_used_pct"),
+    "CPU/JobCPU_PercentOfOneCore": scaled("cpu_pct"),
+    "CPU/JobRSS_MiB": scaled("rss_mib"),
+}
+# The training iteration's allocator peak (Forward, Backward, Optimization), GiB.
+ALLOCATED_TAG = "GPU{i}/MemAllocated_GB"
+_PEAK_PHASES = ("forward", "backward", "optimization")
+
+
+def allocated_points(points: list[Point], gpu_index: int) -> list[Point]:
+    """InnerEye's MemAllocated_GB from the phase points: per step, the highest allocator
+    peak of its Forward, Backward and Optimization (the training process's own allocator,
+    which InnerEye read in its monitor process, where it is always zero), GiB."""
+    peaks: dict[int, tuple[float, float]] = {}
+    for name, value, step, wall in points:
+        if name.endswith("_gpu_max_memory_mib") and name.split("/")[1].startswith(_PEAK_PHASES):
+            held = peaks.get(step)
+            peaks[step] = (max(value, held[0]) if held else value, wall)
+    tag = ALLOCATED_TAG.format(i=gpu_index)
+    return [(tag, peak / MIB_PER_GIB, step, wall) for step, (peak, wall) in peaks.items()]
+
+
+def aggregate_text(samples: list[GpuSample], allocated: dict[int, list[float]]) -> str:
+    """InnerEye's aggregate_resource_usage.csv: ``gpu,metric,value``, the mean of each
+    figure per GPU, then its max (``Max`` prefixed), percentages to 2 decimals, GB to 4."""
+    by_gpu: dict[int, dict[str, list[float]]] = {}
+    for sample in samples:
+        figures = by_gpu.setdefault(sample.gpu_index, {})
+        for metric, value in (
+            ("MemUtil_Percent", _mem_util_pct(sample, None)),  # type: ignore[arg-type]
+            ("Load_Percent", sample.util_pct),
+            ("MemReserved_GB", None if sample.job_mem_mib is None else sample.job_mem_mib / 1024),
+        ):
+            if value is not None and value == value:
+                figures.setdefault(metric, []).append(float(value))
+    for index, peaks in allocated.items():
+        by_gpu.setdefault(index, {})["MemAllocated_GB"] = peaks
+    lines = ["gpu,metric,value"]
+    for prefix, rule in (("", lambda v: sum(v) / len(v)), ("Max", max)):
+        for index in sorted(by_gpu):
+            for metric, values in by_gpu[index].items():
+                digits = 2 if metric.endswith("Percent") else 4
+                lines.append(f"GPU{index},{prefix}{metric},{round(rule(values), digits)}")
+    return "\n".join(lines) + "\n"
+
+
+class TensorBoardExporter:
+    """Scalars of one split into one event file per sidecar (``EventFileWriter``)."""
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        self.folder: Path = settings["tensorboard_dir"] or settings["split_dir"] / "tensorboard"
+        self.exported = 0
+        self.dropped = 0
+        self.error: str | None = None
+        self.failed_attempts = 0
+        self._writer: EventFileWriter | None = None
+        self._sessions: set[int] = set()
+        self._allocated: dict[int, list[float]] = {}
+
+    def where(self) -> str:
+        """The event files' folder."""
+        return str(self.folder)
+
+    def pending(self) -> int:
+        """Nothing is kept: a failed write is counted at once (the next one reopens)."""
+        return 0
+
+    def retry(self, now: float) -> None:
+        """Nothing to retry (see ``pending``)."""
+
+    def export(self, part: Slice) -> None:
+        """Write ``part``'s scalars (and a restart event for each new session after the
+        first) and refresh aggregate_resource_usage.csv; a failure counts its points."""
+        points = list(every_point(part, GPU_TAGS, HOST_TAGS))
+        allocated = allocated_points(points, part.rank_gpu_index)
+        points += allocated
+        self._allocated.setdefault(part.rank_gpu_index, []).extend(p[1] for p in allocated)
+        try:
+            writer = self._open()
+            for session, first_step in sorted(part.first_steps.items()):
+                if session not in self._sessions:
+                    self._sessions.add(session)
+                    if first_step > 0:  # TensorBoard drops the orphans after a checkpoint
+                        start = SessionLog(status=SessionLog.START)
+                        writer.add_event(
+                            Event(wall_time=part.now_unix, step=first_step, session_log=start)
+                        )
+            for name, value, step, wall in points:
+                summary = Summary(value=[Summary.Value(tag=name, simple_value=value)])
+                writer.add_event(Event(wall_time=wall, step=step, summary=summary))
+            writer.flush()
+        except Exception as exc:  # the library raises what the file system raised, or its own
+            self.dropped += len(points)
+            self.failed_attempts += 1
+            self.error = f"{type(exc).__name__}: {exc}"
+            self._drop_writer()
+        else:
+            self.exported += len(points)
+            self.error = None
+        if part.all_gpu_samples or self._allocated.get(part.rank_gpu_index):
+            try:
+                write_atomic(
+                    part.split_dir / "logs" / AGGREGATE_FILE,
+                    aggregate_text(
+                        part.all_gpu_samples, {k: v for k, v in self._allocated.items() if v}
+                    ),
+                )
+            except OSError as exc:
+                self.error = f"{AGGREGATE_FILE}: {exc.strerror or exc}"
+
+    def _open(self) -> EventFileWriter:
+        if self._writer is None:
+            os.makedirs(self.folder, exist_ok=True)
+            self._writer = EventFileWriter(str(self.folder), flush_secs=5)
+        return self._writer
+
+    def _drop_writer(self) -> None:
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            with contextlib.suppress(Exception):  # already failing: its error was counted
+                writer.close()
+
+    def close(self) -> None:
+        """Flush and close the event file."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None

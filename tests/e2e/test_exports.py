@@ -1,0 +1,282 @@
+"""Exports (docs/exports.md), read back with each tool's own reader: TensorBoard's
+``EventAccumulator`` and MLflow's ``MlflowClient.get_metric_history`` (a real
+``mlflow server`` on 127.0.0.1, and a local file store). Each exported phase series
+holds the stored rows of computational.tsv (same count, same values), the host series
+those of resources.tsv, and the steps are the optimizer steps across a kill and resume.
+Faults: a tracking server stopped mid-run and started again, a folder that refuses the
+event file, names that are not exporters.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.support.helpers import REPO, env, split_dir, wait_for
+from tests.support.prometheus import free_port
+
+pytestmark = pytest.mark.e2e
+JOB = REPO / "tests" / "support" / "jobs" / "export_job.py"
+ITERS, WARMUP = 12, 2
+# computational.tsv column -> exported series
+SERIES = {
+    "Training loop (s)": "phases/train_loop_wall_s",
+    "Training data loading (s)": "phases/train_loading_wall_s",
+    "Forward (s)": "phases/forward_wall_s",
+    "Backward (s)": "phases/backward_wall_s",
+    "Optimization (s)": "phases/optimization_wall_s",
+    "Validation loop (s)": "phases/val_loop_wall_s",
+    "Evaluation (s)": "phases/evaluation_wall_s",
+}
+
+
+def _command(*args: str, under_run: bool = False) -> list[str]:
+    """The job's command line; ``under_run``: under ``sidecar run`` (its exports wait up
+    to 10 s at the end, where a private sidecar's wait 4 s: MLflow alone takes seconds to
+    import on a loaded machine)."""
+    job = [sys.executable, str(JOB), "--out-dir", "maps", "--iters", str(ITERS), *args]
+    return [sys.executable, "-m", "sidecar", "run", "--", *job] if under_run else job
+
+
+def _job(
+    cwd: Path, *args: str, under_run: bool = False, **extra: str
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        _command(*args, under_run=under_run),
+        cwd=cwd,
+        env=env(**extra),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        stdin=subprocess.DEVNULL,  # never a terminal: `sidecar run` keeps its job apart
+    )
+
+
+def _stored(out: Path) -> pd.DataFrame:
+    return pd.read_csv(split_dir(out) / "logs" / "computational.tsv", sep="\t")
+
+
+def _scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
+    tb = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    acc = tb.EventAccumulator(str(folder), size_guidance={tb.SCALARS: 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def _same(exported: list[float], stored: pd.Series) -> None:
+    values = stored.dropna().tolist()
+    assert len(exported) == len(values)
+    assert exported == pytest.approx(values, rel=1e-6, abs=1e-9)  # TensorBoard: float32
+
+
+def _same_values(exported: list[float], stored: pd.Series) -> None:
+    """The same values, in any order: MLflow keeps milliseconds, so points of one step
+    ended within the same millisecond (validation iterations) come back in any order."""
+    assert sorted(exported) == pytest.approx(sorted(stored.dropna().tolist()), rel=1e-9)
+
+
+def test_tensorboard_series_are_the_stored_rows_across_a_kill_and_resume(tmp_path: Path) -> None:
+    first = _job(tmp_path, "--export", "tensorboard", "--kill-after-epoch", "0")
+    assert first.returncode == -9, first.stderr
+    second = _job(tmp_path, "--export", "tensorboard", "--resume", "--epochs", "1")
+    assert second.returncode == 0, second.stderr
+    out = tmp_path / "maps"
+    scalars = _scalars(split_dir(out) / "tensorboard")
+    stored = _stored(out)
+    for column, tag in SERIES.items():
+        _same([value for _, value in scalars[tag]], stored[column])
+    # the optimizer steps: 12 per epoch, warmup again after the resume, which goes on at 12
+    steps = [step for step, _ in scalars["phases/forward_wall_s"]]
+    assert steps == [*range(WARMUP, ITERS), *range(ITERS + WARMUP, 2 * ITERS)]
+    resources = pd.read_csv(split_dir(out) / "logs" / "resources.tsv", sep="\t")
+    memory = [value for _, value in scalars["CPU/MemUtil_Percent"]]
+    _same(memory, resources["system memory used (%)"])
+    rss = [value for _, value in scalars["CPU/JobRSS_MiB"]]
+    _same(rss, resources["job memory rss (MB)"])
+    resource_steps = [step for step, _ in scalars["CPU/MemUtil_Percent"]]
+    assert resource_steps == sorted(resource_steps)
+    assert resource_steps[0] >= 0 and resource_steps[-1] <= 2 * ITERS - 1
+    assert "goodput/productive_s" in scalars
+    summary = (split_dir(out) / "summary.log").read_text()
+    assert "Export tensorboard:" in summary and "not exported" not in summary
+
+
+def test_bad_names_and_a_folder_that_refuses_the_event_file(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the event folder should be\n")
+    done = _job(tmp_path, "--export", "tensorboard,bogus", "--tensorboard-dir", str(blocker / "tb"))
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("markers: unknown export 'bogus'") == 1, done.stderr
+    out = tmp_path / "maps"
+    assert len(_stored(out)["Forward (s)"].dropna()) == 2 * ITERS - WARMUP  # nothing lost
+    summary = (split_dir(out) / "summary.log").read_text()
+    line = next(x for x in summary.splitlines() if x.startswith("Export tensorboard:"))
+    assert "0 points" in line and "not exported" in line and "NotADirectoryError" in line
+
+
+def _mlflow_server(store: Path, port: int) -> subprocess.Popen[bytes]:
+    mlflow = Path(sys.executable).with_name("mlflow")
+    if not mlflow.exists() and shutil.which("mlflow") is None:
+        pytest.skip("needs the mlflow command (trainmon[mlflow])")
+    server = subprocess.Popen(
+        [
+            str(mlflow) if mlflow.exists() else "mlflow",
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{store}",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            # the run files uploaded at the end go beside the store, not into the cwd
+            "--artifacts-destination",
+            (store.parent / "artifacts").as_uri(),
+        ],
+        cwd=store.parent,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+    def up() -> bool:
+        try:  # its /health answers once the app is loaded, not only listening
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as reply:
+                return bool(reply.status == 200)
+        except OSError:
+            return False
+
+    wait_for(up, 180, "mlflow server answering", interval_s=0.5)
+    return server
+
+
+def _stop(server: subprocess.Popen[bytes]) -> None:
+    if server.poll() is None:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(30)
+
+
+def _history(uri: str, experiment: str) -> tuple[object, dict[str, list[tuple[int, float]]]]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    found = client.get_experiment_by_name(experiment)
+    assert found is not None
+    (run,) = client.search_runs([found.experiment_id])
+    return run, {
+        # in step order, then by time: points logged after a retry keep their own time.
+        # Each point once: a retried request the server had applied without answering in
+        # time logs the same point (step, time, value) again (docs/exports.md, Faults).
+        key: [
+            (step, value)
+            for step, _, value in sorted(
+                {
+                    (m.step, m.timestamp, m.value)
+                    for m in client.get_metric_history(run.info.run_id, key)
+                }
+            )
+        ]
+        for key in run.data.metrics
+    }
+
+
+def _logged(uri: str, experiment: str, key: str) -> int:
+    """How many points of metric ``key`` the run of ``experiment`` holds yet."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    found = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([found.experiment_id]) if found is not None else []
+    return len(client.get_metric_history(runs[0].info.run_id, key)) if runs else 0
+
+
+def test_mlflow_server_stopped_mid_run_then_started_again(tmp_path: Path) -> None:
+    pytest.importorskip("mlflow")
+    port = free_port()
+    store = tmp_path / "mlflow.db"
+    uri = f"http://127.0.0.1:{port}"
+    server = _mlflow_server(store, port)
+    pause = tmp_path / "pause"
+    for epoch in (0, 1):
+        pause.with_suffix(f".hold{epoch}").touch()
+    job = subprocess.Popen(
+        _command(
+            *("--epochs", "3", "--export", "mlflow", "--pause-file", str(pause)),
+            *("--mlflow-experiment", "faults"),
+            under_run=True,
+        ),
+        cwd=tmp_path,
+        env=env(MLFLOW_TRACKING_URI=uri),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
+    out = tmp_path / "maps"
+    try:
+        wait_for(pause.with_suffix(".reached0").exists, 120, "the first checkpoint")
+        wait_for(
+            lambda: _logged(uri, "faults", "phases/forward_wall_s"),
+            120,
+            "the first checkpoint's points on the server",
+            interval_s=0.5,
+        )
+        _stop(server)  # the second epoch's checkpoint is exported while the server is away
+        pause.with_suffix(".hold0").unlink()
+        wait_for(pause.with_suffix(".reached1").exists, 120, "the second checkpoint")
+        server = _mlflow_server(store, port)
+        # retried while the run goes on (the end's short wait is not needed for them)
+        wait_for(
+            lambda: _logged(uri, "faults", "phases/forward_wall_s") >= 2 * ITERS - WARMUP,
+            120,
+            "the second epoch's points retried onto the server",
+            interval_s=0.5,
+        )
+        pause.with_suffix(".hold1").unlink()
+        job.wait(120)
+        assert job.returncode == 0, job.stderr.read() if job.stderr else ""
+        _run, history = _history(uri, "faults")
+    finally:
+        if job.poll() is None:
+            job.kill()
+        _stop(server)
+    stored = _stored(out)
+    for column, key in SERIES.items():
+        _same_values([value for _, value in history[key]], stored[column])
+    assert [s for s, _ in history["phases/forward_wall_s"]] == list(range(WARMUP, 3 * ITERS))
+    summary = (split_dir(out) / "summary.log").read_text()
+    line = next(x for x in summary.splitlines() if x.startswith("Export mlflow:"))
+    assert "not exported" not in line and "failed attempts, all retried" in line, line
+
+
+def test_mlflow_points_go_into_the_scripts_active_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow's local file store
+    uri = f"file://{tmp_path / 'mlruns'}"
+    done = _job(
+        tmp_path,
+        "--export",
+        "mlflow",
+        "--mlflow-run",
+        MLFLOW_TRACKING_URI=uri,
+        MLFLOW_ALLOW_FILE_STORE="true",
+    )
+    assert done.returncode == 0, done.stderr
+    _run, history = _history(uri, "Default")
+    assert "loss" in history  # the script's own metric: the same run
+    stored = _stored(tmp_path / "maps")
+    for column, key in SERIES.items():
+        _same_values([value for _, value in history[key]], stored[column])
+    assert [s for s, _ in history["phases/forward_wall_s"]] == list(range(WARMUP, 2 * ITERS))
+    assert "system/system_memory_usage_percentage" in history
+    assert "goodput/productive_s" in history
