@@ -22,7 +22,7 @@ EXPORTS_MAX = 8  # names in a hello's ``export`` list
 
 
 @dataclass(frozen=True)
-class Field:
+class HelloField:
     """One hello field. ``kind`` is ``int`` (an integer, not a bool, in ``low..high``),
     ``text`` (a string of ``low..high`` characters), ``flag`` (a bool), ``number`` (an int
     or float), ``choice`` (one of ``choices``), ``words`` (a list of strings of at most
@@ -39,46 +39,46 @@ class Field:
     choices: tuple[str, ...] = ()
 
 
-FIELDS: dict[str, Field] = {
-    "out_dir": Field("text", required=True, low=1, high=TEXT_MAX),
-    "cwd": Field("text", low=1, high=TEXT_MAX),
-    "split": Field("int", high=INT32_MAX, default=0),
-    "warmup_iterations": Field("int", default=10),
-    "num_measurements": Field("int", low=1, default=100),
-    "train_batch_size": Field("int", nullable=True, low=1, high=INT32_MAX),
-    "val_batch_size": Field("int", nullable=True, low=1, high=INT32_MAX),
-    "accumulation_steps": Field("int", low=1, high=INT32_MAX, default=1),
-    "resume": Field("flag", default=False),
-    "repeat": Field("flag", default=False),  # a re-announcement of a running run
+FIELDS: dict[str, HelloField] = {
+    "out_dir": HelloField("text", required=True, low=1, high=TEXT_MAX),
+    "cwd": HelloField("text", low=1, high=TEXT_MAX),
+    "split": HelloField("int", high=INT32_MAX, default=0),
+    "warmup_iterations": HelloField("int", default=10),
+    "num_measurements": HelloField("int", low=1, default=100),
+    "train_batch_size": HelloField("int", nullable=True, low=1, high=INT32_MAX),
+    "val_batch_size": HelloField("int", nullable=True, low=1, high=INT32_MAX),
+    "accumulation_steps": HelloField("int", low=1, high=INT32_MAX, default=1),
+    "resume": HelloField("flag", default=False),
+    "repeat": HelloField("flag", default=False),  # a re-announcement of a running run
     # drawn per run and known only to its process: the run id stays its own
-    "token": Field("text", nullable=True, high=NAME_MAX),
-    "host": Field("text", nullable=True, high=NAME_MAX),
-    "pid": Field("int", high=PID_MAX),
-    "user": Field("text", nullable=True, high=NAME_MAX),
-    "job_id": Field("text", nullable=True, high=NAME_MAX),
-    "command": Field("words", nullable=True, high=4096),
-    "start_unix": Field("number", nullable=True),
-    "start_ns": Field("int"),
-    "versions": Field("names", nullable=True, high=NAME_MAX),
-    "phases": Field("any"),  # custom names -> ids: checked by the sidecar's streams
-    "worker_phases": Field("int", default=0),
+    "token": HelloField("text", nullable=True, high=NAME_MAX),
+    "host": HelloField("text", nullable=True, high=NAME_MAX),
+    "pid": HelloField("int", high=PID_MAX),
+    "user": HelloField("text", nullable=True, high=NAME_MAX),
+    "job_id": HelloField("text", nullable=True, high=NAME_MAX),
+    "command": HelloField("words", nullable=True, high=4096),
+    "start_unix": HelloField("number", nullable=True),
+    "start_ns": HelloField("int"),
+    "versions": HelloField("names", nullable=True, high=NAME_MAX),
+    "phases": HelloField("any"),  # custom names -> ids: checked by the sidecar's streams
+    "worker_phases": HelloField("int", default=0),
     # seconds start_run waited for the private sidecar it started (0: none started)
-    "sidecar_wait_s": Field("number", default=0.0),
+    "sidecar_wait_s": HelloField("number", default=0.0),
     # start_run calls this process made before this one (k-fold splits in one process): the
     # process's start is then the first run's start-up, not this one's
-    "earlier_runs": Field("int", default=0),
+    "earlier_runs": HelloField("int", default=0),
     # the model FLOPs of one training batch, for the MFU estimate (None: not asked)
-    "flops_per_batch": Field("number", nullable=True),
-    "flops_dtype": Field("choice", default="bf16", choices=FLOPS_DTYPES),
-    "world_size": Field("int", low=1, high=INT32_MAX, default=1),  # ranks 0 … n − 1 expected
+    "flops_per_batch": HelloField("number", nullable=True),
+    "flops_dtype": HelloField("choice", default="bf16", choices=FLOPS_DTYPES),
+    "world_size": HelloField("int", low=1, high=INT32_MAX, default=1),  # ranks 0 … n − 1 expected
     # Exports of the figures (``sidecar.exports``): the names asked for, checked by the
     # sidecar, which warns of an unknown one; None: the sidecar's ``--export`` default.
-    "export": Field("words", nullable=True, high=EXPORTS_MAX),
-    "tensorboard_dir": Field("text", nullable=True, low=1, high=TEXT_MAX),
-    "mlflow_experiment": Field("text", nullable=True, low=1, high=NAME_MAX),
+    "export": HelloField("words", nullable=True, high=EXPORTS_MAX),
+    "tensorboard_dir": HelloField("text", nullable=True, low=1, high=TEXT_MAX),
+    "mlflow_experiment": HelloField("text", nullable=True, low=1, high=NAME_MAX),
     # the script's active MLflow run, when it has one (sent without importing mlflow)
-    "mlflow_run_id": Field("text", nullable=True, low=1, high=NAME_MAX),
-    "mlflow_tracking_uri": Field("text", nullable=True, low=1, high=TEXT_MAX),
+    "mlflow_run_id": HelloField("text", nullable=True, low=1, high=NAME_MAX),
+    "mlflow_tracking_uri": HelloField("text", nullable=True, low=1, high=TEXT_MAX),
 }
 
 # The fields that are aggregation settings (``start_run``'s arguments of the same names).
@@ -91,7 +91,7 @@ SETTINGS = (
 )
 
 
-def accepts(field: Field, value: Any) -> bool:
+def accepts(field: HelloField, value: Any) -> bool:
     """True when ``value`` (present) is acceptable for ``field``."""
     if value is None:
         return field.nullable

@@ -49,7 +49,7 @@ def _run_labels(view: SplitView) -> list[str]:
     return [view.run_id, view.user, view.host, view.slurm_job_id]
 
 
-def _families(table: Sequence[fields.Field], labels: list[str]) -> dict[str, Any]:
+def _families(table: Sequence[fields.ResourceField], labels: list[str]) -> dict[str, Any]:
     """One metric family per field of ``table`` with a gauge, by metric name."""
     families: dict[str, Any] = {}
     for field in table:
@@ -332,10 +332,12 @@ class MetricsExporter:
         return make_wsgi_app(registry)(environ, start_response)
 
     def _serve(self) -> Any:
-        class Server(ThreadingWSGIServer):
+        class MetricsHTTPServer(ThreadingWSGIServer):
             address_family = socket.AF_INET6 if ":" in self.addr else socket.AF_INET
 
-        server = make_server(self.addr, self.port, self._app, Server, handler_class=_Quiet)
+        server = make_server(
+            self.addr, self.port, self._app, MetricsHTTPServer, handler_class=_Quiet
+        )
         threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
         return server
 

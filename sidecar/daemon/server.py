@@ -34,7 +34,7 @@ from sidecar.daemon.liveness import gone_cause, pid_alive
 from sidecar.daemon.ownership import Owners
 from sidecar.daemon.snapshot import Snapshot
 from sidecar.daemon.viewers import ALL, Viewers
-from sidecar.exports.worker import CLOSE_WAIT_S, PRIVATE_CLOSE_WAIT_S, Exports
+from sidecar.exports.export_worker import CLOSE_WAIT_S, PRIVATE_CLOSE_WAIT_S, Exports
 from sidecar.ingest.hello_check import Refused
 from sidecar.ingest.peers import Peer
 from sidecar.ingest.receiver import HEARTBEAT_S, Incoming, Receiver

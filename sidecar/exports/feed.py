@@ -1,7 +1,7 @@
 """The loop thread's side of the exports: per split, what was handed over so far
 (cursors over the stored rows and resource samples), the step timeline, and the
 ``Slice`` of each write. Everything here is references and counts: the points are made
-on the exporters' thread (``sidecar.exports.worker``).
+on the exporters' thread (``sidecar.exports.export_worker``).
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ from markers.wire import (
     P_START,
 )
 from sidecar.model import goodput
-from sidecar.model.batch_sizes import BatchSizes
+from sidecar.model.batch_sizes import SessionBatchSizes
 from sidecar.model.blocks import (
     Blocks,
     Partial,
@@ -122,8 +122,8 @@ class RankAggregator(SeriesStore):
 
     # -- sessions -------------------------------------------------------------------
 
-    def _new_batch_sizes(self) -> BatchSizes:
-        return BatchSizes(self.settings.train_batch_size, self.settings.val_batch_size)
+    def _new_batch_sizes(self) -> SessionBatchSizes:
+        return SessionBatchSizes(self.settings.train_batch_size, self.settings.val_batch_size)
 
     def begin_session(self, start_unix: float, start_ns: int, run_id: str = "") -> int:
         """Start a process session (after ``load_state`` when resuming); returns its number.
@@ -599,8 +599,8 @@ class RankAggregator(SeriesStore):
         """The rule of a whole iteration closed by ``loop_record``, both paths call it once
         per iteration in order: None when warmup leaves it out, else whether its rows are
         stored (while fewer than ``num_measurements`` of its kind are), its batches and its
-        batch size and samples (``BatchSizes.iteration_samples``). Counts it as stored and adds its
-        samples."""
+        batch size and samples (``SessionBatchSizes.iteration_samples``). Counts it as
+        stored and adds its samples."""
         if loop_record[P_BATCH] < self.settings.warmup_iterations:
             return None
         # A loop record without a count (primitives driven without ``batch_done``): a

@@ -12,7 +12,7 @@ step of ``accumulation_steps`` batches) counts right.
 from __future__ import annotations
 
 
-class BatchSizes:
+class SessionBatchSizes:
     """The sizes given in a session's hello (None: not given) and those the markers read
     from its batches, per kind of iteration ("is validation")."""
 

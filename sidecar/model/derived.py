@@ -19,7 +19,7 @@ import numpy as np
 
 from sidecar.model.efficiency import rank_iterations, split_mfu, waits_per_iteration
 from sidecar.model.goodput import Account
-from sidecar.model.merge import RankFigures, SplitView, figures_of, merged
+from sidecar.model.merge import MergedSplit, RankFigures, figures_of, merged
 from sidecar.model.peaks import Mfu
 from sidecar.model.split import Split
 from sidecar.model.stragglers import RankStanding, Stragglers, stragglers
@@ -42,7 +42,7 @@ class SplitFigures:
     """
 
     own: tuple[RankFigures, ...]
-    view: SplitView | None
+    view: MergedSplit | None
     waits_s: Mapping[int, float]
     accounts: Mapping[int, Account]
     mfu: Mfu | None

@@ -169,7 +169,7 @@ def figures_of(
 
 
 @dataclass(frozen=True)
-class SplitView:
+class MergedSplit:
     """Every rank of a split as the summary shows it: ``ranks`` by rank (this sidecar's
     and every other node's newest figures), ``missing`` the expected ranks (0 … world
     size − 1) without figures, ``stragglers`` the comparison (None under two ranks)."""
@@ -179,7 +179,9 @@ class SplitView:
     stragglers: Stragglers | None
 
 
-def merged(own: Iterable[RankFigures], others: Iterable[RankFigures], world_size: int) -> SplitView:
+def merged(
+    own: Iterable[RankFigures], others: Iterable[RankFigures], world_size: int
+) -> MergedSplit:
     """The view of a split from this sidecar's ranks (``own``, which win) and the figures
     read from other nodes' files (``others``, the newest first: a rank served by several
     nodes over time keeps the first one given)."""
@@ -190,4 +192,4 @@ def merged(own: Iterable[RankFigures], others: Iterable[RankFigures], world_size
     missing = [rank for rank in range(expected) if rank not in ranks]
     ordered = [ranks[rank] for rank in sorted(ranks)]
     view = stragglers({f.rank: f.iterations_view() for f in ordered}) if len(ordered) >= 2 else None
-    return SplitView(ordered, missing, view)
+    return MergedSplit(ordered, missing, view)

@@ -47,7 +47,7 @@ METHOD = (
 
 
 @dataclass(frozen=True)
-class Figure:
+class ComparedFigure:
     """One figure of both runs and its difference. ``*_ci``: (low, high) or None for a
     figure of one value per run; ``change_pct``: NEW against BASE in percent (points for
     a share), None when BASE's value is 0 or missing."""
@@ -85,7 +85,7 @@ def _figure(
     base: tuple[np.ndarray, ...],
     new: tuple[np.ndarray, ...],
     statistic: Callable[..., Any],
-) -> Figure:
+) -> ComparedFigure:
     """A bootstrapped figure: ``statistic(*columns)`` on each run's rows (axis -1)."""
     base_draws = _resampled(rng, base, statistic)
     new_draws = _resampled(rng, new, statistic)
@@ -95,7 +95,7 @@ def _figure(
     if base_value > 0 and np.all(base_draws > 0):
         change = (new_value / base_value - 1) * 100
         change_ci = _interval((new_draws / base_draws - 1) * 100)
-    return Figure(
+    return ComparedFigure(
         name,
         unit,
         base_value,
@@ -152,7 +152,7 @@ def _memory_peak(rows: SplitRows) -> float | None:
     return max(peaks) if peaks else None
 
 
-def _plain(name: str, unit: str, base: float | None, new: float | None) -> Figure:
+def _plain(name: str, unit: str, base: float | None, new: float | None) -> ComparedFigure:
     """A figure of one value per run: its change in percent (points for a share)."""
     change = None
     if base is not None and new is not None:
@@ -160,7 +160,7 @@ def _plain(name: str, unit: str, base: float | None, new: float | None) -> Figur
             change = (new - base) * 100
         elif base > 0:
             change = (new / base - 1) * 100
-    return Figure(name, unit, base, new, change_pct=change)
+    return ComparedFigure(name, unit, base, new, change_pct=change)
 
 
 def _goodput(rows: SplitRows) -> dict[str, float]:
@@ -237,7 +237,7 @@ def compare(base: SplitRows, new: SplitRows) -> dict[str, Any]:
         )
         for phase in shared
     ]
-    others: list[Figure] = []
+    others: list[ComparedFigure] = []
     samples = [_samples(_steps(r)) for r in (base, new)]
     if samples[0] is not None and samples[1] is not None:
         walls = [_steps(r)["wall (s)"].to_numpy(float) for r in (base, new)]
@@ -309,7 +309,7 @@ def gate(result: dict[str, Any], max_regression_pct: float) -> tuple[bool, str]:
     )
 
 
-def _change_text(figure: Figure) -> str:
+def _change_text(figure: ComparedFigure) -> str:
     if figure.change_pct is None:
         return f"{figure.name}: no change computable"
     unit = " points" if figure.unit == "share" else " %"

@@ -2,7 +2,7 @@
 
 Each entry says where the value comes from (the sampler and its call), the attribute of
 the sample that holds it (``GpuSample`` or ``HostSample``), its column in resources.tsv,
-its unit, how the summary folds it (``Figure`` rules, merged across sessions by the same
+its unit, how the summary folds it (``FieldFigure`` rules, merged across sessions by the same
 rule) and the line summary.log shows, and the Prometheus family ``/metrics`` exports, or
 none. Everything else derives from this table:
 
@@ -47,7 +47,7 @@ GaugeValue = Literal["latest", "since_first", "integral"]
 
 
 @dataclass(frozen=True)
-class Figure:
+class FieldFigure:
     """One summary figure of a field: its name (the key in a summary's ``figures``) and
     the rule that folds the samples into it."""
 
@@ -81,7 +81,7 @@ class Gauge:
 
 
 @dataclass(frozen=True)
-class Field:
+class ResourceField:
     """One sampled field. ``required`` columns are those every resources.tsv has had; a
     field added later is ``required=False``: files written before it lack its column,
     and their samples read back with it None."""
@@ -92,24 +92,24 @@ class Field:
     column: str
     unit: str
     dtype: Dtype = "float"
-    figures: tuple[Figure, ...] = ()
+    figures: tuple[FieldFigure, ...] = ()
     line: Line | None = None
     gauge: Gauge | None = None
     required: bool = True
 
 
-def _fig(*pairs: tuple[str, Rule]) -> tuple[Figure, ...]:
-    return tuple(Figure(name, rule) for name, rule in pairs)
+def _fig(*pairs: tuple[str, Rule]) -> tuple[FieldFigure, ...]:
+    return tuple(FieldFigure(name, rule) for name, rule in pairs)
 
 
-def _gpu(attribute: str, source: str, column: str, unit: str, **more: Any) -> Field:
-    """A field of ``GpuSample``; ``more``: the other ``Field`` settings."""
-    return Field("gpu", attribute, source, column, unit, **more)
+def _gpu(attribute: str, source: str, column: str, unit: str, **more: Any) -> ResourceField:
+    """A field of ``GpuSample``; ``more``: the other ``ResourceField`` settings."""
+    return ResourceField("gpu", attribute, source, column, unit, **more)
 
 
-def _host(attribute: str, source: str, column: str, unit: str, **more: Any) -> Field:
-    """A field of ``HostSample``; ``more``: the other ``Field`` settings."""
-    return Field("host", attribute, source, column, unit, **more)
+def _host(attribute: str, source: str, column: str, unit: str, **more: Any) -> ResourceField:
+    """A field of ``HostSample``; ``more``: the other ``ResourceField`` settings."""
+    return ResourceField("host", attribute, source, column, unit, **more)
 
 
 def _nvml(call: str) -> str:
@@ -122,7 +122,7 @@ def _bytes(name: str, text: str) -> Gauge:
     return Gauge(name, "gauge", text, scale=BYTES_PER_MIB)
 
 
-GPU_FIELDS: tuple[Field, ...] = (
+GPU_FIELDS: tuple[ResourceField, ...] = (
     _gpu("gpu_index", "the job's GPU list", "gpu index", "", dtype="int"),
     _gpu("name", "nvmlDeviceGetName", "gpu name", "", dtype="text"),
     _gpu("uuid", "nvmlDeviceGetUUID", "gpu uuid", "", dtype="text"),
@@ -242,7 +242,7 @@ GPU_FIELDS: tuple[Field, ...] = (
     ),
 )
 
-HOST_FIELDS: tuple[Field, ...] = (
+HOST_FIELDS: tuple[ResourceField, ...] = (
     _host(
         "cpu_pct",
         "psutil cpu_percent, summed over the job's tree",
@@ -289,7 +289,7 @@ HOST_FIELDS: tuple[Field, ...] = (
 LEADING_COLUMNS = ("time (s)", "session")
 
 
-def fields() -> tuple[Field, ...]:
+def fields() -> tuple[ResourceField, ...]:
     """Every field, GPU then host: the order of resources.tsv's columns."""
     return GPU_FIELDS + HOST_FIELDS
 
@@ -306,7 +306,10 @@ def required_columns() -> tuple[str, ...]:
 
 
 def gauge_values(
-    table: Sequence[Field], latest: Any, first: Mapping[str, float], integrals: Mapping[str, float]
+    table: Sequence[ResourceField],
+    latest: Any,
+    first: Mapping[str, float],
+    integrals: Mapping[str, float],
 ) -> dict[str, float]:
     """Per field of ``table`` with a gauge, its value by the gauge's rule (see
     ``GaugeValue``) times its scale: the ``latest`` sample's value, that value

@@ -66,7 +66,7 @@ def _sum(values: Sequence[float | None]) -> float | None:
 
 
 def _merge(
-    table: Sequence[fields.Field], parts: Sequence[Figures], weights: Sequence[float]
+    table: Sequence[fields.ResourceField], parts: Sequence[Figures], weights: Sequence[float]
 ) -> Figures:
     """The figures of several sessions as one, each by its figure's rule (see
     ``fields.Rule``): means weighted by ``weights`` (the sessions' sampled seconds)."""

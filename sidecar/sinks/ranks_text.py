@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sidecar.model import stragglers
-from sidecar.model.merge import TABLE_PHASES, SplitView
+from sidecar.model.merge import TABLE_PHASES, MergedSplit
 from sidecar.model.straggler_gpu import GpuFigures
 from sidecar.sinks.nodes import NodeFile
 
@@ -40,7 +40,7 @@ def _labels() -> list[str]:
     return [p.summary_label for p in TABLE_PHASES]
 
 
-def table_lines(view: SplitView) -> list[str]:
+def table_lines(view: MergedSplit) -> list[str]:
     """The ranks table (none for fewer than two ranks): stored rows' mean seconds."""
     if len(view.ranks) < 2:
         return []
@@ -68,7 +68,7 @@ def table_lines(view: SplitView) -> list[str]:
     return out
 
 
-def rank_lines(view: SplitView, world_size: int, waited_s: float | None) -> list[str]:
+def rank_lines(view: MergedSplit, world_size: int, waited_s: float | None) -> list[str]:
     """The ranks part of our additions: the table, the ``Straggler:`` line, the ranks whose
     figures never came or whose node did not end them, and the time the summary waited for
     other nodes at the end (``waited_s``; None: it did not wait)."""
@@ -97,7 +97,7 @@ def rank_lines(view: SplitView, world_size: int, waited_s: float | None) -> list
     return out
 
 
-def ranks_tsv(view: SplitView) -> str:
+def ranks_tsv(view: MergedSplit) -> str:
     """The text of ``logs/ranks.tsv``: one row per rank (RANKS_COLUMNS)."""
     standings = {s.rank: s for s in view.stragglers.standings} if view.stragglers else {}
     lines = ["\t".join(RANKS_COLUMNS)]

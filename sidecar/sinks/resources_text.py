@@ -42,7 +42,7 @@ def _row(label: str, text: str) -> str:
     return f"  {label:<26}{text}"
 
 
-def _field_lines(table: Sequence[fields.Field], figures: Mapping[str, Any]) -> list[str]:
+def _field_lines(table: Sequence[fields.ResourceField], figures: Mapping[str, Any]) -> list[str]:
     """One line per field of ``table`` that has one, from its template over ``figures``."""
     lines = []
     for field in table:
@@ -160,7 +160,7 @@ def resources_frame(
     return frame
 
 
-def _value(field: fields.Field, gpu: GpuSample | None, host: HostSample | None) -> Any:
+def _value(field: fields.ResourceField, gpu: GpuSample | None, host: HostSample | None) -> Any:
     """``field``'s value in a row of the GPU sample ``gpu`` and the host sample ``host``."""
     sample = gpu if field.kind == "gpu" else host
     return None if sample is None else getattr(sample, field.attribute)
@@ -212,7 +212,7 @@ def read_samples(
     return gpu, list(host.values())
 
 
-def _attributes(table: Sequence[fields.Field], values: Mapping[str, Any]) -> dict[str, Any]:
+def _attributes(table: Sequence[fields.ResourceField], values: Mapping[str, Any]) -> dict[str, Any]:
     """The sample attributes of ``table`` from a row's ``values`` by column (None for a
     column the file lacks)."""
     return {f.attribute: values.get(f.column) for f in table}

@@ -15,7 +15,7 @@ import pytest
 
 from markers import wire
 from sidecar.model.aggregator import MIN_ARRAY_RECORDS, RankAggregator, Settings
-from sidecar.model.batch_sizes import BatchSizes
+from sidecar.model.batch_sizes import SessionBatchSizes
 from sidecar.model.state import rank_state
 
 TRAIN = wire.FLAG_IN_ITERATION
@@ -306,7 +306,7 @@ def test_a_flood_of_any_kind_takes_the_array_path(
 def test_a_readable_batch_size_wins_over_the_given_one() -> None:
     """train_batch_size=64 given; the markers send what the batches tell when it differs:
     a short batch counts its own samples, a batch that cannot tell the given size."""
-    sizes = BatchSizes(64, None)
+    sizes = SessionBatchSizes(64, None)
     sizes.note(False, 2, 10)  # iteration 2: a short last batch of 10
     sizes.note(False, 3, None)  # iteration 3 on: batches that cannot tell
     assert sizes.iteration_samples(False, 1, 1) == (64, 64)

@@ -88,13 +88,13 @@ class _PcieSample(GpuSample):
     pcie_rx_mib_s: float | None = None
 
 
-PCIE = fields.Field(
+PCIE = fields.ResourceField(
     "gpu",
     "pcie_rx_mib_s",
     "NVML nvmlDeviceGetPcieThroughput(RX)",
     "pcie rx (MB/s)",
     "MiB/s",
-    figures=(fields.Figure("pcie_rx_mean_mib_s", "mean"),),
+    figures=(fields.FieldFigure("pcie_rx_mean_mib_s", "mean"),),
     line=fields.Line("PCIe RX (MB/s)", "mean {pcie_rx_mean_mib_s:.1f}"),
     gauge=fields.Gauge(
         "trainmon_gpu_pcie_rx_bytes_per_second", "gauge", "PCIe receive", scale=1024 * 1024

@@ -54,7 +54,7 @@ Figures = dict[str, float | str | None]
 
 @dataclass(frozen=True)
 class GpuSummary:
-    """One GPU over the run: ``figures`` holds one value per ``Figure`` of the GPU fields
+    """One GPU over the run: ``figures`` holds one value per ``FieldFigure`` of the GPU fields
     (``sidecar.resources.fields``), None where no sample had the field."""
 
     gpu_index: int
@@ -68,7 +68,7 @@ class GpuSummary:
 
 @dataclass(frozen=True)
 class HostSummary:
-    """The job's process tree and the host over the run: one value per ``Figure`` of the
+    """The job's process tree and the host over the run: one value per ``FieldFigure`` of the
     host fields."""
 
     n_samples: int
@@ -142,7 +142,7 @@ def _fold(
     return energy if rule == "energy" else method
 
 
-def _figures(table: Sequence[fields.Field], seq: Sequence[Any]) -> Figures:
+def _figures(table: Sequence[fields.ResourceField], seq: Sequence[Any]) -> Figures:
     ts = [s.t_ns for s in seq]
     return {
         figure.name: _fold(figure.rule, ts, seq, field.attribute)
