@@ -328,7 +328,7 @@ class _Hooks:
             self._depth += 1
             if self._depth > 1:
                 return
-            now = perf_counter_ns()
+            now_ns = perf_counter_ns()
             run = self._run
             opened = run.iteration
             if opened is not None and opened != self._owned:
@@ -346,16 +346,16 @@ class _Hooks:
                     # A second no_grad forward in a row, nothing trained in between: a
                     # test pass in training mode, the first one included.
                     self._first_was_evaluation(module)
-                    self._begin_evaluation(module, now, batch)
+                    self._begin_evaluation(module, now_ns, batch)
                     self._marker = self._evaluation
                     self._marker.__enter__()
                     return
                 elif self._owned is None:
-                    self._undecided = [max(self._last_ns, run.last_boundary_ns), now, 0, batch]
-                self._begin_training_forward(now, batch)
+                    self._undecided = [max(self._last_ns, run.last_boundary_ns), now_ns, 0, batch]
+                self._begin_training_forward(now_ns, batch)
                 self._marker = self._forward
             else:
-                self._begin_evaluation(module, now, args or kwargs)
+                self._begin_evaluation(module, now_ns, args or kwargs)
                 self._marker = self._evaluation
             self._marker.__enter__()
         except Exception as exc:  # never into the training loop
@@ -419,7 +419,7 @@ class _Hooks:
     def _first_was_evaluation(self, module: torch.nn.Module) -> None:
         """The undecided no_grad forward was the first of a test pass: the training
         iteration it opened is left unmeasured (its batch counts for nothing), and it is
-        recorded as the evaluation it was (no GPU time: its kind was known only now)."""
+        recorded as the evaluation it was (no GPU time: its kind was known only now_ns)."""
         loading_ns, start_ns, end_ns, batch = self._undecided or (0, 0, 0, None)
         self._undecided = None
         self._batch_pending = False
@@ -445,7 +445,7 @@ class _Hooks:
         # model.train() again); an evaluation before training otherwise.
         return self._state == _TRAIN or (self._state == _VAL and self._last_eval_mode)
 
-    def _begin_training_forward(self, now: int, batch: Any) -> None:
+    def _begin_training_forward(self, now_ns: int, batch: Any) -> None:
         run = self._run
         boundary = run.last_boundary_ns
         owned = self._owned
@@ -469,7 +469,7 @@ class _Hooks:
             if self._batch_pending:
                 self._count_batch()
             self._batch_pending = True
-            run.data_loaded(max(self._last_ns, boundary), now)
+            run.data_loaded(max(self._last_ns, boundary), now_ns)
             # Every batch counts (a short one inside an accumulation step too). One
             # tensor with the first dimension of the last one read has the same size:
             # nothing to read (most batches). Anything else is read.
@@ -482,14 +482,14 @@ class _Hooks:
         self._after_backward = False
         self._state = _TRAIN
 
-    def _begin_evaluation(self, module: torch.nn.Module, now: int, batch: Any) -> None:
+    def _begin_evaluation(self, module: torch.nn.Module, now_ns: int, batch: Any) -> None:
         run = self._run
         if self._owned is not None:  # a training iteration cut by an evaluation
             self._leave()
         start = max(self._last_ns, run.last_boundary_ns)
         run.begin_iteration(True, start)
         self._owned = (True, start)  # what run.iteration now says
-        run.data_loaded(start, now)
+        run.data_loaded(start, now_ns)
         run.batch_seen(True, batch)
         self._state = _VAL
         self._last_eval_mode = not module.training
@@ -598,7 +598,7 @@ class _Hooks:
             if self._step_depth:
                 return
             self._optimization.__exit__(None, None, None)
-            self._last_ns = now = perf_counter_ns()
+            self._last_ns = now_ns = perf_counter_ns()
             self._pending_backward = False
             self._after_backward = False
             boundary = self._boundary
@@ -608,7 +608,7 @@ class _Hooks:
             if owned is not None and not owned[0] and self._run.iteration == owned:
                 if self._batch_pending:
                     self._count_batch()
-                self._run.end_iteration(now)
+                self._run.end_iteration(now_ns)
             self._owned = None
             self._batch_pending = False
         except Exception as exc:  # never into the training loop

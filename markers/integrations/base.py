@@ -94,11 +94,11 @@ class Monitor:
         """A batch starts now: the iteration opens (when none is) at the end of the
         previous batch, and the time since then is its data loading."""
         run = self.run
-        now = perf_counter_ns()
+        now_ns = perf_counter_ns()
         start = max(self._last_end_ns, run.last_boundary_ns)
         if run.iteration is None:
             run.begin_iteration(validation, start)
-        run.data_loaded(start, now)
+        run.data_loaded(start, now_ns)
         if batch is not None:
             run.batch_seen(validation, batch)
 

@@ -54,10 +54,10 @@ class Derivations:
         """The figures of ``split`` for the published view: the latest, derived again
         when older than ``REFRESH_S`` for a split of several ranks served here alone, or
         when there are none yet."""
-        now = time.monotonic()
+        now_mono = time.monotonic()
         found = self._latest.get(split)
         stale = found is None or (
-            now - found[0] >= REFRESH_S and len(split.ranks) > 1 and not split.multi_node
+            now_mono - found[0] >= REFRESH_S and len(split.ranks) > 1 and not split.multi_node
         )
         if found is not None and not stale:
             return found[1]
@@ -67,7 +67,7 @@ class Derivations:
             else None
         )
         figures = derive(split, nodes.NODE_ID, HOSTNAME, samples)
-        self._latest[split] = (now, figures)
+        self._latest[split] = (now_mono, figures)
         return figures
 
     def forget(self, split: Split) -> None:

@@ -61,7 +61,7 @@ class Dispatcher:
         }
 
     def dispatch(
-        self, header: wire.Header, body: dict[str, Any], now: float, caller: Peer | None = None
+        self, header: wire.Header, body: dict[str, Any], now_unix: float, caller: Peer | None = None
     ) -> Reply:
         """Handle one control body from ``caller``. Raises WireError (malformed,
         unknown_control) and Refused; the caller counts them."""
@@ -74,25 +74,25 @@ class Dispatcher:
         if kind == wire.FINISH_JOB:
             return self.finish_job(body["job_id"], caller)
         if kind == wire.HELLO:
-            return self.registry.hello(header, body, now, caller)
+            return self.registry.hello(header, body, now_unix, caller)
         handler = self._table[kind]
         stream = self.registry.stream_for(header, kind)
         if stream is None:
             return {"ok": False, "error": "unknown run: no hello received"}
-        return handler(stream, body, now)
+        return handler(stream, body, now_unix)
 
-    def _phase(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
+    def _phase(self, stream: Stream, body: dict[str, Any], now_unix: float) -> Reply:
         self.registry.declare_phase(stream, body)
         return None
 
-    def _gpu(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
+    def _gpu(self, stream: Stream, body: dict[str, Any], now_unix: float) -> Reply:
         uuid = body["uuid"]
         stream.split.add_gpu(uuid, body["name"])
         stream.split.rank_gpus[stream.rank] = uuid
         self.monitor.add_gpu(uuid)
         return None
 
-    def _batch_size(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
+    def _batch_size(self, stream: Stream, body: dict[str, Any], now_unix: float) -> Reply:
         stream.split.rank(stream.rank).note_batch_size(
             body["kind"] == "validation",
             body["iteration"],
@@ -101,21 +101,21 @@ class Dispatcher:
         )
         return None
 
-    def _loader(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
+    def _loader(self, stream: Stream, body: dict[str, Any], now_unix: float) -> Reply:
         settings = {"num_workers": body["num_workers"], "pin_memory": body["pin_memory"]}
         if stream.split.loaders.get(body["kind"]) != settings:
             stream.split.loaders[body["kind"]] = settings
             stream.split.dirty = True
         return None
 
-    def _state(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
+    def _state(self, stream: Stream, body: dict[str, Any], now_unix: float) -> Reply:
         return resume.state_of(stream)
 
-    def _part(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
+    def _part(self, stream: Stream, body: dict[str, Any], now_unix: float) -> Reply:
         payload.add_part(stream, body)
         return None
 
-    def _load_state(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
+    def _load_state(self, stream: Stream, body: dict[str, Any], now_unix: float) -> Reply:
         if "payload_bytes" not in body:  # small enough to travel inline
             return self.registry.load_state(stream, body.get("state"))
         try:
@@ -129,15 +129,17 @@ class Dispatcher:
             }
         return self.registry.load_state(stream, saved)
 
-    def _checkpoint(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
+    def _checkpoint(self, stream: Stream, body: dict[str, Any], now_unix: float) -> Reply:
         split = stream.split
         self.later.append(lambda: self.write(split, True))
         return {"ok": True, "out_dir": str(split.out_dir), "error": split.write_error}
 
-    def _finish(self, stream: Stream, body: dict[str, Any], now: float) -> Reply:
+    def _finish(self, stream: Stream, body: dict[str, Any], now_unix: float) -> Reply:
         self.registry.note_worker_phases(stream, body.get("worker_phases"))
         self.registry.note_gpu_unfinished(stream, body.get("gpu_unfinished"))
-        self.registry.finish(stream, body["status"], body.get("error"), body.get("end_ns"), now)
+        self.registry.finish(
+            stream, body["status"], body.get("error"), body.get("end_ns"), now_unix
+        )
         return self._written(stream.split)
 
     def _written(self, split: Split, with_state: bool = False) -> dict[str, Any]:

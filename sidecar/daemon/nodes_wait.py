@@ -34,8 +34,8 @@ def waiting(split: Split) -> bool:
     )
 
 
-def settle(split: Split, now: float, wait_s: float) -> bool:
-    """Check a waiting split's other nodes at ``now`` (Unix s): True when its wait is over
+def settle(split: Split, now_unix: float, wait_s: float) -> bool:
+    """Check a waiting split's other nodes at ``now_unix``: True when its wait is over
     (every expected rank covered, or ``wait_s`` passed since its ranks ended), after
     which the split carries what the summary says of the late nodes; False to wait on."""
     if not waiting(split):
@@ -46,9 +46,9 @@ def settle(split: Split, now: float, wait_s: float) -> bool:
         (agg.sessions[-1].start_unix for agg in split.ranks.values() if agg.sessions), default=0.0
     )
     missing = nodes.uncovered(range(split.world_size), set(split.ranks), found, since_unix)
-    if missing and now < split.end_unix + wait_s:
+    if missing and now_unix < split.end_unix + wait_s:
         return False
-    split.nodes_waited_s = max(0.0, now - split.end_unix)
+    split.nodes_waited_s = max(0.0, now_unix - split.end_unix)
     reported: set[int] = set()
     for node in found:
         if any(f.rank in missing for f in node.ranks) and node.node_id not in split.late_nodes:
@@ -69,7 +69,7 @@ def settle(split: Split, now: float, wait_s: float) -> bool:
         )
         # run.json gives them a node entry of their own (or marks the one their node
         # wrote before it died), incomplete, ended when the wait did
-        split.late_nodes[NEVER_WROTE] = LateNode(None, tuple(never), cause, now)
+        split.late_nodes[NEVER_WROTE] = LateNode(None, tuple(never), cause, now_unix)
         split.set_status("incomplete", cause)
     log.info(
         "split %d of %s: waited %.2f s for the other nodes%s",
@@ -97,16 +97,16 @@ class NodesWork:
         self._write_node_file = write_node_file
         self._next_node_files = 0.0
 
-    def tick(self, splits: Iterable[Split], now: float) -> None:
-        """At ``now`` (Unix s): write the splits whose wait ended; every ``NODE_FILE_S``,
+    def tick(self, splits: Iterable[Split], now_unix: float) -> None:
+        """At ``now_unix``: write the splits whose wait ended; every ``NODE_FILE_S``,
         refresh the node file of each live split that changed and that other sidecars
         serve too."""
         splits = list(splits)
         for split in splits:
-            if waiting(split) and settle(split, now, self.wait_s):
+            if waiting(split) and settle(split, now_unix, self.wait_s):
                 self._write(split)
-        if now >= self._next_node_files:
-            self._next_node_files = now + NODE_FILE_S
+        if now_unix >= self._next_node_files:
+            self._next_node_files = now_unix + NODE_FILE_S
             for split in splits:
                 if split.end_unix is None and split.dirty and split.multi_node:
                     self._write_node_file(split)

@@ -98,12 +98,12 @@ class SystemdNotifier:
         self._ready = False
         self._stopping = False
 
-    def healthy(self, snapshot: Snapshot, now: float) -> bool:
+    def healthy(self, snapshot: Snapshot, now_mono: float) -> bool:
         """True when the loop turned and the samplers completed a round (or have not
-        started one yet) within ``stall_s`` of ``now``."""
+        started one yet) within ``stall_s`` of ``now_mono``."""
         sampled = snapshot.sampler_round_monotonic
-        return now - snapshot.loop_monotonic <= self.stall_s and (
-            sampled is None or now - sampled <= self.stall_s
+        return now_mono - snapshot.loop_monotonic <= self.stall_s and (
+            sampled is None or now_mono - sampled <= self.stall_s
         )
 
     def ready(self, snapshot: Snapshot) -> None:
@@ -125,12 +125,16 @@ class SystemdNotifier:
             self._status = status_line(snapshot)
             self._next_status = self._clock() + STATUS_EVERY_S
             notify(f"READY=1\nSTATUS={self._status}", self._environ)
-        now = self._clock()
-        if self._watchdog_s is not None and now >= self._next_ping and self.healthy(snapshot, now):
+        now_mono = self._clock()
+        if (
+            self._watchdog_s is not None
+            and now_mono >= self._next_ping
+            and self.healthy(snapshot, now_mono)
+        ):
             notify("WATCHDOG=1", self._environ)
-            self._next_ping = now + self._watchdog_s
-        if now >= self._next_status:
-            self._next_status = now + STATUS_EVERY_S
+            self._next_ping = now_mono + self._watchdog_s
+        if now_mono >= self._next_status:
+            self._next_status = now_mono + STATUS_EVERY_S
             text = status_line(snapshot)
             if text != self._status:
                 self._status = text

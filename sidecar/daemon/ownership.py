@@ -50,8 +50,8 @@ class Owners:
         self._bound: dict[str, dict[str, Any]] = self._load()
         # when each binding was made or loaded: one loaded after a restart is kept a while
         # for its run to come back, however long ago it was made
-        now = time.time()
-        self._since = dict.fromkeys(self._bound, now)
+        now_unix = time.time()
+        self._since = dict.fromkeys(self._bound, now_unix)
 
     def _load(self) -> dict[str, dict[str, Any]]:
         if self.path is None:
@@ -128,11 +128,11 @@ class Owners:
         self._since[key] = time.time()
         self._save()
 
-    def forget(self, known: Iterable[bytes], now: float, keep_s: float) -> None:
+    def forget(self, known: Iterable[bytes], now_unix: float, keep_s: float) -> None:
         """Drop the bindings of runs not in ``known`` (the runs held in memory) bound more
         than ``keep_s`` seconds ago (saved when any is dropped)."""
         live = {run_id.hex() for run_id in known}
-        old = [k for k in self._bound if k not in live and now - self._since[k] > keep_s]
+        old = [k for k in self._bound if k not in live and now_unix - self._since[k] > keep_s]
         for key in old:
             del self._bound[key]
             del self._since[key]

@@ -301,7 +301,7 @@ class Server:
         hello = body if body is not None and body.get("type") == wire.HELLO else None
         return self.owners.refusal(run_id, message.peer, hello)
 
-    def handle(self, message: Incoming, now: float) -> None:
+    def handle(self, message: Incoming, now_unix: float) -> None:
         """Dispatch one decoded message (refused when its sender may not use us)."""
         body = message.control or {}
         foreign = self._foreign(message)
@@ -310,7 +310,7 @@ class Server:
             self._reply(message, body, {"ok": False, "error": foreign[1]})
             return
         if message.records is not None:
-            self.registry.records(message.header, message.records, now)
+            self.registry.records(message.header, message.records, now_unix)
             return
         if "reply_to" in body:
             self._waiting = (message.identity, body["reply_to"])
@@ -321,7 +321,7 @@ class Server:
             if self.access.shared:  # a finish writes within the block: import before it
                 writer.load_modules()
             with self.access.acting(message.peer):
-                reply = self.dispatcher.dispatch(message.header, body, now, message.peer)
+                reply = self.dispatcher.dispatch(message.header, body, now_unix, message.peer)
             if body["type"] == wire.HELLO and reply is not None and reply.get("ok"):
                 self.owners.bind(message.header.run_id, message.peer, body)
                 self.access.say_where(body, reply)
@@ -454,7 +454,7 @@ class Server:
         many (the Slurm epilog: ``sidecar finish --job``). Runs of the job whose process
         was found gone just before (Slurm kills a job's processes before its epilog) take
         the job's end as their cause and are written again."""
-        now = time.time()
+        now_unix = time.time()
         cause = f"Slurm job {job_id} ended"
         ended = 0
         for stream in list(self.registry.streams.values()):
@@ -463,8 +463,8 @@ class Server:
             if not self.access.may_end(caller, stream):
                 continue
             if not stream.finished:
-                self._end_stream(stream, cause, now)
-            elif slurm_jobs.ended_by_job(stream.split, gone_cause(stream.pid), cause, now):
+                self._end_stream(stream, cause, now_unix)
+            elif slurm_jobs.ended_by_job(stream.split, gone_cause(stream.pid), cause, now_unix):
                 self.write(stream.split)
             else:
                 continue
@@ -495,20 +495,20 @@ class Server:
     def _job_cause(self) -> str | None:
         return self.job.cause() if self.job is not None else None
 
-    def check_processes(self, now: float) -> None:
+    def check_processes(self, now_unix: float) -> None:
         """Declare incomplete every local run whose process is gone without finishing."""
         for stream in self.registry.live_streams():
             if not stream.is_local() or pid_alive(stream.pid):
                 self._gone.pop(stream.run_id, None)
                 continue
-            first_seen = self._gone.setdefault(stream.run_id, now)
-            if now - first_seen < LIVENESS_S:
+            first_seen = self._gone.setdefault(stream.run_id, now_unix)
+            if now_unix - first_seen < LIVENESS_S:
                 continue  # its last messages may still be on the way
             cause = self._job_cause() or gone_cause(stream.pid)
-            self._end_stream(stream, cause, now, first_seen)
+            self._end_stream(stream, cause, now_unix, first_seen)
 
     def _end_stream(
-        self, stream: Stream, cause: str, now: float, gone_unix: float | None = None
+        self, stream: Stream, cause: str, now_unix: float, gone_unix: float | None = None
     ) -> None:
         """End ``stream`` as incomplete, at its process's death when known (the death watch;
         else ``gone_unix``, when it was first seen gone), else at its last record: the
@@ -519,7 +519,7 @@ class Server:
         died = died if died is not None else gone_unix
         session = stream.split.rank(stream.rank).sessions[-1]
         end_ns = None if died is None else max(session.last_ns, session.ns_at(died))
-        self.registry.finish(stream, "incomplete", cause, end_ns, now)
+        self.registry.finish(stream, "incomplete", cause, end_ns, now_unix)
         self.deaths.forget(stream.run_id)
         self.write(stream.split)
 
@@ -543,26 +543,26 @@ class Server:
                 self.job.send(signum)
         self._signal = signum
 
-    def tick(self, now: float) -> None:
+    def tick(self, now_unix: float) -> None:
         """The periodic work between reads: processes, held records, write retries."""
-        if now >= self._next_liveness:
-            self._next_liveness = now + TICK_S
-            self.check_processes(now)
-            self.nodes.tick(self.registry.splits.values(), now)
+        if now_unix >= self._next_liveness:
+            self._next_liveness = now_unix + TICK_S
+            self.check_processes(now_unix)
+            self.nodes.tick(self.registry.splits.values(), now_unix)
             self._rate_window.append((time.monotonic(), self.registry.records_received))
-        self.registry.expire_pending(now)
+        self.registry.expire_pending(now_unix)
         self.receiver.connections.poll()
-        if now >= self._next_retry:
-            self._next_retry = now + RETRY_S
+        if now_unix >= self._next_retry:
+            self._next_retry = now_unix + RETRY_S
             for split in self.registry.splits.values():
                 if split.write_error and split.dirty:
                     self.write(split)
-            for split in self.registry.prune(now, KEEP_ENDED_S):
+            for split in self.registry.prune(now_unix, KEEP_ENDED_S):
                 self.monitor.forget(split)
                 self.derivations.forget(split)
                 self.exports.forget(split)
             self.deaths.retain(self.registry.streams)
-            self.owners.forget(self.registry.streams, now, KEEP_ENDED_S)
+            self.owners.forget(self.registry.streams, now_unix, KEEP_ENDED_S)
 
     def run(self) -> int:
         """Serve until stopped (signal, job or owner gone); write everything; return the
@@ -581,9 +581,9 @@ class Server:
                 self.tick(time.time())
                 # At most every TICK_S: under a stream of small messages the loop turns
                 # thousands of times a second, and a snapshot costs a walk of every split.
-                now = time.monotonic()
-                if now >= self._next_publish:
-                    self._next_publish = now + TICK_S
+                now_mono = time.monotonic()
+                if now_mono >= self._next_publish:
+                    self._next_publish = now_mono + TICK_S
                     self._publish_for_hooks()
             self._call_hooks("stopping")
             self._drain()
@@ -613,7 +613,7 @@ class Server:
             self.handle_all(messages)
 
     def _finalize(self) -> None:
-        now = time.time()
+        now_unix = time.time()
         cause = self._job_cause()  # the job's own end, also when a signal was forwarded
         owner = self.config.owner_pid
         if cause is None and owner is not None and not pid_alive(owner):
@@ -626,7 +626,7 @@ class Server:
             for split in {id(s.split): s.split for s in self.registry.live_streams()}.values():
                 self.write(split, with_state=True)
         for stream in self.registry.live_streams():
-            self._end_stream(stream, cause or gone_cause(stream.pid), now)
+            self._end_stream(stream, cause or gone_cause(stream.pid), now_unix)
         self.nodes.wait(list(self.registry.splits.values()), TICK_S)
         self.write_dirty()
         for split in self.registry.splits.values():

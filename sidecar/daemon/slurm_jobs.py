@@ -154,18 +154,18 @@ class JobIdCheck:
         return None
 
 
-def ended_by_job(split: Split, gone_cause: str, job_cause: str, now: float) -> bool:
+def ended_by_job(split: Split, gone_cause: str, job_cause: str, now_unix: float) -> bool:
     """When Slurm ends a job (scancel, time limit) it kills the job's processes first and
     runs the epilog after: the daemon may have written a run ``incomplete`` with
     ``gone_cause`` (its process ended without finish()) already. Such a run that ended
-    within ``JOB_END_S`` before the epilog (``now``, Unix s) ended with the job: its cause
+    within ``JOB_END_S`` before the epilog (``now_unix``) ended with the job: its cause
     becomes ``job_cause``; one that died earlier keeps its own. True when ``split`` was
     changed (write it)."""
     if (
         split.status != "incomplete"
         or split.cause != gone_cause
         or split.end_unix is None
-        or now - split.end_unix > JOB_END_S
+        or now_unix - split.end_unix > JOB_END_S
     ):
         return False
     split.cause = job_cause

@@ -226,7 +226,7 @@ def take(
     records received then): the record rate is the mean since that point;
     ``derivations`` gives each split's derived figures (refreshed there, throttled);
     ``job_ids_dropped`` counts the hellos' Slurm job ids not believed."""
-    now = time.monotonic()
+    now_mono = time.monotonic()
     then, before = rate_since
     gpu_off = monitor.gpu_off_reason
     counts = registry.status()
@@ -235,7 +235,7 @@ def take(
         endpoint=endpoint,
         root=str(root) if root else None,
         taken_unix=time.time(),
-        loop_monotonic=now,
+        loop_monotonic=now_mono,
         sampler_round_monotonic=monitor.last_round_monotonic,
         samplers_started=monitor.started(),
         records=registry.records_received,
@@ -245,8 +245,10 @@ def take(
         rejected_by_kind=counts["rejected_by_kind"],
         last_error=registry.last_error,
         job_ids_dropped=job_ids_dropped,
-        records_per_s=(registry.records_received - before) / (now - then) if now > then else 0.0,
-        rate_window_s=now - then,
+        records_per_s=(registry.records_received - before) / (now_mono - then)
+        if now_mono > then
+        else 0.0,
+        rate_window_s=now_mono - then,
         samplers={
             "host": "on",
             "gpu": "on" if gpu_off is None else f"off ({gpu_off})",

@@ -48,8 +48,8 @@ class Exporter(Protocol):
     def pending(self) -> int:
         """Points kept for a retry."""
 
-    def retry(self, now: float) -> None:
-        """Try the kept points again when their backoff allows (monotonic ``now``)."""
+    def retry(self, now_mono: float) -> None:
+        """Try the kept points again when their backoff allows (``now_mono``: monotonic s)."""
 
     def where(self) -> str:
         """Where the points go, in words (summary.log)."""
@@ -196,11 +196,11 @@ class Exports:
                 else:
                     self._export(*item)
             # stopping: no backoff, the close wait bounds the tries
-            now = float("inf") if stopping else time.monotonic()
+            now_mono = float("inf") if stopping else time.monotonic()
             for job in list(self._feeds.values()):
                 for exporter in job.exporters.values():
                     if exporter.pending():
-                        self._safely(exporter.retry, now)
+                        self._safely(exporter.retry, now_mono)
                 job.split.export_lines = _lines(job)
             if stopping and self._queue.empty() and not self._pending():
                 break

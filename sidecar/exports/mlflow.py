@@ -105,9 +105,9 @@ class MlflowExporter:
 
     _lineage: str | None = None
 
-    def retry(self, now: float) -> None:
+    def retry(self, now_mono: float) -> None:
         """Send what is kept, when the backoff after the last failure is over."""
-        if now >= self._next_try:
+        if now_mono >= self._next_try:
             self._send()
 
     def _send(self) -> None:

@@ -116,7 +116,7 @@ class TensorBoardExporter:
         """Nothing is kept: a failed write is counted at once (the next one reopens)."""
         return 0
 
-    def retry(self, now: float) -> None:
+    def retry(self, now_mono: float) -> None:
         """Nothing to retry (see ``pending``)."""
 
     def export(self, part: Slice) -> None:

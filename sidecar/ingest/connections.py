@@ -123,15 +123,15 @@ class ConnectionWatch:
         its messages. An ended connection keeps its entry until its descriptor is reused,
         so its last messages, read after the event, still count (a goodbye among them).
         """
-        now = time.monotonic()
-        self._read_events(now)
-        while self._ended and now - self._ended[0][0] >= JUDGE_AFTER_S:
+        now_mono = time.monotonic()
+        self._read_events(now_mono)
+        while self._ended and now_mono - self._ended[0][0] >= JUDGE_AFTER_S:
             peer = self._ended.pop(0)[1]
             for fd in [fd for fd, known in self._peers.items() if known is peer]:
                 del self._peers[fd]
             self._judge(peer)
 
-    def _read_events(self, now: float) -> None:
+    def _read_events(self, now_mono: float) -> None:
         while self._monitor.poll(0):
             try:
                 event = parse_monitor_message(self._monitor.recv_multipart(zmq.NOBLOCK))
@@ -141,7 +141,7 @@ class ConnectionWatch:
             if kind == zmq.EVENT_ACCEPTED:
                 self._peers[fd] = _Peer(client=client_of(fd))
             elif kind == zmq.EVENT_DISCONNECTED:
-                self._ended.append((now, self._peers.setdefault(fd, _Peer())))
+                self._ended.append((now_mono, self._peers.setdefault(fd, _Peer())))
             else:
                 self._failed_handshakes += 1  # counted when its connection's end is judged
 

@@ -108,8 +108,8 @@ class Hello:
     info: dict[str, Any]  # INFO_FIELDS and start_unix, for the split's metadata
 
     @classmethod
-    def parse(cls, body: dict[str, Any], now: float) -> Hello:
-        """The hello ``body`` received at ``now`` (Unix s); WireError("malformed")."""
+    def parse(cls, body: dict[str, Any], now_unix: float) -> Hello:
+        """The hello ``body`` received at ``now_unix``; WireError("malformed")."""
         out_dir = body.get("out_dir")
         cwd = body.get("cwd", "/")
         if not isinstance(out_dir, str) or not out_dir or not isinstance(cwd, str):
@@ -118,7 +118,7 @@ class Hello:
         settings = settings_from_hello(body)
         start_ns = _int(body, "start_ns", 0) or 0
         said_unix = body.get("start_unix")
-        start_unix = float(said_unix) if isinstance(said_unix, (int, float)) else now
+        start_unix = float(said_unix) if isinstance(said_unix, (int, float)) else now_unix
         repeat = bool(body.get("repeat", False))
         info: dict[str, Any] = {k: body.get(k) for k in INFO_FIELDS}
         info["start_unix"] = start_unix

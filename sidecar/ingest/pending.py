@@ -24,13 +24,13 @@ class Pending:
         self._held: dict[bytes, list[Held]] = {}
         self.records = 0  # held now, all runs together
 
-    def hold(self, header: wire.Header, values: np.ndarray, now: float) -> bool:
+    def hold(self, header: wire.Header, values: np.ndarray, now_unix: float) -> bool:
         """Keep ``values`` (records × RECORD_WIDTH) for ``header``'s run; False (nothing
         kept) when that would hold more than ``PENDING_RECORDS``."""
         if self.records + len(values) > PENDING_RECORDS:
             return False
         # a copy: a view would keep the whole read's decoded records alive
-        self._held.setdefault(header.run_id, []).append((now, header, values.copy()))
+        self._held.setdefault(header.run_id, []).append((now_unix, header, values.copy()))
         self.records += len(values)
         return True
 
@@ -40,12 +40,14 @@ class Pending:
         self.records -= sum(len(values) for _, _, values in held)
         return held
 
-    def expire(self, now: float) -> dict[bytes, int]:
+    def expire(self, now_unix: float) -> dict[bytes, int]:
         """Drop the records held ``PENDING_S`` or longer; returns how many per run id."""
         expired_by_run: dict[bytes, int] = {}
         for run_id, held in list(self._held.items()):
-            keep = [h for h in held if now - h[0] < PENDING_S]
-            expired = sum(len(values) for arrived, _, values in held if now - arrived >= PENDING_S)
+            keep = [h for h in held if now_unix - h[0] < PENDING_S]
+            expired = sum(
+                len(values) for arrived, _, values in held if now_unix - arrived >= PENDING_S
+            )
             if expired:
                 expired_by_run[run_id] = expired
             self.records -= expired

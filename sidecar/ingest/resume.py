@@ -51,7 +51,7 @@ class Lineage:
     say of the last run started on each rank: ``{"ranks": {rank: {"run_id", "lineage",
     "start_unix", "pid", "host"}}, "sidecar_pid", "host"}``. ``claim(split_dir, rank)``
     takes a rank (raises Refused when another live sidecar holds it; None when it cannot
-    be used now, the writes will say why)."""
+    be used now_unix, the writes will say why)."""
 
     def __init__(self, claim: Callable[[Path, int], Claim | None]) -> None:
         self.claim = claim
@@ -115,7 +115,7 @@ class Lineage:
             self.claims.pop(taken).release()
 
 
-def restore(stream: Stream, saved: dict[str, Any], now: float, repeat: bool) -> RankAggregator:
+def restore(stream: Stream, saved: dict[str, Any], now_unix: float, repeat: bool) -> RankAggregator:
     """Continue ``stream``'s rank from the state document ``saved``; returns its
     aggregator with the process's session open. Raises StateError (with the reason)
     for a state of another schema that cannot be upgraded or that does not fit it.
@@ -138,7 +138,7 @@ def restore(stream: Stream, saved: dict[str, Any], now: float, repeat: bool) -> 
             f"saved state does not fit schema {state.SCHEMA} ({type(exc).__name__}: {exc})"
         ) from None
     if repeat:  # a new sidecar took over a running process: what came since is missing
-        split.gaps.append((max(saved_unix, stream.start_unix), now))
+        split.gaps.append((max(saved_unix, stream.start_unix), now_unix))
         stream.received = split.received.get(stream.key, 0)
     return agg
 
@@ -175,7 +175,7 @@ def rank_state(split_dir: Path, rank: int) -> dict[str, Any]:
 
 
 def resume_from_folder(
-    stream: Stream, lineage: Lineage, now: float, repeat: bool
+    stream: Stream, lineage: Lineage, now_unix: float, repeat: bool
 ) -> tuple[RankAggregator | None, str | None]:
     """Continue ``stream``'s rank from the state saved in its split's folder
     (``rank_state``): (its aggregator, None), or (None, the warning) when there is no
@@ -184,7 +184,7 @@ def resume_from_folder(
     try:
         saved = rank_state(split.split_dir, stream.rank)
         lineage.check((split.out_dir, split.split), saved, stream.rank)
-        return restore(stream, saved, now, repeat), None
+        return restore(stream, saved, now_unix, repeat), None
     except state.StateError as exc:
         return None, f"{exc}; starting this split afresh"
 

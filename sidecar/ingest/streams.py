@@ -103,7 +103,7 @@ class Registry:
     # -- hello ----------------------------------------------------------------------
 
     def hello(
-        self, header: wire.Header, body: dict[str, Any], now: float, owner: Peer | None = None
+        self, header: wire.Header, body: dict[str, Any], now_unix: float, owner: Peer | None = None
     ) -> dict[str, Any]:
         """Register a run of the user ``owner`` (or note a repeated hello); the reply tells
         the markers the session and the epoch to continue from. Raises WireError for a
@@ -119,7 +119,7 @@ class Registry:
             self._hello_news(known, body)
             return {"ok": True, "session": known.split.rank(known.rank).sessions[-1].number}
         declarations(body)  # checked before anything changes
-        asked = Hello.parse(body, now)
+        asked = Hello.parse(body, now_unix)
         folder = self.resolve_out_dir(asked.out_dir, asked.cwd, owner)
         key = (folder, asked.split)
         split = self.splits.get(key)
@@ -144,7 +144,7 @@ class Registry:
             owner=owner,
         )
         agg, warning = (
-            resume.resume_from_folder(stream, self.lineage, now, asked.repeat)
+            resume.resume_from_folder(stream, self.lineage, now_unix, asked.repeat)
             if asked.resume
             else (None, None)
         )
@@ -152,7 +152,7 @@ class Registry:
             agg = split.fresh_rank(header.rank) if asked.resume else split.rank(header.rank)
             agg.begin_session(asked.start_unix, asked.start_ns, stream.key)
             if asked.repeat:
-                split.gaps.append((asked.start_unix, now))
+                split.gaps.append((asked.start_unix, now_unix))
         if warning:
             log.warning("run %s: %s", header.run_id.hex(), warning)
         self.streams[header.run_id] = stream
@@ -230,12 +230,12 @@ class Registry:
 
     # -- records --------------------------------------------------------------------
 
-    def records(self, header: wire.Header, values: RecordValues, now: float) -> None:
+    def records(self, header: wire.Header, values: RecordValues, now_unix: float) -> None:
         """Aggregate one RECORDS message (see ``records_batch``)."""
-        self.records_batch([(header, values)], now)
+        self.records_batch([(header, values)], now_unix)
 
     def records_batch(
-        self, messages: Sequence[tuple[wire.Header, RecordValues]], now: float
+        self, messages: Sequence[tuple[wire.Header, RecordValues]], now_unix: float
     ) -> None:
         """Aggregate RECORDS messages (header, decoded records: records × RECORD_WIDTH)
         in the order they came. The accounting is per message (order, lost, dropped);
@@ -248,7 +248,7 @@ class Registry:
             records = np.asarray(values, dtype=np.int64).reshape(-1, wire.RECORD_WIDTH)
             stream = self.streams.get(header.run_id)
             if stream is None:
-                self._hold(header, records, now)
+                self._hold(header, records, now_unix)
                 continue
             if not self._in_order(stream, header):
                 continue
@@ -313,17 +313,17 @@ class Registry:
         )
         return records if good.all() else records[good]
 
-    def _hold(self, header: wire.Header, values: np.ndarray, now: float) -> None:
-        if not self.pending.hold(header, values, now):
+    def _hold(self, header: wire.Header, values: np.ndarray, now_unix: float) -> None:
+        if not self.pending.hold(header, values, now_unix):
             self.reject(
                 "unknown_run",
                 f"records for run {header.run_id.hex()} that never said hello",
                 len(values),
             )
 
-    def expire_pending(self, now: float) -> None:
+    def expire_pending(self, now_unix: float) -> None:
         """Reject held records whose run's hello did not come in time (``pending``)."""
-        for run_id, expired in self.pending.expire(now).items():
+        for run_id, expired in self.pending.expire(now_unix).items():
             self.reject(
                 "unknown_run", f"records for run {run_id.hex()} that never said hello", expired
             )
@@ -350,7 +350,7 @@ class Registry:
             raise wire.WireError("malformed", f"phase id {number} declared again as {name!r}")
 
     def finish(
-        self, stream: Stream, status: str, cause: str | None, end_ns: int | None, now: float
+        self, stream: Stream, status: str, cause: str | None, end_ns: int | None, now_unix: float
     ) -> None:
         """The end of a stream's session: by its own finish or found dead by the server."""
         if stream.finished:
@@ -361,13 +361,13 @@ class Registry:
         split.set_status(status, cause)
         split.rank_info[stream.rank] = RankInfo(stream.host or HOSTNAME, status, cause)
         if all(s.finished for s in self.streams.values() if s.split is split):
-            split.end_unix = now
+            split.end_unix = now_unix
 
     def live_streams(self) -> list[Stream]:
         """Streams whose process has not finished."""
         return [s for s in self.streams.values() if not s.finished]
 
-    def prune(self, now: float, keep_s: float) -> list[Split]:
+    def prune(self, now_unix: float, keep_s: float) -> list[Split]:
         """Forget splits that ended more than ``keep_s`` seconds ago and are written (a
         long-lived daemon must not grow with every job it served); returns them. Their
         files and state stay on disk for a resume.
@@ -376,7 +376,7 @@ class Registry:
             split
             for key, split in self.splits.items()
             if split.end_unix is not None
-            and now - split.end_unix > keep_s
+            and now_unix - split.end_unix > keep_s
             and not split.dirty
             and self.splits.get(key) is split
         ]

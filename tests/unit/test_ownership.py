@@ -26,9 +26,9 @@ def test_a_bound_run_refuses_others_and_survives_a_restart(tmp_path: Path) -> No
         assert kind == "foreign_user" and "not" in why
         assert (where.refusal(RUN, BOB, None) or ("",))[0] == "foreign_user"
         assert (where.refusal(RUN, ALICE, {"token": "guess"}) or ("",))[0] == "foreign_run"
-    again.forget([RUN], now=1e12, keep_s=1.0)  # still held in memory: kept
+    again.forget([RUN], now_unix=1e12, keep_s=1.0)  # still held in memory: kept
     assert again.refusal(RUN, BOB, None) is not None
-    again.forget([], now=1e12, keep_s=1.0)
+    again.forget([], now_unix=1e12, keep_s=1.0)
     assert again.refusal(RUN, BOB, None) is None
     assert Owners(tmp_path).refusal(RUN, BOB, None) is None  # the drop was saved
 

@@ -16,22 +16,22 @@ def test_ended_and_written_splits_are_forgotten_after_a_while(tmp_path: Path) ->
     registry = Registry(lambda out_dir, cwd, owner: tmp_path / out_dir)
     frame = Client().hello("job")
     header, body = wire.decode_header(frame), wire.decode_control(frame)
-    registry.hello(header, body, now=100.0)
+    registry.hello(header, body, now_unix=100.0)
     (stream,) = registry.streams.values()
     split = stream.split
-    registry.finish(stream, "completed", None, None, now=200.0)
-    assert registry.prune(now=700.0, keep_s=600.0) == []  # dirty: not written yet
+    registry.finish(stream, "completed", None, None, now_unix=200.0)
+    assert registry.prune(now_unix=700.0, keep_s=600.0) == []  # dirty: not written yet
     split.dirty = False
-    assert registry.prune(now=700.0, keep_s=600.0) == []  # ended only 500 s ago
-    assert registry.prune(now=801.0, keep_s=600.0) == [split]
+    assert registry.prune(now_unix=700.0, keep_s=600.0) == []  # ended only 500 s ago
+    assert registry.prune(now_unix=801.0, keep_s=600.0) == [split]
     assert registry.splits == {} and registry.streams == {}
 
 
 def _hello(
-    registry: Registry, client: Client, out_dir: str, now: float = 100.0, **extra: object
+    registry: Registry, client: Client, out_dir: str, now_unix: float = 100.0, **extra: object
 ) -> dict[str, object]:
     frame = client.hello(out_dir, **extra)
-    return registry.hello(wire.decode_header(frame), wire.decode_control(frame), now)
+    return registry.hello(wire.decode_header(frame), wire.decode_control(frame), now_unix)
 
 
 def test_a_hello_opens_a_split_and_a_repeated_hello_keeps_it(tmp_path: Path) -> None:
@@ -53,7 +53,7 @@ def test_resume_without_a_state_file_starts_afresh_with_a_warning(tmp_path: Path
 
 def test_a_repeated_hello_of_an_unknown_run_is_a_takeover_with_a_gap(tmp_path: Path) -> None:
     registry = Registry(lambda out_dir, cwd, owner: tmp_path / out_dir)
-    _hello(registry, Client(), "job", now=150.0, repeat=True, start_unix=100.0)
+    _hello(registry, Client(), "job", now_unix=150.0, repeat=True, start_unix=100.0)
     (split,) = registry.splits.values()
     assert split.gaps == [(100.0, 150.0)]
 
@@ -94,7 +94,7 @@ def test_records_before_the_hello_wait_then_count(tmp_path: Path) -> None:
     records_frame = client.records(5)
     hello_frame = client.hello("job")
     registry.records(
-        wire.decode_header(records_frame), wire.decode_records(records_frame), now=10.0
+        wire.decode_header(records_frame), wire.decode_records(records_frame), now_unix=10.0
     )
     assert registry.records_received == 0
     registry.hello(wire.decode_header(hello_frame), wire.decode_control(hello_frame), 11.0)
@@ -109,12 +109,12 @@ def test_records_held_for_a_hello_are_bounded_in_records(tmp_path: Path) -> None
     sent = 0
     for _ in range(8):
         frame = Client().records(per_message)
-        registry.records(wire.decode_header(frame), wire.decode_records(frame), now=10.0)
+        registry.records(wire.decode_header(frame), wire.decode_records(frame), now_unix=10.0)
         sent += per_message
     held = PENDING_RECORDS // per_message * per_message
     assert registry.rejected["unknown_run"] == sent - held
-    registry.expire_pending(now=10.0 + PENDING_S)
+    registry.expire_pending(now_unix=10.0 + PENDING_S)
     assert registry.rejected["unknown_run"] == sent
     frame = Client().records(PENDING_RECORDS)  # room again once they expired
-    registry.records(wire.decode_header(frame), wire.decode_records(frame), now=20.0)
+    registry.records(wire.decode_header(frame), wire.decode_records(frame), now_unix=20.0)
     assert registry.rejected["unknown_run"] == sent
