@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -28,12 +27,16 @@ from tests.support.helpers import (
     wait_for,
 )
 from tests.support.shared_node import prepare, start_shared, user_job
+from tests.support.tools import require_tool
 
 JOB = Path(__file__).resolve().parents[1] / "support" / "jobs" / "paced_job.py"
 RANK_LINE = re.compile(r"^\s+0\s+(\d+)\s+(\d+)\s+([\d.]+)ms")
 SHARES = re.compile(r"phases: data loading (\d+)%, forward (\d+)%, backward (\d+)%")
 
-pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+
+@pytest.fixture(autouse=True)
+def _tmux() -> None:
+    require_tool("tmux")
 
 
 class Pane:

@@ -20,6 +20,7 @@ import pytest
 
 from tests.support import speedscope
 from tests.support.helpers import SAME_PRIORITY, env, sidecar_command, split_dir
+from tests.support.tools import require
 
 JOBS = Path(__file__).resolve().parents[1] / "support" / "jobs"
 HOST = socket.gethostname()
@@ -114,9 +115,7 @@ def test_every_stored_row_is_a_slice_and_speedscope_names_the_track(short_tmp: P
     counters = {e["name"] for e in document["traceEvents"] if e["ph"] == "C"}
     assert {"job CPU (%)", "job memory RSS (MiB)"} <= counters, counters
     assert _process_names(document)[0] == f"rank 0 on {HOST}"
-    why_not = speedscope.unavailable()
-    if why_not:
-        pytest.skip(why_not)
+    require(speedscope.unavailable())
     names = speedscope.track_names(short_tmp / "trace.json", short_tmp)
     assert [n.startswith(f"rank 0 on {HOST} (pid 0)") for n in names] == [True], names
 
@@ -177,8 +176,6 @@ def test_two_nodes_give_one_track_per_rank_on_one_clock(short_tmp: Path) -> None
     print(f"ranks 2-3 began {later_s:.2f} s after ranks 0-1 (launched {NODE_DELAY_S} s later)")
     # not sooner than launched; later by the second node's start-up on a loaded machine
     assert launched[1] - launched[0] - 0.5 < later_s < launched[1] - launched[0] + 15, first_epoch
-    why_not = speedscope.unavailable()
-    if why_not:
-        pytest.skip(why_not)
+    require(speedscope.unavailable())
     names = speedscope.track_names(short_tmp / "trace.json", short_tmp)
     assert [n.split(" (pid")[0] for n in names] == [f"rank {r} on {HOST}" for r in range(4)]

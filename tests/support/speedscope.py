@@ -19,6 +19,8 @@ import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from tests.support.tools import INSTALL, missing
+
 CHROMIUM = "chromium-headless-shell"
 PAGE = """<!doctype html><html><body>
 <iframe id="f" src="speedscope/index.html#profileURL=/trace.json" width="1400" height="900">
@@ -59,9 +61,9 @@ def static_folder() -> Path | None:
 def unavailable() -> str | None:
     """Why speedscope cannot be opened here (a tool missing, named), or None."""
     if shutil.which(CHROMIUM) is None:
-        return f"{CHROMIUM} is not installed"
+        return missing(CHROMIUM)
     if static_folder() is None:
-        return "speedscope is not installed (npm install -g speedscope, or set SPEEDSCOPE_DIR)"
+        return f"needs speedscope ({INSTALL['speedscope']}, or set SPEEDSCOPE_DIR)"
     return None
 
 

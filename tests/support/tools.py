@@ -14,13 +14,15 @@ import pytest
 
 REQUIRE_ENV = "TESTS_REQUIRE_TOOLS"
 
-# tool -> the Debian package that installs it
-PACKAGES = {
-    "prometheus": "prometheus",
-    "promtool": "prometheus",
-    "chromium-headless-shell": "chromium-headless-shell",
-    "script": "util-linux",
-    "systemd-analyze": "systemd",
+# tool -> the command that installs it (Debian's packages, npm's)
+INSTALL = {
+    "prometheus": "apt-get install prometheus",
+    "promtool": "apt-get install prometheus",
+    "chromium-headless-shell": "apt-get install chromium-headless-shell",
+    "script": "apt-get install util-linux",
+    "systemd-analyze": "apt-get install systemd",
+    "tmux": "apt-get install tmux",
+    "speedscope": "npm install -g speedscope",
 }
 
 
@@ -29,13 +31,19 @@ def missing(name: str) -> str | None:
     prometheus)"), or None when it is on PATH."""
     if shutil.which(name):
         return None
-    return f"needs {name} (apt-get install {PACKAGES[name]})"
+    return f"needs {name} ({INSTALL[name]})"
 
 
 def require_tool(name: str) -> None:
-    """Skip the calling test when tool ``name`` (a key of ``PACKAGES``) is not on PATH,
-    naming it and its package; with ``TESTS_REQUIRE_TOOLS`` set (CI), fail it instead."""
-    why = missing(name)
+    """Skip the calling test when tool ``name`` (a key of ``INSTALL``) is not on PATH,
+    naming it and how to install it; with ``TESTS_REQUIRE_TOOLS`` set (CI), fail it
+    instead."""
+    require(missing(name))
+
+
+def require(why: str | None) -> None:
+    """Skip the calling test for ``why`` (a missing tool, named; None: nothing missing);
+    with ``TESTS_REQUIRE_TOOLS`` set (CI), fail it instead."""
     if why is None:
         return
     if os.environ.get(REQUIRE_ENV, "") not in ("", "0"):
