@@ -49,13 +49,17 @@ def train(
     truth: Truth | None = None,
     sleeps: dict[str, float] | None = None,
     custom: str | None = None,
+    sizes: tuple[int, int] = (4, 4),
 ) -> Truth:
-    """A scripted training loop with every phase; ``sleeps`` injects known durations."""
+    """A scripted training loop with every phase; ``sleeps`` injects known durations;
+    ``sizes``: the samples of a training and of a validation batch."""
     truth = truth or Truth()
     sleeps = sleeps or {}
     for _ in range(epochs):
         with run.epoch():
-            loader = truth.loader("train loading", train_batches, sleeps.get("train loading", 0))
+            loader = truth.loader(
+                "train loading", train_batches, sleeps.get("train loading", 0), sizes[0]
+            )
             for _batch in run.train_batches(loader):
                 for phase in ("forward", "backward", "optimization"):
                     with run.phase(phase):
@@ -64,7 +68,9 @@ def train(
                     with run.phase(custom):
                         truth.sleep(custom, sleeps.get(custom, 0))
             with run.validation():
-                loader = truth.loader("val loading", val_batches, sleeps.get("val loading", 0))
+                loader = truth.loader(
+                    "val loading", val_batches, sleeps.get("val loading", 0), sizes[1]
+                )
                 for _batch in run.val_batches(loader):
                     for phase in ("evaluation", "metrics"):
                         with run.phase(phase):
@@ -209,7 +215,7 @@ def test_accumulation_sums_batches_into_one_step(sidecar: Sidecar) -> None:
         train_batch_size=2,
         val_batch_size=2,
     ) as run:
-        truth = train(run, epochs=1, train_batches=10, val_batches=2, sleeps=sleeps)
+        truth = train(run, epochs=1, train_batches=10, val_batches=2, sleeps=sleeps, sizes=(2, 2))
     frame = read_tsv(sidecar.split_dir() / "logs" / "computational.tsv")
     # 10 batches at 4 per step: steps of 4, 4 and the epoch's last 2.
     assert frame["Training loop (s)"].notna().sum() == 3
@@ -231,7 +237,14 @@ def test_throughput_is_batch_size_over_mean_training_loop(sidecar: Sidecar) -> N
         train_batch_size=32,
         val_batch_size=16,
     ) as run:
-        train(run, epochs=1, train_batches=12, val_batches=6, sleeps={"forward": 0.001})
+        train(
+            run,
+            epochs=1,
+            train_batches=12,
+            val_batches=6,
+            sleeps={"forward": 0.001},
+            sizes=(32, 16),  # the batches hold what start_run was told
+        )
     frame = read_tsv(sidecar.split_dir() / "logs" / "computational.tsv")
     lines = [
         line
