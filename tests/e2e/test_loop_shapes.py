@@ -23,6 +23,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from tests.support.contract import STANDARD_COLUMNS
 from tests.support.helpers import REPO, env, read_tsv, split_dir, under_sidecar_run, wait_for
 
 JOB = REPO / "tests" / "support" / "jobs" / "shapes_job.py"
@@ -210,7 +211,7 @@ def test_custom_names_of_standard_labels_are_refused_once(folder: Path) -> None:
     for name in ("Forward", "training LOOP", "EPOCH", "Forward GPU"):
         assert result.stderr.count(f"phase {name!r} refused") == 1, result.stderr
     # Nothing shadowed a standard column; the tab and newline became spaces.
-    assert list(result.frame.columns[23:]) == ["my phase name (s)"]
+    assert list(result.frame.columns[len(STANDARD_COLUMNS) :]) == ["my phase name (s)"]
     assert_phase(result.column("my phase name"), result.truth["my phase name"], "custom")
     for label in STEP:
         assert_phase(result.column(label), result.truth[label], label)
@@ -225,7 +226,7 @@ def test_custom_phases_keep_their_identity_across_a_resume(folder: Path) -> None
     assert second.returncode == 0, second.stderr
     for name in ("a", "b"):
         assert_phase(second.column(name), first.truth[name] + second.truth[name], name)
-    assert list(second.frame.columns[23:]) == ["a (s)", "b (s)"]
+    assert list(second.frame.columns[len(STANDARD_COLUMNS) :]) == ["a (s)", "b (s)"]
     assert list(second.measured("a")["session"]) == [0] * 3 + [1] * 3
 
 
@@ -389,7 +390,7 @@ def test_custom_phases_survive_a_sidecar_takeover_and_a_full_queue(serve, short_
     (state / "stop").touch()
     assert job.wait(60) == 0
     frame = read_tsv(split_dir(out) / "logs" / "computational.tsv")
-    custom = [c[:-4] for c in frame.columns[23:]]
+    custom = [c[:-4] for c in frame.columns[len(STANDARD_COLUMNS) :]]
     assert sorted(custom) == sorted(["early", *(f"name {i:04d}" for i in range(1000))])
     assert frame["early (s)"].notna().sum() > 3  # before and after the takeover, one column
     summary = (split_dir(out) / "summary.log").read_text()
