@@ -183,6 +183,7 @@ def split_view(
             host_gauges = fields.gauge_values(
                 fields.HOST_FIELDS, resources.host_samples[-1], {}, resources.integrals
             )
+    span = split.span_unix()  # as run.json states it
     return SplitView(
         run_id=first.sessions[0].run_id if first and first.sessions else "",
         user=str(info.get("user") or ""),
@@ -190,10 +191,8 @@ def split_view(
         slurm_job_id=str(info.get("job_id") or ""),
         split=split.split,
         status=split.status,
-        start_unix=min(
-            (a.run_start_unix for a in split.ranks.values() if a.sessions), default=None
-        ),
-        end_unix=split.end_unix,
+        start_unix=span[0],
+        end_unix=span[1],
         ranks=tuple(
             _rank_view(split.ranks[r], waits.get(r, 0.0))
             for r in sorted(split.ranks)

@@ -113,6 +113,21 @@ class Split:
         of the ranks the job said it has."""
         return 0 not in self.ranks or self.world_size > len(self.ranks)
 
+    def span_unix(self) -> tuple[float | None, float | None]:
+        """(start, end) of the ranks served here, Unix s: from the first process's start
+        (its time before ``start_run`` included; the hello's start when no rank has a
+        session) to the last one's finish or death (None while the split runs). The goodput
+        account's wall; run.json and ``/metrics`` state the same instants."""
+        aggs = [a for a in self.ranks.values() if a.sessions]
+        said = self.info.get("start_unix")
+        start_unix = min(
+            (a.process_start_unix for a in aggs),
+            default=float(said) if isinstance(said, (int, float)) else None,
+        )
+        last_unix = max((a.sessions[-1].last_unix for a in aggs), default=None)
+        end_unix = None if self.end_unix is None else (last_unix or self.end_unix)
+        return start_unix, end_unix
+
     @property
     def split_dir(self) -> Path:
         """``<out_dir>/training/split-<k>``."""

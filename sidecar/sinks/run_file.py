@@ -83,11 +83,9 @@ def _node_entry(split: Split, figures: SplitFigures, counts: RecordCounts) -> di
     aggs = [a for a in split.ranks.values() if a.sessions]
     mfu = figures.mfu
     first = split.ranks.get(0) or next(iter(split.ranks.values()), None)
-    # from the first process's start to its last activity (its finish, or its death): the
-    # goodput account's wall, which jobs.tsv and the job report read as end − start
-    start_unix = min((a.process_start_unix for a in aggs), default=info.get("start_unix"))
+    # the goodput account's wall, which jobs.tsv and the job report read as end − start
+    start_unix, end_unix = split.span_unix()
     last_unix = max((a.sessions[-1].last_unix for a in aggs), default=None)
-    end_unix = None if split.end_unix is None else (last_unix or split.end_unix)
     return {
         # the run id of the split's first process: the `run` label of the metrics
         # (docs/contract.md, Prometheus metrics)
