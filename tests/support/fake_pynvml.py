@@ -160,6 +160,10 @@ class FakeNvml:
         self.gpus = gpus
         self.clock_ns = clock_ns  # the busy timelines' and the energy counter's clock
         self._util_seen: dict[str, list[tuple[int, int]]] = {}  # uuid: (clock ns, util)
+        # A driver stamps each sample once: the wall clock's offset is read once, so a
+        # sample read twice keeps its stamp (re-reading it per call moved a sample seen
+        # already past ``last_seen_us`` when the thread was preempted between the reads).
+        self._wall_offset_ns = time.time_ns() - time.monotonic_ns()
         for gpu in gpus:
             for instance in gpu.mig:
                 instance.parent = gpu
@@ -294,7 +298,7 @@ class FakeNvml:
         if sampling_type != pynvml.NVML_GPU_UTILIZATION_SAMPLES:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         now_ns = self.clock_ns()
-        wall_offset_ns = time.time_ns() - time.monotonic_ns()  # as the sampler converts back
+        wall_offset_ns = self._wall_offset_ns  # as the sampler converts back
         window_ns = int(UTIL_WINDOW_S * 1e9)
         last = now_ns // window_ns
         # A test sets ``util`` between reads: each read notes it, and a window reads what
