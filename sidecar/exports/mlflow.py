@@ -21,7 +21,15 @@ import time
 from collections import deque
 from typing import Any
 
-from sidecar.exports.points import Names, Point, Slice, every_point, scaled
+from sidecar.exports.points import (
+    Names,
+    Point,
+    Slice,
+    cpu_share_pct,
+    every_point,
+    memory_used_pct,
+    scaled,
+)
 
 # Bounded requests, no retry loop inside the client: the exporter retries itself.
 REQUEST_TIMEOUT_S = 5
@@ -38,25 +46,16 @@ LINEAGE_TAG = "trainmon.lineage"
 MB_PER_MIB = 1.048576  # MLflow's system metrics count megabytes of 10⁶ bytes
 
 
-def _mem_pct(sample: Any, _part: Slice) -> float | None:
-    used, total = sample.mem_used_mib, sample.mem_total_mib
-    return None if used is None or not total else used / total * 100
-
-
-def _cpu_share_pct(sample: Any, part: Slice) -> float:
-    return float(sample.cpu_pct) / part.cpu_count
-
-
 GPU_NAMES: Names = {
     "system/gpu_{i}_utilization_percentage": scaled("util_pct"),
     "system/gpu_{i}_memory_usage_megabytes": scaled("mem_used_mib", MB_PER_MIB),
-    "system/gpu_{i}_memory_usage_percentage": _mem_pct,
+    "system/gpu_{i}_memory_usage_percentage": memory_used_pct,
     "system/gpu_{i}_power_usage_watts": scaled("power_w"),
     "system/gpu_{i}_temperature_celsius": scaled("temperature_c"),
     "system/gpu_{i}_job_memory_megabytes": scaled("job_mem_mib", MB_PER_MIB),
 }
 HOST_NAMES: Names = {
-    "system/cpu_utilization_percentage": _cpu_share_pct,
+    "system/cpu_utilization_percentage": cpu_share_pct,
     "system/system_memory_usage_percentage": scaled("system_mem_used_pct"),
     "system/job_memory_rss_megabytes": scaled("rss_mib", MB_PER_MIB),
 }

@@ -190,6 +190,18 @@ def goodput_points(part: Slice) -> list[Point]:
     return out
 
 
+def memory_used_pct(sample: Any, _part: Slice | None = None) -> float | None:
+    """A GPU sample's memory used of its total, % (None when either is unknown): what
+    InnerEye's MemUtil_Percent and MLflow's gpu memory percentage both mean."""
+    used, total = sample.mem_used_mib, sample.mem_total_mib
+    return None if used is None or not total else used / total * 100
+
+
+def cpu_share_pct(sample: Any, part: Slice) -> float:
+    """A host sample's job CPU as a share of the machine's cores, % (100: every core busy)."""
+    return float(sample.cpu_pct) / part.cpu_count
+
+
 def scaled(attribute: str, factor: float = 1.0) -> Callable[[Any, Slice], float | None]:
     """The value of a sample's ``attribute`` times ``factor`` (None when not read)."""
 

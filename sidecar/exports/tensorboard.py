@@ -19,7 +19,16 @@ from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-from sidecar.exports.points import Names, Point, Slice, every_point, scaled
+from markers import wire
+from sidecar.exports.points import (
+    Names,
+    Point,
+    Slice,
+    cpu_share_pct,
+    every_point,
+    memory_used_pct,
+    scaled,
+)
 from sidecar.resources.samplers.nvml_gpu import GpuSample
 from sidecar.sinks.atomic import write_atomic
 
@@ -27,20 +36,9 @@ AGGREGATE_FILE = "aggregate_resource_usage.csv"  # InnerEye's name, beside resou
 MIB_PER_GIB = 1024.0
 
 
-def _mem_util_pct(sample: Any, _part: Slice) -> float | None:
-    """InnerEye's MemUtil_Percent: memory used of the GPU's total, % (GPUtil memoryUtil)."""
-    used, total = sample.mem_used_mib, sample.mem_total_mib
-    return None if used is None or not total else used / total * 100
-
-
-def _cpu_share_pct(sample: Any, part: Slice) -> float:
-    """The job's CPU as a share of the machine's cores, % (100: every core busy)."""
-    return float(sample.cpu_pct) / part.cpu_count
-
-
 GPU_TAGS: Names = {
     "GPU{i}/Load_Percent": scaled("util_pct"),
-    "GPU{i}/MemUtil_Percent": _mem_util_pct,
+    "GPU{i}/MemUtil_Percent": memory_used_pct,
     "GPU{i}/MemReserved_GB": scaled("job_mem_mib", 1 / MIB_PER_GIB),
     "GPU{i}/MemControllerUtil_Percent": scaled("mem_util_pct"),
     "GPU{i}/MemUsed_MiB": scaled("mem_used_mib"),
@@ -48,14 +46,14 @@ GPU_TAGS: Names = {
     "GPU{i}/Temperature_C": scaled("temperature_c"),
 }
 HOST_TAGS: Names = {
-    "CPU/Load_Percent": _cpu_share_pct,
+    "CPU/Load_Percent": cpu_share_pct,
     "CPU/MemUtil_Percent": scaled("system_mem_used_pct"),
     "CPU/JobCPU_PercentOfOneCore": scaled("cpu_pct"),
     "CPU/JobRSS_MiB": scaled("rss_mib"),
 }
 # The training iteration's allocator peak (Forward, Backward, Optimization), GiB.
 ALLOCATED_TAG = "GPU{i}/MemAllocated_GB"
-_PEAK_PHASES = ("forward", "backward", "optimization")
+_PEAK_PHASES = tuple(p.metric for p in wire.STEP_PHASES if p.gpu)
 
 
 def allocated_points(points: list[Point], gpu_index: int) -> list[Point]:
@@ -78,7 +76,7 @@ def aggregate_text(samples: list[GpuSample], allocated: dict[int, list[float]]) 
     for sample in samples:
         figures = by_gpu.setdefault(sample.gpu_index, {})
         for metric, value in (
-            ("MemUtil_Percent", _mem_util_pct(sample, None)),  # type: ignore[arg-type]
+            ("MemUtil_Percent", memory_used_pct(sample)),
             ("Load_Percent", sample.util_pct),
             ("MemReserved_GB", None if sample.job_mem_mib is None else sample.job_mem_mib / 1024),
         ):
