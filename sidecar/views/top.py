@@ -33,14 +33,14 @@ REFRESH_S = 1.0
 WINDOW_S = 5.0  # the span the live figures cover
 WIDTH = 80
 BAR_CELLS = 24
-# The parts of a step, in bar order: (wire id or None for the rest, label, letter, colour)
-PARTS = (
-    (wire.TRAINING_DATA_LOADING, "data loading", "D", "red"),
-    (wire.FORWARD, "forward", "F", "green"),
-    (wire.BACKWARD, "backward", "B", "blue"),
-    (wire.OPTIMIZATION, "optimizer", "O", "magenta"),
-    (None, "other", ".", "white"),
+_COLOURS = ("red", "green", "blue", "magenta", "cyan", "yellow")  # the step parts', in order
+# The parts of a step, in bar order: (wire id or None for the rest, label, letter, colour):
+# the phase table's step parts, then the rest of the step.
+STEP_PARTS: tuple[tuple[int, str, str, str], ...] = tuple(
+    (p.phase, p.summary_label.lower(), p.summary_label[0], _COLOURS[i % len(_COLOURS)])
+    for i, p in enumerate(wire.STEP_PHASES)
 )
+PARTS: tuple[tuple[int | None, str, str, str], ...] = (*STEP_PARTS, (None, "other", ".", "white"))
 Ask = Callable[[str, str, dict[str, Any]], dict[str, Any] | None]
 
 
@@ -99,7 +99,7 @@ def live_figures(history: deque[Reading]) -> Window:
     if steps <= 0 or loop_s <= 0:
         return Window(None, {}, None, False)
     shares = {}
-    for phase, label, _, _ in PARTS[:-1]:
+    for phase, label, _, _ in STEP_PARTS:
         spent = last.sums_s.get(phase, 0.0) - base.sums_s.get(phase, 0.0)
         shares[label] = max(spent, 0.0) / loop_s
     shares["other"] = max(0.0, 1.0 - sum(shares.values()))
