@@ -77,6 +77,21 @@ def first_dims(batch: Any, depth: int = 3) -> set[int] | None:
     return sizes
 
 
+def _leading_dim(batch: Any) -> int | None:
+    """The first dimension of ``batch`` if it is a tensor, else of its first field (a
+    tuple, list or dict of tensors); None when that has no shape (a sample, a 0-d
+    tensor)."""
+    kind = type(batch)
+    if kind is tuple or kind is list:
+        first = batch[0] if batch else None
+    elif kind is dict:
+        first = next(iter(batch.values()), None)
+    else:
+        first = batch
+    shape = getattr(first, "shape", None)
+    return shape[0] if isinstance(shape, tuple) and shape else None
+
+
 def batch_size(batch: Any) -> int | None:
     """The batch size of ``batch`` where it is unambiguous (see ``first_dims``: every
     first dimension found agrees), else None.
@@ -130,7 +145,13 @@ class BatchSizes:
             return
         self._sized[validation] = where
         given = self._given[validation]
-        size = batch_size(batch) or given or 0
+        # A first field whose first dimension is the given size settles it: the batch reads
+        # as that size or, its fields disagreeing, as unknown, which the given size stands
+        # for. One shape read instead of every field's (a shape read costs ~0.2 µs).
+        if given is None or _leading_dim(batch) != given:
+            size = batch_size(batch) or given or 0
+        else:
+            size = given
         if size == self._read[validation]:
             return
         first = self._read[validation] is None
