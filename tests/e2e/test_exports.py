@@ -118,6 +118,7 @@ def test_tensorboard_series_are_the_stored_rows_across_a_kill_and_resume(tmp_pat
 
 
 def test_bad_names_and_a_folder_that_refuses_the_event_file(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")  # the extra trainmon[tensorboard]
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the event folder should be\n")
     done = _job(tmp_path, "--export", "tensorboard,bogus", "--tensorboard-dir", str(blocker / "tb"))
