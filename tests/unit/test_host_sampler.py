@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -131,3 +133,28 @@ def test_add_root_of_a_missing_process() -> None:
     sampler = HostSampler([dead.pid])
     assert not sampler.add_root(dead.pid)
     assert sampler.sample(time.monotonic_ns()).n_processes == 0
+
+
+def test_a_child_started_by_another_thread_of_the_root_is_found() -> None:
+    """The kernel lists a child under the thread that started it (a data loader started
+    from a worker thread), not the main one: every thread's list is read."""
+    code = (
+        "import subprocess, sys, threading, time\n"
+        "def start():\n"
+        "    child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "    print(child.pid, flush=True)\n"
+        "    time.sleep(60)\n"
+        "threading.Thread(target=start, daemon=True).start()\n"
+        "time.sleep(60)\n"
+    )
+    root = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert root.stdout is not None
+    child = int(root.stdout.readline())
+    try:
+        sampler = HostSampler([root.pid], tree_refresh_s=0.0)
+        assert sampler.sample(time.monotonic_ns()).n_processes == 2
+        assert sampler.pids == {root.pid, child}
+    finally:
+        os.kill(child, signal.SIGKILL)
+        root.kill()
+        root.wait()
