@@ -13,7 +13,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from sidecar.resources.samplers.nvml import MAX_STUCK_THREADS, open_nvml
+from sidecar.resources.samplers.nvml import MAX_STUCK_THREADS, NvmlUnavailable, open_nvml
 from tests.support.fake_pynvml import MIB, FakeGpu, FakeNvml, opened
 
 UUIDS = ["GPU-aaaa0000-0000-0000-0000-000000000000", "GPU-bbbb0000-0000-0000-0000-000000000000"]
@@ -306,3 +306,14 @@ def test_start_and_collect_never_wait_for_a_slow_gpu() -> None:
     assert sampler.status()["gpus"][5]["missed_rounds"] == 4
     assert not sampler.busy
     fake.release.set()
+
+
+def test_a_failed_sampler_keeps_its_reason_through_the_loops_looks(nvml: FakeNvml) -> None:
+    nvml.gpus[1].hang = {"nvmlDeviceGetName"}  # adding the GPU hangs: the sampler fails
+    sampler = open_nvml(None, api=nvml, round_timeout_s=0.2, candidates_only=True)
+    assert not isinstance(sampler, NvmlUnavailable)
+    sampler.add_uuids([UUIDS[1]])
+    assert sampler.failed
+    sampler.start(set(), 1)
+    assert sampler.collect() == [(1, [])]  # its round, empty
+    assert "adding GPUs did not return within 0.2 s" in str(sampler.reason)

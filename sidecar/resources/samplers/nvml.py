@@ -504,7 +504,10 @@ class NvmlSampler:
 
     def _note_wedged(self) -> None:
         """``hung`` while every GPU still sampled has too many calls stuck; it clears as
-        soon as one of them comes back."""
+        soon as one of them comes back. Checked at every look: nothing to count while no
+        thread is stuck; a failed sampler keeps its reason."""
+        if self.failed or not (self.hung or any(lane.stuck for lane in self._lanes.values())):
+            return
         live = [gpu for gpu in self._gpus if gpu.lost is None]
         wedged = [gpu for gpu in live if self._lanes[gpu.index].wedged]
         self.hung = bool(live) and len(wedged) == len(live)
