@@ -9,6 +9,8 @@ the kernel (``psutil.Process.cpu_times``) over a window of steady state, in thre
 * *idle*: no run;
 * *1 run*: one process running a training loop of 100 ms steps (data loading, forward,
   backward, optimization: ``train_batches`` and three ``run.phase``);
+* *1 run, no sampling*: the same with an interval of 1 h (one round at the start): what
+  is left is the rest of the sidecar, so the difference is what sampling costs;
 * *8 ranks*: 8 such processes, the ranks of one split.
 
 With ``--base REF`` the same states run, in turn, on the sidecar code of git revision
@@ -43,14 +45,16 @@ STEP_S = 0.1
 # the share of a step each part takes (the rest: the loop's own code)
 PARTS = (("forward", 0.4), ("backward", 0.4), ("optimization", 0.15))
 LOADING_S = 0.05 * STEP_S
-RANKS = {"idle": 0, "1 run": 1, "8 ranks": 8}
+NO_SAMPLING = "1 run, no sampling (interval 1 h)"
+# state -> (ranks, the sidecar's sampling interval, s)
+STATES = {"idle": (0, 1.0), "1 run": (1, 1.0), NO_SAMPLING: (1, 3600.0), "8 ranks": (8, 1.0)}
 WARM_S = 3.0  # after the producers said hello: their first rounds, the first writes
 
 
 # -- the sidecar, on any revision's code -------------------------------------------------
 
 
-def serve(code_root: str, endpoint: str, folder: str) -> int:
+def serve(code_root: str, endpoint: str, folder: str, interval_s: str) -> int:
     """``sidecar serve`` from ``code_root`` with 8 fake GPUs at driver latencies (this
     tree's fake, behind the same pynvml interface)."""
     sys.path.insert(0, code_root)
@@ -75,18 +79,36 @@ def serve(code_root: str, endpoint: str, folder: str) -> int:
 
     return int(
         cli.main(
-            ["serve", "--quiet", "--endpoint", endpoint, "--root", folder],
+            [
+                "serve",
+                "--quiet",
+                "--endpoint",
+                endpoint,
+                "--root",
+                folder,
+                "--interval",
+                interval_s,
+            ],
             open_gpus=open_gpus,
         )
     )
 
 
 @contextmanager
-def sidecar(code_root: Path, folder: Path) -> Any:
-    """A sidecar on ``code_root``'s code listening in ``folder``; yields its Popen."""
+def sidecar(code_root: Path, folder: Path, interval_s: float) -> Any:
+    """A sidecar on ``code_root``'s code listening in ``folder``, sampling every
+    ``interval_s``; yields its Popen."""
     socket_file = folder / "sidecar.sock"
     process = subprocess.Popen(
-        [sys.executable, __file__, "serve", str(code_root), f"ipc://{socket_file}", str(folder)],
+        [
+            sys.executable,
+            __file__,
+            "serve",
+            str(code_root),
+            f"ipc://{socket_file}",
+            str(folder),
+            str(interval_s),
+        ],
         env={**os.environ, "PYTHONPATH": str(code_root)},
         stdin=subprocess.DEVNULL,
     )
@@ -181,15 +203,16 @@ def cpu_ms_per_s(process: subprocess.Popen[Any], window_s: float) -> float:
 
 def one_state(code_root: Path, state: str, window_s: float) -> float:
     """A fresh sidecar on ``code_root`` in ``state``: its CPU ms/s over the window."""
+    count, interval_s = STATES[state]
     with (
         tempfile.TemporaryDirectory(prefix="bench-footprint-") as tmp,
-        sidecar(code_root, Path(tmp)) as process,
+        sidecar(code_root, Path(tmp), interval_s) as process,
     ):
         time.sleep(WARM_S)  # NVML opened, imports done
         endpoint = f"ipc://{Path(tmp) / 'sidecar.sock'}"
-        if not RANKS[state]:
+        if not count:
             return cpu_ms_per_s(process, window_s)
-        with ranks(endpoint, RANKS[state]):
+        with ranks(endpoint, count):
             time.sleep(WARM_S)
             return cpu_ms_per_s(process, window_s)
 
@@ -212,7 +235,7 @@ def measure(window_s: float, repeats: int, base: str | None) -> dict[str, dict[s
             codes = {f"base {base}": export(base, Path(tmp)), "this tree": ROOT}
         figures: dict[str, dict[str, list[float]]] = {code: {} for code in codes}
         for _ in range(repeats):
-            for state in RANKS:
+            for state in STATES:
                 for code, code_root in codes.items():
                     value = one_state(code_root, state, window_s)
                     figures[code].setdefault(state, []).append(value)
@@ -241,7 +264,7 @@ def section(
         "| state | " + " | ".join(codes) + " |",
         "|---|" + "---:|" * len(codes),
     ]
-    for state in RANKS:
+    for state in STATES:
         cells = []
         for code in codes:
             values = figures[code][state]
@@ -254,7 +277,7 @@ def section(
 def main(argv: list[str] | None = None) -> int:
     args_in = sys.argv[1:] if argv is None else argv
     if args_in[:1] == ["serve"]:
-        return serve(*args_in[1:4])
+        return serve(*args_in[1:5])
     if args_in[:1] == ["rank"]:
         return rank(args_in[1], int(args_in[2]), int(args_in[3]))
     sys.path.insert(0, str(ROOT))
@@ -278,7 +301,9 @@ def main(argv: list[str] | None = None) -> int:
         "sidecar_footprint",
         {
             key: round(statistics.median(ours[state]), 2)
-            for key, state in zip(("idle_ms_s", "run_ms_s", "ranks_ms_s"), RANKS, strict=True)
+            for key, state in zip(
+                ("idle_ms_s", "run_ms_s", "run_unsampled_ms_s", "ranks_ms_s"), STATES, strict=True
+            )
         },
     )
     return 0
