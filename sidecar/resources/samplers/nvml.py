@@ -37,7 +37,6 @@ Units: MiB = bytes / 1024², W, J, °C, MHz, %. Sample times are the caller's
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import functools
 import time
@@ -430,7 +429,8 @@ class NvmlSampler:
         still = []
         for gpu, lane, future in current.out:
             if wait and not future.done():
-                concurrent.futures.wait([future], max(0.0, current.deadline_s - time.monotonic()))
+                with contextlib.suppress(Exception):  # a timeout, or its error: read below
+                    future.result(max(0.0, current.deadline_s - time.monotonic()))
             if not future.done():
                 if not wait and time.monotonic() < current.deadline_s:
                     still.append((gpu, lane, future))
