@@ -383,14 +383,17 @@ class ResourceMonitor:
         if self.hung_reason is None:
             self.last_round_monotonic = self._clock_ns() / 1e9
 
-    def _sample(self, live: list[tuple[Split, SplitResources]], now_ns: int) -> None:
-        """Host samples of the ``live`` splits now; a GPU round started for them."""
+    def _sample(
+        self, live: list[tuple[Split, SplitResources]], now_ns: int, last: bool = False
+    ) -> None:
+        """Host samples of the ``live`` splits now (with their USS when ``last``: a run's
+        last round); a GPU round started for them."""
         if not live:
             return
         self._start_gpus(live, now_ns)
         from_ns = self._rounds_out[0][0] if self._rounds_out else now_ns
         for _, resources in live:
-            resources.add_host(resources.host.sample(now_ns))
+            resources.add_host(resources.host.sample(now_ns, uss=last))
             resources.thin(from_ns)
             if self.gpus is None:  # no GPU round to wait for (GPU sampling off or stopped)
                 resources.attribute(now_ns)
@@ -458,7 +461,7 @@ class ResourceMonitor:
         resources = entry[1]
         resources.closed = True
         self._take_in(wait=True)
-        self._sample([entry], self._clock_ns())
+        self._sample([entry], self._clock_ns(), last=True)
         self._take_in(wait=True)
         # what ends after the last round (GPU work the markers timed beyond it) still
         # gets the overlap it has with the sampled windows

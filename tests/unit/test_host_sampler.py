@@ -72,7 +72,7 @@ def test_memory_of_the_job_tree_only(tree: Tree, unrelated: subprocess.Popen[str
     before = sampler.sample(time.monotonic_ns())
     assert before.n_processes == 1
     child = tree.command("alloc 200")
-    after = sampler.sample(time.monotonic_ns())
+    after = sampler.sample(time.monotonic_ns(), uss=True)  # as at a run's last round
     assert after.n_processes == 2
     assert sampler.pids == {tree.pid, child}
     assert unrelated.pid not in sampler.pids
@@ -112,6 +112,17 @@ def test_tree_refresh_cadence(tree: Tree) -> None:
     refreshed = sampler.sample(t0 + 61 * S)
     assert refreshed.n_processes == 2 and child in sampler.pids
     assert refreshed.rss_mib > first.rss_mib + 170
+    assert refreshed.uss_mib is not None  # USS_PERIOD_S (30 s) passed too
+
+
+def test_uss_is_read_every_period_and_when_asked(tree: Tree) -> None:
+    sampler = HostSampler([tree.pid], tree_refresh_s=1.0, uss_period_s=30.0)
+    t0 = time.monotonic_ns()
+    assert sampler.sample(t0).uss_mib is not None  # the first
+    assert sampler.sample(t0 + 2 * S).uss_mib is None  # a rescan, not a USS round
+    assert sampler.sample(t0 + 3 * S, uss=True).uss_mib is not None  # a run's last round
+    assert sampler.sample(t0 + 4 * S).uss_mib is None
+    assert sampler.sample(t0 + 33 * S).uss_mib is not None  # its period since the last
 
 
 def test_processes_that_exit_are_dropped_quietly(tree: Tree) -> None:

@@ -23,8 +23,9 @@ differs):
   overstates the job's memory when data loader workers are forked.
 * USS (memory unique to each process, the honest sum for forked workers) is psutil's
   ``memory_full_info`` (``/proc/<pid>/smaps_rollup``: ~0.3 ms for a small process and
-  more for a large one). It is measured only on the rounds that refresh the tree and is
-  None on the others.
+  far more for a large one, whose page tables the kernel walks while holding its memory
+  map's lock). It is measured every ``uss_period_s`` (``USS_PERIOD_S``) and when the
+  caller asks (a run's last round), None on the other rounds.
 * The host's memory used: ``/proc/meminfo``'s (MemTotal − MemAvailable) / MemTotal, as
   psutil's ``virtual_memory().percent``.
 
@@ -47,6 +48,9 @@ _GONE = (psutil.NoSuchProcess, psutil.AccessDenied)  # ZombieProcess is a NoSuch
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 _CHILDREN_LISTS = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+# How often the job's USS is read (s): the dearest reading by far, and one that holds each
+# process's memory map lock meanwhile; memory moves slowly, and a run's end is read too.
+USS_PERIOD_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,7 @@ class HostSample:
     t_ns: int
     cpu_pct: float  # summed over the tree; 100 = one core
     rss_mib: float
-    uss_mib: float | None  # only on rounds that refreshed the tree
+    uss_mib: float | None  # every USS_PERIOD_S and at a run's end, else None
     system_mem_used_pct: float
     n_processes: int
 
@@ -132,11 +136,18 @@ class _Proc:
 class HostSampler:
     """Samples the process trees under ``root_pids``; one caller, not thread-safe."""
 
-    def __init__(self, root_pids: Iterable[int], tree_refresh_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        root_pids: Iterable[int],
+        tree_refresh_s: float = 5.0,
+        uss_period_s: float = USS_PERIOD_S,
+    ) -> None:
         self._roots: set[int] = set()
         self._procs: dict[int, _Proc] = {}
         self._refresh_ns = round(tree_refresh_s * 1e9)
         self._last_refresh_ns: int | None = None
+        self._uss_ns = round(uss_period_s * 1e9)
+        self._last_uss_ns: int | None = None
         self._last_read_s: float | None = None  # time.monotonic() of the last round
         for pid in root_pids:
             self.add_root(pid)
@@ -159,12 +170,17 @@ class HostSampler:
         """Pids of the processes currently attributed to the job."""
         return set(self._procs)
 
-    def sample(self, now_ns: int) -> HostSample:
+    def sample(self, now_ns: int, uss: bool = False) -> HostSample:
         """Read the tree, refreshing it first when ``tree_refresh_s`` has passed since the
-        last refresh (``now_ns`` is ``time.monotonic_ns()``; the first sample refreshes).
+        last refresh (``now_ns`` is ``time.monotonic_ns()``; the first sample refreshes);
+        the USS too when ``uss_period_s`` has passed since it was last read, or with
+        ``uss`` (the first sample reads it).
 
         Never raises for processes that vanish; an empty job reads 0 with n_processes 0.
         """
+        uss = uss or self._last_uss_ns is None or now_ns - self._last_uss_ns >= self._uss_ns
+        if uss:
+            self._last_uss_ns = now_ns
         refresh = (
             self._last_refresh_ns is None or now_ns - self._last_refresh_ns >= self._refresh_ns
         )
@@ -190,7 +206,7 @@ class HostSampler:
             t_ns=now_ns,
             cpu_pct=100.0 * cpu_ticks / _TICKS_PER_S / window_s if window_s > 0 else 0.0,
             rss_mib=rss_pages * _PAGE_BYTES / BYTES_PER_MIB,
-            uss_mib=self._uss_mib() if refresh else None,
+            uss_mib=self._uss_mib() if uss else None,
             system_mem_used_pct=_system_mem_used_pct(),
             n_processes=len(self._procs),
         )
