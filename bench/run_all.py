@@ -2,7 +2,8 @@
 
 Runs each benchmark script in a fresh process, in this order, each replacing its own
 section of bench/RESULTS.md: marker cost, end to end, sidecar ingest and memory, write
-time vs cap, checkpoint cost, sampler cost, ``instrument()`` overhead, CURVE cost, report
+time vs cap, checkpoint cost, sampler cost, NVML round, the sidecar's CPU footprint,
+``instrument()`` overhead, CURVE cost, report
 scale, GPU overhead (only where CUDA exists; elsewhere its section says plainly that it
 was not run). Then it writes ``## Summary`` at the top: the machine, the load before and
 after (the machine is shared), each benchmark's wall time and exit status, and the
@@ -41,6 +42,7 @@ BENCHMARKS: list[tuple[str, list[str]]] = [
     ("checkpoint_cost.py", []),
     ("sampler_cost.py", []),
     ("nvml_round.py", []),
+    ("sidecar_footprint.py", ["--window-s", "10", "--repeats", "1"]),
     ("instrument_overhead.py", []),
     ("step_sizes.py", []),
     ("curve_cost.py", []),
@@ -185,6 +187,16 @@ def headline_rows(figures: dict[str, dict[str, Any]]) -> list[str]:
             f"{_fmt(figures, 'ingest', 'rss_idle_mb', lambda v: f'{v:.0f} MB')} / "
             f"{_fmt(figures, 'ingest', 'rss_peak_mb', lambda v: f'{v:.0f} MB')}",
             "≤ 100 MB",
+        ),
+        (
+            "sidecar CPU: idle / 1 run / 1 run unsampled / 8 ranks at 100 ms steps (8 fake "
+            "GPUs, 1 s sampling)",
+            " / ".join(
+                _fmt(figures, "sidecar_footprint", key, lambda v: f"{v:.1f}")
+                for key in ("idle_ms_s", "run_ms_s", "run_unsampled_ms_s", "ranks_ms_s")
+            )
+            + " ms/s",
+            "",
         ),
         (
             "checkpoint write, num_measurements = 10⁵ (first write of a split, every row "

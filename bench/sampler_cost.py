@@ -24,9 +24,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import load_line  # noqa: E402
 from bench.results import write_section  # noqa: E402
 from sidecar.resources.samplers import DEFAULT_INTERVAL_S  # noqa: E402
-from sidecar.resources.samplers.host import HostSampler  # noqa: E402
+from sidecar.resources.samplers.host import USS_PERIOD_S, HostSampler  # noqa: E402
 from sidecar.resources.samplers.nvml import NvmlSampler, open_nvml  # noqa: E402
 from sidecar.resources.samplers.schedule import Schedule  # noqa: E402
 from tests.support.fake_pynvml import MIB, FakeGpu, FakeNvml  # noqa: E402
@@ -95,17 +96,24 @@ def loop_cpu_share(nvml: NvmlSampler, host: HostSampler) -> float:
 def measure() -> list[tuple[str, str]]:
     tree = start_tree()
     try:
-        host = HostSampler([tree.pid], tree_refresh_s=1e9)  # rescans on the first only
+        # rescans and reads USS on the first only
+        host = HostSampler([tree.pid], tree_refresh_s=1e9, uss_period_s=1e9)
         host.sample(time.monotonic_ns())
         nvml = fake_sampler(tree.pid)
         pids = host.pids
         nvml_us = median_us(lambda: nvml.sample(pids, time.monotonic_ns()))
         host_us = median_us(lambda: host.sample(time.monotonic_ns()))
-        refresh = HostSampler([tree.pid], tree_refresh_s=0.0)
-        refresh_us = median_us(lambda: refresh.sample(time.monotonic_ns()), 50)
+        rescan = HostSampler([tree.pid], tree_refresh_s=0.0, uss_period_s=1e9)
+        rescan_us = median_us(lambda: rescan.sample(time.monotonic_ns()), 50)
+        full = HostSampler([tree.pid], tree_refresh_s=0.0, uss_period_s=0.0)
+        full_us = median_us(lambda: full.sample(time.monotonic_ns()), 50)
         round_us = nvml_us + host_us
-        amortised_us = round_us + (refresh_us - host_us) * DEFAULT_INTERVAL_S / 5.0
-        measured = loop_cpu_share(nvml, HostSampler([tree.pid], tree_refresh_s=5.0))
+        amortised_us = (
+            round_us
+            + (rescan_us - host_us) * DEFAULT_INTERVAL_S / 5.0
+            + (full_us - rescan_us) * DEFAULT_INTERVAL_S / USS_PERIOD_S
+        )
+        measured = loop_cpu_share(nvml, HostSampler([tree.pid]))
         nvml.close()
     finally:
         assert tree.stdin is not None
@@ -115,10 +123,14 @@ def measure() -> list[tuple[str, str]]:
         (f"NVML round, {N_GPUS} fake GPUs (our side + thread hop)", f"{nvml_us:.0f} µs"),
         (f"  per GPU ({N_GPUS} GPUs)", f"{nvml_us / N_GPUS:.0f} µs"),
         (f"host round, {N_CHILDREN + 1} processes, no tree rescan", f"{host_us:.0f} µs"),
-        ("host round with tree rescan and USS (every 5 s)", f"{refresh_us:.0f} µs"),
+        ("host round with tree rescan (every 5 s)", f"{rescan_us:.0f} µs"),
+        (
+            f"host round with tree rescan and USS (every {USS_PERIOD_S:g} s)",
+            f"{full_us:.0f} µs",
+        ),
         ("one round (NVML + host), median", f"{round_us:.0f} µs"),
         (
-            f"CPU share at {DEFAULT_INTERVAL_S:g} s, computed (rescan amortised)",
+            f"CPU share at {DEFAULT_INTERVAL_S:g} s, computed (rescan and USS amortised)",
             f"{100 * amortised_us / 1e6 / DEFAULT_INTERVAL_S:.3f} % of a core",
         ),
         (
@@ -137,14 +149,14 @@ def measure() -> list[tuple[str, str]]:
     return rows
 
 
-def section(rows: list[tuple[str, str]]) -> str:
+def section(rows: list[tuple[str, str]], load: str) -> str:
     width = max(len(name) for name, _ in rows)
     lines = [
         "## Sampler cost",
         "",
         f"`python bench/sampler_cost.py` on {platform.node()} ({os.cpu_count()} CPUs, "
         f"Python {platform.python_version()}), {time.strftime('%Y-%m-%d')}. Medians of "
-        f"{REPEATS} rounds (50 for the rescan and real-GPU rows).",
+        f"{REPEATS} rounds (50 for the rescan and real-GPU rows); {load}.",
         "",
         f"| {'what':<{width}} | cost |",
         f"|{'-' * (width + 2)}|------|",
@@ -160,8 +172,9 @@ def section(rows: list[tuple[str, str]]) -> str:
 
 
 def main() -> None:
+    before = load_line()
     rows = measure()
-    text = section(rows)
+    text = section(rows, f"{before} before, {load_line()} after")
     print(text)
     write_section(text)
 

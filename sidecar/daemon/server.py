@@ -564,6 +564,22 @@ class Server:
             self.deaths.retain(self.registry.streams)
             self.owners.forget(self.registry.streams, now_unix, KEEP_ENDED_S)
 
+    def turn(self) -> None:
+        """One turn of the loop: read what came (waiting at most until the next sampling
+        round, or TICK_S), take in the GPU readings that are back and start a round when
+        due (never waiting for a GPU), the periodic work, the hooks' snapshot."""
+        wait_s = min(TICK_S, self.monitor.wait_s())
+        # Rounded up: a wait of 0.4 ms read as 0 would spin until the round is due.
+        self.handle_all(self.receiver.read(math.ceil(wait_s * 1000)))
+        self.monitor.tick()
+        self.tick(time.time())
+        # At most every TICK_S: under a stream of small messages the loop turns
+        # thousands of times a second, and a snapshot costs a walk of every split.
+        now_mono = time.monotonic()
+        if now_mono >= self._next_publish:
+            self._next_publish = now_mono + TICK_S
+            self._publish_for_hooks()
+
     def run(self) -> int:
         """Serve until stopped (signal, job or owner gone); write everything; return the
         exit status: the job's under ``sidecar run``, else 0.
@@ -574,17 +590,7 @@ class Server:
         self._call_hooks("ready", self.publish())
         try:
             while not self._should_stop():
-                wait_s = min(TICK_S, self.monitor.wait_s())
-                # Rounded up: a wait of 0.4 ms read as 0 would spin until the round is due.
-                self.handle_all(self.receiver.read(math.ceil(wait_s * 1000)))
-                self.monitor.tick()
-                self.tick(time.time())
-                # At most every TICK_S: under a stream of small messages the loop turns
-                # thousands of times a second, and a snapshot costs a walk of every split.
-                now_mono = time.monotonic()
-                if now_mono >= self._next_publish:
-                    self._next_publish = now_mono + TICK_S
-                    self._publish_for_hooks()
+                self.turn()
             self._call_hooks("stopping")
             self._drain()
             self._finalize()

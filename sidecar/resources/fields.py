@@ -269,7 +269,7 @@ HOST_FIELDS: tuple[ResourceField, ...] = (
     ),
     _host(
         "uss_mib",
-        "psutil memory_full_info().uss, summed (tree refreshes only)",
+        "psutil memory_full_info().uss, summed (every 30 s and at the run's end)",
         "job memory uss (MB)",
         "MiB",
         figures=_fig(("uss_peak_mib", "max")),

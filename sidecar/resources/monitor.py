@@ -3,7 +3,9 @@ one drift-free schedule, kept per split, with the GPU utilization and power duri
 phase attributed as the records arrive (``docs/samplers.md``).
 
 NVML is opened on a background thread (``nvmlInit`` can take seconds), so a sidecar
-answers its first hello at once; until it is open, GPU sampling is pending.
+answers its first hello at once; until it is open, GPU sampling is pending. A GPU round
+is started when due and its samples are taken in at a later ``tick`` (the loop's next
+look), never waited for: records keep being received while a GPU is slow.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import bisect
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -120,11 +123,14 @@ class SplitResources:
                 ):
                     first.setdefault(item.attribute, value)
 
-    def thin(self) -> None:
-        """Halve the rounds kept once there are MAX_ROUNDS (bounded memory on long runs)."""
+    def thin(self, from_ns: int) -> None:
+        """Halve the rounds kept before ``from_ns`` once there are MAX_ROUNDS (bounded
+        memory on long runs); rounds from ``from_ns`` on (whose GPU samples may still
+        come) are all kept."""
         if len(self.host_samples) < MAX_ROUNDS:
             return
-        kept = {s.t_ns for s in self.host_samples[::2]}
+        older = [s.t_ns for s in self.host_samples if s.t_ns < from_ns]
+        kept = set(older[::2]) | {s.t_ns for s in self.host_samples if s.t_ns >= from_ns}
         self.host_samples = [s for s in self.host_samples if s.t_ns in kept]
         self.gpu_samples = [s for s in self.gpu_samples if s.t_ns in kept]
         self.gpu_ts = [s.t_ns for s in self.gpu_samples]
@@ -265,7 +271,10 @@ class ResourceMonitor:
         self.gpu_off_reason: str | None = "starting NVML"
         self._schedule = Schedule(interval_s, clock_ns())
         self._pending_uuids: set[str] = set()
-        # when the last due round completed (s, on ``clock_ns``: time.monotonic's clock)
+        # GPU rounds started and not taken in yet, in order: their stamp and the splits
+        # live then (``NvmlSampler.collect`` hands them back in the same order)
+        self._rounds_out: deque[tuple[int, list[tuple[Split, SplitResources]]]] = deque()
+        # when the last due round started (s, on ``clock_ns``: time.monotonic's clock)
         self.last_round_monotonic: float | None = None
         # Set once an NVML call hung: rounds no longer count as complete, so the node
         # daemon's watchdog stops and systemd restarts it (a fresh NVML in a new process).
@@ -355,8 +364,17 @@ class ResourceMonitor:
         """Seconds until the next round is due."""
         return self._schedule.wait_s(self._clock_ns())
 
+    @property
+    def collecting(self) -> bool:
+        """Whether GPU readings are still out (a later ``tick`` takes them in)."""
+        gpus = self.gpus
+        return gpus is not None and gpus.busy
+
     def tick(self) -> None:
-        """Take a sampling round if one is due (host for every live split, GPUs once)."""
+        """Take in the GPU readings that are back, and start a sampling round if one is
+        due (host for every live split now, GPUs on their threads). Never waits for a
+        GPU: a reading still out is taken in at a later call."""
+        self._take_in(wait=False)
         now_ns = self._clock_ns()
         if not self._schedule.due(now_ns):
             return
@@ -365,23 +383,25 @@ class ResourceMonitor:
         if self.hung_reason is None:
             self.last_round_monotonic = self._clock_ns() / 1e9
 
-    def _sample(self, live: list[tuple[Split, SplitResources]], now_ns: int) -> None:
+    def _sample(
+        self, live: list[tuple[Split, SplitResources]], now_ns: int, last: bool = False
+    ) -> None:
+        """Host samples of the ``live`` splits now (with their USS when ``last``: a run's
+        last round); a GPU round started for them."""
         if not live:
             return
-        gpu_samples = self._sample_gpus(live, now_ns)
-        for split, resources in live:
-            _claim_gpus(split, resources.host.pids, gpu_samples)
-            resources.add_host(resources.host.sample(now_ns))
-            resources.add_gpus(self._for_split(split, gpu_samples))
-            resources.thin()
-            resources.attribute(now_ns)
+        self._start_gpus(live, now_ns)
+        from_ns = self._rounds_out[0][0] if self._rounds_out else now_ns
+        for _, resources in live:
+            resources.add_host(resources.host.sample(now_ns, uss=last))
+            resources.thin(from_ns)
+            if self.gpus is None:  # no GPU round to wait for (GPU sampling off or stopped)
+                resources.attribute(now_ns)
 
-    def _sample_gpus(
-        self, live: list[tuple[Split, SplitResources]], now_ns: int
-    ) -> list[nvml.GpuSample]:
+    def _start_gpus(self, live: list[tuple[Split, SplitResources]], now_ns: int) -> None:
         gpus = self.gpus
         if gpus is None:
-            return []
+            return
         if self._pending_uuids:
             gpus.add_uuids(self._pending_uuids)
             self._pending_uuids.clear()
@@ -389,11 +409,29 @@ class ResourceMonitor:
         if gpus.candidates and now_ns >= self._next_look_ns:
             self._next_look_ns = now_ns + round(nvml.SLOW_PERIOD_S * 1e9)
             gpus.discover(pids)
-        samples = gpus.sample(pids, now_ns)
+        gpus.start(pids, now_ns)
+        self._rounds_out.append((now_ns, live))
+
+    def _take_in(self, wait: bool) -> None:
+        """Hand the GPU rounds that are back to the splits live when each started (with
+        ``wait``: every round out, each reading waited for until its deadline), and note
+        whether GPU sampling failed or stalled."""
+        gpus = self.gpus
+        if gpus is None:
+            return
+        for t_ns, samples in gpus.collect(wait):
+            _, live = self._rounds_out.popleft()
+            for split, resources in live:
+                if self.splits.get(id(split)) is None:
+                    continue  # forgotten since
+                _claim_gpus(split, resources.host.pids, samples)
+                resources.add_gpus(self._for_split(split, samples))
+                resources.attribute(t_ns)
         if gpus.failed:
             self.gpu_off_reason = f"stopped: {gpus.reason}"
             log.error("GPU sampling %s", self.gpu_off_reason)
             self.gpus = None
+            self._rounds_out.clear()
             if gpus.hung:
                 self.hung_reason = gpus.reason
         elif gpus.hung != (self.hung_reason is not None):
@@ -402,7 +440,6 @@ class ResourceMonitor:
             self.hung_reason = gpus.reason if gpus.hung else None
             self.gpu_off_reason = f"stalled: {gpus.reason}" if gpus.hung else None
             log.warning("GPU sampling %s", self.gpu_off_reason or "resumed")
-        return samples
 
     def _for_split(self, split: Split, samples: list[nvml.GpuSample]) -> list[nvml.GpuSample]:
         if split.gpus:
@@ -415,13 +452,17 @@ class ResourceMonitor:
 
     def final_round(self, split: Split) -> None:
         """A last sampling round for a split that ended, and the attribution of all it
-        sampled, once: a run shorter than the interval gets figures too."""
+        sampled, once: a run shorter than the interval gets figures too. The one place
+        the loop waits for GPU readings (once per run, each at most the round timeout):
+        the run's figures are written next."""
         entry = self.splits.get(id(split))
         if entry is None or entry[1].closed or split.status == "running":
             return
         resources = entry[1]
         resources.closed = True
-        self._sample([entry], self._clock_ns())
+        self._take_in(wait=True)
+        self._sample([entry], self._clock_ns(), last=True)
+        self._take_in(wait=True)
         # what ends after the last round (GPU work the markers timed beyond it) still
         # gets the overlap it has with the sampled windows
         resources.attribute(resources.latest_end_ns())

@@ -205,9 +205,11 @@ class FakeNvml:
             raise pynvml.NVMLError(gpu.errors[function])
 
     def _take(self, latency_s: float) -> None:
-        """Spend ``latency_s`` in the "driver" (its lock held when serialised): the bulk
-        asleep, the GIL released as ctypes releases it; the last 150 µs spinning, since a
-        sleep overshoots by about that much."""
+        """Spend ``latency_s`` in the "driver" (its lock held when serialised) with the GIL
+        released, as ctypes releases it: the bulk asleep; the last 150 µs spinning, since
+        a sleep overshoots by about that much, on ``sleep(0)``, which lets the other
+        threads run (a bare spin holds the GIL for up to the 5 ms switch interval and
+        stalls the sidecar's loop as no real driver call does)."""
         if latency_s <= 0:
             return
         with self._driver or contextlib.nullcontext():
@@ -215,7 +217,7 @@ class FakeNvml:
             if latency_s > 150e-6:
                 time.sleep(latency_s - 150e-6)
             while time.perf_counter() < end:
-                pass
+                time.sleep(0)
 
     def _whole_only(self, function: str, gpu: FakeGpu) -> None:
         """A whole-GPU call on a MIG instance: NOT_SUPPORTED, as NVML answers."""

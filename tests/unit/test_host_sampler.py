@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -70,7 +72,7 @@ def test_memory_of_the_job_tree_only(tree: Tree, unrelated: subprocess.Popen[str
     before = sampler.sample(time.monotonic_ns())
     assert before.n_processes == 1
     child = tree.command("alloc 200")
-    after = sampler.sample(time.monotonic_ns())
+    after = sampler.sample(time.monotonic_ns(), uss=True)  # as at a run's last round
     assert after.n_processes == 2
     assert sampler.pids == {tree.pid, child}
     assert unrelated.pid not in sampler.pids
@@ -110,6 +112,17 @@ def test_tree_refresh_cadence(tree: Tree) -> None:
     refreshed = sampler.sample(t0 + 61 * S)
     assert refreshed.n_processes == 2 and child in sampler.pids
     assert refreshed.rss_mib > first.rss_mib + 170
+    assert refreshed.uss_mib is not None  # USS_PERIOD_S (30 s) passed too
+
+
+def test_uss_is_read_every_period_and_when_asked(tree: Tree) -> None:
+    sampler = HostSampler([tree.pid], tree_refresh_s=1.0, uss_period_s=30.0)
+    t0 = time.monotonic_ns()
+    assert sampler.sample(t0).uss_mib is not None  # the first
+    assert sampler.sample(t0 + 2 * S).uss_mib is None  # a rescan, not a USS round
+    assert sampler.sample(t0 + 3 * S, uss=True).uss_mib is not None  # a run's last round
+    assert sampler.sample(t0 + 4 * S).uss_mib is None
+    assert sampler.sample(t0 + 33 * S).uss_mib is not None  # its period since the last
 
 
 def test_processes_that_exit_are_dropped_quietly(tree: Tree) -> None:
@@ -131,3 +144,28 @@ def test_add_root_of_a_missing_process() -> None:
     sampler = HostSampler([dead.pid])
     assert not sampler.add_root(dead.pid)
     assert sampler.sample(time.monotonic_ns()).n_processes == 0
+
+
+def test_a_child_started_by_another_thread_of_the_root_is_found() -> None:
+    """The kernel lists a child under the thread that started it (a data loader started
+    from a worker thread), not the main one: every thread's list is read."""
+    code = (
+        "import subprocess, sys, threading, time\n"
+        "def start():\n"
+        "    child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "    print(child.pid, flush=True)\n"
+        "    time.sleep(60)\n"
+        "threading.Thread(target=start, daemon=True).start()\n"
+        "time.sleep(60)\n"
+    )
+    root = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert root.stdout is not None
+    child = int(root.stdout.readline())
+    try:
+        sampler = HostSampler([root.pid], tree_refresh_s=0.0)
+        assert sampler.sample(time.monotonic_ns()).n_processes == 2
+        assert sampler.pids == {root.pid, child}
+    finally:
+        os.kill(child, signal.SIGKILL)
+        root.kill()
+        root.wait()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from sidecar.resources.samplers.nvml import MAX_STUCK_THREADS, open_nvml
+from sidecar.resources.samplers.nvml import MAX_STUCK_THREADS, NvmlUnavailable, open_nvml
 from tests.support.fake_pynvml import MIB, FakeGpu, FakeNvml, opened
 
 UUIDS = ["GPU-aaaa0000-0000-0000-0000-000000000000", "GPU-bbbb0000-0000-0000-0000-000000000000"]
@@ -279,3 +279,41 @@ def test_init_failing_with_any_exception_is_a_reason_not_a_crash() -> None:
     fake.nvmlInit = lambda: (_ for _ in ()).throw(pynvml.NVMLLibraryMismatchError("old"))
     result = open_nvml(None, api=fake)
     assert "NVML initialisation failed" in result.reason
+
+
+def test_start_and_collect_never_wait_for_a_slow_gpu() -> None:
+    """The loop's form: ``start`` hands the readings over, ``collect`` takes what is back;
+    neither waits for GPU 5's 2 s call. Its rounds are handed back at its deadline with
+    the other 7 GPUs' samples, and a round starting while it is still in its reading
+    does not ask it again (a missed round, not a queue behind the slow call)."""
+    fake = FakeNvml([FakeGpu(uuid=f"GPU-{i}{i}{i}{i}eeee") for i in range(8)])
+    fake.gpus[5].slow = {"nvmlDeviceGetMemoryInfo": 2.0}
+    sampler = opened(fake, round_timeout_s=0.5)
+    longest_s = 0.0
+    rounds: list[tuple[int, list[int]]] = []
+    began = time.monotonic()
+    stamp = 0
+    while len(rounds) < 4 and time.monotonic() - began < 20:
+        look = time.monotonic()
+        if stamp < 4:
+            sampler.start(set(), stamp)
+            stamp += 1
+        rounds += [(t, [s.gpu_index for s in samples]) for t, samples in sampler.collect()]
+        longest_s = max(longest_s, time.monotonic() - look)
+        time.sleep(0.01)
+    assert longest_s < 0.25  # a look never waits for the slow call (nor the 0.5 s deadline)
+    assert rounds == [(t, [0, 1, 2, 3, 4, 6, 7]) for t in range(4)]  # in order, 7 each
+    assert sampler.status()["gpus"][5]["missed_rounds"] == 4
+    assert not sampler.busy
+    fake.release.set()
+
+
+def test_a_failed_sampler_keeps_its_reason_through_the_loops_looks(nvml: FakeNvml) -> None:
+    nvml.gpus[1].hang = {"nvmlDeviceGetName"}  # adding the GPU hangs: the sampler fails
+    sampler = open_nvml(None, api=nvml, round_timeout_s=0.2, candidates_only=True)
+    assert not isinstance(sampler, NvmlUnavailable)
+    sampler.add_uuids([UUIDS[1]])
+    assert sampler.failed
+    sampler.start(set(), 1)
+    assert sampler.collect() == [(1, [])]  # its round, empty
+    assert "adding GPUs did not return within 0.2 s" in str(sampler.reason)

@@ -76,6 +76,7 @@ def test_every_field_with_units(nvml: FakeNvml) -> None:
                 "notes": {},
                 "whole_gpu": None,
                 "stuck_calls": 0,
+                "missed_rounds": 0,
             }
         ],
     }

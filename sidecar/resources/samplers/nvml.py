@@ -8,14 +8,19 @@ inside ``open_nvml``, so importing this module never needs a driver.
 Guards, so that NVML can never take the sidecar down nor switch more off than failed:
 
 * Every GPU has its own daemon thread (``worker.Worker``), so the NVML calls of a round
-  run off the caller's thread and a slow GPU delays no other. The caller waits for all
-  of them until one deadline, ``round_timeout_s`` after the round began: a GPU whose
-  reading is not back by then loses its sample of that round, the others keep theirs.
-  The call under way backs off (``nvml_guard``), the stuck thread is left behind and a
-  fresh one takes over at the next round. A GPU with ``MAX_STUCK_THREADS`` threads stuck
-  at once is skipped until one of them comes back, then sampled again: a hung call
-  never stops sampling for good. While every GPU is so stuck (a wedged driver) the
-  sampler says ``hung`` (the node daemon's watchdog stops, so systemd restarts it).
+  run off the caller's thread and a slow GPU delays no other. The caller does not wait
+  for them either: ``start`` hands each GPU its reading and returns, ``collect`` (called
+  whenever the caller looks, never blocking) hands back the rounds whose readings are
+  all in or given up, in round order. A GPU still in an earlier round's reading when a
+  round starts is not asked again: it misses that round. A reading not back
+  ``round_timeout_s`` after its round began is given up: that GPU misses the round, the
+  call under way backs off (``nvml_guard``), the stuck thread is left behind and a
+  fresh one takes over at the next round. A GPU with ``MAX_STUCK_THREADS`` threads
+  stuck at once is skipped until one of them comes back, then sampled again: a hung
+  call never stops sampling for good. While every GPU is so stuck (a wedged driver)
+  the sampler says ``hung`` (the node daemon's watchdog stops, so systemd restarts it).
+  ``sample`` is the waiting form (start, then wait for the round up to its deadline),
+  for callers that may wait: a run's last round, benchmarks, tests.
 * The expensive calls (process lists, per-process utilization, GPM) are made at most
   once per ``slow_period_s`` (``SLOW_PERIOD_S``) per GPU; the cheap fields every round.
 * Any exception of a call (an NVMLError, ``NVMLLibraryMismatchError``, a value of an
@@ -35,7 +40,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,7 +62,7 @@ from sidecar.resources.samplers.nvml_gpu import (
     now_us,
 )
 from sidecar.resources.samplers.pids import PidAliases
-from sidecar.resources.samplers.worker import CallTimeout, Worker, wait
+from sidecar.resources.samplers.worker import CallTimeout, Worker
 
 __all__ = ["GpuSample", "NvmlSampler", "NvmlUnavailable", "open_nvml", "resolve_visible_devices"]
 
@@ -73,11 +80,16 @@ SLOW_PERIOD_S = 5.0
 @dataclass
 class _Lane:
     """One GPU's own thread and reader. ``worker`` is None after a call timed out there:
-    a fresh thread starts at the next round, unless too many are stuck."""
+    a fresh thread starts at the next round, unless too many are stuck. ``reading`` is
+    the reading under way (of the round that asked for it), ``missed`` counts the rounds
+    this GPU had no sample in because it was late, busy with an earlier reading or stuck.
+    """
 
     worker: Worker | None
     reader: GpuReader
     stuck: list[Worker] = field(default_factory=list)  # threads left blocked in a call
+    reading: Future[GpuSample | None] | None = None  # the latest reading handed over
+    missed: int = 0
 
     def ready(self, api: Any, pids: PidAliases, name: str) -> bool:
         """Whether the GPU can be sampled now (starting a fresh thread if needed)."""
@@ -92,6 +104,17 @@ class _Lane:
     @property
     def wedged(self) -> bool:
         return self.worker is None and len(self.stuck) >= MAX_STUCK_THREADS
+
+
+@dataclass
+class _Round:
+    """A round started and not handed back yet: its stamp, the time (``time.monotonic``)
+    by which each reading must be back, the readings still out and the samples in."""
+
+    t_ns: int
+    deadline_s: float
+    out: list[tuple[Gpu, _Lane, Future[GpuSample | None]]]
+    samples: list[GpuSample] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -229,7 +252,8 @@ class NvmlSampler:
         self._pids = PidAliases()
         self._round = 0
         self._closed = False
-        self._looking: Worker | None = None  # the thread of ``discover``, while it runs
+        self._rounds: deque[_Round] = deque()  # started, not handed back yet (in order)
+        self._looking: Future[list[str]] | None = None  # ``discover``'s look, while it runs
         self.candidates: list[str] = []  # visible GPUs sampled once the job is seen there
         self.failed = False
         self.hung = False  # a call hung on a control call, or every GPU is wedged now
@@ -258,28 +282,31 @@ class NvmlSampler:
         added = self._run("adding GPUs", lambda: [self._add(uuid) for uuid in wanted])
         return added or []
 
-    def discover(self, job_pids: set[int]) -> list[str]:
-        """Add the candidate GPUs on whose process lists one of ``job_pids`` (our pid
-        namespace) shows up; returns the UUIDs added. One process-list call per candidate
-        not sampled yet, on a thread of its own waited for at most the round timeout: a
-        call that hangs there loses that look only (the next waits until it returns)."""
+    def discover(self, job_pids: set[int]) -> None:
+        """Start a look for the candidate GPUs on whose process lists one of ``job_pids``
+        (our pid namespace) shows up: one process-list call per candidate not sampled
+        yet, on a thread of its own; ``collect`` adds those found once the look is back.
+        A look stuck in a call is not repeated until it returns."""
         waiting = [uuid for uuid in self.candidates if uuid not in self.uuids]
         if not waiting or not job_pids or self.failed or self._closed:
-            return []
-        if self._looking is not None and self._looking.alive:
-            return []  # the last look is still stuck in a call
+            return
+        if self._looking is not None:
+            return  # the last look is still under way (or stuck in a call)
         aliases = self._pids.aliases(job_pids)
-        self._looking = Worker("nvml-discover")
-        try:
-            found = self._looking.call(
-                lambda: [uuid for uuid in waiting if self._runs_on(uuid, aliases)],
-                self._timeout_s,
-            )
-        except CallTimeout:
-            return []
-        finally:
-            self._looking.stop()
-        return self.add_uuids(found)
+        looking = Worker("nvml-discover")
+        self._looking = looking.submit(
+            lambda: [uuid for uuid in waiting if self._runs_on(uuid, aliases)]
+        )
+        looking.stop()  # its thread ends after this look
+
+    def _look_back(self) -> None:
+        """Add the GPUs the last ``discover`` found, once it is back."""
+        look = self._looking
+        if look is None or not look.done():
+            return
+        self._looking = None
+        if look.exception() is None:
+            self.add_uuids(look.result())
 
     def _runs_on(self, uuid: str, aliases: dict[int, int]) -> bool:
         """Whether a process of the job is on the compute or graphics list of ``uuid``."""
@@ -331,54 +358,106 @@ class NvmlSampler:
         self._lanes[gpu.index] = _Lane(Worker(f"nvml-gpu{gpu.index}"), GpuReader(api, self._pids))
         return uuid
 
-    def sample(self, job_pids: set[int], now_ns: int) -> list[GpuSample]:
-        """One sample per job GPU that is not lost, backing off nor stuck, and whose
-        reading came back within the round's deadline, stamped ``now_ns``
-        (``time.monotonic_ns()`` of this sampling round).
+    @property
+    def busy(self) -> bool:
+        """Whether a round or a look is still out (``collect`` has more to hand back)."""
+        return bool(self._rounds) or self._looking is not None
+
+    def start(self, job_pids: set[int], now_ns: int) -> None:
+        """Start a round stamped ``now_ns`` (``time.monotonic_ns()`` of this sampling
+        round): every job GPU that is not lost, backing off, stuck nor still in an
+        earlier round's reading is handed its reading, on its own thread. Never waits;
+        ``collect`` hands the round back. A round is started (empty) even when there is
+        nothing to sample, so every ``start`` has its round in ``collect``.
 
         ``job_pids`` are the job's processes (our pid namespace) for the job's GPU memory
         and SM utilization; with none, those two fields are None and not queried (nor in
-        rounds where the expensive calls are not due, see ``SLOW_PERIOD_S``). Waits at
-        most the round timeout; returns [] once the sampler has failed; never raises.
-        """
-        if self.failed or self._closed or not self._gpus:
-            return []
+        rounds where the expensive calls are not due, see ``SLOW_PERIOD_S``)."""
         self._round += 1
         round_no = self._round
+        out: list[tuple[Gpu, _Lane, Future[GpuSample | None]]] = []
+        self._rounds.append(_Round(now_ns, time.monotonic() + self._timeout_s, out))
+        if self.failed or self._closed:
+            return
         aliases = self._pids.aliases(job_pids) if job_pids else {}
         entered_ns = time.monotonic_ns()
-        deadline = time.monotonic() + self._timeout_s
-        pending = []
         for gpu in self._gpus:
             lane = self._lanes[gpu.index]
-            if gpu.lost is not None or not gpu.guard.allowed("device", round_no):
+            if gpu.lost is not None:
+                continue
+            if lane.reading is not None and not lane.reading.done():
+                lane.missed += 1  # still in an earlier round's reading: not waited for
+                continue
+            if not gpu.guard.allowed("device", round_no):
                 continue
             if not lane.ready(self._api, self._pids, f"nvml-gpu{gpu.index}"):
+                lane.missed += 1
                 continue
             slow = gpu.slow_at_ns is None or now_ns - gpu.slow_at_ns >= self._slow_period_ns
             if slow:
                 gpu.slow_at_ns = now_ns
             assert lane.worker is not None
-            future = lane.worker.submit(
+            lane.reading = lane.worker.submit(
                 functools.partial(
                     self._sample_one, lane.reader, gpu, aliases, now_ns, round_no, entered_ns, slow
                 )
             )
-            pending.append((gpu, lane, future))
-        samples = []
-        for gpu, lane, future in pending:
-            try:
-                sample = wait(future, deadline - time.monotonic())
-            except CallTimeout:
-                self._stalled(gpu, lane)
-                continue
-            except Exception as exc:  # a bug or an unforeseen binding error: this GPU only
-                gpu.lost = f"sampling failed: {exc!r}"
-                continue
-            if sample is not None:
-                samples.append(sample)
+            out.append((gpu, lane, lane.reading))
+
+    def collect(self, wait: bool = False) -> list[tuple[int, list[GpuSample]]]:
+        """The rounds whose readings are all back or given up, oldest first, each as its
+        stamp and its samples (one per GPU that answered in time); what a finished look
+        (``discover``) found is added to the job's GPUs. Without ``wait`` it never waits:
+        a round with a reading still out, not past its deadline, stays for a later call
+        (and so do the rounds after it). With ``wait`` it waits for every round, each
+        reading at most until its round's deadline. Never raises."""
+        rounds = []
+        while self._rounds:
+            current = self._rounds[0]
+            self._take(current, wait)
+            if current.out:
+                break
+            rounds.append((current.t_ns, current.samples))
+            self._rounds.popleft()
+        self._look_back()
         self._note_wedged()
-        return samples
+        return rounds
+
+    def _take(self, current: _Round, wait: bool) -> None:
+        """Move ``current``'s readings that are back into its samples; give up those past
+        its deadline (waiting for them until then with ``wait``)."""
+        still = []
+        for gpu, lane, future in current.out:
+            if wait and not future.done():
+                with contextlib.suppress(Exception):  # a timeout, or its error: read below
+                    future.result(max(0.0, current.deadline_s - time.monotonic()))
+            if not future.done():
+                if not wait and time.monotonic() < current.deadline_s:
+                    still.append((gpu, lane, future))
+                else:
+                    future.cancel()  # one still queued is dropped; a running one cannot be
+                    self._stalled(gpu, lane)
+                continue
+            if lane.reading is future:
+                lane.reading = None
+            error = future.exception()
+            if error is not None:  # a bug or an unforeseen binding error: this GPU only
+                gpu.lost = f"sampling failed: {error!r}"
+                continue
+            sample = future.result()
+            if sample is not None:
+                current.samples.append(sample)
+        current.out = still
+        current.samples.sort(key=lambda sample: sample.gpu_index)
+
+    def sample(self, job_pids: set[int], now_ns: int) -> list[GpuSample]:
+        """``start`` a round and wait for it (every reading at most the round timeout):
+        its samples, in ``gpu_index`` order; [] once the sampler has failed. For callers
+        that may wait (a run's last round, benchmarks, tests); the sidecar's loop uses
+        ``start`` and ``collect``. Never raises."""
+        self.start(job_pids, now_ns)
+        rounds = self.collect(wait=True)
+        return [sample for _, samples in rounds for sample in samples]
 
     def _sample_one(
         self,
@@ -403,8 +482,10 @@ class NvmlSampler:
         return sample
 
     def _stalled(self, gpu: Gpu, lane: _Lane) -> None:
-        """``gpu``'s reading missed the round's deadline: back off the call it was in,
+        """``gpu``'s reading missed its round's deadline: back off the call it was in,
         leave its thread to finish on its own; a fresh one starts at its next round."""
+        lane.reading = None
+        lane.missed += 1
         calling = lane.reader.calling
         if calling is not None:
             _, call = calling
@@ -423,7 +504,10 @@ class NvmlSampler:
 
     def _note_wedged(self) -> None:
         """``hung`` while every GPU still sampled has too many calls stuck; it clears as
-        soon as one of them comes back."""
+        soon as one of them comes back. Checked at every look: nothing to count while no
+        thread is stuck; a failed sampler keeps its reason."""
+        if self.failed or not (self.hung or any(lane.stuck for lane in self._lanes.values())):
+            return
         live = [gpu for gpu in self._gpus if gpu.lost is None]
         wedged = [gpu for gpu in live if self._lanes[gpu.index].wedged]
         self.hung = bool(live) and len(wedged) == len(live)
@@ -458,7 +542,8 @@ class NvmlSampler:
         """For ``sidecar status``: on/off, the reason when off, and per GPU its UUID, name,
         lost flag and reason, power source, the calls switched off (with why), the calls
         waiting for a retry, notes on figures unknown, for a MIG instance the whole GPU
-        whose power and energy it shares, and its threads stuck in a call."""
+        whose power and energy it shares, its threads stuck in a call and the rounds it
+        missed (late, still in an earlier reading, or stuck)."""
         gpus = [
             {
                 "index": gpu.index,
@@ -472,6 +557,7 @@ class NvmlSampler:
                 "notes": dict(gpu.notes),
                 "whole_gpu": gpu.whole_uuid,
                 "stuck_calls": len(self._lanes[gpu.index].stuck),
+                "missed_rounds": self._lanes[gpu.index].missed,
             }
             for gpu in list(self._gpus)
         ]

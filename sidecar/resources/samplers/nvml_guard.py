@@ -70,7 +70,8 @@ class CallGuard:
         return wait is None or round_no >= wait[0]
 
     def succeeded(self, call: str) -> None:
-        self.waiting.pop(call, None)
+        if self.waiting:  # made after every call that answered: mostly nothing waits
+            self.waiting.pop(call, None)
 
     def failed(self, call: str, kind: str, reason: str, round_no: int, weight: int = 1) -> None:
         """Note a failure of kind ``"permanent"`` or ``"transient"`` in ``round_no``;
