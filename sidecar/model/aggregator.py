@@ -214,13 +214,14 @@ class RankAggregator(SeriesStore):
             return
         session = self.sessions[-1]
         session.last_ns = max(session.last_ns, int(records[:, P_END].max()))
-        training = records[(records[:, P_FLAGS] & wire.FLAG_VALIDATION) == 0]
-        if len(training):
-            self.epoch = max(self.epoch, int(training[:, P_EPOCH].max()))
-            self.iteration = max(self.iteration, int(training[:, P_ITERATION].max()))
+        # Maxima over the masked columns, without copying the records they mask.
+        training = (records[:, P_FLAGS] & wire.FLAG_VALIDATION) == 0
+        self.epoch = int(records[:, P_EPOCH].max(where=training, initial=self.epoch))
+        self.iteration = int(records[:, P_ITERATION].max(where=training, initial=self.iteration))
         stepping = (records[:, P_FLAGS] & _ITERATION_KIND) == wire.FLAG_IN_ITERATION
-        if stepping.any():
-            session.steps = max(session.steps, int(records[stepping, P_ITERATION].max()) + 1)
+        session.steps = int(
+            records[:, P_ITERATION].max(where=stepping, initial=session.steps - 1) + 1
+        )
         self.gpu_not_measured += int(np.count_nonzero(records[:, P_FLAGS] & wire.FLAG_GPU_DROPPED))
         counters = self.goodput[-1]
         if counters is not None:
