@@ -29,9 +29,9 @@ Semantics (docs/contract.md, Semantics, docs/iteration-model.md):
 * A stored loop row keeps the batch size of its iteration and the samples it held
   (``model/batch_sizes.py``).
 
-A closed iteration is decided by one rule (``model/verdicts.py``, through
-``RankAggregator._decide_many``), which the record path calls once per iteration and the
-array path (``model/blocks.py``) once per read for all the iterations it closes, in order.
+A closed iteration is decided by one rule (``model/verdicts.py``), in order: the record
+path calls its per-iteration form, the array path (``model/blocks.py``) its form on arrays
+once per read for all the iterations it closes; a test holds the two forms equal.
 One state machine whose two paths share its private state (open iterations, counters),
 kept in one class. It is built on the rank's sessions and their clocks
 (``model/session_clock.py``) and on the phases' stored rows (``model/series.py``); the
@@ -44,6 +44,7 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from itertools import pairwise
+from typing import Any
 
 import numpy as np
 
@@ -69,7 +70,7 @@ from sidecar.model.blocks import (
     split_blocks,
 )
 from sidecar.model.series import INCOMPLETE, OUTSIDE, PART, Row, SeriesStore
-from sidecar.model.verdicts import Verdict, Verdicts, decide
+from sidecar.model.verdicts import Verdict, Verdicts, decide, decide_one
 
 UNCAPPED = frozenset({wire.EPOCH, wire.VALIDATION})
 # Runs of ordinary iteration records shorter than this go record by record: the array
@@ -595,29 +596,28 @@ class RankAggregator(SeriesStore):
             )
 
     def _decide(self, validation: bool, loop_record: list[int]) -> Verdict:
-        """``_decide_many`` of the one iteration ``loop_record`` closes (the record path)."""
-        return self._decide_many(
-            np.array([validation]), np.array([loop_record], dtype=np.int64)
-        ).of(0)
+        """The rule of the iteration ``loop_record`` closes (``verdicts.decide_one``; the
+        array path's ``_decide_many`` is its form on arrays): left out by warmup (None),
+        else whether its rows are stored (while fewer than ``num_measurements`` of its kind
+        are), its batches and its batch size and samples. Counts it as stored and adds its
+        samples."""
+        return decide_one(validation, loop_record, **self._rule_state())
 
     def _decide_many(self, validation: np.ndarray, loops: np.ndarray) -> Verdicts:
-        """The rule of whole iterations closed by ``loops`` (records × width, in order;
-        ``validation`` per loop), both paths call it for each iteration once, in order
-        (``model/verdicts.decide``): left out by warmup, else whether its rows are stored
-        (while fewer than ``num_measurements`` of its kind are), its batches and its batch
-        size and samples (``SessionBatchSizes.iteration_samples``). Counts the stored ones
-        and adds the samples of the measured ones."""
-        settings = self.settings
-        return decide(
-            validation,
-            loops,
-            warmup_iterations=settings.warmup_iterations,
-            num_measurements=settings.num_measurements,
-            accumulation_steps=settings.accumulation_steps,
-            stored_iterations=self.stored_iterations,
-            samples=self.samples,
-            batch_sizes=self._batch_sizes,
-        )
+        """``_decide`` of the iterations closed by ``loops`` (records × width, in order;
+        ``validation`` per loop), on arrays (``verdicts.decide``)."""
+        return decide(validation, loops, **self._rule_state())
+
+    def _rule_state(self) -> dict[str, Any]:
+        """What the rule of a closed iteration reads and counts in."""
+        return {
+            "warmup_iterations": self.settings.warmup_iterations,
+            "num_measurements": self.settings.num_measurements,
+            "accumulation_steps": self.settings.accumulation_steps,
+            "stored_iterations": self.stored_iterations,
+            "samples": self.samples,
+            "batch_sizes": self._batch_sizes,
+        }
 
     def _cut_iteration(self, key: tuple[bool, int]) -> None:
         """An open iteration whose loop record never came: its phases are flagged rows."""

@@ -74,23 +74,31 @@ class SessionBatchSizes:
         last read from before it on); ``iteration_samples`` for the others, and for all when
         the sizes were not read in iteration order.
         """
+        arrays = self._read_arrays(validation)
+        if arrays is None:  # out of order: as ``iteration_samples`` walks them
+            pairs = [
+                self.iteration_samples(validation, iteration, held)
+                for iteration, held in zip(iterations.tolist(), batches.tolist(), strict=True)
+            ]
+            return (
+                np.array([UNKNOWN if s is None else s for s, _ in pairs], dtype=np.int64),
+                np.array([UNKNOWN if n is None else n for _, n in pairs], dtype=np.int64),
+            )
         given = self._given[validation]
         sizes = np.full(len(iterations), UNKNOWN if given is None else given, dtype=np.int64)
-        arrays = self._read_arrays(validation)
-        by_one = np.zeros(len(iterations), dtype=bool)
-        if arrays is None:  # out of order: as ``iteration_samples`` walks them
-            by_one[:] = True
-        elif len(arrays[0]):
-            firsts, read, inside = arrays
+        firsts, read, inside = arrays
+        if len(firsts):
             last = np.searchsorted(firsts, iterations, side="right") - 1
             sizes = np.where(last >= 0, read[np.maximum(last, 0)], sizes)
-            by_one = np.isin(iterations, inside)
-        samples = np.where(sizes == UNKNOWN, UNKNOWN, sizes * batches)
-        samples[batches <= 0] = 0  # no batch held: no samples, whatever the size
-        for at in np.flatnonzero(by_one).tolist():
-            size, held = self.iteration_samples(validation, int(iterations[at]), int(batches[at]))
-            sizes[at] = UNKNOWN if size is None else size
-            samples[at] = UNKNOWN if held is None else held
+        # no batch held: no samples, whatever the size
+        samples = np.where(batches > 0, np.where(sizes == UNKNOWN, UNKNOWN, sizes * batches), 0)
+        if len(inside):
+            for at in np.flatnonzero(np.isin(iterations, inside)).tolist():
+                size, held = self.iteration_samples(
+                    validation, int(iterations[at]), int(batches[at])
+                )
+                sizes[at] = UNKNOWN if size is None else size
+                samples[at] = UNKNOWN if held is None else held
         return sizes, samples
 
     def _read_arrays(self, validation: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
