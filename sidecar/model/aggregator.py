@@ -436,10 +436,12 @@ class RankAggregator(SeriesStore):
         rank = np.empty(len(groups), dtype=np.int64)  # place among its phase's groups
         rank[by_phase] = np.arange(len(groups)) - firsts[inverse[by_phase]]
         groups = groups[rank < room[inverse]]
+        indices = np.unique(loop_of[groups])
+        loop_of_index = dict(zip(indices.tolist(), loops[indices].tolist(), strict=True))
         for number, index, start_ns, wall_ns, gpu_ns, peak_bytes in blocks.sums(
             groups, blocks.phase, loop_of
         ):
-            loop = loops[index].tolist()
+            loop = loop_of_index[index]
             self._flag(
                 number,
                 loop,
@@ -463,10 +465,19 @@ class RankAggregator(SeriesStore):
         """Store the rows of the groups ``kept`` (in block order, as ``_measure`` would);
         ``verdicts`` of the iterations not cut short, ``of_whole``: per loop of ``loops``,
         its index in them."""
+        # Each stored loop's record and verdict as Python values, converted together.
+        indices = np.unique(loop_of[kept])
+        by_index = dict(
+            zip(
+                indices.tolist(),
+                zip(loops[indices].tolist(), verdicts.some(of_whole[indices]), strict=True),
+                strict=True,
+            )
+        )
         for phase, index, start_ns, wall_ns, gpu_ns, peak_bytes in blocks.sums(
             kept, blocks.phase, loop_of
         ):
-            loop, verdict = loops[index].tolist(), verdicts.of(int(of_whole[index]))
+            loop, verdict = by_index[index]
             assert verdict is not None  # kept: its iteration was measured
             _, batches, size, samples = verdict
             is_loop = phase == loop[P_PHASE]

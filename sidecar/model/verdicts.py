@@ -35,15 +35,20 @@ class Verdicts:
 
     def of(self, index: int) -> Verdict:
         """The verdict of iteration ``index`` as Python values."""
-        if not self.measured[index]:
-            return None
-        size, samples = int(self.sizes[index]), int(self.samples[index])
-        return (
-            bool(self.stored[index]),
-            int(self.batches[index]),
-            None if size == UNKNOWN else size,
-            None if samples == UNKNOWN else samples,
-        )
+        return self.some(np.array([index]))[0]
+
+    def some(self, indices: np.ndarray) -> list[Verdict]:
+        """The verdicts of the iterations ``indices`` as Python values (converted together:
+        a stored row each may be asked for)."""
+        columns = (self.measured, self.stored, self.batches, self.sizes, self.samples)
+        return [
+            (store, batches, None if size == UNKNOWN else size, None if n == UNKNOWN else n)
+            if measured
+            else None
+            for measured, store, batches, size, n in zip(
+                *(column[indices].tolist() for column in columns), strict=True
+            )
+        ]
 
 
 def decide_one(
