@@ -33,10 +33,6 @@ class Verdicts:
     sizes: np.ndarray
     samples: np.ndarray
 
-    def of(self, index: int) -> Verdict:
-        """The verdict of iteration ``index`` as Python values."""
-        return self.some(np.array([index]))[0]
-
     def some(self, indices: np.ndarray) -> list[Verdict]:
         """The verdicts of the iterations ``indices`` as Python values (converted together:
         a stored row each may be asked for)."""

@@ -56,7 +56,7 @@ def test_decide_on_arrays_is_decide_one_per_iteration(seed: int) -> None:
         verdicts = decide(
             np.array(validation[at : at + size]), np.array(loops[at : at + size]), **many
         )
-        got += [verdicts.of(n) for n in range(len(verdicts.measured))]
+        got += verdicts.some(np.arange(len(verdicts.measured)))
         at += size
     assert got == expected
     assert many["stored_iterations"] == one["stored_iterations"]
