@@ -2,7 +2,8 @@
 node), none lost; the sidecar's memory over 10⁷ records from 8 producers at full rate;
 the markers' own queue with no sidecar.
 
-    python bench/ingest.py [--records 3000000] [--rss-records 10000000] [--no-write]
+    python bench/ingest.py [--records 3000000] [--rss-records 10000000]
+                           [--stage-records 2000000] [--stage-repeats 5] [--no-write]
 
 A real ``sidecar serve`` process; each producer is a process of its own, one rank of one
 split (as the ranks of a node share one sidecar), with a DEALER socket that says hello like
@@ -15,6 +16,10 @@ rejected. The memory run samples the sidecar's RSS at every status poll while 8
 producers send 10⁷ records, and gives its peak in each quarter of them (flat: no growth
 with the records taken). The queue row starts a run whose sidecar never listens and ends 10⁶ phases
 as fast as it can: the training process's RSS growth is bounded by the send queue.
+
+Then the guard of the ingest's throughput, in process (``bench/ingest_stages.py``): decode
+alone against the whole path (decode, checks, aggregation) on the same reads, and their
+ratio, which a regression of the aggregation moves whatever the machine's load.
 
 Writes ``## Sidecar ingest and memory``. Targets: ≥ 2 M records/s on one core, ≥ 1 M/s
 from 4 and from 8 producers, none lost; sidecar RSS ≤ 100 MB after 10⁷ records.
@@ -39,13 +44,17 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import ROOT as _ROOT  # noqa: E402
 from bench.common import headline, load_line, sidecar  # noqa: E402
+from bench.ingest_stages import (  # noqa: E402
+    RATIO_FLOOR,
+    RECORDS_PER_MESSAGE,
+    Messages,
+    stages,
+)
+from bench.ingest_stages import lines as stage_lines  # noqa: E402
 from bench.results import machine_line, write_section  # noqa: E402
-from bench.synthetic import RECORDS_PER_ITERATION  # noqa: E402
 from markers import wire  # noqa: E402
 from tests.support.helpers import status  # noqa: E402
 
-# 170 × (context + 5 phases) = 1020 slots, as a full flush of the markers
-ITERATIONS_PER_MESSAGE = wire.FLUSH_SLOTS // (RECORDS_PER_ITERATION + 1)
 RATE_TARGET_ONE = 2_000_000
 RATE_TARGET_FOUR = 1_000_000
 RSS_TARGET_MB = 100.0
@@ -56,10 +65,7 @@ DONE_TIMEOUT_S = 600.0
 def producer(endpoint: str, rank: int, records: int) -> None:
     """One producer process, rank ``rank`` of split 0: hello, wait for a line on stdin,
     send ``records`` records."""
-    import numpy as np
     import zmq
-
-    from bench.synthetic import STEP_NS, iteration_slots
 
     socket = zmq.Context.instance().socket(zmq.DEALER)
     socket.setsockopt(zmq.LINGER, -1)
@@ -82,21 +88,14 @@ def producer(endpoint: str, rank: int, records: int) -> None:
         wire.encode_control(wire.pack_header(wire.KIND_CONTROL, rank, 0, 0, 0, run_id), hello)
     )
     socket.recv()
-    template = np.array(
-        [v for i in range(ITERATIONS_PER_MESSAGE) for v in iteration_slots(i)], dtype="<i8"
-    ).reshape(-1, 3)
-    is_context = (template[:, 0] & wire.TAG_MASK) == wire.TAG_CONTEXT
-    per_message = ITERATIONS_PER_MESSAGE * RECORDS_PER_ITERATION
+    messages = Messages()
+    per_message = RECORDS_PER_MESSAGE
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     sys.stdin.readline()
     sent, seq = 0, 1
     while sent < records:
-        offset = (seq - 1) * ITERATIONS_PER_MESSAGE
-        slots = template.copy()
-        slots[is_context, 1] += offset  # iteration
-        slots[is_context, 2] += offset  # warmup gate (batches before)
-        slots[~is_context, 1:] += offset * STEP_NS
+        slots = messages.slots(seq)
         header = wire.pack_header(wire.KIND_RECORDS, rank, seq, sent, 0, run_id)
         socket.send(header + slots.tobytes())
         sent += per_message
@@ -160,7 +159,7 @@ def ingest_once(
         sidecar(Path(tmp), *args) as (endpoint, process),
     ):
         side = psutil.Process(process.pid)
-        per_message = ITERATIONS_PER_MESSAGE * RECORDS_PER_ITERATION
+        per_message = RECORDS_PER_MESSAGE
         each = -(-(records // count) // per_message) * per_message  # whole messages
         expected = each * count
         producers = _start_producers(endpoint, count, each)
@@ -227,7 +226,10 @@ print(before, me.memory_info().rss, run.dropped)
 
 
 def section(
-    rates: list[dict[str, float]], memory: dict[str, float], queue: dict[str, float]
+    rates: list[dict[str, float]],
+    memory: dict[str, float],
+    queue: dict[str, float],
+    stage: dict[str, Any],
 ) -> tuple[str, dict[str, float]]:
     """The ``## Sidecar ingest and memory`` section and the headline figures."""
     from markers.transport import SEND_QUEUE_BYTES
@@ -282,6 +284,8 @@ def section(
         f"process: its RSS grew by {queue['growth_mb']:.1f} MB, {queue['dropped']:,} "
         "records dropped and counted",
         "",
+        *stage_lines(stage),
+        "",
     ]
     figures = {
         "rate_1": one,
@@ -289,6 +293,10 @@ def section(
         "rate_8": eight,
         "rss_peak_mb": memory["peak_mb"],
         "rss_idle_mb": memory["idle_mb"],
+        "stage_decode": stage["decode_rate"],
+        "stage_whole": stage["whole_rate"],
+        "stage_ratio": stage["ratio"],
+        "stage_floor": RATIO_FLOOR,
     }
     return "\n".join(lines), figures
 
@@ -300,12 +308,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=3_000_000)
     parser.add_argument("--rss-records", type=int, default=10_000_000)
+    parser.add_argument("--stage-records", type=int, default=2_000_000)
+    parser.add_argument("--stage-repeats", type=int, default=5)
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
     rates = [ingest_once(count, args.records, nice=0) for count in (1, 2, 4, 8)]
     memory = ingest_once(8, args.rss_records, sample_rss=True)
     queue = markers_queue(1_000_000)
-    text, figures = section(rates, memory, queue)
+    stage = stages(args.stage_records, args.stage_repeats)
+    text, figures = section(rates, memory, queue, stage)
     print(text)
     if not args.no_write:
         write_section(text)

@@ -183,6 +183,13 @@ def headline_rows(figures: dict[str, dict[str, Any]]) -> list[str]:
             "≥ 1 M/s",
         ),
         (
+            "ingest guard: whole path / decode alone, in process (records per CPU second of each)",
+            f"{_fmt(figures, 'ingest', 'stage_ratio', ratio)} "
+            f"({_fmt(figures, 'ingest', 'stage_whole', rate)} / "
+            f"{_fmt(figures, 'ingest', 'stage_decode', rate)})",
+            f"≥ {_fmt(figures, 'ingest', 'stage_floor', ratio)}",
+        ),
+        (
             "sidecar RSS: idle / peak over 10⁷ records",
             f"{_fmt(figures, 'ingest', 'rss_idle_mb', lambda v: f'{v:.0f} MB')} / "
             f"{_fmt(figures, 'ingest', 'rss_peak_mb', lambda v: f'{v:.0f} MB')}",

@@ -29,8 +29,9 @@ Semantics (docs/contract.md, Semantics, docs/iteration-model.md):
 * A stored loop row keeps the batch size of its iteration and the samples it held
   (``model/batch_sizes.py``).
 
-A closed iteration is decided by one rule, ``RankAggregator._decide``, which the record
-path and the array path (``model/blocks.py``) both call once per iteration, in order.
+A closed iteration is decided by one rule (``model/verdicts.py``), in order: the record
+path calls its per-iteration form, the array path (``model/blocks.py``) its form on arrays
+once per read for all the iterations it closes; a test holds the two forms equal.
 One state machine whose two paths share its private state (open iterations, counters),
 kept in one class. It is built on the rank's sessions and their clocks
 (``model/session_clock.py``) and on the phases' stored rows (``model/series.py``); the
@@ -43,12 +44,12 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from itertools import pairwise
+from typing import Any
 
 import numpy as np
 
 from markers import hello, wire
 from markers.wire import (
-    P_BATCH,
     P_BATCHES,
     P_END,
     P_EPOCH,
@@ -69,6 +70,7 @@ from sidecar.model.blocks import (
     split_blocks,
 )
 from sidecar.model.series import INCOMPLETE, OUTSIDE, PART, Row, SeriesStore
+from sidecar.model.verdicts import Verdict, Verdicts, decide, decide_one
 
 UNCAPPED = frozenset({wire.EPOCH, wire.VALIDATION})
 # Runs of ordinary iteration records shorter than this go record by record: the array
@@ -80,9 +82,6 @@ _INSIDE, _OUTSIDE, _OTHER = 0, 1, 2
 _ITERATION_KIND = wire.FLAG_IN_ITERATION | wire.FLAG_VALIDATION
 RecordValues = np.ndarray | array | Sequence[int]
 LOOP_PHASES = wire.LOOP_ID
-# What ``RankAggregator._decide`` says of a closed iteration: None (warmup), else (rows
-# stored, batches, batch size or None, samples or None).
-Verdict = tuple[bool, int, int | None, int | None] | None
 
 
 @dataclass(frozen=True)
@@ -216,13 +215,14 @@ class RankAggregator(SeriesStore):
             return
         session = self.sessions[-1]
         session.last_ns = max(session.last_ns, int(records[:, P_END].max()))
-        training = records[(records[:, P_FLAGS] & wire.FLAG_VALIDATION) == 0]
-        if len(training):
-            self.epoch = max(self.epoch, int(training[:, P_EPOCH].max()))
-            self.iteration = max(self.iteration, int(training[:, P_ITERATION].max()))
+        # Maxima over the masked columns, without copying the records they mask.
+        training = (records[:, P_FLAGS] & wire.FLAG_VALIDATION) == 0
+        self.epoch = int(records[:, P_EPOCH].max(where=training, initial=self.epoch))
+        self.iteration = int(records[:, P_ITERATION].max(where=training, initial=self.iteration))
         stepping = (records[:, P_FLAGS] & _ITERATION_KIND) == wire.FLAG_IN_ITERATION
-        if stepping.any():
-            session.steps = max(session.steps, int(records[stepping, P_ITERATION].max()) + 1)
+        session.steps = int(
+            records[:, P_ITERATION].max(where=stepping, initial=session.steps - 1) + 1
+        )
         self.gpu_not_measured += int(np.count_nonzero(records[:, P_FLAGS] & wire.FLAG_GPU_DROPPED))
         counters = self.goodput[-1]
         if counters is not None:
@@ -388,41 +388,38 @@ class RankAggregator(SeriesStore):
         return True
 
     def _close_blocks(self, records: np.ndarray, blocks: Blocks) -> None:
-        """Decide the closed iterations of ``blocks`` one by one with ``_decide`` (as the
-        record path does), their phases' sums on arrays."""
+        """Decide the closed iterations of ``blocks`` together with ``_decide_many`` (the
+        rule the record path calls per iteration), their phases' sums on arrays."""
         closed = np.flatnonzero(blocks.closed)
         if not len(closed):
             return
-        loops = records[blocks.last[closed]].tolist()
-        cut = [bool(loop[P_FLAGS] & wire.FLAG_INCOMPLETE) for loop in loops]
-        verdicts = [
-            None if short else self._decide(validation, loop)
-            for short, validation, loop in zip(
-                cut, blocks.validation[closed].tolist(), loops, strict=True
-            )
-        ]
-        # Per iteration: -1 left out by warmup, 0 measured, 1 measured and stored.
-        outcome = np.fromiter(
-            (-1 if v is None else v[0] for v in verdicts), dtype=np.int8, count=len(verdicts)
-        )
-        measured, stored = outcome >= 0, outcome > 0
+        loops = records[blocks.last[closed]]
+        cut = (loops[:, P_FLAGS] & wire.FLAG_INCOMPLETE) != 0
+        whole = np.flatnonzero(~cut)
+        verdicts = self._decide_many(blocks.validation[closed][whole], loops[whole])
+        # Per iteration: measured (past warmup, not cut) and stored.
+        measured = np.zeros(len(loops), dtype=bool)
+        stored = np.zeros(len(loops), dtype=bool)
+        measured[whole], stored[whole] = verdicts.measured, verdicts.stored
         of_block = np.full(len(blocks.first), -1)
         of_block[closed] = np.arange(len(closed))
         loop_of = of_block[blocks.block]  # per group: its loop's index in ``loops``, or -1
         taken = loop_of >= 0
-        if any(cut):
+        if cut.any():
             short = np.flatnonzero(taken)
-            short = short[np.asarray(cut)[loop_of[short]]]
+            short = short[cut[loop_of[short]]]
             self._flag_groups(blocks, short, loops, loop_of)
         taken[taken] = measured[loop_of[taken]]
         self._merge_moments(blocks.phase[taken], blocks.wall_ns[taken], blocks.gpu_ns[taken])
         kept = np.flatnonzero(taken)
         kept = kept[stored[loop_of[kept]]]
         if len(kept):
-            self._store_rows(blocks, kept, loops, loop_of, verdicts)
+            of_whole = np.full(len(loops), -1)
+            of_whole[whole] = np.arange(len(whole))
+            self._store_rows(blocks, kept, loops, loop_of, verdicts, of_whole)
 
     def _flag_groups(
-        self, blocks: Blocks, groups: np.ndarray, loops: list[list[int]], loop_of: np.ndarray
+        self, blocks: Blocks, groups: np.ndarray, loops: np.ndarray, loop_of: np.ndarray
     ) -> None:
         """Flagged rows of ``groups`` (in block order), iterations cut short (their loop
         record flagged incomplete), as ``_flag_iteration`` keeps them: the first ones of
@@ -439,10 +436,12 @@ class RankAggregator(SeriesStore):
         rank = np.empty(len(groups), dtype=np.int64)  # place among its phase's groups
         rank[by_phase] = np.arange(len(groups)) - firsts[inverse[by_phase]]
         groups = groups[rank < room[inverse]]
+        indices = np.unique(loop_of[groups])
+        loop_of_index = dict(zip(indices.tolist(), loops[indices].tolist(), strict=True))
         for number, index, start_ns, wall_ns, gpu_ns, peak_bytes in blocks.sums(
             groups, blocks.phase, loop_of
         ):
-            loop = loops[index]
+            loop = loop_of_index[index]
             self._flag(
                 number,
                 loop,
@@ -458,15 +457,27 @@ class RankAggregator(SeriesStore):
         self,
         blocks: Blocks,
         kept: np.ndarray,
-        loops: list[list[int]],
+        loops: np.ndarray,
         loop_of: np.ndarray,
-        verdicts: list[Verdict],
+        verdicts: Verdicts,
+        of_whole: np.ndarray,
     ) -> None:
-        """Store the rows of the groups ``kept`` (in block order, as ``_measure`` would)."""
+        """Store the rows of the groups ``kept`` (in block order, as ``_measure`` would);
+        ``verdicts`` of the iterations not cut short, ``of_whole``: per loop of ``loops``,
+        its index in them."""
+        # Each stored loop's record and verdict as Python values, converted together.
+        indices = np.unique(loop_of[kept])
+        by_index = dict(
+            zip(
+                indices.tolist(),
+                zip(loops[indices].tolist(), verdicts.some(of_whole[indices]), strict=True),
+                strict=True,
+            )
+        )
         for phase, index, start_ns, wall_ns, gpu_ns, peak_bytes in blocks.sums(
             kept, blocks.phase, loop_of
         ):
-            loop, verdict = loops[index], verdicts[index]
+            loop, verdict = by_index[index]
             assert verdict is not None  # kept: its iteration was measured
             _, batches, size, samples = verdict
             is_loop = phase == loop[P_PHASE]
@@ -596,25 +607,28 @@ class RankAggregator(SeriesStore):
             )
 
     def _decide(self, validation: bool, loop_record: list[int]) -> Verdict:
-        """The rule of a whole iteration closed by ``loop_record``, both paths call it once
-        per iteration in order: None when warmup leaves it out, else whether its rows are
-        stored (while fewer than ``num_measurements`` of its kind are), its batches and its
-        batch size and samples (``SessionBatchSizes.iteration_samples``). Counts it as
-        stored and adds its samples."""
-        if loop_record[P_BATCH] < self.settings.warmup_iterations:
-            return None
-        # A loop record without a count (primitives driven without ``batch_done``): a
-        # whole step.
-        batches = loop_record[P_BATCHES] or (1 if validation else self.settings.accumulation_steps)
-        size, samples = self._batch_sizes.iteration_samples(
-            validation, loop_record[P_ITERATION], batches
-        )
-        if samples is not None:
-            self.samples[validation] = (self.samples[validation] or 0) + samples
-        store = self.stored_iterations[validation] < self.settings.num_measurements
-        if store:
-            self.stored_iterations[validation] += 1
-        return store, batches, size, samples
+        """The rule of the iteration ``loop_record`` closes (``verdicts.decide_one``; the
+        array path's ``_decide_many`` is its form on arrays): left out by warmup (None),
+        else whether its rows are stored (while fewer than ``num_measurements`` of its kind
+        are), its batches and its batch size and samples. Counts it as stored and adds its
+        samples."""
+        return decide_one(validation, loop_record, **self._rule_state())
+
+    def _decide_many(self, validation: np.ndarray, loops: np.ndarray) -> Verdicts:
+        """``_decide`` of the iterations closed by ``loops`` (records × width, in order;
+        ``validation`` per loop), on arrays (``verdicts.decide``)."""
+        return decide(validation, loops, **self._rule_state())
+
+    def _rule_state(self) -> dict[str, Any]:
+        """What the rule of a closed iteration reads and counts in."""
+        return {
+            "warmup_iterations": self.settings.warmup_iterations,
+            "num_measurements": self.settings.num_measurements,
+            "accumulation_steps": self.settings.accumulation_steps,
+            "stored_iterations": self.stored_iterations,
+            "samples": self.samples,
+            "batch_sizes": self._batch_sizes,
+        }
 
     def _cut_iteration(self, key: tuple[bool, int]) -> None:
         """An open iteration whose loop record never came: its phases are flagged rows."""

@@ -90,11 +90,12 @@ def split_blocks(records: np.ndarray, validation: np.ndarray) -> Blocks | None:
     order = np.argsort(group_key, kind="stable")
     sorted_key = group_key[order]
     starts = np.flatnonzero(np.concatenate(([True], sorted_key[1:] != sorted_key[:-1])))
-    ordered = records[order]
-    gpu = ordered[:, P_GPU]
+    # Only the columns summed are gathered in group order (a whole record is 11 values).
+    gpu = records[order, P_GPU]
     measured = gpu >= 0
     gpu_sum = np.add.reduceat(np.where(measured, gpu, 0), starts)
     gpu_count = np.add.reduceat(measured.astype(np.int64), starts)
+    wall_ns = records[:, P_END] - records[:, P_START]
     return Blocks(
         first=first,
         last=last,
@@ -102,10 +103,10 @@ def split_blocks(records: np.ndarray, validation: np.ndarray) -> Blocks | None:
         validation=validation[last],
         block=block[order[starts]],
         phase=phase[order[starts]],
-        start_ns=ordered[starts, P_START],
-        wall_ns=np.add.reduceat(ordered[:, P_END] - ordered[:, P_START], starts),
+        start_ns=records[order[starts], P_START],
+        wall_ns=np.add.reduceat(wall_ns[order], starts),
         gpu_ns=np.where(gpu_count > 0, gpu_sum, -1),
-        peak_bytes=np.maximum(np.maximum.reduceat(ordered[:, P_PEAK], starts), -1),
+        peak_bytes=np.maximum(np.maximum.reduceat(records[order, P_PEAK], starts), -1),
         order=order[starts],
     )
 
