@@ -45,6 +45,7 @@ BENCHMARKS: list[tuple[str, list[str]]] = [
     ("step_sizes.py", []),
     ("curve_cost.py", []),
     ("report_scale.py", ["--repeats", "2"]),
+    ("exports_cost.py", []),
     ("gpu_overhead.py", []),
 ]
 GPU_SECTION = "## GPU overhead"
@@ -185,6 +186,12 @@ def headline_rows(figures: dict[str, dict[str, Any]]) -> list[str]:
             f"{_fmt(figures, 'ingest', 'rss_idle_mb', lambda v: f'{v:.0f} MB')} / "
             f"{_fmt(figures, 'ingest', 'rss_peak_mb', lambda v: f'{v:.0f} MB')}",
             "≤ 100 MB",
+        ),
+        (
+            "sidecar ingest with TensorBoard + MLflow exports / without (A/A noise floor)",
+            f"{_fmt(figures, 'exports', 'ratio', ratio)} "
+            f"({_fmt(figures, 'exports', 'floor', ratio)})",
+            "",
         ),
         (
             "checkpoint write, num_measurements = 10⁵ (first write of a split, every row "
