@@ -199,6 +199,8 @@ def _logged(uri: str, experiment: str, key: str) -> int:
     return len(client.get_metric_history(runs[0].info.run_id, key)) if runs else 0
 
 
+# two starts of a real MLflow server: a minute or more each on a busy 2-core machine
+@pytest.mark.timeout(900)
 def test_mlflow_server_stopped_mid_run_then_started_again(tmp_path: Path) -> None:
     pytest.importorskip("mlflow")
     port = free_port()
