@@ -9,6 +9,7 @@ event file, names that are not exporters.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -163,9 +164,15 @@ def _mlflow_server(store: Path, port: int) -> subprocess.Popen[bytes]:
 
 
 def _stop(server: subprocess.Popen[bytes]) -> None:
-    if server.poll() is None:
+    """Stop the server and its workers: SIGTERM, then SIGKILL to whatever is left (on a
+    busy machine its graceful stop can take longer than 30 s; a crash is as good here)."""
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(server.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
         server.wait(30)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.pid, signal.SIGKILL)
+    server.wait(30)
 
 
 def _history(uri: str, experiment: str) -> dict[str, list[tuple[int, float]]]:
