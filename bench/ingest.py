@@ -62,9 +62,9 @@ POLL_S = 0.05
 DONE_TIMEOUT_S = 600.0
 
 
-def producer(endpoint: str, rank: int, records: int) -> None:
-    """One producer process, rank ``rank`` of split 0: hello, wait for a line on stdin,
-    send ``records`` records."""
+def producer(endpoint: str, rank: int, records: int, out_dir: str = "ingest") -> None:
+    """One producer process, rank ``rank`` of split 0 of run folder ``out_dir``: hello,
+    wait for a line on stdin, send ``records`` records."""
     import zmq
 
     socket = zmq.Context.instance().socket(zmq.DEALER)
@@ -73,7 +73,7 @@ def producer(endpoint: str, rank: int, records: int) -> None:
     run_id = uuid.uuid4().bytes
     hello = {
         "type": wire.HELLO,
-        "out_dir": "ingest",
+        "out_dir": out_dir,
         "cwd": "/",
         "split": 0,
         "warmup_iterations": 0,
@@ -106,10 +106,12 @@ def producer(endpoint: str, rank: int, records: int) -> None:
     socket.close()
 
 
-def _start_producers(endpoint: str, count: int, records: int) -> list[subprocess.Popen[str]]:
+def _start_producers(
+    endpoint: str, count: int, records: int, out_dir: str = "ingest"
+) -> list[subprocess.Popen[str]]:
     processes = [
         subprocess.Popen(
-            [sys.executable, __file__, "producer", endpoint, str(rank), str(records)],
+            [sys.executable, __file__, "producer", endpoint, str(rank), str(records), out_dir],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -158,42 +160,61 @@ def ingest_once(
         tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp,
         sidecar(Path(tmp), *args) as (endpoint, process),
     ):
-        side = psutil.Process(process.pid)
-        per_message = RECORDS_PER_MESSAGE
-        each = -(-(records // count) // per_message) * per_message  # whole messages
-        expected = each * count
-        producers = _start_producers(endpoint, count, each)
-        idle_mb = side.memory_info().rss / 2**20
-        quarters_mb = [idle_mb] * 4  # peak RSS while each quarter of the records came
-        try:
-            start = time.perf_counter()
-            _go(producers)
-            view: dict = {}
-            while view.get("records", 0) + view.get("rejected", 0) < expected:
-                if time.perf_counter() - start > DONE_TIMEOUT_S:
-                    raise RuntimeError(
-                        f"the sidecar took {view.get('records')} of "
-                        f"{expected} records in {DONE_TIMEOUT_S} s"
-                    )
-                view = status(endpoint, 30.0) or {}
-                if sample_rss:
-                    quarter = min(3, 4 * view.get("records", 0) // expected)
-                    quarters_mb[quarter] = max(quarters_mb[quarter], side.memory_info().rss / 2**20)
-                time.sleep(POLL_S)
-            elapsed = time.perf_counter() - start
-            sent = _sent(producers)
-            after_mb = side.memory_info().rss / 2**20
-        finally:
-            _stop(producers)
+        return ingest_into(endpoint, process.pid, count, records, sample_rss)
+
+
+def ingest_into(
+    endpoint: str,
+    pid: int,
+    count: int,
+    records: int,
+    sample_rss: bool = False,
+    out_dir: str = "ingest",
+) -> dict[str, Any]:
+    """``count`` producers of a run in folder ``out_dir`` sending ``records`` in all to
+    the running sidecar ``pid`` at ``endpoint`` (records counted from what it had
+    before: one sidecar may serve several such runs in turn)."""
+    side = psutil.Process(pid)
+    per_message = RECORDS_PER_MESSAGE
+    each = -(-(records // count) // per_message) * per_message  # whole messages
+    before = status(endpoint, 30.0) or {}
+    base = before.get("records", 0) + before.get("rejected", 0)
+    base_lost = before.get("lost", 0)
+    expected = each * count
+    producers = _start_producers(endpoint, count, each, out_dir)
+    idle_mb = side.memory_info().rss / 2**20
+    quarters_mb = [idle_mb] * 4  # peak RSS while each quarter of the records came
+    try:
+        start = time.perf_counter()
+        _go(producers)
+        view: dict = {}
+        taken = 0
+        while taken < expected:
+            if time.perf_counter() - start > DONE_TIMEOUT_S:
+                raise RuntimeError(
+                    f"the sidecar took {taken} of {expected} records in {DONE_TIMEOUT_S} s"
+                )
+            view = status(endpoint, 30.0) or {}
+            taken = view.get("records", 0) + view.get("rejected", 0) - base
+            if sample_rss:
+                quarter = min(3, 4 * taken // expected)
+                quarters_mb[quarter] = max(quarters_mb[quarter], side.memory_info().rss / 2**20)
+            time.sleep(POLL_S)
+        elapsed = time.perf_counter() - start
+        sent = _sent(producers)
+        after_mb = side.memory_info().rss / 2**20
+    finally:
+        _stop(producers)
+    received = view.get("records", 0) - before.get("records", 0)
     return {
         "producers": count,
         "sent": sent,
-        "received": view.get("records", 0),
-        "lost": view.get("lost", 0),
+        "received": received,
+        "lost": view.get("lost", 0) - base_lost,
         "rejected": view.get("rejected_by_kind", {}),
         "dropped": view.get("dropped", 0),
         "seconds": elapsed,
-        "rate": view.get("records", 0) / elapsed,
+        "rate": received / elapsed,
         "idle_mb": idle_mb,
         "peak_mb": max(quarters_mb),
         "quarters_mb": quarters_mb,
@@ -303,7 +324,7 @@ def section(
 
 def main(argv: list[str] | None = None) -> int:
     if argv is None and sys.argv[1:2] == ["producer"]:
-        producer(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+        producer(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), *sys.argv[5:6])
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=3_000_000)

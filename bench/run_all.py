@@ -47,6 +47,7 @@ BENCHMARKS: list[tuple[str, list[str]]] = [
     ("step_sizes.py", []),
     ("curve_cost.py", []),
     ("report_scale.py", ["--repeats", "2"]),
+    ("exports_cost.py", []),
     ("gpu_overhead.py", []),
 ]
 GPU_SECTION = "## GPU overhead"
@@ -203,6 +204,12 @@ def headline_rows(figures: dict[str, dict[str, Any]]) -> list[str]:
                 for key in ("idle_ms_s", "run_ms_s", "run_unsampled_ms_s", "ranks_ms_s")
             )
             + " ms/s",
+            "",
+        ),
+        (
+            "sidecar ingest with TensorBoard + MLflow exports / without (A/A noise floor)",
+            f"{_fmt(figures, 'exports', 'ratio', ratio)} "
+            f"({_fmt(figures, 'exports', 'floor', ratio)})",
             "",
         ),
         (

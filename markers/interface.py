@@ -63,7 +63,9 @@ class RunInterface(Protocol):
     def load_state_dict(self, state: dict[str, Any], timeout_s: float = ...) -> bool:
         """Continue this split from ``state``."""
 
-    def finish(self, status: str = ..., error: str | None = ...) -> None:
+    def finish(
+        self, status: str = ..., error: str | None = ..., loop_ns: tuple[int, int] | None = ...
+    ) -> None:
         """End the run."""
 
     def close_at_exit(self) -> None:

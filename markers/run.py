@@ -191,7 +191,12 @@ class Run:
         self._sender.wait_for_room(timeout_s)
         self._buffer.flush()
 
-    def finish(self, status: str = "completed", error: str | None = None) -> None:
+    def finish(
+        self,
+        status: str = "completed",
+        error: str | None = None,
+        loop_ns: tuple[int, int] | None = None,
+    ) -> None:
         """End the run: send everything (waiting at most ``GPU_DRAIN_S`` for GPU times
         still in flight), have the sidecar write its files (waiting as long as it reports
         progress on them, and at most ``FINISH_TIMEOUT_S`` without), close the connection.
@@ -203,6 +208,10 @@ class Run:
         An iteration, epoch or validation pass still open is cut short: kept in phases.tsv
         flagged incomplete (an iteration left by a loop's ``break`` before a completed
         finish is whole).
+
+        ``loop_ns``: when a framework times its own training loop (the Trainer's
+        ``train_runtime``), that loop's start and end (``perf_counter_ns``): summary.log
+        names the Training time before and after it.
         """
         if self._finished:
             return
@@ -239,6 +248,11 @@ class Run:
                 "end_ns": end_ns,
                 "worker_phases": worker_phases,
                 "gpu_unfinished": unfinished,
+                **(
+                    {"loop_start_ns": loop_ns[0], "loop_end_ns": loop_ns[1]}
+                    if loop_ns is not None
+                    else {}
+                ),
             },
             FINISH_TIMEOUT_S,
         )
@@ -587,7 +601,12 @@ class NullRun:
         """Nothing is loaded: False."""
         return False
 
-    def finish(self, status: str = "completed", error: str | None = None) -> None:
+    def finish(
+        self,
+        status: str = "completed",
+        error: str | None = None,
+        loop_ns: tuple[int, int] | None = None,
+    ) -> None:
         """Does nothing."""
 
     def __enter__(self) -> NullRun:

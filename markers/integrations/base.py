@@ -77,10 +77,16 @@ class Monitor:
         given = {k: v for k, v in framework.items() if v is not None}
         self.run = start_run(**{**given, **self.start_run_kwargs})
 
-    def finish(self, status: str = "completed", error: str | None = None) -> None:
-        """End the run (the sidecar writes the files); safe to call more than once."""
+    def finish(
+        self,
+        status: str = "completed",
+        error: str | None = None,
+        loop_ns: tuple[int, int] | None = None,
+    ) -> None:
+        """End the run (the sidecar writes the files); safe to call more than once.
+        ``loop_ns``: the framework's own training loop, start and end (``Run.finish``)."""
         self.switch(None)
-        self.run.finish(status, error)
+        self.run.finish(status, error, loop_ns)
 
     def switch(self, name: str | None) -> None:
         """End the open phase and begin ``name`` (none when None)."""

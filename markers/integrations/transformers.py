@@ -34,6 +34,13 @@ state is written into the checkpoint folder (``trainmon-state.json``); a run res
 ``<output_dir>/checkpoint-<global_step>``, and continues the split (an epoch open at the
 checkpoint is kept as two flagged parts). The save, from the step's or the evaluation's
 end to ``on_save``, is the custom phase ``checkpoint``. The run ends at ``on_train_end``.
+
+``train()`` times itself (``train_runtime``) from just before ``on_train_begin`` to its
+speed metrics, which it logs (``on_log``) just before ``on_train_end``. The run's Training
+also holds what comes before (the rest of the script after ``Trainer(...)``, ``train()``'s
+data loader and model preparation) and after (loading the best model, deleting old
+checkpoints): the callback sends that loop's start (``on_train_begin``) and end (the
+``on_log`` holding ``train_runtime``) with the finish, and summary.log names both parts.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ import json
 import os
 import warnings
 from pathlib import Path
+from time import perf_counter_ns
 from typing import Any
 
 from transformers import TrainerCallback
@@ -61,6 +69,8 @@ class MonitorCallback(Monitor, TrainerCallback):
         self._validating = False
         self._epoch_open = False
         self._epoch_waits_for_evaluation = False
+        self._loop_start_ns: int | None = None  # train()'s own clock: on_train_begin
+        self._loop_end_ns: int | None = None  # ... to the on_log with its train_runtime
 
     # -- start, resume, save, end ---------------------------------------------------
 
@@ -85,6 +95,8 @@ class MonitorCallback(Monitor, TrainerCallback):
     ) -> None:
         """Continue the run from a checkpoint's state, hook the model (and start the run
         if the callback was added after the Trainer was built)."""
+        self._loop_start_ns = perf_counter_ns()  # train() read its clock just before
+        self._loop_end_ns = None
         self._start(args)
         if state.global_step > 0:
             self._resume(args, state)
@@ -127,7 +139,15 @@ class MonitorCallback(Monitor, TrainerCallback):
         """Training is over: the hooks come off and the sidecar writes the files."""
         self._end_epoch()
         self._hooks.remove()
-        self.finish()
+        start, end = self._loop_start_ns, self._loop_end_ns
+        self.finish(loop_ns=(start, end) if start is not None and end is not None else None)
+
+    @never_raise
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        """Logs holding ``train_runtime`` (the last: the speed metrics of train()'s end)
+        mark the end of train()'s own clock."""
+        if isinstance(logs, dict) and "train_runtime" in logs:
+            self._loop_end_ns = perf_counter_ns()
 
     # -- epochs, steps, evaluation --------------------------------------------------
 

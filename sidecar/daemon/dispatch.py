@@ -137,6 +137,7 @@ class Dispatcher:
     def _finish(self, stream: Stream, body: dict[str, Any], now_unix: float) -> Reply:
         self.registry.note_worker_phases(stream, body.get("worker_phases"))
         self.registry.note_gpu_unfinished(stream, body.get("gpu_unfinished"))
+        self.registry.note_loop(stream, body.get("loop_start_ns"), body.get("loop_end_ns"))
         self.registry.finish(
             stream, body["status"], body.get("error"), body.get("end_ns"), now_unix
         )

@@ -81,6 +81,9 @@ FIELDS: dict[str, Fields] = {
         "end_ns": (False, True, integer()),
         "worker_phases": (False, True, integer()),
         "gpu_unfinished": (False, True, integer()),
+        # the framework's own training loop (the Trainer's train_runtime), perf_counter_ns
+        "loop_start_ns": (False, True, integer()),
+        "loop_end_ns": (False, True, integer()),
     },
     wire.STATUS: {  # splits: also every split's figures (sidecar top); token: see all
         "splits": (False, False, flag),

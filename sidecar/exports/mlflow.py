@@ -12,6 +12,13 @@ A tracking server that is down or slow never blocks the sidecar: each request is
 (``REQUEST_TIMEOUT_S``, MLflow's own retries off), the points not logged are kept and
 retried with a backoff up to ``MAX_PENDING`` points (the oldest beyond it are given up
 and counted).
+
+MLflow's SQL stores keep one metric per (name, step, millisecond, value) of a run, and
+drop the others silently. Two rows of one phase can share all four (validation
+iterations of one step, microseconds long, equal to the timer's 10 ns): each point gets
+a timestamp of its own (``Timestamps``), the next free millisecond, when it would share
+one. A point is stamped once, when queued, so a request sent again after a timeout
+repeats the same points, which a SQL store then keeps once.
 """
 
 from __future__ import annotations
@@ -23,8 +30,9 @@ from typing import Any
 
 from sidecar.exports.points import (
     Names,
-    Point,
     Slice,
+    Stamped,
+    Timestamps,
     cpu_share_pct,
     every_point,
     memory_used_pct,
@@ -73,7 +81,8 @@ class MlflowExporter:
         self.exported = 0
         self.dropped = 0
         self.error: str | None = None
-        self._pending: deque[Point] = deque()
+        self._pending: deque[Stamped] = deque()
+        self._timestamps = Timestamps()
         self._files: list[Any] = []
         self._end_status: str | None = None
         self._failures = 0  # in a row (the backoff)
@@ -90,7 +99,8 @@ class MlflowExporter:
 
     def export(self, part: Slice) -> None:
         """Queue ``part``'s points (and, at the end, its files) and send what is queued."""
-        self._pending.extend(every_point(part, GPU_NAMES, HOST_NAMES))
+        stamp = self._timestamps.stamp
+        self._pending.extend(stamp(p) for p in every_point(part, GPU_NAMES, HOST_NAMES))
         over = len(self._pending) - MAX_PENDING
         for _ in range(max(over, 0)):
             self._pending.popleft()
@@ -114,9 +124,7 @@ class MlflowExporter:
             run_id = self._run()
             while self._pending:
                 batch = [self._pending[i] for i in range(min(BATCH, len(self._pending)))]
-                metrics = [
-                    Metric(name, value, int(wall * 1000), step) for name, value, step, wall in batch
-                ]
+                metrics = [Metric(name, value, ms, step) for name, value, step, ms in batch]
                 self.client.log_batch(run_id, metrics=metrics, synchronous=True)
                 for _ in batch:
                     self._pending.popleft()

@@ -30,6 +30,7 @@ from sidecar.resources.samplers.nvml_gpu import GpuSample
 from sidecar.sinks import layout
 
 Point = tuple[str, float, int, float]  # name, value, optimizer step, wall time (Unix s)
+Stamped = tuple[str, float, int, int]  # name, value, optimizer step, timestamp (Unix ms)
 PHASE_PREFIX = "phases/"  # every phase figure's name starts with it (docs/exports.md)
 _TRAINING_KIND = wire.FLAG_IN_ITERATION | wire.FLAG_VALIDATION
 _METRIC = {row.phase: row.metric for row in wire.PHASES}
@@ -217,3 +218,29 @@ def every_point(part: Slice, gpu: Names, host: Names) -> Iterable[Point]:
     yield from phase_points(part)
     yield from resource_points(part, gpu, host)
     yield from goodput_points(part)
+
+
+class Timestamps:
+    """Each point's timestamp in Unix ms, distinct from those of the points of the same
+    name, step and value before it: its wall time in ms, else the next free ms (MLflow's
+    SQL stores keep one point per name, step, ms and value; ``sidecar.exports.mlflow``).
+
+    Kept per name for its latest step only: a name's points come in step order (rows in
+    stored order, samples in time order), so bounded by the points of one step.
+    """
+
+    def __init__(self) -> None:
+        self._taken: dict[str, tuple[int, set[tuple[int, float]]]] = {}
+
+    def stamp(self, point: Point) -> Stamped:
+        """``point`` with its timestamp."""
+        name, value, step, wall = point
+        ms = int(wall * 1000)
+        last_step, taken = self._taken.get(name, (None, set()))
+        if last_step != step:
+            taken = set()
+            self._taken[name] = (step, taken)
+        while (ms, value) in taken:
+            ms += 1
+        taken.add((ms, value))
+        return name, value, step, ms

@@ -197,6 +197,16 @@ class Registry:
             stream.split.rank(stream.rank).sessions[-1].gpu_unfinished = count
             stream.split.dirty = True
 
+    @staticmethod
+    def note_loop(stream: Stream, start_ns: Any, end_ns: Any) -> None:
+        """The framework's own training loop of ``stream``'s process ran from ``start_ns``
+        to ``end_ns`` (its ``perf_counter_ns``; ignored unless both are integers in order)."""
+        integers = all(isinstance(v, int) and not isinstance(v, bool) for v in (start_ns, end_ns))
+        if integers and start_ns <= end_ns:
+            session = stream.split.rank(stream.rank).sessions[-1]
+            session.loop_start_ns, session.loop_end_ns = start_ns, end_ns
+            stream.split.dirty = True
+
     def load_state(self, stream: Stream, saved: Any) -> dict[str, Any]:
         """A ``load_state`` control (``resume.load_state``): continue ``stream``'s split
         from a state the user kept; the reply says the epoch to go on from, or why not."""

@@ -36,6 +36,10 @@ class Session:
     # highest iteration number + 1). Iteration i of the session is step first_step + i.
     first_step: int = 0
     steps: int = 0
+    # The framework's own training loop in this process (the Trainer's train_runtime),
+    # when its callback sent it with the finish: perf_counter_ns, None when not known.
+    loop_start_ns: int | None = None
+    loop_end_ns: int | None = None
 
     def unix_at(self, ns: int) -> float:
         """Wall-clock time (Unix seconds) of the process's ``perf_counter_ns`` value ``ns``."""
@@ -107,6 +111,30 @@ class SessionClock:
         current = self.sessions[-1]
         end_ns = current.end_ns if current.end_ns is not None else current.last_ns
         return self.training_before_s + (end_ns - current.start_ns) / NS_PER_S
+
+    def framework_loop_s(self) -> tuple[float, float, float, float, int] | None:
+        """The framework's own training loop against Training, summed over the sessions
+        whose callback sent it (``Session.loop_start_ns``): their Training, the loop's
+        time, Training before the loop began and after it ended (seconds), and how many
+        sessions that is; None when none sent it."""
+        known = [s for s in self.sessions if s.loop_start_ns is not None]
+        if not known:
+            return None
+        training = inside = before = after = 0
+        for session in known:
+            start, end = session.loop_start_ns or 0, session.loop_end_ns or 0
+            finish = session.end_ns if session.end_ns is not None else session.last_ns
+            training += finish - session.start_ns
+            inside += end - start
+            before += max(0, start - session.start_ns)
+            after += max(0, finish - end)
+        return (
+            training / NS_PER_S,
+            inside / NS_PER_S,
+            before / NS_PER_S,
+            after / NS_PER_S,
+            len(known),
+        )
 
     @property
     def process_start_unix(self) -> float:

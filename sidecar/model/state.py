@@ -16,8 +16,9 @@ and flushes to disk each time. Within 4, each session also keeps its ``gpu_unfin
 its ``open_spans``: the Epoch or Validation open when the state was taken, as the row of
 its part so far (absent: none, not counted), and each row its ``samples`` (absent: batch
 size × batches, what throughput counted before), and each session its ``first_step``
-and ``steps`` (the optimizer step axis of the exports; absent: 0). Older documents are
-upgraded on reading.
+and ``steps`` (the optimizer step axis of the exports; absent: 0), and its
+``loop_start_ns`` and ``loop_end_ns`` (the framework's own training loop; absent: not
+known). Older documents are upgraded on reading.
 
 The *lineage* of a state is the run id of its first session: a fresh run starts a
 lineage, a resume continues the lineage of the state it loaded.

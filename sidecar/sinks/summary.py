@@ -203,6 +203,24 @@ def _custom_lines(agg: RankAggregator, on_gpu: bool) -> list[str]:
     return out
 
 
+def _framework_loop_lines(agg: RankAggregator, sessions: int) -> list[str]:
+    """Training against the framework's own clock of its training loop (the Trainer's
+    ``train_runtime``), when its callback sent the loop's start and end."""
+    loop = agg.framework_loop_s()
+    if loop is None:
+        return []
+    training_s, inside_s, before_s, after_s, counted = loop
+    which = "" if counted == sessions else f" (the {counted} of {sessions} sessions that sent it)"
+    return [
+        f"Training {training_s:.2f} s{which} = the framework's own training loop "
+        f"{inside_s:.2f} s (its clock: the Trainer's train_runtime)",
+        f"  + {before_s:.2f} s before that loop began (the script and the framework's "
+        "set-up after start_run: model, data loaders, preparation)",
+        f"  + {after_s:.2f} s after it ended (its final log, loading the best model, "
+        "removing old checkpoints)",
+    ]
+
+
 def time_lines(agg: RankAggregator, gaps: Sequence[tuple[float, float]]) -> list[str]:
     """The Training time account of rank ``agg``: the effective time (the Training row),
     the wall time including downtime between processes and work redone after a resume from
@@ -222,6 +240,7 @@ def time_lines(agg: RankAggregator, gaps: Sequence[tuple[float, float]]) -> list
         f"  including downtime {downtime_s:.2f} s and redone work {redone_s:.2f} s "
         "(work after the last checkpoint, done again on resume)",
         f"  and the processes' time before start_run {before_s:.2f} s",
+        *_framework_loop_lines(agg, sessions),
     ]
     for start, end in gaps:
         out.append(

@@ -9,6 +9,7 @@ event file, names that are not exporters.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -71,14 +72,6 @@ def _scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
-# Known defect, not yet found: in a full suite run (never alone) an exported MLflow phase
-# series once held values the stored rows do not (both tests, same run); kept running and
-# reported, not hidden, until it is fixed.
-INTERMITTENT = pytest.mark.xfail(
-    strict=False, reason="an exported MLflow series sometimes differs from the stored rows"
-)
-
-
 def _same(exported: list[float], stored: pd.Series) -> None:
     values = stored.dropna().tolist()
     assert len(exported) == len(values)
@@ -86,9 +79,11 @@ def _same(exported: list[float], stored: pd.Series) -> None:
 
 
 def _same_values(exported: list[float], stored: pd.Series) -> None:
-    """The same values, in any order: MLflow keeps milliseconds, so points of one step
-    ended within the same millisecond (validation iterations) come back in any order."""
-    assert sorted(exported) == pytest.approx(sorted(stored.dropna().tolist()), rel=1e-9)
+    """The same values, each as often, in any order: MLflow keeps milliseconds, so points
+    of one step ended within the same millisecond (validation iterations) come back in any
+    order; two of them may be equal (an Evaluation of a few hundred ns, timed to 10 ns):
+    distinct points all the same, each read."""
+    assert sorted(exported) == sorted(stored.dropna().tolist())
 
 
 def test_tensorboard_series_are_the_stored_rows_across_a_kill_and_resume(tmp_path: Path) -> None:
@@ -169,29 +164,32 @@ def _mlflow_server(store: Path, port: int) -> subprocess.Popen[bytes]:
 
 
 def _stop(server: subprocess.Popen[bytes]) -> None:
-    if server.poll() is None:
+    """Stop the server and its workers: SIGTERM, then SIGKILL to whatever is left (on a
+    busy machine its graceful stop can take longer than 30 s; a crash is as good here)."""
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(server.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
         server.wait(30)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.pid, signal.SIGKILL)
+    server.wait(30)
 
 
-def _history(uri: str, experiment: str) -> tuple[object, dict[str, list[tuple[int, float]]]]:
+def _history(uri: str, experiment: str) -> dict[str, list[tuple[int, float]]]:
+    """Every point of each metric of the experiment's one run as logged, (step, value),
+    in step order, then by time (points logged after a retry keep their own time)."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
     found = client.get_experiment_by_name(experiment)
     assert found is not None
     (run,) = client.search_runs([found.experiment_id])
-    return run, {
-        # in step order, then by time: points logged after a retry keep their own time.
-        # Each point once: a retried request the server had applied without answering in
-        # time logs the same point (step, time, value) again (docs/exports.md, Faults).
+    return {
         key: [
             (step, value)
             for step, _, value in sorted(
-                {
-                    (m.step, m.timestamp, m.value)
-                    for m in client.get_metric_history(run.info.run_id, key)
-                }
+                (m.step, m.timestamp, m.value)
+                for m in client.get_metric_history(run.info.run_id, key)
             )
         ]
         for key in run.data.metrics
@@ -208,7 +206,8 @@ def _logged(uri: str, experiment: str, key: str) -> int:
     return len(client.get_metric_history(runs[0].info.run_id, key)) if runs else 0
 
 
-@INTERMITTENT
+# two starts of a real MLflow server: a minute or more each on a busy 2-core machine
+@pytest.mark.timeout(900)
 def test_mlflow_server_stopped_mid_run_then_started_again(tmp_path: Path) -> None:
     pytest.importorskip("mlflow")
     port = free_port()
@@ -253,12 +252,14 @@ def test_mlflow_server_stopped_mid_run_then_started_again(tmp_path: Path) -> Non
         pause.with_suffix(".hold1").unlink()
         job.wait(120)
         assert job.returncode == 0, job.stderr.read() if job.stderr else ""
-        _run, history = _history(uri, "faults")
+        history = _history(uri, "faults")
     finally:
         if job.poll() is None:
             job.kill()
         _stop(server)
     stored = _stored(out)
+    # each point once: a request sent again after the server went away repeats the same
+    # points (name, step, ms, value), which its SQL store keeps once (docs/exports.md)
     for column, key in SERIES.items():
         _same_values([value for _, value in history[key]], stored[column])
     assert [s for s, _ in history["phases/forward_wall_s"]] == list(range(WARMUP, 3 * ITERS))
@@ -267,7 +268,6 @@ def test_mlflow_server_stopped_mid_run_then_started_again(tmp_path: Path) -> Non
     assert "not exported" not in line and "failed attempts, all retried" in line, line
 
 
-@INTERMITTENT
 def test_mlflow_points_go_into_the_scripts_active_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -283,9 +283,17 @@ def test_mlflow_points_go_into_the_scripts_active_run(
         MLFLOW_ALLOW_FILE_STORE="true",
     )
     assert done.returncode == 0, done.stderr
-    _run, history = _history(uri, "Default")
+    history = _history(uri, "Default")
     assert "loss" in history  # the script's own metric: the same run
-    stored = _stored(tmp_path / "maps")
+    out = tmp_path / "maps"
+    line = next(
+        x
+        for x in (split_dir(out) / "summary.log").read_text().splitlines()
+        if x.startswith("Export mlflow:")
+    )
+    # a local store: no request failed, so no point was logged twice
+    assert "not exported" not in line and "failed attempts" not in line, line
+    stored = _stored(out)
     for column, key in SERIES.items():
         _same_values([value for _, value in history[key]], stored[column])
     assert [s for s, _ in history["phases/forward_wall_s"]] == list(range(WARMUP, 2 * ITERS))

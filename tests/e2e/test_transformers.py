@@ -5,6 +5,7 @@ training, and resume_from_checkpoint in a second process with a second sidecar."
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -205,7 +206,9 @@ def test_an_epochs_short_last_step_counts_its_real_samples(sidecar: Sidecar) -> 
 
 def test_a_private_sidecars_start_up_is_not_inside_train(tmp_path: Path) -> None:
     # No SIDECAR_ENDPOINT: the callback starts a private sidecar (about a second); that
-    # happens while the Trainer is built, not inside train() (on_train_begin).
+    # happens while the Trainer is built, not inside train() (on_train_begin). Training
+    # runs from there to on_train_end: summary.log names what of it lies outside
+    # train()'s own clock (train_runtime), and with it accounts for Training.
     out, truth = tmp_path / "hf", tmp_path / "truth.json"
     environment = env(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     result = subprocess.run(
@@ -228,5 +231,21 @@ def test_a_private_sidecars_start_up_is_not_inside_train(tmp_path: Path) -> None
         env=environment,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads(truth.read_text())["on_train_begin"] < 0.3
+    measured = json.loads(truth.read_text())
+    assert measured["on_train_begin"] < 0.3
     assert computational(out)["Training loop (s)"].notna().sum() == 3  # 4 steps, 1 warmup
+    summary = (split_dir(out) / "summary.log").read_text()
+    effective = float(re.search(r"Training time: effective (\S+) s", summary)[1])
+    named = re.search(
+        r"Training (\S+) s = the framework's own training loop (\S+) s .*\n"
+        r" +\+ (\S+) s before that loop began .*\n +\+ (\S+) s after it ended",
+        summary,
+    )
+    assert named is not None, summary
+    training, loop, before, after = map(float, named.groups())
+    assert training == effective and loop <= training
+    # the named parts and train()'s own clock account for Training (figures of 0.01 s)
+    outside_train_runtime = before + after
+    assert outside_train_runtime + measured["train_runtime"] == pytest.approx(
+        effective, rel=0.05, abs=0.015
+    )

@@ -1,5 +1,6 @@
-"""Choosing exporters (one warning naming the extra, the run goes on) and the optimizer
-step axis across resumes: each session goes on at the step the one before reached."""
+"""Choosing exporters (one warning naming the extra, the run goes on), the optimizer
+step axis across resumes: each session goes on at the step the one before reached, and
+MLflow timestamps that keep distinct points distinct."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 from markers import wire
 from sidecar import exports
-from sidecar.exports.points import StepTimeline
+from sidecar.exports.points import StepTimeline, Timestamps
 from sidecar.model.aggregator import RankAggregator, Settings
 
 
@@ -59,3 +60,20 @@ def test_steps_go_on_across_sessions_and_the_timeline_follows() -> None:
     starts, steps = timeline.arrays()
     assert steps.tolist() == [0, 1, 2, 3, 4, 5, 6, 7]
     assert starts.tolist() == [1000.0, 1001.0, 1002.0, 1003.0, 1004.0, 2000.0, 2001.0, 2002.0]
+
+
+def test_points_equal_in_name_step_ms_and_value_get_timestamps_of_their_own() -> None:
+    # three validation iterations of one step, ended within one ms, two of 100 ns: an
+    # MLflow SQL store keeps one point per (name, step, ms, value), so the second 100 ns
+    # point goes to the next free ms; other values, names and steps keep their own ms
+    stamp = Timestamps().stamp
+    wall = 1_700_000_000.1234
+    name = "phases/evaluation_wall_s"
+    stamped = [stamp((name, v, 11, wall)) for v in (2.4e-07, 1e-07, 1e-07, 1e-07)]
+    assert [ms for *_, ms in stamped] == [
+        1_700_000_000_123,
+        *range(1_700_000_000_123, 1_700_000_000_126),
+    ]
+    assert len({(n, v, s, ms) for n, v, s, ms in stamped}) == 4
+    assert stamp(("phases/val_loop_wall_s", 1e-07, 11, wall))[3] == 1_700_000_000_123
+    assert stamp((name, 1e-07, 12, wall))[3] == 1_700_000_000_123  # a new step

@@ -4,6 +4,8 @@ counters across a resume, a later process's start taken from the downtime."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from markers import wire
@@ -11,6 +13,7 @@ from sidecar.model import goodput, state
 from sidecar.model.aggregator import RankAggregator, Settings
 from sidecar.model.goodput import BADPUT, CAUSES
 from sidecar.report import goodput_view, job_efficiency
+from sidecar.sinks import summary
 from tests.unit.test_aggregator import MS, TRAIN, record
 
 
@@ -100,3 +103,24 @@ def test_the_cause_table_gives_each_cause_one_id_and_colour() -> None:
     assert {cause.id for cause in BADPUT if cause.advice is None} == {"data_stall", "straggler"}
     assert list(job_efficiency.SHORT) == ["productive", *CAUSES]
     assert tuple(cause.colour for cause in BADPUT) == goodput_view.COLOURS
+
+
+def test_training_against_the_frameworks_own_loop_clock() -> None:
+    # session 0 killed (no loop sent), session 1 sent its loop: 10 ms in, 20 ms before
+    # its end of 80 ms; the lines name the loop and the parts before and after it
+    agg = RankAggregator(0, Settings(warmup_iterations=0), 1000.0)
+    agg.begin_session(1000.0, 0)
+    agg.end_session(50 * MS)
+    assert summary._framework_loop_lines(agg, 1) == []
+    agg.begin_session(1003.0, 0)
+    agg.sessions[-1].loop_start_ns, agg.sessions[-1].loop_end_ns = 10 * MS, 60 * MS
+    agg.end_session(80 * MS)
+    assert agg.framework_loop_s() == pytest.approx((0.08, 0.05, 0.01, 0.02, 1))
+    lines = summary._framework_loop_lines(agg, 2)
+    assert lines[0].startswith("Training 0.08 s (the 1 of 2 sessions that sent it) = ")
+    assert "own training loop 0.05 s" in lines[0]
+    assert lines[1].startswith("  + 0.01 s before that loop began")
+    assert lines[2].startswith("  + 0.02 s after it ended")
+    again = RankAggregator(0, Settings(), 1000.0)
+    state.load_rank(again, json.loads(json.dumps(state.rank_state(agg))))
+    assert again.framework_loop_s() == agg.framework_loop_s()

@@ -176,9 +176,16 @@ def main() -> None:
         optimizers=optimizers,
         callbacks=[callback, *([KillAtStep(args.kill_at_step)] if args.kill_at_step else [])],
     )
-    trainer.train(resume_from_checkpoint=True if args.resume else None)
+    output = trainer.train(resume_from_checkpoint=True if args.resume else None)
     with open(args.truth, "w") as handle:
-        json.dump({**truth.seconds, "on_train_begin": callback.begin_s}, handle)
+        json.dump(
+            {
+                **truth.seconds,
+                "on_train_begin": callback.begin_s,
+                "train_runtime": output.metrics["train_runtime"],
+            },
+            handle,
+        )
 
 
 if __name__ == "__main__":
