@@ -142,8 +142,9 @@ def section(
         f"{py_us:.2f} µs and {frames[PY_STEP]:.2f} frames (Python / C per repeat: median "
         f"{statistics.median(ratios):.2f}×); noise floor (|A − A'|, median): "
         f"{floor_us:.2f} µs",
-        "- the C step's remaining frames are the batch size reader's "
-        "(`markers.batches.BatchSizes.seen` and the shape read it calls)",
+        "- the C step's remaining frames are its flushes' (one message every 1024 slots); "
+        "the Python step's: the step, the batch size reader (two), the step end, the "
+        "loop record and next context (three), the data loading slot",
         f"- records the markers could not send during this benchmark: {dropped}",
         "",
     ]

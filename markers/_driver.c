@@ -16,7 +16,10 @@
  *     Python method.
  *   then: batch = next(iterator) (exhausted: self._exhausted(), StopIteration); the data
  *     loading slot (RecordBuffer.record); seen(validation, counts[validation],
- *     iteration.batches, batch); _fetched_n/_fetched_flushes = buffer.n/flushes.
+ *     iteration.batches, batch), whose common case is here: a batch whose size reads
+ *     directly (markers.batches.batch_size's fast path) as the size in force only
+ *     notes itself as the batch read last; _fetched_n/_fetched_flushes =
+ *     buffer.n/flushes.
  *   Any error after _begin: self._failed() (Python), then the error goes on.
  */
 #include "_speedups.h"
@@ -27,7 +30,7 @@ enum { NEW = 0, RUNNING = 1, DONE = 2 }; /* markers.driver's states */
 
 typedef struct {
     PyObject_HEAD
-    PyObject *buffer, *counts, *iteration, *iterator, *loader, *model, *prepare, *seen;
+    PyObject *buffer, *counts, *iteration, *iterator, *loader, *model, *prepare, *seen, *sizes;
     long long check_every, fetched_flushes, fetched_n, loading, loop_id, per_iteration;
     long long start_ns, state;
     char suspended, validation;
@@ -36,7 +39,7 @@ typedef struct {
 static PyObject *str_begin, *str_exhausted, *str_failed, *str_net_batches, *str_open,
     *str_batches, *str_start_ns, *str_excluded_ns, *str_context, *str_recorded,
     *str_model_context, *str_left, *str_suspended, *str_epoch, *str_contexts,
-    *str_sent_since_context, *str_flushes;
+    *str_sent_since_context, *str_flushes, *str_shape, *str_read, *str_sized;
 
 static int
 Driver_traverse(DriverObject *self, visitproc visit, void *arg)
@@ -50,6 +53,7 @@ Driver_traverse(DriverObject *self, visitproc visit, void *arg)
     Py_VISIT(self->model);
     Py_VISIT(self->prepare);
     Py_VISIT(self->seen);
+    Py_VISIT(self->sizes);
     return 0;
 }
 
@@ -64,6 +68,7 @@ Driver_clear(DriverObject *self)
     Py_CLEAR(self->model);
     Py_CLEAR(self->prepare);
     Py_CLEAR(self->seen);
+    Py_CLEAR(self->sizes);
     return 0;
 }
 
@@ -329,6 +334,117 @@ step_end(DriverObject *self)
     return 0;
 }
 
+/* The first dimension of ``item``'s ``shape`` into *size when it is a non-empty tuple
+ * starting with an int and *size is 0 or that same dimension: 1; else 0 (not a shape,
+ * or a disagreement); -1 with an exception. */
+static int
+agreeing_dim(PyObject *item, long long *size)
+{
+    PyObject *shape = PyObject_GetAttr(item, str_shape);
+    if (shape == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            return -1;
+        }
+        PyErr_Clear();
+        return 0;
+    }
+    int found = 0;
+    if (PyTuple_Check(shape) && PyTuple_GET_SIZE(shape) > 0 &&
+        PyLong_CheckExact(PyTuple_GET_ITEM(shape, 0))) {
+        long long dim = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, 0));
+        if (dim == -1 && PyErr_Occurred()) {
+            Py_DECREF(shape);
+            return -1;
+        }
+        found = *size == 0 ? dim > 0 : dim == *size;
+        if (found) {
+            *size = dim;
+        }
+    }
+    Py_DECREF(shape);
+    return found;
+}
+
+/* markers.batches.batch_size's direct read: a tensor, or a tuple, list or dict of
+ * tensors, every first dimension the same: that size (> 0); 0 when it takes the
+ * general reader (or the size is 0); -1 with an exception. */
+static long long
+direct_size(PyObject *batch)
+{
+    long long size = 0;
+    PyTypeObject *kind = Py_TYPE(batch);
+    if (kind == &PyDict_Type) {
+        Py_ssize_t at = 0;
+        PyObject *key, *value;
+        while (PyDict_Next(batch, &at, &key, &value)) {
+            Py_INCREF(value);
+            int found = agreeing_dim(value, &size);
+            Py_DECREF(value);
+            if (found != 1) {
+                return found;
+            }
+        }
+        return size;
+    }
+    if (kind == &PyTuple_Type || kind == &PyList_Type) {
+        for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(batch); i++) {
+            PyObject *item = Py_NewRef(PySequence_Fast_GET_ITEM(batch, i));
+            int found = agreeing_dim(item, &size);
+            Py_DECREF(item);
+            if (found != 1) {
+                return found;
+            }
+        }
+        return size;
+    }
+    int found = agreeing_dim(batch, &size);
+    return found == 1 ? size : found;
+}
+
+/* BatchSizes.seen's case of a batch read directly whose size is the one in force: only
+ * the batch read last is noted (nothing to send). 1 when it was that case, 0 when
+ * BatchSizes.seen must read it, -1 with an exception. */
+static int
+same_size_seen(DriverObject *self, PyObject *batch, PyObject *counted, PyObject *position)
+{
+    if (self->sizes == NULL || self->sizes == Py_None) {
+        return 0;
+    }
+    long long size = direct_size(batch);
+    if (size <= 0) {
+        return (int)size;
+    }
+    PyObject *read = PyObject_GetAttr(self->sizes, str_read);
+    if (read == NULL) {
+        return -1;
+    }
+    PyObject *in_force = PyList_Check(read) && PyList_GET_SIZE(read) == 2
+                             ? PyList_GET_ITEM(read, (Py_ssize_t)self->validation)
+                             : NULL;
+    int same = in_force != NULL && PyLong_CheckExact(in_force) &&
+               PyLong_AsLongLong(in_force) == size;
+    Py_DECREF(read);
+    if (!same) {
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    PyObject *sized = PyObject_GetAttr(self->sizes, str_sized);
+    if (sized == NULL) {
+        return -1;
+    }
+    int status = -1;
+    if (!PyList_Check(sized) || PyList_GET_SIZE(sized) != 2) {
+        PyErr_SetString(PyExc_TypeError, "the batch sizes' last read is no list of two");
+    }
+    else {
+        PyObject *where = PyTuple_Pack(2, counted, position);
+        if (where != NULL) {
+            status = PyList_SetItem(sized, self->validation, where) == 0 ? 1 : -1;
+        }
+    }
+    Py_DECREF(sized);
+    return status;
+}
+
 /* The fetched batch: its data loading slot, its size read, the buffer noted. */
 static int
 batch_fetched(DriverObject *self, PyObject *batch)
@@ -353,14 +469,18 @@ batch_fetched(DriverObject *self, PyObject *batch)
         return -1;
     }
     Py_INCREF(counted);
-    PyObject *args[4] = {self->validation ? Py_True : Py_False, counted, position, batch};
-    PyObject *result = PyObject_Vectorcall(self->seen, args, 4, NULL);
+    int seen = same_size_seen(self, batch, counted, position);
+    if (seen == 0) {
+        PyObject *args[4] = {self->validation ? Py_True : Py_False, counted, position, batch};
+        PyObject *result = PyObject_Vectorcall(self->seen, args, 4, NULL);
+        Py_XDECREF(result);
+        seen = result == NULL ? -1 : 1;
+    }
     Py_DECREF(counted);
     Py_DECREF(position);
-    if (result == NULL) {
+    if (seen != 1) {
         return -1;
     }
-    Py_DECREF(result);
     long long n = buffer_int(self->buffer, str_n);
     if (n == -1 && PyErr_Occurred()) {
         return -1;
@@ -436,6 +556,7 @@ static PyMemberDef Driver_members[] = {
     {"_model", T_OBJECT, offsetof(DriverObject, model), 0, NULL},
     {"_prepare", T_OBJECT, offsetof(DriverObject, prepare), 0, NULL},
     {"_seen", T_OBJECT, offsetof(DriverObject, seen), 0, NULL},
+    {"_sizes", T_OBJECT, offsetof(DriverObject, sizes), 0, NULL},
     {"_check_every", T_LONGLONG, offsetof(DriverObject, check_every), 0, NULL},
     {"_fetched_flushes", T_LONGLONG, offsetof(DriverObject, fetched_flushes), 0, NULL},
     {"_fetched_n", T_LONGLONG, offsetof(DriverObject, fetched_n), 0, NULL},
@@ -493,6 +614,9 @@ add_driver(PyObject *module)
         {&str_contexts, "_contexts"},
         {&str_sent_since_context, "_sent_since_context"},
         {&str_flushes, "flushes"},
+        {&str_shape, "shape"},
+        {&str_read, "_read"},
+        {&str_sized, "_sized"},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         if (*names[i].slot == NULL) {

@@ -39,6 +39,7 @@ class DriverBase:
     _per_iteration: int
     _prepare: Any
     _seen: Any
+    _sizes: Any
     _start_ns: int
     _state: int
     _suspended: bool

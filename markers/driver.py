@@ -24,6 +24,7 @@ from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
 from markers import wire
+from markers.batches import BatchSizes
 from markers.buffer import RecordBuffer
 from markers.iteration import GPU_CHECK_EVERY, Iterations, OpenIteration
 from markers.phase import PURE_PYTHON_ENV
@@ -48,6 +49,7 @@ SLOTS = (
     "_per_iteration",  # batches in a whole iteration
     "_prepare",  # the Run's preparations at the first next (GPU timing, loader settings)
     "_seen",  # markers.batches.BatchSizes.seen
+    "_sizes",  # and its BatchSizes (the C step reads its common case itself)
     "_start_ns",  # when the fetch of the next batch began
     "_state",
     "_suspended",  # this validation loop suspended a training iteration
@@ -124,6 +126,7 @@ class LoopDriver(_Slots):
     _per_iteration: int
     _prepare: Callable[[Iterable[Any], bool], None]
     _seen: Callable[[bool, int, int, Any], None]
+    _sizes: BatchSizes
     _start_ns: int
     _state: int
     _suspended: bool
@@ -133,13 +136,14 @@ class LoopDriver(_Slots):
         self,
         model: Iterations,
         buffer: RecordBuffer,
-        seen: Callable[[bool, int, int, Any], None],
+        sizes: BatchSizes,
         loader: Iterable[Any],
         validation: bool,
         per_iteration: int,
         prepare: Callable[[Iterable[Any], bool], None],
     ) -> None:
-        self._model, self._buffer, self._seen = model, buffer, seen
+        self._model, self._buffer = model, buffer
+        self._sizes, self._seen = sizes, sizes.seen
         self._loader, self._iterator, self._iteration = loader, None, None
         self._validation = validation
         self._per_iteration = per_iteration

@@ -420,7 +420,7 @@ class Run:
         return Driver(
             self._iter,
             self._buffer,
-            self._sizes.seen,
+            self._sizes,
             loader,
             validation,
             1 if validation else self._accumulation,

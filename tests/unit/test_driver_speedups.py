@@ -47,13 +47,17 @@ def wired_run(tmp_path: Path, name: str, accumulation: int) -> tuple[Run, Sender
     return Run(sender, hello, monitored=True), sender, router
 
 
-def sent(run: Run, router: zmq.Socket) -> list[dict[str, int]]:
-    """Every record the run sent, decoded, in order."""
+def sent(run: Run, router: zmq.Socket) -> list[dict[str, Any]]:
+    """Every record the run sent, decoded, and its batch size controls, in order."""
     run._buffer.flush()
-    out = []
+    out: list[dict[str, Any]] = []
     while router.poll(300):
         _, frame = router.recv_multipart()
-        if wire.decode_header(frame).kind == wire.KIND_RECORDS:
+        if wire.decode_header(frame).kind == wire.KIND_CONTROL:
+            control = wire.decode_control(frame)
+            if control["type"] == wire.BATCH_SIZE:
+                out.append(control)
+        elif wire.decode_header(frame).kind == wire.KIND_RECORDS:
             values = wire.decode_records(frame)
             out += [
                 dict(zip(wire.RECORD_FIELDS, values[i : i + wire.RECORD_WIDTH], strict=True))
@@ -83,8 +87,9 @@ def play(
         sender.close()
         router.close(linger=0)
     for record in records:
-        assert before_ns <= record["start_ns"] <= record["end_ns"] <= after_ns, record
-    loading = [r["start_ns"] for r in records if r["phase"] == wire.TRAINING_DATA_LOADING]
+        if "start_ns" in record:
+            assert before_ns <= record["start_ns"] <= record["end_ns"] <= after_ns, record
+    loading = [r["start_ns"] for r in records if r.get("phase") == wire.TRAINING_DATA_LOADING]
     assert loading == sorted(loading)
     return [{k: v for k, v in r.items() if k not in TIMES} for r in records]
 
@@ -112,8 +117,22 @@ def normal(run: Run) -> None:
 
 
 def shaped(run: Run) -> None:
+    # Sizes read directly (the C step's own case) and changing: 2, 2, 1, 3, then a batch
+    # the direct read cannot tell (fields disagree) and one of size 0.
+    loader = [
+        Shape(2),
+        (Shape(2), Shape(2)),
+        {"x": Shape(1), "y": Shape(1)},
+        [Shape(3)],
+        (Shape(3), Shape(4)),
+        Shape(0),
+        Shape(3),
+    ]
     with run.epoch():
-        for _ in run.train_batches([Shape(2), Shape(2), Shape(1)]):
+        for _ in run.train_batches(loader):
+            body(run)
+    with run.epoch():
+        for _ in run.train_batches([Shape(3), Shape(3)]):  # a new loop, the same size
             body(run)
 
 
@@ -212,14 +231,14 @@ def test_compiled_and_pure_drivers_write_the_same_records(
     scenario, accumulation = SCENARIOS[name]
     pure, compiled = (play(tmp_path, monkeypatch, kind, scenario, accumulation) for kind in DRIVERS)
     assert compiled == pure
-    assert any(r["phase"] == wire.TRAINING_LOOP for r in pure) or name == "empty"
+    assert any(r.get("phase") == wire.TRAINING_LOOP for r in pure) or name == "empty"
 
 
 def loops(records: list[dict[str, int]]) -> list[tuple[int, int, int]]:
     return [
         (r["iteration"], r["flags"], r["batches"])
         for r in records
-        if r["phase"] == wire.TRAINING_LOOP
+        if r.get("phase") == wire.TRAINING_LOOP
     ]
 
 
@@ -232,7 +251,7 @@ def test_each_driver_writes_the_loops_spelled_out(
     # 5 batches, 2 a step: two whole steps and a shorter last one.
     records = play(tmp_path, monkeypatch, kind, normal, 2)
     assert loops(records) == [(0, IN_ITERATION, 2), (1, IN_ITERATION, 2), (2, IN_ITERATION, 1)]
-    loading = [r for r in records if r["phase"] == wire.TRAINING_DATA_LOADING]
+    loading = [r for r in records if r.get("phase") == wire.TRAINING_DATA_LOADING]
     assert [(r["iteration"], r["flags"]) for r in loading] == [
         (0, IN_ITERATION),
         (0, IN_ITERATION),
@@ -250,6 +269,14 @@ def test_each_driver_writes_the_loops_spelled_out(
     records = play(tmp_path, monkeypatch, kind, broken, 2)
     assert loops(records) == [(0, IN_ITERATION, 2), (1, IN_ITERATION, 1), (2, IN_ITERATION, 2)]
     assert loops(play(tmp_path, monkeypatch, kind, empty, 1)) == []
+    sizes = [
+        (r["value"], r["iteration"], r["position"])
+        for r in play(tmp_path, monkeypatch, kind, shaped, 1)
+        if r.get("type") == wire.BATCH_SIZE
+    ]
+    # 2 given in the hello: sent when it changes, naming where from; fields that disagree
+    # (iteration 4) and a size of 0 (iteration 5) read as the given size
+    assert sizes == [(1, 2, 0), (3, 3, 0), (2, 4, 0), (3, 6, 0)]
     long = loops(play(tmp_path, monkeypatch, kind, long_loop, 1))
     assert long == [(i, IN_ITERATION, 1) for i in range(FLUSH_RECORDS // 2 + 150)]
 
