@@ -124,7 +124,7 @@ def headline_rows(figures: dict[str, dict[str, Any]]) -> list[str]:
             "≤ 2×",
         ),
         (
-            "loop driver step, C / Python: µs per step warm (frames per step)",
+            "loop driver step, C / Python: µs CPU per step warm (frames per step)",
             f"{_fmt(figures, 'driver_step', 'driver_c_us', lambda v: f'{v:.2f} µs')} "
             f"({_fmt(figures, 'driver_step', 'driver_c_frames', lambda v: f'{v:.1f}')}) / "
             f"{_fmt(figures, 'driver_step', 'driver_py_us', lambda v: f'{v:.2f} µs')} "
