@@ -1,8 +1,18 @@
 """The one thing pyproject.toml cannot say without an experimental table: the markers'
-optional C accelerator (markers/_speedups.c). ``optional=True``: without a compiler or
-the Python headers the build is skipped with a warning, the install goes on, and
-markers.phase uses its pure-Python markers (markers.phase.ACCELERATED is then False)."""
+optional C accelerator (markers/_speedups.c, markers/_driver.c). ``optional=True``: without
+a compiler or the Python headers the build is skipped with a warning, the install goes on,
+and markers.phase and markers.driver use their pure-Python paths (their ACCELERATED is
+then False)."""
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("markers._speedups", ["markers/_speedups.c"], optional=True)])
+setup(
+    ext_modules=[
+        Extension(
+            "markers._speedups",
+            ["markers/_speedups.c", "markers/_driver.c"],
+            depends=["markers/_speedups.h"],
+            optional=True,
+        )
+    ]
+)

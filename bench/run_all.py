@@ -1,13 +1,13 @@
 """Every benchmark in one command: ``python bench/run_all.py`` (under 15 minutes here).
 
 Runs each benchmark script in a fresh process, in this order, each replacing its own
-section of bench/RESULTS.md: marker cost, end to end, sidecar ingest and memory, write
-time vs cap, checkpoint cost, sampler cost, NVML round, the sidecar's CPU footprint,
-``instrument()`` overhead, CURVE cost, report
-scale, GPU overhead (only where CUDA exists; elsewhere its section says plainly that it
-was not run). Then it writes ``## Summary`` at the top: the machine, the load before and
-after (the machine is shared), each benchmark's wall time and exit status, and the
-headline figures the README quotes, against their targets.
+section of bench/RESULTS.md: marker cost, loop driver step, end to end, sidecar ingest
+and memory, write time vs cap, checkpoint cost, sampler cost, NVML round, the sidecar's
+CPU footprint, ``instrument()`` overhead, CURVE cost, report scale, exports cost, GPU
+overhead (only where CUDA exists; elsewhere its section says plainly that it was not
+run). Then it writes ``## Summary`` at the top: the machine, the load before and after
+(the machine is shared), each benchmark's wall time and exit status, and the headline
+figures the README quotes, against their targets.
 A benchmark that fails leaves its previous section alone and is marked failed here.
 """
 
@@ -36,6 +36,7 @@ BENCH_TIMEOUT_S = 600
 # on a 2-core machine that is not overloaded.
 BENCHMARKS: list[tuple[str, list[str]]] = [
     ("markers_overhead.py", []),
+    ("driver_step.py", []),
     ("end_to_end.py", []),
     ("ingest.py", []),
     ("write_cap.py", []),
@@ -124,6 +125,14 @@ def headline_rows(figures: dict[str, dict[str, Any]]) -> list[str]:
             f"{_fmt(figures, 'markers_overhead', 'layouts_min', ratio)}…"
             f"{_fmt(figures, 'markers_overhead', 'layouts_max', ratio)}",
             "≤ 2×",
+        ),
+        (
+            "loop driver step, C / Python: µs CPU per step warm (frames per step)",
+            f"{_fmt(figures, 'driver_step', 'driver_c_us', lambda v: f'{v:.2f} µs')} "
+            f"({_fmt(figures, 'driver_step', 'driver_c_frames', lambda v: f'{v:.1f}')}) / "
+            f"{_fmt(figures, 'driver_step', 'driver_py_us', lambda v: f'{v:.2f} µs')} "
+            f"({_fmt(figures, 'driver_step', 'driver_py_frames', lambda v: f'{v:.1f}')})",
+            "",
         ),
         (
             "MLP step: ours vs unmonitored (one thread, tools table)",

@@ -18,40 +18,7 @@
  * A heap type (PyType_FromSpec) so that Python subclasses of it can swap __class__
  * (PhaseTable.use_gpu turns a Phase into a GpuPhase and back).
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <structmember.h>
-#include <string.h>
-
-#if PY_BIG_ENDIAN
-#error "markers._speedups writes little-endian slots with native stores"
-#endif
-
-#if defined(__linux__)
-#include <time.h>
-#elif PY_VERSION_HEX < 0x030D0000
-#error "markers._speedups: no perf_counter_ns clock on this platform before Python 3.13"
-#endif
-
-/* time.perf_counter_ns(); -1 with an exception set on failure. */
-static inline long long
-now_ns(void)
-{
-#if defined(__linux__)
-    struct timespec ts;
-    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0) {
-        PyErr_SetFromErrno(PyExc_OSError);
-        return -1;
-    }
-    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-#else
-    PyTime_t t;
-    if (PyTime_PerfCounterRaw(&t) != 0) {
-        return -1;
-    }
-    return (long long)t;
-#endif
-}
+#include "_speedups.h"
 
 typedef struct {
     PyObject_HEAD
@@ -64,7 +31,7 @@ typedef struct {
 
 /* Attribute and method names, interned once for the process: module state would cost a
  * lookup per call (hence the module declines subinterpreters, see speedups_slots). */
-static PyObject *str_n, *str_slots, *str_flush_at, *str_deadline_ns, *str_flush;
+PyObject *str_n, *str_slots, *str_flush_at, *str_deadline_ns, *str_flush;
 static PyObject *str_enter, *str_exit;
 
 static int
@@ -109,8 +76,7 @@ Phase_dealloc(PhaseObject *self)
     Py_DECREF(type);
 }
 
-/* An integer attribute of the buffer as a C long long; -1 with an exception on error. */
-static long long
+long long
 buffer_int(PyObject *buffer, PyObject *name)
 {
     PyObject *value = PyObject_GetAttr(buffer, name);
@@ -137,10 +103,15 @@ Phase_enter(PhaseObject *self, PyObject *Py_UNUSED(ignored))
     return Py_NewRef(self);
 }
 
-/* Pack (id, start, end) at slot offset n of buffer.slots; the array is acquired for this
- * write only, as the buffer may grow it between two phases. */
-static int
+int
 pack_slot(PyObject *buffer, long long n, long long id, long long start, long long end)
+{
+    const long long values[3] = {id, start, end};
+    return pack_values(buffer, n, values, 3);
+}
+
+int
+pack_values(PyObject *buffer, long long n, const long long *values, long long count)
 {
     PyObject *slots = PyObject_GetAttr(buffer, str_slots);
     if (slots == NULL) {
@@ -152,16 +123,63 @@ pack_slot(PyObject *buffer, long long n, long long id, long long start, long lon
     if (status != 0) {
         return -1;
     }
-    const long long values[3] = {id, start, end};
-    if (n < 0 || n > (long long)(view.len / 8) - 3) {
+    if (n < 0 || n > (long long)(view.len / 8) - count) {
         PyErr_Format(PyExc_IndexError,
-                     "phase slot at %lld out of the buffer's %zd values", n, view.len / 8);
+                     "slot at %lld out of the buffer's %zd values", n, view.len / 8);
         PyBuffer_Release(&view);
         return -1;
     }
-    memcpy((char *)view.buf + n * 8, values, sizeof values);
+    memcpy((char *)view.buf + n * 8, values, (size_t)count * 8);
     PyBuffer_Release(&view);
     return 0;
+}
+
+int
+record_slot(PyObject *buffer, long long id, long long start, long long end)
+{
+    long long n = buffer_int(buffer, str_n);
+    if (n == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (pack_slot(buffer, n, id, start, end) != 0) {
+        return -1;
+    }
+    n += 3;
+    if (set_int(buffer, str_n, n) != 0) {
+        return -1;
+    }
+    long long flush_at = buffer_int(buffer, str_flush_at);
+    if (flush_at == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    int due = n >= flush_at;
+    if (!due) {
+        long long deadline_ns = buffer_int(buffer, str_deadline_ns);
+        if (deadline_ns == -1 && PyErr_Occurred()) {
+            return -1;
+        }
+        due = end >= deadline_ns;
+    }
+    if (due) {
+        PyObject *result = PyObject_CallMethodNoArgs(buffer, str_flush);
+        if (result == NULL) {
+            return -1;
+        }
+        Py_DECREF(result);
+    }
+    return 0;
+}
+
+int
+set_int(PyObject *obj, PyObject *name, long long value)
+{
+    PyObject *number = PyLong_FromLongLong(value);
+    if (number == NULL) {
+        return -1;
+    }
+    int status = PyObject_SetAttr(obj, name, number);
+    Py_DECREF(number);
+    return status;
 }
 
 static PyObject *
@@ -180,39 +198,10 @@ Phase_exit_impl(PhaseObject *self)
         PyErr_SetString(PyExc_AttributeError, "_buffer");
         return NULL;
     }
-    long long n = buffer_int(buffer, str_n);
-    if (n == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    if (pack_slot(buffer, n, self->id, self->start, end) != 0) {
-        return NULL;
-    }
-    n += 3;
-    PyObject *new_n = PyLong_FromLongLong(n);
-    if (new_n == NULL) {
-        return NULL;
-    }
-    int status = PyObject_SetAttr(buffer, str_n, new_n);
-    Py_DECREF(new_n);
-    if (status != 0) {
+    if (record_slot(buffer, self->id, self->start, end) != 0) {
         return NULL;
     }
     self->start = 0;
-    long long flush_at = buffer_int(buffer, str_flush_at);
-    if (flush_at == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    int due = n >= flush_at;
-    if (!due) {
-        long long deadline_ns = buffer_int(buffer, str_deadline_ns);
-        if (deadline_ns == -1 && PyErr_Occurred()) {
-            return NULL;
-        }
-        due = end >= deadline_ns;
-    }
-    if (due) {
-        return PyObject_CallMethodNoArgs(buffer, str_flush);
-    }
     Py_RETURN_NONE;
 }
 
@@ -343,7 +332,10 @@ speedups_exec(PyObject *module)
     }
     int status = PyModule_AddObjectRef(module, "PhaseBase", type);
     Py_DECREF(type);
-    return status;
+    if (status != 0) {
+        return -1;
+    }
+    return add_driver(module);
 }
 
 static PyModuleDef_Slot speedups_slots[] = {
@@ -358,7 +350,8 @@ static PyModuleDef_Slot speedups_slots[] = {
 static struct PyModuleDef speedups_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "markers._speedups",
-    .m_doc = "The phase marker's hot path in C (markers.phase uses it when importable).",
+    .m_doc = "The phase marker's and the loop driver's hot paths in C (markers.phase and "
+             "markers.driver use them when importable).",
     .m_size = 0,
     .m_slots = speedups_slots,
 };

@@ -19,3 +19,29 @@ class PhaseBase:
     def __exit__(self, exc_type: object, exc: object, traceback: object, /) -> None: ...
     def begin(self) -> None: ...
     def end(self) -> None: ...
+
+BATCHES_SHIFT: int  # the loop slot's batch count shift it was built with (markers.wire)
+
+class DriverBase:
+    """What ``markers.driver.PureStep`` does, in C: a loop driver's step."""
+
+    _buffer: Any
+    _check_every: int
+    _counts: Any
+    _fetched_flushes: int
+    _fetched_n: int
+    _iteration: Any
+    _iterator: Any
+    _loader: Any
+    _loading: int
+    _loop_id: int
+    _model: Any
+    _per_iteration: int
+    _prepare: Any
+    _seen: Any
+    _sizes: Any
+    _start_ns: int
+    _state: int
+    _suspended: bool
+    _validation: bool
+    def __next__(self) -> Any: ...

@@ -177,14 +177,18 @@ class _Hooks:
 
         from markers import wraps
 
-        # Checking ``is_compiling`` costs ~0.1 µs a call; ``torch.compiler.disable`` around
-        # every hook cost ~10 µs a step. The call wrappers check it once per call.
-        self._is_compiling = torch.compiler.is_compiling
+        # Checking whether Dynamo traces a hook costs one frame a call (``wraps.compile_check``);
+        # ``torch.compiler.disable`` around every hook cost ~10 µs a step. The call wrappers
+        # check it once per call.
+        self._dynamo, self._flags = wraps.compile_check()
         self._get_ident = threading.get_ident
         self._thread = threading.get_ident()  # instrument()'s: the training loop's
         self._told_thread = False
         self._grad_enabled = torch.is_grad_enabled
         self._run = run
+        # The run's iteration model, driven directly on the hot path: each of Run's
+        # one-line primitives would be one more frame a call (~10 a step).
+        self._model = run._iter
         self._forward = run.phase("forward")
         self._backward = run.phase("backward")
         self._optimization = run.phase("optimization")
@@ -316,7 +320,7 @@ class _Hooks:
     def _forward_pre(
         self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
-        if self._is_compiling():
+        if self._dynamo() or self._flags._is_compiling_flag:
             self._traced = True  # replayed by Dynamo after each call of the graph
             return
         if self._failed:
@@ -330,7 +334,8 @@ class _Hooks:
                 return
             now_ns = perf_counter_ns()
             run = self._run
-            opened = run.iteration
+            it = self._model.open  # as run.iteration, inline
+            opened = None if it is None else (it.validation, it.start_ns)
             if opened is not None and opened != self._owned:
                 # A loop driver owns the iteration: stamp the phase only.
                 evaluation = opened[0] or run.in_validation or not module.training
@@ -351,7 +356,8 @@ class _Hooks:
                     self._marker.__enter__()
                     return
                 elif self._owned is None:
-                    self._undecided = [max(self._last_ns, run.last_boundary_ns), now_ns, 0, batch]
+                    start_ns = max(self._last_ns, self._model.boundary_ns)
+                    self._undecided = [start_ns, now_ns, 0, batch]
                 self._begin_training_forward(now_ns, batch)
                 self._marker = self._forward
             else:
@@ -362,7 +368,12 @@ class _Hooks:
             self._fail(exc)
 
     def _forward_post(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        if self._failed or self._is_compiling() or self._get_ident() != self._thread:
+        if (
+            self._failed
+            or self._dynamo()
+            or self._flags._is_compiling_flag
+            or self._get_ident() != self._thread
+        ):
             return
         try:
             self._depth -= 1
@@ -436,7 +447,7 @@ class _Hooks:
         self._last_eval_mode = not module.training
 
     def _is_training(self, module: torch.nn.Module) -> bool:
-        if not module.training or self._run.in_validation:
+        if not module.training or self._model.in_validation:
             return False
         if self._grad_enabled():
             return True
@@ -446,8 +457,8 @@ class _Hooks:
         return self._state == _TRAIN or (self._state == _VAL and self._last_eval_mode)
 
     def _begin_training_forward(self, now_ns: int, batch: Any) -> None:
-        run = self._run
-        boundary = run.last_boundary_ns
+        model = self._model
+        boundary = model.boundary_ns
         owned = self._owned
         if owned is not None and (
             owned[0]
@@ -463,13 +474,14 @@ class _Hooks:
         if first:
             start = max(self._last_ns, boundary)
             # Whole only at its step: micro-batches left at an epoch's end never stepped.
-            run.begin_iteration(False, start, explicit_end=True)
+            model.begin_iteration(False, start, explicit_end=True)
             self._owned = (False, start)  # what run.iteration now says
         if first or self._after_backward:  # a new batch reached the model
             if self._batch_pending:
-                self._count_batch()
+                self._batch_pending = False
+                model.batch_done()
             self._batch_pending = True
-            run.data_loaded(max(self._last_ns, boundary), now_ns)
+            model.data_loaded(max(self._last_ns, boundary), now_ns)
             # Every batch counts (a short one inside an accumulation step too). One
             # tensor with the first dimension of the last one read has the same size:
             # nothing to read (most batches). Anything else is read.
@@ -477,7 +489,7 @@ class _Hooks:
             shape = getattr(one, "shape", None)
             dim = shape[0] if shape else None
             if dim is None or dim != self._read_dim:
-                run.batch_seen(False, batch)
+                self._run.batch_seen(False, batch)
                 self._read_dim = dim
         self._after_backward = False
         self._state = _TRAIN
@@ -544,7 +556,8 @@ class _Hooks:
             self._pending_backward = True
             # Counted now, not at the step: micro-batches that never step count too.
             if self._batch_pending:
-                self._count_batch()
+                self._batch_pending = False
+                self._model.batch_done()
             probe = self._probe
             if probe is None or probe.grad is None:
                 self._probe = next((p for p in self._parameters if p.grad is not None), None)
@@ -605,10 +618,19 @@ class _Hooks:
             if boundary is not None and optimizer is not boundary:
                 return  # a GAN's discriminator step: the iteration goes on
             owned = self._owned
-            if owned is not None and not owned[0] and self._run.iteration == owned:
+            model = self._model
+            it = model.open  # run.iteration == owned, inline
+            if (
+                owned is not None
+                and not owned[0]
+                and it is not None
+                and not it.validation
+                and it.start_ns == owned[1]
+            ):
                 if self._batch_pending:
-                    self._count_batch()
-                self._run.end_iteration(now_ns)
+                    self._batch_pending = False
+                    model.batch_done()
+                model.end_iteration(now_ns)
             self._owned = None
             self._batch_pending = False
         except Exception as exc:  # never into the training loop
@@ -648,9 +670,9 @@ class _Hooks:
         return ours
 
     def _global_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if not self._is_compiling() and self._is_ours(optimizer):
+        if not (self._dynamo() or self._flags._is_compiling_flag) and self._is_ours(optimizer):
             self.step_begin(optimizer)
 
     def _global_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if not self._is_compiling() and self._is_ours(optimizer):
+        if not (self._dynamo() or self._flags._is_compiling_flag) and self._is_ours(optimizer):
             self.step_end(optimizer)

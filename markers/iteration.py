@@ -11,7 +11,7 @@ How an iteration ends, one verb each:
 
 * ``end_iteration``: whole, now (its loop record);
 * ``end_full_step``: a loop driver's step held all its batches: whole, and the next
-  iteration begins at once (the one call a step of ``markers.run.Run._batches``);
+  iteration begins at once (the one call a step of the loop driver, ``markers.driver``);
 * ``cut_open``: cut short now (flagged incomplete, or forgotten when nothing names it);
 * ``defer_left_loop``: a loop was left; whole or cut is decided later by
   ``settle_left_loops``, at the next primitive (cut when an exception reached it);

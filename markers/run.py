@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 from markers import forks, wire
 from markers.batches import BatchSizes
 from markers.buffer import GPU_DRAIN_S, RecordBuffer
+from markers.driver import Driver
 from markers.exits import describe, exit_outcome, exit_status_failed, is_interactive
-from markers.iteration import Iterations, OpenIteration, Span
+from markers.iteration import Iterations, Span
 from markers.loaders import loader_control
 from markers.phase import NULL_PHASE, GpuPhase, NullPhase, Phase, PhaseTable
 from markers.transport import Sender
@@ -429,71 +430,24 @@ class Run:
     # -- loop drivers ---------------------------------------------------------------
 
     def _batches(self, loader: Iterable[Any], validation: bool) -> Iterator[Any]:
-        """The loop driver: an iteration begins before its first batch is fetched (phases
-        timed inside the loader belong to the batch it loads) and ends after its last
-        batch (``accumulation_steps`` for training) or where the loop is left."""
-        per_iteration = 1 if validation else self._accumulation
-        model = self._iter
-        suspended = validation and model.suspend(perf_counter_ns())
-        self._open_gpu()  # CUDA may have come up since the last loop
+        """The loop driver over ``loader`` (``markers.driver``)."""
+        return Driver(
+            self._iter,
+            self._buffer,
+            self._sizes,
+            loader,
+            validation,
+            1 if validation else self._accumulation,
+            self._prepare_loop,
+        )
+
+    def _prepare_loop(self, loader: Iterable[Any], validation: bool) -> None:
+        """At a loop's first batch: CUDA may have come up since the last loop; the
+        loader's settings go to the report's advice on input-bound steps."""
+        self._open_gpu()
         settings = loader_control(loader, validation)
-        if settings is not None:  # the report's advice on input-bound steps
+        if settings is not None:
             self._sender.send_control(settings)
-        iterator = iter(loader)
-        iteration: OpenIteration | None = None  # the iteration this loop has open
-        buffer = self._buffer
-        # The steady state is the hot path: its calls are looked up once, the data loading
-        # phase is recorded directly (``Iterations.data_loaded`` asks the open iteration's
-        # kind, which is this loop's).
-        record, seen, counts = buffer.record, self._sizes.seen, model.counts
-        loading = wire.VALIDATION_DATA_LOADING if validation else wire.TRAINING_DATA_LOADING
-        fetched: tuple[int, int] | None = None  # the buffer when a yielded batch was fetched
-        try:
-            start_ns = perf_counter_ns()
-            iteration = model.begin_iteration(validation, start_ns)
-            while True:
-                try:
-                    batch = next(iterator)
-                except StopIteration:
-                    break
-                record(loading, start_ns, perf_counter_ns())
-                seen(validation, counts[validation], iteration.batches, batch)
-                fetched = (buffer.n, buffer.flushes)
-                yield batch
-                fetched = None
-                model.batch_done()
-                start_ns = perf_counter_ns()
-                if iteration.batches == per_iteration:  # the next begins where this one ends
-                    iteration = model.end_full_step(iteration, start_ns)
-            if iteration is model.open:
-                # The last, shorter step ends where the fetch that found no batch began;
-                # a step with no batch is no iteration.
-                if iteration.batches:
-                    model.end_iteration(start_ns)
-                else:
-                    model.cut_open(start_ns)
-        except GeneratorExit:
-            # Left with ``break`` or by an exception in the loop body. The yielded batch went
-            # through the network when the body recorded anything after its fetch. An
-            # iteration holding a batch ends here, whole or cut short as the next
-            # primitive tells (an epoch, pass or run ending with an exception); one
-            # without (left before its batch was used) is cut short.
-            if fetched is not None and fetched != (buffer.n, buffer.flushes):
-                model.batch_done()
-            if iteration is not None and iteration is model.open:
-                if iteration.batches:
-                    model.defer_left_loop(perf_counter_ns())
-                else:
-                    model.cut_open(perf_counter_ns())
-            raise
-        except BaseException:
-            # The loader itself raised: the iteration it was fetching is cut short.
-            if iteration is not None and iteration is model.open:
-                model.cut_open(perf_counter_ns())
-            raise
-        finally:
-            if suspended:
-                model.resume(perf_counter_ns())
 
     def _before_fork(self) -> None:
         if not self._finished:

@@ -66,21 +66,33 @@ class _Patch:
             self._wrapper = self._original = None
 
 
-def _is_compiling() -> Callable[[], bool]:
-    """``torch.compiler.is_compiling`` (torch is imported by then): True while Dynamo
-    traces the caller (~0.1 µs a call)."""
+# Where torch lacks the two parts of the check below: never compiling by the flag.
+_NO_FLAG = types.SimpleNamespace(_is_compiling_flag=False)
+
+
+def compile_check() -> tuple[Callable[[], bool], Any]:
+    """``(dynamo, flags)`` for the check a hook inlines, ``dynamo() or
+    flags._is_compiling_flag``: what ``torch.compiler.is_compiling`` answers (True while
+    Dynamo traces the caller, or while a compile or an export runs), in one Python frame
+    where it takes two (it calls ``torch.jit.is_scripting``). Dynamo folds
+    ``is_dynamo_compiling`` to True where it traces the check; in eager code that
+    returns False and the flag is what ``is_compiling`` returns. A torch without them
+    gets ``is_compiling`` itself. torch is imported by then."""
     import torch.compiler
 
-    return torch.compiler.is_compiling
+    dynamo = getattr(torch.compiler, "is_dynamo_compiling", None)
+    if dynamo is None or not hasattr(torch.compiler, "_is_compiling_flag"):
+        return torch.compiler.is_compiling, _NO_FLAG
+    return dynamo, torch.compiler
 
 
 def _backward_wrapper(
     original: Callable[..., Any], listeners: list[Listener]
 ) -> Callable[..., Any]:
-    is_compiling = _is_compiling()
+    dynamo, flags = compile_check()
 
     def backward(*args: Any, **kwargs: Any) -> Any:
-        if not listeners or is_compiling():
+        if not listeners or dynamo() or flags._is_compiling_flag:
             return original(*args, **kwargs)
         for listener in listeners:
             listener.backward_begin()
@@ -96,10 +108,10 @@ def _backward_wrapper(
 def _scaler_step_wrapper(
     original: Callable[..., Any], listeners: list[Listener]
 ) -> Callable[..., Any]:
-    is_compiling = _is_compiling()
+    dynamo, flags = compile_check()
 
     def step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-        if not listeners or is_compiling():
+        if not listeners or dynamo() or flags._is_compiling_flag:
             return original(scaler, optimizer, *args, **kwargs)
         for listener in listeners:
             listener.scaler_step_begin(optimizer)
@@ -148,10 +160,10 @@ def wrap_step(
     previous = optimizer.step
     had_own = "step" in vars(optimizer)
     active = [True]
-    is_compiling = _is_compiling()
+    dynamo, flags = compile_check()
 
     def step(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not active[0] or is_compiling():
+        if not active[0] or dynamo() or flags._is_compiling_flag:
             return previous(*args, **kwargs)
         begin(self)
         try:
