@@ -41,13 +41,22 @@ def sidecar(folder: Path, *args: str) -> Iterator[tuple[str, subprocess.Popen[by
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdin=subprocess.DEVNULL,
     )
+    with serving(process, socket_file):
+        yield endpoint, process
+
+
+@contextmanager
+def serving(process: subprocess.Popen[bytes], socket_file: Path) -> Iterator[None]:
+    """Wait (at most 30 s) until the sidecar ``process`` listens on ``socket_file``;
+    stop it with SIGTERM on exit (SIGKILL after 60 s). Raises RuntimeError when it
+    exits or does not listen in time."""
     try:
         deadline = time.monotonic() + 30
         while not socket_file.exists():
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("the sidecar did not start")
             time.sleep(0.05)
-        yield endpoint, process
+        yield
     finally:
         process.send_signal(signal.SIGTERM)
         try:

@@ -98,6 +98,8 @@ def serve(code_root: str, endpoint: str, folder: str, interval_s: str) -> int:
 def sidecar(code_root: Path, folder: Path, interval_s: float) -> Any:
     """A sidecar on ``code_root``'s code listening in ``folder``, sampling every
     ``interval_s``; yields its Popen."""
+    from bench.common import serving  # this tree's bench (the parent; see main)
+
     socket_file = folder / "sidecar.sock"
     process = subprocess.Popen(
         [
@@ -112,20 +114,8 @@ def sidecar(code_root: Path, folder: Path, interval_s: float) -> Any:
         env={**os.environ, "PYTHONPATH": str(code_root)},
         stdin=subprocess.DEVNULL,
     )
-    try:
-        deadline = time.monotonic() + 30
-        while not socket_file.exists():
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the sidecar did not start")
-            time.sleep(0.05)
+    with serving(process, socket_file):
         yield process
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 # -- the job: ranks running a training loop ----------------------------------------------
