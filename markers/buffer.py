@@ -113,8 +113,7 @@ class RecordBuffer:
 
     def set_context(self, flags: int, epoch: int, iteration: int, batch: int) -> None:
         """The context of the phases that follow (iteration boundaries, epoch ends)."""
-        # wire.context_slot's packing, inline: twice a step of instrument()'s hooks.
-        tag = wire.TAG_CONTEXT | flags << 16 | epoch << 32
+        context = wire.context_slot(flags, epoch, iteration, batch)
         n = self.n
         contexts = self._contexts
         if contexts and contexts[-1] == n - _SLOTS:
@@ -123,7 +122,7 @@ class RecordBuffer:
         self._sent_since_context = False
         contexts.append(n)
         slots = self.slots
-        pack_slot(slots, n << 3, tag, iteration, batch)
+        pack_slot(slots, n << 3, *context)
         self.n = n + _SLOTS
         if len(slots) - self.n < 4 * _SLOTS:
             self._make_room()
