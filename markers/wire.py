@@ -377,8 +377,8 @@ def encode_control(header: bytes, body: dict[str, Any]) -> bytes:
     return header + json.dumps(body, separators=(",", ":")).encode()
 
 
-def decode_header(frame: bytes) -> Header:
-    """Parse and check the header of ``frame``.
+def decode_header(frame: bytes | memoryview) -> Header:
+    """Parse and check the header of ``frame`` (bytes, or a view of a receive buffer).
 
     Raises WireError with kind ``truncated``, ``malformed`` (bad magic or kind) or
     ``unknown_version``.

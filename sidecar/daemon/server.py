@@ -29,6 +29,7 @@ from sidecar.daemon.child_job import DEFAULT_NICE, Job, lower_priority
 from sidecar.daemon.deaths import DeathWatch
 from sidecar.daemon.derivations import Derivations
 from sidecar.daemon.dispatch import Dispatcher
+from sidecar.daemon.heap import Heap, glibc
 from sidecar.daemon.lifecycle import Lifecycle
 from sidecar.daemon.liveness import gone_cause, pid_alive
 from sidecar.daemon.ownership import Owners
@@ -89,7 +90,9 @@ class Server:
     Test seams are constructor parameters: ``open_gpus`` opens NVML (a fake on machines
     without a GPU), ``write_bytes`` puts bytes into an open file (a fake full disk), and
     ``hooks`` receive the lifecycle calls (sd_notify, exporters), ``viewers`` who sees which
-    runs in ``/metrics`` (the exporter's). ``job`` is the job of
+    runs in ``/metrics`` (the exporter's), ``heap`` the allocator's settings
+    (``sidecar.daemon.heap``: kept while records flow, given back when they pause).
+    ``job`` is the job of
     ``sidecar run`` once started (``serve``): the sidecar stops when it ends.
     """
 
@@ -101,8 +104,10 @@ class Server:
         open_gpus: Callable[..., Any] = open_nvml,
         write_bytes: WriteBytes | None = None,
         viewers: Viewers | None = None,
+        heap: Heap | None = None,
     ) -> None:
         self.config = config
+        self.heap = heap if heap is not None else Heap(glibc())
         self.job: Job | None = None
         self.hooks = list(hooks)
         self.access = Access(config.root, config.shared, viewers, config.allowed)
@@ -570,7 +575,12 @@ class Server:
         due (never waiting for a GPU), the periodic work, the hooks' snapshot."""
         wait_s = min(TICK_S, self.monitor.wait_s())
         # Rounded up: a wait of 0.4 ms read as 0 would spin until the round is due.
-        self.handle_all(self.receiver.read(math.ceil(wait_s * 1000)))
+        messages = self.receiver.read(math.ceil(wait_s * 1000))
+        if messages:
+            self.heap.used()
+            self.handle_all(messages)
+        else:  # nothing came in the wait: the pages the reads kept go back
+            self.heap.give_back()
         self.monitor.tick()
         self.tick(time.time())
         # At most every TICK_S: under a stream of small messages the loop turns
@@ -650,7 +660,8 @@ class Server:
 def serve(config: Config, command: list[str] | None = None, **seams: Any) -> int:
     """Run a sidecar; with ``command``, start it with SIDECAR_ENDPOINT (and
     SIDECAR_SECRET, when ``config`` has one) set and return its exit status once it ended
-    and everything is written. ``seams`` go to ``Server`` (hooks, open_gpus, write_bytes).
+    and everything is written. ``seams`` go to ``Server`` (hooks, open_gpus, write_bytes,
+    heap).
 
     Attached to a terminal (stdin is one), the job shares our process group
     (``sidecar.daemon.child_job``). Raises EndpointError when the endpoint cannot be served (the
@@ -670,4 +681,5 @@ def serve(config: Config, command: list[str] | None = None, **seams: Any) -> int
             # (permission denied, not an executable format), 127 for one not found.
             return 127 if isinstance(exc, FileNotFoundError) else 126
     lower_priority(config.nice)
+    server.heap.keep()
     return server.run()

@@ -36,6 +36,8 @@ from sidecar.ingest.streams import Registry
 # (1 MiB of slots: ~45 000 records, ~4 MB decoded) whatever size the messages have.
 BATCH = 256
 READ_BYTES = 1024 * 1024
+# A frame as read: bytes, or a view of ZeroMQ's buffer (a RECORDS body, not copied).
+Frame = bytes | memoryview
 HEARTBEAT_S = 10.0  # default: a silent client is dropped within this many seconds
 # Bytes that may wait in the receive queue of one connection (ZeroMQ bounds it in
 # messages: sized from the largest message a markers' flush makes). Past it the markers'
@@ -126,14 +128,16 @@ class Receiver:
         if not self.socket.poll(timeout_ms, zmq.POLLIN):
             return []
         self.connections.poll()
-        arrived: list[tuple[list[bytes], Peer | None, int]] = []
+        arrived: list[tuple[list[Frame], Peer | None, int]] = []
         read_bytes = 0
         while len(arrived) < BATCH and read_bytes < READ_BYTES:
             try:
                 frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
-            parts = [frame.bytes for frame in frames]
+            # The last frame stays a view of ZeroMQ's buffer: a RECORDS body is copied
+            # once, when the read's bodies are joined to be decoded together.
+            parts: list[Frame] = [*(frame.bytes for frame in frames[:-1]), frames[-1].buffer]
             read_bytes += len(parts[-1])
             arrived.append(
                 (parts, peer_of(frames[-1]) if self._ipc else None, frames[-1].get(zmq.SRCFD))
@@ -148,28 +152,30 @@ class Receiver:
                 out.append(message)
         return out
 
-    def decode(self, parts: list[bytes], peer: Peer | None = None) -> Incoming | None:
+    def decode(self, parts: list[Frame], peer: Peer | None = None) -> Incoming | None:
         """Decode one ROUTER message (identity, frame) sent by ``peer``; None after
         rejecting a bad one."""
         return self.decode_many([(parts, peer)])[0]
 
     def decode_many(
         self,
-        messages: list[tuple[list[bytes], Peer | None]],
+        messages: list[tuple[list[Frame], Peer | None]],
     ) -> list[Incoming | None]:
         """Decode ROUTER messages ((identity, frame), sender), the records of all of them
         in one go (``sidecar.ingest.records``); None in place of each one rejected."""
         out: list[Incoming | None] = []
-        records: list[tuple[int, bytes]] = []  # (index in out, body) of RECORDS messages
+        records: list[tuple[int, Frame]] = []  # (index in out, body) of RECORDS messages
         for parts, peer in messages:
             if len(parts) != 2:
                 self.registry.reject("malformed", f"{len(parts) - 1} frames in one message")
                 out.append(None)
                 continue
-            identity, frame = parts
+            identity, frame = bytes(parts[0]), parts[1]
             try:
                 header = wire.decode_header(frame)
-                control = wire.decode_control(frame) if header.kind == wire.KIND_CONTROL else None
+                control = (
+                    wire.decode_control(bytes(frame)) if header.kind == wire.KIND_CONTROL else None
+                )
             except wire.WireError as exc:
                 self.registry.reject(exc.kind, str(exc))
                 out.append(None)

@@ -55,7 +55,7 @@ def _slot_errors(slots: np.ndarray, starts: np.ndarray) -> list[wire.WireError |
     # refused first, so no check crosses from one body into the next.
     orphan = kinds == wire.TAG_GPU
     orphan[1:] &= kinds[:-1] >= wire.TAG_GPU
-    orphans = np.concatenate(([0], np.cumsum(orphan)))
+    orphans = np.concatenate(([0], np.cumsum(orphan, dtype=np.int32)))
     ends = np.append(starts[1:], len(kinds))[: len(starts)]
     errors: list[wire.WireError | None] = []
     for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
@@ -69,41 +69,43 @@ def _slot_errors(slots: np.ndarray, starts: np.ndarray) -> list[wire.WireError |
 
 
 def _expand(slots: np.ndarray) -> np.ndarray:
-    """The records of well-formed slots (every body begins with a context slot)."""
+    """The records of well-formed slots (every body begins with a context slot), in
+    column order (Fortran): every consumer reads the records column by column, and a
+    column of a row-ordered table is a pass over all of its 88-byte rows."""
     tags = slots[:, 0]
     kinds = tags & wire.TAG_MASK
     is_context = kinds == wire.TAG_CONTEXT
     is_gpu = kinds == wire.TAG_GPU
     phase_at = np.flatnonzero(~(is_context | is_gpu))
-    index = np.arange(len(slots))
-    context_at = np.maximum.accumulate(np.where(is_context, index, 0))[phase_at]
-    out = np.empty((len(phase_at), wire.RECORD_WIDTH), dtype=np.int64)
-    context = slots[context_at]
-    phase = slots[phase_at]
-    out[:, P_PHASE] = phase[:, 0] & wire.TAG_MASK
-    out[:, P_FLAGS] = (context[:, 0] >> 16) & 0xFFFF
-    out[:, P_EPOCH] = context[:, 0] >> 32
-    out[:, P_ITERATION] = context[:, 1]
-    out[:, P_BATCH] = context[:, 2]
-    out[:, P_START] = phase[:, 1]
-    out[:, P_END] = phase[:, 2]
+    # Each phase slot's context: the last context slot at or before it.
+    context_at = np.flatnonzero(is_context)[np.cumsum(is_context, dtype=np.int32)[phase_at] - 1]
+    out = np.empty((len(phase_at), wire.RECORD_WIDTH), dtype=np.int64, order="F")
+    context_tag, phase_tag = tags[context_at], tags[phase_at]
+    np.bitwise_and(phase_tag, wire.TAG_MASK, out=out[:, P_PHASE])
+    np.bitwise_and(context_tag >> 16, 0xFFFF, out=out[:, P_FLAGS])
+    np.right_shift(context_tag, 32, out=out[:, P_EPOCH])
+    out[:, P_ITERATION] = slots[context_at, 1]
+    out[:, P_BATCH] = slots[context_at, 2]
+    out[:, P_START] = slots[phase_at, 1]
+    out[:, P_END] = slots[phase_at, 2]
     out[:, P_GPU] = -1
     out[:, P_PEAK] = -1
-    out[:, P_BATCHES] = phase[:, 0] >> wire.BATCHES_SHIFT
+    np.right_shift(phase_tag, wire.BATCHES_SHIFT, out=out[:, P_BATCHES])
     out[:, P_LAG] = 0
     following = phase_at + 1
     has_gpu = following < len(slots)
     has_gpu[has_gpu] = is_gpu[following[has_gpu]]
     if has_gpu.any():
-        gpu = slots[following[has_gpu]]
-        out[has_gpu, P_FLAGS] |= (gpu[:, 0] >> 16) & 0xFFFF
-        out[has_gpu, P_GPU] = gpu[:, 1]
-        out[has_gpu, P_PEAK] = gpu[:, 2]
-        out[has_gpu, P_LAG] = (gpu[:, 0] >> 32) * 1000
+        gpu_at = following[has_gpu]
+        gpu_tag = tags[gpu_at]
+        out[has_gpu, P_FLAGS] |= (gpu_tag >> 16) & 0xFFFF
+        out[has_gpu, P_GPU] = slots[gpu_at, 1]
+        out[has_gpu, P_PEAK] = slots[gpu_at, 2]
+        out[has_gpu, P_LAG] = (gpu_tag >> 32) * 1000
     return out
 
 
-def _truncation(body: bytes) -> wire.WireError | None:
+def _truncation(body: bytes | memoryview) -> wire.WireError | None:
     if len(body) % wire.SLOT_BYTES:
         return wire.WireError(
             "truncated", f"body of {len(body)} bytes is not whole {wire.SLOT_BYTES}-byte slots"
@@ -111,7 +113,7 @@ def _truncation(body: bytes) -> wire.WireError | None:
     return None
 
 
-def decode_bodies(bodies: list[bytes]) -> Decoded:
+def decode_bodies(bodies: list[bytes | memoryview]) -> Decoded:
     """Decode the RECORDS ``bodies`` (each a message's bytes after its header) together.
 
     A body that ``wire.decode_records`` would refuse is refused here with the same kind
@@ -126,7 +128,7 @@ def decode_bodies(bodies: list[bytes]) -> Decoded:
         errors = _slot_errors(slots, starts)
         if not any(errors):
             is_phase = (slots[:, 0] & wire.TAG_MASK) < wire.TAG_GPU
-            before = np.concatenate(([0], np.cumsum(is_phase)))
+            before = np.concatenate(([0], np.cumsum(is_phase, dtype=np.int32)))
             bounds = np.append(before[starts], before[-1])
             return Decoded(_expand(slots.astype(np.int64, copy=False)), bounds, errors)
     kept = [i for i, error in enumerate(errors) if error is None]

@@ -274,7 +274,7 @@ class Registry:
         for run_id, parts in taken.items():
             stream = self.streams[run_id]
             split = stream.split
-            records = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            records = parts[0] if len(parts) == 1 else _joined(parts)
             agg = split.rank(stream.rank)
             good = self._checked(stream, records, agg)
             if len(good) < len(records):
@@ -424,3 +424,22 @@ class Registry:
                 for s in self.streams.values()
             ],
         }
+
+
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    """``parts`` (records × width each) one after another, in column order as the decoder
+    gives them (the aggregation reads them column by column). Consecutive rows of one
+    decoded read, the usual case (one sender's messages of one read), are taken as a view:
+    a copy of a read's records cost a tenth of the ingest."""
+    base = parts[0].base
+    if (
+        isinstance(base, np.ndarray)
+        and base.ndim == 2
+        and all(part.base is base and part.strides == base.strides for part in parts)
+    ):
+        # Each part's first row in ``base`` (a row is one item along its first axis).
+        firsts = [(part.ctypes.data - base.ctypes.data) // base.strides[0] for part in parts]
+        if all(a + len(p) == b for a, p, b in zip(firsts, parts, firsts[1:], strict=False)):
+            return base[firsts[0] : firsts[-1] + len(parts[-1])]
+    out = np.empty((sum(map(len, parts)), wire.RECORD_WIDTH), dtype=np.int64, order="F")
+    return np.concatenate(parts, out=out)

@@ -34,8 +34,9 @@ def record(
     batches: int = 0,
     epoch: int = 0,
 ) -> list[int]:
-    gpu = rng.choice([-1, -1, rng.randrange(0, 10**7)])
-    peak = rng.choice([-1, rng.randrange(0, 10**9)])
+    # Any negative value is "not measured" (a hostile sender's -2 too).
+    gpu = rng.choice([-1, -1, -2, rng.randrange(0, 10**7), rng.randrange(0, 10**7)])
+    peak = rng.choice([-1, -2, rng.randrange(0, 10**9)])
     if gpu < 0 and rng.random() < 0.05:
         flags |= wire.FLAG_GPU_DROPPED
     return [phase, flags, epoch, it, batch, start, end, gpu, peak, batches, 0]
