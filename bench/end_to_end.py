@@ -21,6 +21,10 @@ slowdown our markers cause against the machine's own noise.
    sidecar listening, ``train_batches`` alone, the three phases alone) and Lightning's
    SimpleProfiler beside it.
 
+Every loop, unmonitored or not, iterates a loader of the step's own (inputs, labels) pair
+(``Workload.batches``), as a script iterates a DataLoader: the loop driver reads each
+batch's size, as it does in a user's loop.
+
 Writes ``## End to end`` into bench/RESULTS.md.
 """
 
@@ -90,7 +94,7 @@ def per_step(times: list[float]) -> float:
 
 
 def unmonitored(w: Workload) -> Block:
-    return timed(range, w.step)
+    return timed(w.batches, w.step)
 
 
 def marked_step(w: Workload, phase: Callable[[str], Any]) -> Callable[[], None]:
@@ -109,23 +113,23 @@ def marked_step(w: Workload, phase: Callable[[str], Any]) -> Callable[[], None]:
 
 
 def ours(w: Workload, run: markers.Run) -> Block:
-    return timed(lambda n: run.train_batches(range(n)), marked_step(w, run.phase))
+    return timed(lambda n: run.train_batches(w.batches(n)), marked_step(w, run.phase))
 
 
 def lightning_simple(w: Workload) -> Block:
     from lightning.pytorch.profilers import SimpleProfiler
 
-    return timed(range, marked_step(w, SimpleProfiler().profile))
+    return timed(w.batches, marked_step(w, SimpleProfiler().profile))
 
 
 def torch_profiler(w: Workload) -> Block:
     from torch.autograd.profiler import record_function
     from torch.profiler import ProfilerActivity, profile
 
-    def profiled(n: int) -> Iterator[int]:
+    def profiled(n: int) -> Iterator[object]:
         # Its trace processing at exit falls after the last step: not counted.
         with profile(activities=[ProfilerActivity.CPU]):
-            yield from range(n)
+            yield from w.batches(n)
 
     return timed(profiled, marked_step(w, record_function))
 
@@ -229,7 +233,7 @@ def traceml_worker(model: str, steps: int, repeats: int, threads: int) -> None:
         with traceml.trace_step(w.model):
             w.step()
 
-    traced = timed(range, traced_step)
+    traced = timed(w.batches, traced_step)
     traced(steps // 10)
     after = [per_step(traced(steps)) for _ in range(repeats)]
     print("TRACEML " + json.dumps({"before": before, "traced": after}), flush=True)
@@ -251,8 +255,10 @@ def fine(
     if attribution:
         variants |= {
             "ours, no sidecar listening": ours(w, unheard),
-            "train_batches alone (no phases)": timed(lambda n: run.train_batches(range(n)), w.step),
-            "three phases alone (no train_batches)": timed(range, marked_step(w, run.phase)),
+            "train_batches alone (no phases)": timed(
+                lambda n: run.train_batches(w.batches(n)), w.step
+            ),
+            "three phases alone (no train_batches)": timed(w.batches, marked_step(w, run.phase)),
             "Lightning SimpleProfiler": lightning_simple(w),
         }
     return {
@@ -297,10 +303,10 @@ def in_situ(w: Workload, run: markers.Run) -> dict[str, tuple[float, float]]:
     locks = {name: threading.Lock() for name in ("forward", "backward", "optimization")}
 
     def unmarked() -> tuple[float, float]:
-        return split_step(w, range(FINE_STEPS), locks.__getitem__)
+        return split_step(w, w.batches(FINE_STEPS), locks.__getitem__)
 
     def marked() -> tuple[float, float]:
-        return split_step(w, run.train_batches(range(FINE_STEPS)), run.phase)
+        return split_step(w, run.train_batches(w.batches(FINE_STEPS)), run.phase)
 
     plain: list[tuple[float, float]] = []
     extra: list[tuple[float, float]] = []

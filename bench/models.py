@@ -21,6 +21,13 @@ class Workload:
     optimize: Callable[[], None]
     model: nn.Module
     optimizer: torch.optim.Optimizer
+    batch: tuple[torch.Tensor, torch.Tensor]  # (inputs, labels), what the step trains on
+
+    def batches(self, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """A loader of ``n`` batches, the step's own (inputs, labels) pair each time: the
+        loop a script writes over a DataLoader, whose batches the loop driver reads the
+        size of (a list: the loader itself costs next to nothing)."""
+        return [self.batch] * n
 
     def step(self) -> None:
         """One unmarked training step."""
@@ -40,7 +47,13 @@ def _workload(name: str, model: nn.Module, inputs: torch.Tensor) -> Workload:
         loss.backward()
 
     return Workload(
-        name, lambda: loss_fn(model(inputs), labels), backward, optimizer.step, model, optimizer
+        name,
+        lambda: loss_fn(model(inputs), labels),
+        backward,
+        optimizer.step,
+        model,
+        optimizer,
+        (inputs, labels),
     )
 
 

@@ -101,7 +101,7 @@ def cpu_timed(loop: Callable[[int], Iterable[object]], step: Callable[[], None])
 def instrumented(w: Workload, run: markers.Run) -> Block:
     """Blocks of the plain loop with instrument()'s hooks on (put on and taken off
     outside the timed steps)."""
-    plain = cpu_timed(range, w.step)
+    plain = cpu_timed(w.batches, w.step)
 
     def block(n: int) -> list[float]:
         hooks = markers.instrument(w.model, w.optimizer, run)
@@ -119,15 +119,23 @@ def plain_loop(step_ms: int, run: markers.Run, scale: float) -> dict[str, list[f
 
     base, hooked = spin_workload(step_ms), spin_workload(step_ms)
     variants = {
-        "unmarked (noise floor)": cpu_timed(range, base.step),
-        "ours": cpu_timed(lambda n: run.train_batches(range(n)), marked_step(base, run.phase)),
+        "unmarked (noise floor)": cpu_timed(base.batches, base.step),
+        "ours": cpu_timed(
+            lambda n: run.train_batches(base.batches(n)), marked_step(base, run.phase)
+        ),
         "instrument()": instrumented(hooked, run),
-        "Lightning SimpleProfiler": cpu_timed(range, marked_step(base, SimpleProfiler().profile)),
+        "Lightning SimpleProfiler": cpu_timed(
+            base.batches, marked_step(base, SimpleProfiler().profile)
+        ),
     }
     pairs = max(3, round(PAIRS[step_ms] * scale))
     return {
         name: pair_ratios(
-            cpu_timed(range, base.step), block, BLOCK_STEPS[step_ms], pairs, statistics.median
+            cpu_timed(base.batches, base.step),
+            block,
+            BLOCK_STEPS[step_ms],
+            pairs,
+            statistics.median,
         )
         for name, block in variants.items()
     }
@@ -207,7 +215,7 @@ def traceml_worker(step_ms: int, pairs: int) -> None:
     torch.set_num_threads(1)
     w = spin_workload(step_ms)
     steps = BLOCK_STEPS[step_ms]
-    plain = cpu_timed(range, w.step)
+    plain = cpu_timed(w.batches, w.step)
     plain(steps)
     before = [statistics.median(plain(steps)) for _ in range(pairs)]
     traceml.init()
@@ -216,7 +224,7 @@ def traceml_worker(step_ms: int, pairs: int) -> None:
         with traceml.trace_step(w.model):
             w.step()
 
-    traced = cpu_timed(range, traced_step)
+    traced = cpu_timed(w.batches, traced_step)
     traced(steps)
     after = [statistics.median(traced(steps)) for _ in range(pairs)]
     print("TRACEML " + json.dumps({"before": before, "traced": after}), flush=True)
