@@ -72,12 +72,12 @@ class Heap:
         return self._kept
 
     def used(self) -> None:
-        """Records were taken: the heap may hold their freed pages."""
+        """Records were taken or files written: the heap may hold their freed pages."""
         self._used_since_trim = True
 
     def give_back(self) -> bool:
-        """Hand the heap's free pages back to the system when records were taken since
-        the last call (the stream paused); True when a trim ran."""
+        """Hand the heap's free pages back to the system when records were taken or files
+        written since the last call (the loop is idle now); True when a trim ran."""
         if not (self._kept and self._used_since_trim):
             return False
         self._used_since_trim = False

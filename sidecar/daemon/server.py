@@ -218,6 +218,7 @@ class Server:
         error text, None on success."""
         owner = self._owner(split)
         nodes_wait.settle(split, time.time(), self.config.nodes_wait_s)
+        self.heap.used()  # a write's tables are megabytes too: given back when idle
         try:
             refusal = self.access.write_refusal(split.split_dir, owner)
             if refusal:
