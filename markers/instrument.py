@@ -201,6 +201,7 @@ class _Hooks:
         self._last_eval_mode = False  # the latest evaluation ran in eval mode
         self._depth = 0  # nesting of instrumented forwards
         self._step_depth = 0  # nesting of optimizer steps
+        self._hooked_step = False  # a step begun by the optimizer's own hook (unwrapped)
         self._marker: Any = None  # the phase the outermost forward stamps
         self._batch_pending = False  # a training batch began, not yet counted done
         self._after_backward = False  # the next training forward starts a new batch
@@ -241,6 +242,11 @@ class _Hooks:
             for opt in optimizers:
                 self._ours[opt] = True
                 self._unwrap.append(wraps.wrap_step(opt, self.step_begin, self.step_end))
+                # A step bound before instrument() (``step = optimizer.step``) bypasses
+                # the wrapper; torch's own step hooks of the optimizer still see it.
+                if hasattr(opt, "register_step_pre_hook"):
+                    self._handles.append(opt.register_step_pre_hook(self._unwrapped_pre))
+                    self._handles.append(opt.register_step_post_hook(self._unwrapped_post))
         self._wraps = wraps
         wraps.listen(self)
         run._open_gpu()  # the model is usually on its device by now: GPU timing from the start
@@ -635,6 +641,17 @@ class _Hooks:
             self._batch_pending = False
         except Exception as exc:  # never into the training loop
             self._fail(exc)
+
+    def _unwrapped_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        # Inside the wrapper (the usual case) the step is already begun: nothing to do.
+        if not (self._step_depth or self._dynamo() or self._flags._is_compiling_flag):
+            self._hooked_step = True
+            self.step_begin(optimizer)
+
+    def _unwrapped_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._hooked_step:
+            self._hooked_step = False
+            self.step_end(optimizer)
 
     def _is_ours(self, optimizer: Any) -> bool:
         """True for an optimizer over the instrumented modules' parameters (False once the

@@ -306,6 +306,29 @@ def test_two_optimizers_the_last_one_given_ends_the_iteration(sidecar: Sidecar) 
     )
 
 
+def test_a_step_bound_before_instrument_still_ends_each_iteration(sidecar: Sidecar) -> None:
+    # ``step = optimizer.step`` taken before instrument() wrapped it: the optimizer's own
+    # step hooks see the step, so every iteration ends at it, measured.
+    truth = Truth()
+    model, optimizer = spin_parts(truth)
+    step = optimizer.step
+    batches = 6
+    with markers.start_run(out_dir="maps", warmup_iterations=1):
+        markers.instrument(model, optimizer)
+        for x, y in spin_loader(truth, batches, SPINS["loading"]):
+            loss = nn.MSELoss()(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            step()
+    frame = table(sidecar)
+    for name in TRAINING:  # the first step is warmup
+        assert len(column(frame, name)) == batches - 1, name
+    assert_close(
+        column(frame, "Optimization (s)"), truth.seconds["optimization"][1:], "Optimization"
+    )
+    assert_close(column(frame, "Forward (s)"), truth.seconds["forward"][1:], "Forward")
+
+
 def test_a_compiled_model(sidecar: Sidecar) -> None:
     # torch.compile with its default backend (inductor builds C++ on this CPU box: ~30 s).
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
