@@ -201,7 +201,14 @@ def test_a_dead_sidecars_claim_is_taken_over(short_tmp: Path) -> None:
         str(short_tmp / "p1.json"),
         under_run=True,
     )
-    wait_for(lambda: progress(short_tmp / "p1.json").get("epochs") == 2, 60, "the first run")
+    state = short_tmp / "maps" / "training" / "split-0" / "sidecar-state.json"
+    # The trainer's progress can run ahead of a loaded sidecar: its checkpointed state is
+    # what the resume continues from.
+    wait_for(
+        lambda: progress(short_tmp / "p1.json").get("epochs") == 2 and state.exists(),
+        60,
+        "the first run and its checkpointed state",
+    )
     first.send_signal(signal.SIGKILL)  # the sidecar of `sidecar run`: its lock goes with it
     first.wait(10)
     trainer = progress(short_tmp / "p1.json")["pid"]
