@@ -70,7 +70,6 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterable
-from itertools import chain
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
@@ -202,9 +201,6 @@ class _Hooks:
         self._last_eval_mode = False  # the latest evaluation ran in eval mode
         self._depth = 0  # nesting of instrumented forwards
         self._step_depth = 0  # nesting of optimizer steps
-        self._hooked_step = False  # a step begun by the optimizer's own hook (unwrapped)
-        # Per given optimizer, its own step hooks' handles until our wrapper sees its step.
-        self._fallback: dict[int, list[Any]] = {}
         self._marker: Any = None  # the phase the outermost forward stamps
         self._batch_pending = False  # a training batch began, not yet counted done
         self._after_backward = False  # the next training forward starts a new batch
@@ -245,14 +241,6 @@ class _Hooks:
             for opt in optimizers:
                 self._ours[opt] = True
                 self._unwrap.append(wraps.wrap_step(opt, self.step_begin, self.step_end))
-                # A step bound before instrument() (``step = optimizer.step``) bypasses
-                # the wrapper; torch's own step hooks of the optimizer still see it. They
-                # come off at the first step the wrapper sees: two calls a step saved.
-                if hasattr(opt, "register_step_pre_hook"):
-                    self._fallback[id(opt)] = [
-                        opt.register_step_pre_hook(self._unwrapped_pre),
-                        opt.register_step_post_hook(self._unwrapped_post),
-                    ]
         self._wraps = wraps
         wraps.listen(self)
         run._open_gpu()  # the model is usually on its device by now: GPU timing from the start
@@ -316,10 +304,9 @@ class _Hooks:
         for handle in self._forward_handles:
             handle.remove()
         self._forward_handles.clear()
-        for handle in [*self._handles, *chain.from_iterable(self._fallback.values())]:
+        for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        self._fallback.clear()
         for unwrap in self._unwrap:
             unwrap()
         self._unwrap.clear()
@@ -605,8 +592,6 @@ class _Hooks:
         if self._failed:
             return
         try:
-            if self._fallback and not self._hooked_step:
-                self._drop_fallback(optimizer)
             # A step inside a step (GradScaler's around the optimizer's, a subclass calling
             # super().step(), an optimizer wrapping another) is part of the outer one.
             self._step_depth += 1
@@ -650,22 +635,6 @@ class _Hooks:
             self._batch_pending = False
         except Exception as exc:  # never into the training loop
             self._fail(exc)
-
-    def _drop_fallback(self, optimizer: Any) -> None:
-        """The wrapper saw ``optimizer``'s step: its own step hooks are not needed."""
-        for handle in self._fallback.pop(id(optimizer), ()):
-            handle.remove()
-
-    def _unwrapped_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        # Inside the wrapper (the usual case) the step is already begun: nothing to do.
-        if not (self._step_depth or self._dynamo() or self._flags._is_compiling_flag):
-            self._hooked_step = True
-            self.step_begin(optimizer)
-
-    def _unwrapped_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self._hooked_step:
-            self._hooked_step = False
-            self.step_end(optimizer)
 
     def _is_ours(self, optimizer: Any) -> bool:
         """True for an optimizer over the instrumented modules' parameters (False once the

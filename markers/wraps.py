@@ -156,13 +156,26 @@ def wrap_step(
     The wrapper is a bound method, as LR schedulers expect (they wrap ``step.__func__``),
     and keeps their mark so a scheduler made before does not warn that ``step`` was
     overridden. Unwrapping when something wrapped over ours leaves ours passing through.
+    A ``step`` bound before the wrap is timed by the optimizer's own step hooks until the
+    wrapper is first called.
     """
     previous = optimizer.step
     had_own = "step" in vars(optimizer)
     active = [True]
     dynamo, flags = compile_check()
+    # A ``step`` bound before the wrap (``step = optimizer.step``) never calls the wrapper:
+    # torch's own step hooks of the optimizer see it instead. They come off at the
+    # wrapper's first call, which shows that the script looks the step up (two calls a
+    # step saved); a step they begin ends in the post-hook (torch skips it when the step
+    # raises).
+    fallback: list[Any] = []
+    hooked = [False]
 
     def step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if fallback:
+            for handle in fallback:
+                handle.remove()
+            fallback.clear()
         if not active[0] or dynamo() or flags._is_compiling_flag:
             return previous(*args, **kwargs)
         begin(self)
@@ -171,6 +184,21 @@ def wrap_step(
         finally:
             end(self)
 
+    def bound_begin(opt: Any, args: Any, kwargs: Any) -> None:
+        if active[0] and not (dynamo() or flags._is_compiling_flag):
+            hooked[0] = True
+            begin(opt)
+
+    def bound_end(opt: Any, args: Any, kwargs: Any) -> None:
+        if hooked[0]:
+            hooked[0] = False
+            end(opt)
+
+    if hasattr(optimizer, "register_step_pre_hook"):  # torch's Optimizer
+        fallback += [
+            optimizer.register_step_pre_hook(bound_begin),
+            optimizer.register_step_post_hook(bound_end),
+        ]
     if hasattr(previous, "_wrapped_by_lr_sched"):
         step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
     wrapped = types.MethodType(step, optimizer)
@@ -178,6 +206,9 @@ def wrap_step(
 
     def unwrap() -> None:
         active[0] = False
+        for handle in fallback:
+            handle.remove()
+        fallback.clear()
         if vars(optimizer).get("step") is wrapped:
             if had_own:
                 optimizer.step = previous

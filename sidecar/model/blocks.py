@@ -135,15 +135,16 @@ def moments(
     """Per distinct value of ``groups`` (non-negative ints: phase keys): (that value,
     count, mean, sum of squared deviations) of ``values`` (the parts of a streaming mean
     and variance to merge)."""
-    small = groups.max() < _BINCOUNT_KEYS
-    keys, index = (None, groups) if small else np.unique(groups, return_inverse=True)
+    keys = None  # None: the groups index the counts themselves
+    index = groups
+    if groups.max() >= _BINCOUNT_KEYS:
+        keys, index = np.unique(groups, return_inverse=True)
     counts = np.bincount(index)
     means = np.bincount(index, values) / np.maximum(counts, 1)
     m2 = np.bincount(index, (values - means[index]) ** 2, minlength=len(counts))
-    if keys is None:  # indexed by the keys themselves: keep the ones present
-        keys = np.flatnonzero(counts)
-        counts, means, m2 = counts[keys], means[keys], m2[keys]
-    return keys, counts, means, m2
+    present = np.flatnonzero(counts)
+    keys = present if keys is None else keys[present]
+    return keys, counts[present], means[present], m2[present]
 
 
 class Partial:

@@ -11,11 +11,13 @@ import math
 import random
 from typing import Any
 
+import numpy as np
 import pytest
 
 from markers import wire
 from sidecar.model.aggregator import MIN_ARRAY_RECORDS, RankAggregator, Settings
 from sidecar.model.batch_sizes import SessionBatchSizes
+from sidecar.model.blocks import moments
 from sidecar.model.state import rank_state
 
 TRAIN = wire.FLAG_IN_ITERATION
@@ -313,3 +315,19 @@ def test_a_readable_batch_size_wins_over_the_given_one() -> None:
     assert sizes.iteration_samples(False, 1, 1) == (64, 64)
     assert sizes.iteration_samples(False, 2, 1) == (10, 10)
     assert sizes.iteration_samples(False, 3, 2) == (64, 128)
+
+
+@pytest.mark.parametrize("offset", [0, 1 << 20])
+def test_moments_are_each_keys_count_mean_and_squared_deviations(offset: int) -> None:
+    # Small keys (phase keys) are counted by bincount over the keys, large ones sorted
+    # first: both give every key present once, in order, with its own figures.
+    rng = random.Random(offset)
+    groups = [offset + rng.choice([2, 3, 5, 64, 70]) for _ in range(500)]
+    values = [rng.uniform(0.0, 1.0) for _ in groups]
+    keys, counts, means, m2 = moments(np.array(groups), np.array(values))
+    assert keys.tolist() == sorted(set(groups))
+    for key, count, mean, squares in zip(keys, counts, means, m2, strict=True):
+        mine = [v for g, v in zip(groups, values, strict=True) if g == key]
+        assert count == len(mine)
+        assert mean == pytest.approx(sum(mine) / len(mine))
+        assert squares == pytest.approx(sum((v - sum(mine) / len(mine)) ** 2 for v in mine))
