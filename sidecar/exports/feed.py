@@ -20,6 +20,7 @@ from sidecar.model.goodput import Account
 from sidecar.model.split import Split
 from sidecar.resources.monitor import ResourceFigures
 from sidecar.sinks import layout
+from sidecar.sinks.aggregate_text import AGGREGATE_FILE
 
 # Files of a split uploaded as artifacts at its end (those that exist).
 RUN_FILES = (
@@ -27,7 +28,7 @@ RUN_FILES = (
     f"logs/{layout.computational_file(0)}",
     f"logs/{layout.phases_file(0)}",
     f"logs/{layout.RESOURCES_FILE}",
-    "logs/aggregate_resource_usage.csv",
+    f"logs/{AGGREGATE_FILE}",
 )
 
 
@@ -112,7 +113,6 @@ class SplitFeed:
             timeline=self.timeline.arrays(),
             gpu_samples=gpu,
             host_samples=host,
-            all_gpu_samples=figures.gpu_samples,
             run_start_ns=figures.run_start_ns,
             step_now=agg.step(),
             now_unix=time.time(),

@@ -95,7 +95,6 @@ class Slice:
     timeline: tuple[np.ndarray, np.ndarray]
     gpu_samples: list[GpuSample]  # new since the last slice
     host_samples: list[HostSample]
-    all_gpu_samples: list[GpuSample]  # every one (aggregate_resource_usage.csv)
     run_start_ns: int
     step_now: int
     now_unix: float

@@ -1,6 +1,7 @@
 """TensorBoard: the split's figures as scalars in event files written with TensorBoard's
-own writer (``EventFileWriter``), by default under ``training/split-<k>/tensorboard/``,
-and InnerEye's ``aggregate_resource_usage.csv`` beside resources.tsv.
+own writer (``EventFileWriter``), by default under ``training/split-<k>/tensorboard/``
+(InnerEye's ``aggregate_resource_usage.csv`` is written with every run's files:
+``sidecar.sinks.aggregate_text``).
 
 Resource tags InnerEye's ResourceMonitor wrote keep their names and meaning
 (docs/exports.md maps them); the others carry their unit in the tag. A resumed session
@@ -29,12 +30,7 @@ from sidecar.exports.points import (
     memory_used_pct,
     scaled,
 )
-from sidecar.resources.samplers.nvml_gpu import GpuSample
-from sidecar.sinks.atomic import write_atomic
-
-AGGREGATE_FILE = "aggregate_resource_usage.csv"  # InnerEye's name, beside resources.tsv
-MIB_PER_GIB = 1024.0
-
+from sidecar.sinks.aggregate_text import MIB_PER_GIB
 
 GPU_TAGS: Names = {
     "GPU{i}/Load_Percent": scaled("util_pct"),
@@ -69,30 +65,6 @@ def allocated_points(points: list[Point], gpu_index: int) -> list[Point]:
     return [(tag, peak / MIB_PER_GIB, step, wall) for step, (peak, wall) in peaks.items()]
 
 
-def aggregate_text(samples: list[GpuSample], allocated: dict[int, list[float]]) -> str:
-    """InnerEye's aggregate_resource_usage.csv: ``gpu,metric,value``, the mean of each
-    figure per GPU, then its max (``Max`` prefixed), percentages to 2 decimals, GB to 4."""
-    by_gpu: dict[int, dict[str, list[float]]] = {}
-    for sample in samples:
-        figures = by_gpu.setdefault(sample.gpu_index, {})
-        for metric, value in (
-            ("MemUtil_Percent", memory_used_pct(sample)),
-            ("Load_Percent", sample.util_pct),
-            ("MemReserved_GB", None if sample.job_mem_mib is None else sample.job_mem_mib / 1024),
-        ):
-            if value is not None and value == value:
-                figures.setdefault(metric, []).append(float(value))
-    for index, peaks in allocated.items():
-        by_gpu.setdefault(index, {})["MemAllocated_GB"] = peaks
-    lines = ["gpu,metric,value"]
-    for prefix, rule in (("", lambda v: sum(v) / len(v)), ("Max", max)):
-        for index in sorted(by_gpu):
-            for metric, values in by_gpu[index].items():
-                digits = 2 if metric.endswith("Percent") else 4
-                lines.append(f"GPU{index},{prefix}{metric},{round(rule(values), digits)}")
-    return "\n".join(lines) + "\n"
-
-
 class TensorBoardExporter:
     """Scalars of one split into one event file per sidecar (``EventFileWriter``)."""
 
@@ -104,7 +76,6 @@ class TensorBoardExporter:
         self.failed_attempts = 0
         self._writer: EventFileWriter | None = None
         self._sessions: set[int] = set()
-        self._allocated: dict[int, list[float]] = {}
 
     def where(self) -> str:
         """The event files' folder."""
@@ -119,11 +90,10 @@ class TensorBoardExporter:
 
     def export(self, part: Slice) -> None:
         """Write ``part``'s scalars (and a restart event for each new session after the
-        first) and refresh aggregate_resource_usage.csv; a failure counts its points."""
+        first); a failure counts its points."""
         points = list(every_point(part, GPU_TAGS, HOST_TAGS))
         allocated = allocated_points(points, part.rank_gpu_index)
         points += allocated
-        self._allocated.setdefault(part.rank_gpu_index, []).extend(p[1] for p in allocated)
         try:
             writer = self._open()
             for session, first_step in sorted(part.first_steps.items()):
@@ -146,16 +116,6 @@ class TensorBoardExporter:
         else:
             self.exported += len(points)
             self.error = None
-        if part.all_gpu_samples or self._allocated.get(part.rank_gpu_index):
-            try:
-                write_atomic(
-                    part.split_dir / "logs" / AGGREGATE_FILE,
-                    aggregate_text(
-                        part.all_gpu_samples, {k: v for k, v in self._allocated.items() if v}
-                    ),
-                )
-            except OSError as exc:
-                self.error = f"{AGGREGATE_FILE}: {exc.strerror or exc}"
 
     def _open(self) -> EventFileWriter:
         if self._writer is None:

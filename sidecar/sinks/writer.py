@@ -19,6 +19,7 @@ whose split status is the worst of its nodes'. Only the sidecar serving rank 0 w
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from sidecar.model.merge import RankFigures
 from sidecar.model.split import RecordCounts, Split
 from sidecar.resources.monitor import ResourceFigures
 from sidecar.sinks import (
+    aggregate_text,
     goodput_text,
     layout,
     nodes,
@@ -88,6 +90,19 @@ def write_node_file(
     write_atomic(
         nodes.node_path(split.split_dir),
         _node_text(split, own, block_lines, counts),
+    )
+
+
+def _aggregate(split: Split, resources: ResourceFigures) -> str:
+    """aggregate_resource_usage.csv of ``split`` (``sinks/aggregate_text.py``): rank 0's
+    allocator peaks on its GPU, every GPU and host sample of the run."""
+    uuid = split.rank_gpus.get(0)
+    gpu_index = next((s.gpu_index for s in resources.gpu_samples if uuid and s.uuid == uuid), 0)
+    return aggregate_text.aggregate_text(
+        resources.gpu_samples,
+        resources.host_samples,
+        os.cpu_count() or 1,
+        {gpu_index: aggregate_text.step_peaks_gib(split.ranks.get(0))},
     )
 
 
@@ -169,6 +184,9 @@ def render(
         name = layout.RESOURCES_FILE if leader else layout.node_resources_file(nodes.NODE_ID)
         files[split.logs_dir / name] = tables.to_tsv(frame, index=False)
         on_progress(name)
+        if leader:
+            files[split.logs_dir / aggregate_text.AGGREGATE_FILE] = _aggregate(split, resources)
+            on_progress(aggregate_text.AGGREGATE_FILE)
     if with_state:
         # the stored rows from the text kept since the last write (rowtext.py)
         path = (
