@@ -68,6 +68,10 @@ def make_exporter(name: str, settings: dict[str, Any]) -> Exporter:
         from sidecar.exports.tensorboard import TensorBoardExporter
 
         return TensorBoardExporter(settings)
+    if name == "wandb":
+        from sidecar.exports.wandb import WandbExporter
+
+        return WandbExporter(settings)
     from sidecar.exports.mlflow import MlflowExporter
 
     return MlflowExporter(settings)
@@ -108,7 +112,8 @@ class Exports:
 
     def hello(self, split: Split) -> str | None:
         """A run of ``split`` said hello (its info holds the hello's export fields): its
-        exports are chosen once per split; returns the warning for the reply (None: none)."""
+        exports are chosen once per split; returns the warning for the reply (None: none),
+        which the run's ``start_run`` shows, the one place it is said."""
         if id(split) in self._feeds:
             return None
         info = split.info
@@ -125,12 +130,14 @@ class Exports:
             "mlflow_experiment": info.get("mlflow_experiment") or split.out_dir.name,
             "mlflow_run_id": info.get("mlflow_run_id"),
             "mlflow_tracking_uri": info.get("mlflow_tracking_uri"),
+            "wandb_project": info.get("wandb_project"),
+            "wandb_group": info.get("wandb_group"),
         }
         job = self._feeds[id(split)] = _Job(split, SplitFeed(split, names, settings))
         if names:
             self._put(job, None)
-        if warning:
-            log.warning("run folder %s split %d: %s", split.out_dir, split.split, warning)
+        # The warning goes back in the reply, and the script's start_run shows it: said
+        # here too, it would reach the same terminal twice (private sidecar, sidecar run).
         return warning
 
     def note_records(self, split: Split, rank: int, values: Any) -> None:
