@@ -79,6 +79,10 @@ FIELDS: dict[str, HelloField] = {
     # the script's active MLflow run, when it has one (sent without importing mlflow)
     "mlflow_run_id": HelloField("text", nullable=True, low=1, high=NAME_MAX),
     "mlflow_tracking_uri": HelloField("text", nullable=True, low=1, high=TEXT_MAX),
+    # the script's active W&B run, when it has one: its project and group (its id when
+    # it has none), where the sidecar's W&B run goes beside it
+    "wandb_project": HelloField("text", nullable=True, low=1, high=NAME_MAX),
+    "wandb_group": HelloField("text", nullable=True, low=1, high=NAME_MAX),
 }
 
 # The fields that are aggregation settings (``start_run``'s arguments of the same names).

@@ -79,6 +79,21 @@ def _mlflow_run() -> dict[str, str | None]:
     return {"mlflow_run_id": run_id, "mlflow_tracking_uri": uri}
 
 
+def _wandb_run() -> dict[str, str | None]:
+    """The script's active W&B run (``wandb.run``, read only when the script imported
+    wandb: the markers stay light): its project, and its group or else its id, as the
+    group the sidecar's run joins; None for what is unknown."""
+    project = group = None
+    wandb = sys.modules.get("wandb")
+    # whatever a broken or odd wandb raises must not stop the script
+    with contextlib.suppress(Exception):
+        active = getattr(wandb, "run", None) if wandb is not None else None
+        if active is not None:
+            project = str(active.project) or None
+            group = str(active.group or active.id) or None
+    return {"wandb_project": project, "wandb_group": group}
+
+
 def _export_names(export: Any) -> list[str] | None:
     """``start_run``'s ``export`` as the hello's list (None: the sidecar's default); a
     single name may be given as a string. ValueError when it is not names."""
@@ -266,6 +281,7 @@ def start_run(
         "earlier_runs": earlier_runs,
         "world_size": _world_size(),
         **_mlflow_run(),
+        **_wandb_run(),
         "token": os.urandom(16).hex(),
     }
     _runs_started[os.getpid()] = earlier_runs + 1

@@ -1,5 +1,5 @@
 """Exports of a split's figures to the tools users already read (docs/exports.md):
-TensorBoard event files and an MLflow run, step-aligned, written by the sidecar.
+TensorBoard event files, an MLflow run and a W&B run, step-aligned, written by the sidecar.
 
 Each exporter is an optional extra built on the tool's own library. This module names
 them and says, without importing any, which of the names asked for can be used.
@@ -14,6 +14,7 @@ from collections.abc import Iterable
 EXPORTERS: dict[str, tuple[str, str]] = {
     "tensorboard": ("tensorboard", "trainmon[tensorboard]"),
     "mlflow": ("mlflow", "trainmon[mlflow]"),
+    "wandb": ("wandb", "trainmon[wandb]"),
 }
 
 

@@ -29,6 +29,8 @@ INFO_FIELDS = (
     "mlflow_experiment",
     "mlflow_run_id",
     "mlflow_tracking_uri",
+    "wandb_project",
+    "wandb_group",
 )
 
 

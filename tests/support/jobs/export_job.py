@@ -33,6 +33,7 @@ def main() -> None:
     parser.add_argument("--tensorboard-dir")
     parser.add_argument("--mlflow-experiment")
     parser.add_argument("--mlflow-run", action="store_true", help="log into an active run")
+    parser.add_argument("--wandb-run", help="start a W&B run of this project first")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--kill-after-epoch", type=int, default=-1)
     parser.add_argument(
@@ -46,6 +47,10 @@ def main() -> None:
 
         mlflow.start_run()
         mlflow.log_metric("loss", 1.0, step=0)
+    if args.wandb_run:
+        import wandb
+
+        wandb.init(project=args.wandb_run).log({"loss": 1.0}, step=0)
     run = markers.start_run(
         out_dir=args.out_dir,
         warmup_iterations=args.warmup,
