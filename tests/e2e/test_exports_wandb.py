@@ -18,19 +18,12 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from tests.support.helpers import REPO, env, split_dir
+# the job, and computational.tsv's columns -> the exported series: the other exports' test
+from tests.e2e.test_exports import ITERS, JOB, SERIES, WARMUP
+from tests.support.helpers import env, split_dir
 
 pytestmark = pytest.mark.e2e
-JOB = REPO / "tests" / "support" / "jobs" / "export_job.py"
-ITERS, WARMUP = 12, 2
-SERIES = {
-    "Training loop (s)": "phases/train_loop_wall_s",
-    "Forward (s)": "phases/forward_wall_s",
-    "Backward (s)": "phases/backward_wall_s",
-    "Optimization (s)": "phases/optimization_wall_s",
-    "Validation loop (s)": "phases/val_loop_wall_s",
-    "Evaluation (s)": "phases/evaluation_wall_s",
-}
+
 STEP_KEY = "trainmon/step"
 STEP_SLOTS = 1000  # W&B steps per optimizer step (sidecar.exports.wandb)
 
