@@ -122,7 +122,8 @@ class WandbExporter:
         self._where = "W&B (no run yet)"
 
     def where(self) -> str:
-        """The run, its project and mode."""
+        """The run, its project, mode and file (W&B falls back to a folder of its own
+        where the one asked for cannot be made)."""
         return self._where
 
     def pending(self) -> int:
@@ -188,7 +189,10 @@ class WandbExporter:
             self._run.define_metric(pattern, step_metric=STEP_KEY)
         self._session = session
         run = self._run
-        self._where = f"W&B run {run.id} in project {run.project} ({run.settings.mode})"
+        self._where = (
+            f"W&B run {run.id} in project {run.project} ({run.settings.mode}, "
+            f"{run.settings.sync_file})"
+        )
 
     def _finish(self) -> None:
         run, self._run = self._run, None

@@ -61,11 +61,16 @@ def _records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
 
 
-def _runs(out: Path) -> list[list[dict[str, Any]]]:
-    """The records of each .wandb file the sidecars wrote, oldest first."""
+def _files(out: Path) -> list[Path]:
+    """The .wandb files the sidecars wrote, oldest first."""
     files = sorted((split_dir(out) / "wandb").glob("offline-run-*/run-*.wandb"))
     assert files, "no .wandb file"
-    return [_records(path) for path in files]
+    return files
+
+
+def _runs(out: Path) -> list[list[dict[str, Any]]]:
+    """The records of each .wandb file the sidecars wrote, oldest first."""
+    return [_records(path) for path in _files(out)]
 
 
 def _history(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -131,7 +136,7 @@ def test_sidecar_run_export_wandb_holds_every_stored_row_and_sample(tmp_path: Pa
     assert forward == list(range(WARMUP, 2 * ITERS))  # warmup once, the run not resumed
     summary = (split_dir(out) / "summary.log").read_text()
     line = next(x for x in summary.splitlines() if x.startswith("Export wandb:"))
-    assert "(offline)" in line and "not exported" not in line
+    assert f"(offline, {_files(out)[0]})" in line and "not exported" not in line
     exported = int(line.split(":")[1].split()[0])
     assert exported == sum(len(v) for v in series.values())  # what summary.log says is there
 
