@@ -1,10 +1,11 @@
 """The exports' cost to the sidecar in a steady state: its ingest rate and RSS with every
-exporter on (TensorBoard and MLflow, into a local SQLite tracking store) beside none.
+exporter on (TensorBoard, MLflow into a local SQLite tracking store, W&B offline)
+beside none.
 
     python bench/exports_cost.py [--records 1000000] [--repeats 5]
 
 Three ``sidecar serve`` processes run side by side for the whole benchmark: one with
-``--export tensorboard,mlflow`` and two without (the second gives the A/A noise floor).
+``--export tensorboard,mlflow,wandb`` and two without (the second gives the A/A noise floor).
 Each first serves a warm-up run, and the exporting one's MLflow store is polled until
 that run's points are in it: the exporters' libraries are imported (MLflow takes seconds
 on a loaded machine) and the store is connected before any timed run. Then runs of
@@ -45,7 +46,7 @@ from bench.results import machine_line, write_section  # noqa: E402
 # label -> the sidecar's export options; "none again" is the A/A noise floor
 MODES = {
     "none": (),
-    "tensorboard,mlflow": ("--export", "tensorboard,mlflow"),
+    "tensorboard,mlflow,wandb": ("--export", "tensorboard,mlflow,wandb"),
     "none again": (),
 }
 WARMUP_RECORDS = 200_000
@@ -85,6 +86,7 @@ def measure(records: int, repeats: int) -> dict[str, list[dict[str, Any]]]:
     ):
         uri = f"sqlite:///{tmp}/mlflow.db"
         os.environ["MLFLOW_TRACKING_URI"] = uri  # the sidecars' (and this process's) store
+        os.environ["WANDB_MODE"] = "offline"  # W&B's own local process writes the runs
         _ended(uri, "warmup")  # the store made here first: two processes would both migrate it
         served = {}
         for i, (mode, options) in enumerate(MODES.items()):
@@ -109,11 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
-    missing = [name for name in ("tensorboard", "mlflow") if not importlib.util.find_spec(name)]
+    names = ("tensorboard", "mlflow", "wandb")
+    missing = [name for name in names if not importlib.util.find_spec(name)]
     if missing:
         write_section(
             f"## Exports\n\nNot run: {', '.join(missing)} not installed "
-            "(`pip install 'trainmon[tensorboard,mlflow]'`).\n"
+            "(`pip install 'trainmon[tensorboard,mlflow,wandb]'`).\n"
         )
         return 0
     load_before = load_line()
@@ -128,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         low, high = (f(r["rate"] for r in results) / 1e6 for f in (min, max))
         spread = f"{low:.2f}–{high:.2f}"
         rows.append(f"| {mode} | {rate / 1e6:.2f} M/s | {spread} M/s | {peak:.0f} MB | {lost} |")
-    ratio = figures["tensorboard,mlflow"]["rate"] / figures["none"]["rate"]
+    ratio = figures["tensorboard,mlflow,wandb"]["rate"] / figures["none"]["rate"]
     floor = figures["none again"]["rate"] / figures["none"]["rate"]
     text = "\n".join(
         [
@@ -139,8 +142,8 @@ def main(argv: list[str] | None = None) -> int:
             f"connected) before the clock; then {args.repeats} runs of each of "
             f"{args.records:,} records, alternating A B A', one producer. Medians (and the "
             "range) of the sidecar's ingest rate and peak RSS with every exporter on "
-            "(`--export tensorboard,mlflow`, MLflow into a local SQLite store) and with "
-            "none.",
+            "(`--export tensorboard,mlflow,wandb`, MLflow into a local SQLite store, W&B "
+            "offline) and with none.",
             "",
             "| exports | ingest rate | range | sidecar peak RSS | lost |",
             "|---|---|---|---|---|",

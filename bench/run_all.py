@@ -216,7 +216,7 @@ def headline_rows(figures: dict[str, dict[str, Any]]) -> list[str]:
             "",
         ),
         (
-            "sidecar ingest with TensorBoard + MLflow exports / without (A/A noise floor)",
+            "sidecar ingest with TensorBoard + MLflow + W&B exports / without (A/A noise floor)",
             f"{_fmt(figures, 'exports', 'ratio', ratio)} "
             f"({_fmt(figures, 'exports', 'floor', ratio)})",
             "",
