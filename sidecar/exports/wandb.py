@@ -26,6 +26,7 @@ step is shown once.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from collections import defaultdict
 from typing import Any
@@ -44,6 +45,7 @@ from sidecar.exports.points import (
     scaled,
 )
 
+log = logging.getLogger("sidecar")
 STEP_KEY = "trainmon/step"  # every row's optimizer step, the x axis of our names
 STEP_SLOTS = 1000  # W&B history steps per optimizer step
 PREFIXES = ("phases/*", "throughput/*", "goodput/*", "system/*")
@@ -178,11 +180,17 @@ class WandbExporter:
                 silent=True, console="off", x_disable_stats=True, disable_code=True
             ),
         }
+        self._run = None
         if first_step > 0:
             slot = first_step * STEP_SLOTS - 1
-            self._run = wandb.init(**where, resume_from=f"{ident}?_step={slot}")
-            self._last_step = slot
-        else:
+            try:
+                self._run = wandb.init(**where, resume_from=f"{ident}?_step={slot}")
+                self._last_step = slot
+            except Exception:  # wandb's errors: a server without rewind refuses it
+                # the run goes on without the rewind: the killed process's points after
+                # the checkpoint stay, this session's come after them (none dropped)
+                log.warning("W&B run %s: the rewind to step %d was refused", ident, slot)
+        if self._run is None:
             self._run = wandb.init(**where, resume="allow")
             self._last_step = max(int(self._run.step) - 1, -1)
         for pattern in PREFIXES:
