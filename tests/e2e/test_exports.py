@@ -1,5 +1,6 @@
-"""Exports (docs/exports.md), read back with each tool's own reader: TensorBoard's
-``EventAccumulator`` and MLflow's ``MlflowClient.get_metric_history`` (a real
+"""Exports (docs/exports.md), read back with each tool's own reader: a real
+``tensorboard`` server (both loaders, through its HTTP data API) and TensorBoard's
+``EventAccumulator``, MLflow's ``MlflowClient.get_metric_history`` (a real
 ``mlflow server`` on 127.0.0.1, and a local file store). Each exported phase series
 holds the stored rows of computational.tsv (same count, same values), the host series
 those of resources.tsv, and the steps are the optimizer steps across a kill and resume.
@@ -23,6 +24,7 @@ import pytest
 
 from tests.support.helpers import REPO, env, split_dir, wait_for
 from tests.support.prometheus import free_port
+from tests.support.tensorboard_server import Scalars, TensorBoard, tensorboard
 
 pytestmark = pytest.mark.e2e
 JOB = REPO / "tests" / "support" / "jobs" / "export_job.py"
@@ -37,21 +39,24 @@ SERIES = {
     "Validation loop (s)": "phases/val_loop_wall_s",
     "Evaluation (s)": "phases/evaluation_wall_s",
 }
+VALIDATION = ("Validation loop (s)", "Evaluation (s)")  # several rows at one step
 
 
-def _command(*args: str, under_run: bool = False) -> list[str]:
+def _command(*args: str, under_run: bool = False, live_s: float | None = None) -> list[str]:
     """The job's command line; ``under_run``: under ``sidecar run`` (its exports wait up
     to 10 s at the end, where a private sidecar's wait 4 s: MLflow alone takes seconds to
-    import on a loaded machine)."""
+    import on a loaded machine); ``live_s``: its live export period (``--export-every``)."""
     job = [sys.executable, str(JOB), "--out-dir", "maps", "--iters", str(ITERS), *args]
-    return [sys.executable, "-m", "sidecar", "run", "--", *job] if under_run else job
+    live = ["--export-every", str(live_s)] if live_s is not None else []
+    run = [sys.executable, "-m", "sidecar", "run", *live, "--"]
+    return [*run, *job] if under_run or live else job
 
 
 def _job(
-    cwd: Path, *args: str, under_run: bool = False, **extra: str
+    cwd: Path, *args: str, under_run: bool = False, live_s: float | None = None, **extra: str
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        _command(*args, under_run=under_run),
+        _command(*args, under_run=under_run, live_s=live_s),
         cwd=cwd,
         env=env(**extra),
         capture_output=True,
@@ -124,6 +129,65 @@ def test_bad_names_and_a_folder_that_refuses_the_event_file(tmp_path: Path) -> N
     summary = (split_dir(out) / "summary.log").read_text()
     line = next(x for x in summary.splitlines() if x.startswith("Export tensorboard:"))
     assert "0 points" in line and "not exported" in line and "NotADirectoryError" in line
+
+
+def _crash_and_resume(cwd: Path, *args: str) -> None:
+    """Process A checkpoints at step 80 and is killed at step 100, its points after the
+    checkpoint exported live (every 0.5 s); B resumes from the checkpoint and trains 40
+    steps (80 to 119)."""
+    common = ("--epochs", "1", "--cap", "1000", *args)
+    first = _job(
+        cwd,
+        *common,
+        *("--iters", "120", "--checkpoint-at", "80", "--kill-at", "100", "--sleep", "0.1"),
+        live_s=0.5,
+    )
+    assert first.returncode == 128 + signal.SIGKILL, first.stderr
+    second = _job(cwd, *common, "--iters", "40", "--start-step", "80", "--resume")
+    assert second.returncode == 0, second.stderr
+
+
+def _served(server: TensorBoard, run: str, count: int) -> dict[str, Scalars]:
+    """Every exported phase series of ``run`` once the server has loaded ``count``
+    forward points (it loads in the background)."""
+
+    def loaded() -> bool:
+        tags = server.tags().get(run, [])
+        return "phases/forward_wall_s" in tags and (
+            len(server.scalars(run, "phases/forward_wall_s")) >= count
+        )
+
+    wait_for(loaded, 120, f"tensorboard loading {run}", interval_s=0.5)
+    return {tag: server.scalars(run, tag) for tag in SERIES.values()}
+
+
+@pytest.mark.timeout(600)
+def test_tensorboard_server_shows_each_stored_row_once_after_a_crash_and_resume(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("tensorboard")
+    _crash_and_resume(tmp_path, "--export", "tensorboard")
+    out = tmp_path / "maps"
+    stored = _stored(out)
+    forward = len(stored["Forward (s)"].dropna())
+    assert forward > 100  # both sessions' rows (the store's own resume rule)
+    run = "training/split-0/tensorboard"
+    for load_fast in (True, False):
+        with tensorboard(out, load_fast) as server:
+            series = _served(server, run, forward)
+        for column, tag in SERIES.items():
+            points = sorted(series[tag], key=lambda point: point[0])  # stable: same step
+            values = [value for _, value in points]
+            if load_fast and column in VALIDATION:
+                # the Rust loader keeps one point per step of a tag: of the validation
+                # iterations (one validation, at one step) only the last (docs/exports.md)
+                assert len({step for step, _ in points}) == len(points) == 1, column
+                _same(values, stored[column].dropna().tail(1))
+            else:
+                _same(values, stored[column])
+        steps = [step for step, _ in series["phases/forward_wall_s"]]
+        assert len(steps) == len(set(steps)) == forward, load_fast  # each step once
+        assert steps == sorted(steps) and steps[-1] == 119, load_fast
 
 
 def _mlflow_server(store: Path, port: int) -> subprocess.Popen[bytes]:
