@@ -158,7 +158,8 @@ def _served(server: TensorBoard, run: str, count: int) -> dict[str, Scalars]:
         )
 
     wait_for(loaded, 120, f"tensorboard loading {run}", interval_s=0.5)
-    return {tag: server.scalars(run, tag) for tag in SERIES.values()}
+    tags = server.tags()[run]
+    return {tag: server.scalars(run, tag) for tag in SERIES.values() if tag in tags}
 
 
 @pytest.mark.timeout(600)
@@ -188,6 +189,50 @@ def test_tensorboard_server_shows_each_stored_row_once_after_a_crash_and_resume(
         steps = [step for step, _ in series["phases/forward_wall_s"]]
         assert len(steps) == len(set(steps)) == forward, load_fast  # each step once
         assert steps == sorted(steps) and steps[-1] == 119, load_fast
+
+
+@pytest.mark.timeout(600)
+def test_tensorboard_points_live_beside_the_scripts_own_writer(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("torch")  # the script's own SummaryWriter
+    folder, pause = tmp_path / "tb", tmp_path / "pause"
+    pause.with_suffix(".hold").touch()
+    job = subprocess.Popen(
+        _command(
+            *("--epochs", "1", "--iters", "40", "--export", "tensorboard", "--sleep", "0.01"),
+            *("--tensorboard-dir", str(folder), "--own-writer", str(folder)),
+            *("--checkpoint-at", "1000", "--hold-at", "30", "--pause-file", str(pause)),
+            live_s=0.5,
+        ),
+        cwd=tmp_path,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(pause.with_suffix(".reached").exists, 120, "the job's step 30")
+        with tensorboard(folder, load_fast=True) as server:
+            # while it trains, before any checkpoint: the steps whose records came (the
+            # markers send in batches: the last ones may still wait in the script)
+            live = _served(server, "trainmon", 10)
+        pause.with_suffix(".hold").unlink()
+        job.wait(120)
+        assert job.returncode == 0, job.stderr.read() if job.stderr else ""
+    finally:
+        if job.poll() is None:
+            job.kill()
+    steps = [step for step, _ in live["phases/forward_wall_s"]]
+    assert steps == list(range(WARMUP, WARMUP + len(steps))) and steps[-1] < 30
+    stored = _stored(tmp_path / "maps")
+    for load_fast in (True, False):
+        with tensorboard(folder, load_fast) as server:
+            series = _served(server, "trainmon", 40 - WARMUP)
+            loss = server.scalars(".", "loss")  # the script's own run keeps every point
+        _same([value for _, value in series["phases/forward_wall_s"]], stored["Forward (s)"])
+        assert [step for step, _ in loss] == list(range(40)), load_fast
+    # the sidecar wrote only in its own subfolder
+    assert all(p.name == "trainmon" or "tfevents" in p.name for p in folder.iterdir())
 
 
 def _mlflow_server(store: Path, port: int) -> subprocess.Popen[bytes]:
