@@ -317,6 +317,11 @@ def _logged(uri: str, experiment: str, key: str) -> int:
     return len(client.get_metric_history(runs[0].info.run_id, key)) if runs else 0
 
 
+def _wait_logged(uri: str, experiment: str, what: str) -> None:
+    """Wait until the run of ``experiment`` holds forward points."""
+    wait_for(lambda: _logged(uri, experiment, "phases/forward_wall_s"), 120, what, interval_s=0.5)
+
+
 # two starts of a real MLflow server: a minute or more each on a busy 2-core machine
 @pytest.mark.timeout(900)
 def test_mlflow_server_stopped_mid_run_then_started_again(tmp_path: Path) -> None:
@@ -343,12 +348,7 @@ def test_mlflow_server_stopped_mid_run_then_started_again(tmp_path: Path) -> Non
     out = tmp_path / "maps"
     try:
         wait_for(pause.with_suffix(".reached0").exists, 120, "the first checkpoint")
-        wait_for(
-            lambda: _logged(uri, "faults", "phases/forward_wall_s"),
-            120,
-            "the first checkpoint's points on the server",
-            interval_s=0.5,
-        )
+        _wait_logged(uri, "faults", "the first checkpoint's points on the server")
         _stop(server)  # the second epoch's checkpoint is exported while the server is away
         pause.with_suffix(".hold0").unlink()
         wait_for(pause.with_suffix(".reached1").exists, 120, "the second checkpoint")
@@ -444,12 +444,7 @@ def test_mlflow_counts_match_the_store_after_a_server_that_stopped_answering(
     try:
         wait_for(pause.with_suffix(".reached").exists, 120, "the job's step 30")
         # readable while it trains, before any checkpoint
-        wait_for(
-            lambda: _logged(uri, "counts", "phases/forward_wall_s"),
-            120,
-            "live points on the server",
-            interval_s=0.5,
-        )
+        _wait_logged(uri, "counts", "live points on the server")
         # the server stops answering (accepted connections wait, unanswered): the
         # requests of the rest of the run time out, and may be applied once it goes on
         os.killpg(server.pid, signal.SIGSTOP)
