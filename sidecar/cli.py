@@ -22,6 +22,7 @@ from sidecar.daemon.nodes_wait import DEFAULT_NODES_WAIT_S
 from sidecar.daemon.notify import SystemdNotifier, stall_s_for
 from sidecar.daemon.server import DEFAULT_NICE, Config, serve
 from sidecar.daemon.viewers import Viewers, read_token
+from sidecar.exports.export_worker import LIVE_S
 from sidecar.ingest.binding import EndpointError
 from sidecar.ingest.receiver import HEARTBEAT_S
 from sidecar.resources.samplers import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
@@ -47,6 +48,14 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"{text} is not a finite number of seconds")
+    return value
+
+
+def _period_s(text: str) -> float:
+    """A period in seconds, 0 or more (0: off)."""
+    value = _seconds(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative: give 0 or more seconds")
     return value
 
 
@@ -110,6 +119,14 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="also write each run's figures, step-aligned, to these tools "
         f"(comma-separated: {', '.join(exports.EXPORTERS)}); a run's start_run(export=) "
         "chooses for itself (docs/exports.md)",
+    )
+    parser.add_argument(
+        "--export-every",
+        type=_period_s,
+        default=LIVE_S,
+        metavar="SECONDS",
+        help="while a run trains, export its new points this often "
+        f"(default {LIVE_S:g}; 0: only at checkpoints and the end)",
     )
     parser.add_argument(
         "--nice",
@@ -520,6 +537,7 @@ def _serve(args: argparse.Namespace, seams: dict[str, Any]) -> int:
             nodes_wait_s=args.nodes_wait,
             allowed=tuple(args.allow),
             export=_exports(args.export),
+            export_every_s=args.export_every,
         )
         # sd_notify for systemd (Type=notify, watchdog); sends nothing without NOTIFY_SOCKET
         notifier = SystemdNotifier(stall_s_for(args.interval))
@@ -543,6 +561,7 @@ def _serve(args: argparse.Namespace, seams: dict[str, Any]) -> int:
                 nice=args.nice,
                 nodes_wait_s=args.nodes_wait,
                 export=_exports(args.export),
+                export_every_s=args.export_every,
             ),
             command,
             **seams,

@@ -35,7 +35,8 @@ from sidecar.daemon.liveness import gone_cause, pid_alive
 from sidecar.daemon.ownership import Owners
 from sidecar.daemon.snapshot import Snapshot
 from sidecar.daemon.viewers import ALL, Viewers
-from sidecar.exports.export_worker import CLOSE_WAIT_S, PRIVATE_CLOSE_WAIT_S, Exports
+from sidecar.exports import export_worker
+from sidecar.exports.export_worker import Exports
 from sidecar.ingest.hello_check import Refused
 from sidecar.ingest.peers import Peer
 from sidecar.ingest.receiver import HEARTBEAT_S, Incoming, Receiver
@@ -82,6 +83,9 @@ class Config:
     nodes_wait_s: float = nodes_wait.DEFAULT_NODES_WAIT_S
     # the exports of a run that does not choose (``--export``; docs/exports.md)
     export: tuple[str, ...] = ()
+    export_every_s: float = (
+        export_worker.LIVE_S
+    )  # between writes, live exports this often (0: none)
 
 
 class Server:
@@ -158,10 +162,15 @@ class Server:
         # each split's derived figures: afresh at each write, throttled for the snapshot
         self.derivations = Derivations()
         self._next_publish = 0.0  # monotonic s
+        private = config.owner_pid is not None  # stopped by its script soon after its end
         self.exports = Exports(
             config.export,
             config.shared,
-            close_wait_s=PRIVATE_CLOSE_WAIT_S if config.owner_pid is not None else CLOSE_WAIT_S,
+            close_wait_s=export_worker.PRIVATE_CLOSE_WAIT_S
+            if private
+            else export_worker.CLOSE_WAIT_S,
+            live_s=config.export_every_s,
+            in_flight_s=export_worker.PRIVATE_IN_FLIGHT_S if private else export_worker.IN_FLIGHT_S,
         )
         self.snapshot = self.publish()
 
@@ -584,6 +593,7 @@ class Server:
             self.heap.give_back()
         self.monitor.tick()
         self.tick(time.time())
+        self.exports.live(time.monotonic(), self.monitor)
         # At most every TICK_S: under a stream of small messages the loop turns
         # thousands of times a second, and a snapshot costs a walk of every split.
         now_mono = time.monotonic()

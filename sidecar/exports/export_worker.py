@@ -1,11 +1,14 @@
 """The exporters' thread and the facade the sidecar's loop calls (``Exports``).
 
 The loop only hands over references (``feed.SplitFeed.take``) and puts them on a queue:
-building points, writing event files and talking to a tracking server happen on one
-background thread, so ingest never waits for an export. An exporter that fails keeps
-what it could not send and is retried (``Exporter.retry``); what is still unsent when
-the sidecar stops (after ``CLOSE_WAIT_S``) is counted, and each split's summary.log says
-how many points each exporter wrote and did not write (``Split.export_lines``).
+at each write of a split (checkpoint, end) and, between writes, every ``live_s`` while
+it runs (``Exports.live``). Building points, writing event files and talking to a
+tracking server happen on one background thread, so ingest never waits for an export.
+An exporter that fails keeps what it could not send and is retried (``Exporter.retry``).
+When the sidecar stops, new attempts go on for ``CLOSE_WAIT_S``, then a request under
+way may still end or time out (``IN_FLIGHT_S``) before the points are counted: each
+split's summary.log says, per exporter, the points exported, not confirmed (sent, no
+answer: the store may hold them) and not exported (``Split.export_lines``).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from sidecar import exports
-from sidecar.exports.feed import SplitFeed, resolve
+from sidecar.exports.feed import LiveSamples, SplitFeed, resolve
 from sidecar.exports.points import Slice
 from sidecar.model.derived import SplitFigures
 from sidecar.model.split import Split
@@ -30,16 +33,36 @@ CLOSE_WAIT_S = 10.0  # at the sidecar's end, how long the exports may still take
 # A private sidecar is stopped by its script 5 s after the script's end: its exports
 # finish within this, or are counted as not exported.
 PRIVATE_CLOSE_WAIT_S = 4.0
+# After the close wait, how long a request under way may still take (MLflow's request
+# bound, 5 s, and a margin); a private sidecar counts sooner, before its script stops it.
+IN_FLIGHT_S = 6.0
+PRIVATE_IN_FLIGHT_S = 0.5
 IDLE_S = 0.5  # the thread's wake-up period for retries
+LIVE_S = 5.0  # between writes, a running split's new points are handed over this often
+
+
+class Monitor(Protocol):
+    """What the live hand-over reads of the resource monitor (``ResourceMonitor``)."""
+
+    def live(self, split: Split) -> Any:
+        """The split's running samples (``gpu_samples``, ``host_samples``), or None."""
+
+    def session_starts_ns(self, split: Split) -> tuple[int, list[int]]:
+        """The run's and each session's start on the monotonic clock (ns)."""
 
 
 class Exporter(Protocol):
     """One tool's exporter for one split; called on the exports thread only."""
 
-    exported: int  # points written so far
+    exported: int  # points written so far (confirmed by the file system or the server)
     dropped: int  # points given up (their write failed for good)
     error: str | None  # the last failure, None once it worked again
     failed_attempts: int  # writes or requests that failed (their points kept or dropped)
+
+    @property
+    def unconfirmed(self) -> int:
+        """Of the points kept (``pending``) or ``dropped``, those sent without an answer
+        (a request under way, timed out, or broken once sent): the store may hold them."""
 
     def export(self, part: Slice) -> None:
         """Write the points of ``part``; what cannot be written is kept for ``retry``
@@ -99,16 +122,22 @@ class Exports:
         shared: bool = False,
         factory: Factory = make_exporter,
         close_wait_s: float = CLOSE_WAIT_S,
+        live_s: float = LIVE_S,
+        in_flight_s: float = IN_FLIGHT_S,
     ) -> None:
         self.default = default
+        self.live_s = live_s  # 0: only at writes
         self.shared = shared
         self._factory = factory
         self._close_wait_s = close_wait_s
+        self._in_flight_s = in_flight_s
+        self._stop_at = float("inf")  # monotonic s: no new attempt after it (closing)
         self._feeds: dict[int, _Job] = {}  # id(split) -> its job
         # (job, None): make its exporters now (their libraries import while the run goes)
         self._queue: queue.Queue[tuple[_Job, Slice | None] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._next_live = 0.0  # monotonic s
 
     def hello(self, split: Split) -> str | None:
         """A run of ``split`` said hello (its info holds the hello's export fields): its
@@ -159,6 +188,31 @@ class Exports:
         if part is not None:
             self._put(job, part)
 
+    def live(self, now_mono: float, monitor: Monitor) -> None:
+        """Every ``live_s`` (``now_mono``: monotonic s), hand each running split's rows
+        and samples new since the last hand-over to the exports thread, so that they are
+        readable while it trains; skipped while the thread has not taken the last ones
+        (a slow exporter gets bigger slices, never a growing queue)."""
+        if not self.live_s or self._closed or now_mono < self._next_live:
+            return
+        self._next_live = now_mono + self.live_s
+        if not self._queue.empty():
+            return
+        for job in list(self._feeds.values()):
+            if not job.feed.names or job.feed.ended or job.split.end_unix is not None:
+                continue
+            running = monitor.live(job.split)
+            run_start_ns, starts_ns = monitor.session_starts_ns(job.split)
+            samples = LiveSamples(
+                running.gpu_samples if running is not None else [],
+                running.host_samples if running is not None else [],
+                run_start_ns,
+                starts_ns,
+            )
+            part = job.feed.take(job.split, samples, {}, False)
+            if part is not None:
+                self._put(job, part)
+
     def _put(self, job: _Job, part: Slice | None) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name="exports", daemon=True)
@@ -173,14 +227,15 @@ class Exports:
             del self._feeds[id(split)]
 
     def close(self) -> list[Split]:
-        """Wait up to the close wait for the exports in flight, then count what is left as
-        not exported; returns the splits whose summary lines changed since their last
-        write (the caller writes them again)."""
+        """Let the exports go on trying up to the close wait, and a request under way end
+        or time out (the in-flight wait), then count what is left; returns the splits
+        whose summary lines changed since their last write (the caller writes them)."""
         self._closed = True
         if self._thread is None:
             return []
+        self._stop_at = time.monotonic() + self._close_wait_s
         self._queue.put(None)
-        self._thread.join(self._close_wait_s)
+        self._thread.join(self._close_wait_s + self._in_flight_s)
         changed = []
         for job in list(self._feeds.values()):
             job.split.export_lines = _lines(job, final=True)
@@ -192,7 +247,7 @@ class Exports:
 
     def _work(self) -> None:
         stopping = False
-        while True:
+        while time.monotonic() < self._stop_at:  # no new attempt after the close wait
             try:
                 item = self._queue.get(timeout=IDLE_S)
             except queue.Empty:
@@ -246,16 +301,19 @@ class Exports:
 
 
 def _lines(job: _Job, final: bool = False) -> list[str]:
-    """summary.log's lines on ``job``'s exports: per exporter, the points written and
-    those not written (kept for a retry, given up or, at the end, left unsent)."""
+    """summary.log's lines on ``job``'s exports: per exporter, the points exported, those
+    not confirmed (sent, no answer) and those not exported (given up or, at the end, left
+    unsent); before the end, the points kept for a retry."""
     lines = [f"Export {name}: not started ({why})" for name, why in job.not_started.items()]
     for name, exporter in job.exporters.items():
-        pending, dropped = exporter.pending(), exporter.dropped
-        missing = dropped + pending if final else dropped
-        text = f"Export {name}: {exporter.exported} points to {exporter.where()}"
+        pending, dropped, unconfirmed = exporter.pending(), exporter.dropped, exporter.unconfirmed
+        missing = dropped + pending - unconfirmed if final else dropped
+        text = f"Export {name}: {exporter.exported} points exported to {exporter.where()}"
+        if final and unconfirmed:
+            text += f"; {unconfirmed} not confirmed (sent, no answer: the store may hold them)"
         if missing:
             text += f"; {missing} not exported"
-        elif pending:
+        elif pending and not final:
             text += f"; {pending} waiting for a retry"
         if exporter.error and (missing or pending):
             text += f" ({exporter.error})"

@@ -1,16 +1,18 @@
 """The loop thread's side of the exports: per split, what was handed over so far
 (cursors over the stored rows and resource samples), the step timeline, and the
-``Slice`` of each write. Everything here is references and counts: the points are made
-on the exporters' thread (``sidecar.exports.export_worker``).
+``Slice`` of each write or live hand-over. Everything here is references and counts: the
+points are made on the exporters' thread (``sidecar.exports.export_worker``).
 """
 
 from __future__ import annotations
 
+import bisect
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -18,7 +20,8 @@ from markers import wire
 from sidecar.exports.points import Slice, StepTimeline
 from sidecar.model.goodput import Account
 from sidecar.model.split import Split
-from sidecar.resources.monitor import ResourceFigures
+from sidecar.resources.samplers.host import HostSample
+from sidecar.resources.samplers.nvml_gpu import GpuSample
 from sidecar.sinks import layout
 from sidecar.sinks.aggregate_text import AGGREGATE_FILE
 
@@ -32,6 +35,30 @@ RUN_FILES = (
 )
 
 
+class Samples(Protocol):
+    """A split's resource samples as the feed reads them (``ResourceFigures`` at a write,
+    ``LiveSamples`` between writes): in time order, on the sidecar's monotonic clock (ns)."""
+
+    @property
+    def gpu_samples(self) -> Sequence[GpuSample]: ...
+    @property
+    def host_samples(self) -> Sequence[HostSample]: ...
+    @property
+    def run_start_ns(self) -> int: ...
+    @property
+    def session_starts_ns(self) -> Sequence[int]: ...
+
+
+@dataclass(frozen=True)
+class LiveSamples:
+    """The samples of a running split between two writes (no summary is taken)."""
+
+    gpu_samples: Sequence[GpuSample]
+    host_samples: Sequence[HostSample]
+    run_start_ns: int
+    session_starts_ns: Sequence[int] = field(default_factory=list)
+
+
 class SplitFeed:
     """What one split's exports were handed so far. ``names``: its exporters."""
 
@@ -40,7 +67,10 @@ class SplitFeed:
         self.settings = settings  # tensorboard_dir, mlflow_* of the hello, resolved
         self.timeline = StepTimeline()
         self._rows: dict[int, tuple[list[Any], int]] = {}  # phase -> (rows list, handed)
-        self._gpu = self._host = -1  # samples handed (-1: not yet decided)
+        # the last sample handed (monotonic ns; None: not yet decided): a time, not an
+        # index, as the monitor thins older samples on long runs
+        self._gpu_ns: int | None = None
+        self._host_ns: int | None = None
         self._session = -1  # the last session seen (a resume cuts the rows back)
         self.ended = False
 
@@ -60,12 +90,13 @@ class SplitFeed:
     def take(
         self,
         split: Split,
-        figures: ResourceFigures,
+        figures: Samples,
         accounts: Mapping[int, Account],
         with_state: bool,
     ) -> Slice | None:
-        """The slice of this write (None when the split has no rank to export yet);
-        ``accounts``: the goodput accounts of the ranks served here, as derived for it.
+        """The slice of this write, or of a live hand-over between writes (None when the
+        split has no rank to export yet, or ended); ``accounts``: the goodput accounts of
+        the ranks served here, as derived for a write (empty between writes).
 
         On the first write and after a resume, rows of earlier sessions count as handed
         over already: another sidecar, or this one before the resume, exported them (the
@@ -76,6 +107,7 @@ class SplitFeed:
         agg = split.ranks[rank]
         current = agg.sessions[-1].number
         rows: dict[tuple[int, str], list[Any]] = {}
+        earlier_rows: dict[tuple[int, str], list[Any]] = {}  # at a new session only
         for phase, series in agg.series.items():
             if phase in (wire.TRAINING,) or (phase >= wire.FIRST_CUSTOM_ID and not series.rows):
                 continue
@@ -85,17 +117,23 @@ class SplitFeed:
                 earlier = sum(1 for row in series.rows if row.session < current)
                 handed = min(handed, earlier) if kept is series.rows else earlier
             new = series.rows[handed:]
+            name = agg.custom_names.get(phase, "")
             if new:
-                name = agg.custom_names.get(phase, "")
                 rows[(phase, name)] = new
+            if self._session != current:
+                earlier_rows[(phase, name)] = [r for r in series.rows if r.session < current]
             self._rows[phase] = (series.rows, len(series.rows))
         session_start_ns = figures.session_starts_ns[-1] if figures.session_starts_ns else 0
-        if self._gpu < 0 or self._session != current:
-            self._gpu = sum(1 for s in figures.gpu_samples if s.t_ns < session_start_ns)
-            self._host = sum(1 for s in figures.host_samples if s.t_ns < session_start_ns)
+        if self._gpu_ns is None or self._host_ns is None or self._session != current:
+            # samples of earlier sessions were handed before (by this or another sidecar)
+            before = session_start_ns - 1
+            self._gpu_ns = max(self._gpu_ns if self._gpu_ns is not None else before, before)
+            self._host_ns = max(self._host_ns if self._host_ns is not None else before, before)
         self._session = current
-        gpu, host = figures.gpu_samples[self._gpu :], figures.host_samples[self._host :]
-        self._gpu, self._host = len(figures.gpu_samples), len(figures.host_samples)
+        gpu = _after(figures.gpu_samples, self._gpu_ns)
+        host = _after(figures.host_samples, self._host_ns)
+        self._gpu_ns = gpu[-1].t_ns if gpu else self._gpu_ns
+        self._host_ns = host[-1].t_ns if host else self._host_ns
         final = split.end_unix is not None
         self.ended = final
         account = None
@@ -109,6 +147,7 @@ class SplitFeed:
             rows=rows,
             first_steps={s.number: s.first_step for s in agg.sessions},
             session_starts=[(s.start_unix, s.first_step) for s in agg.sessions],
+            earlier_rows=earlier_rows,
             run_start_unix=agg.run_start_unix,
             timeline=self.timeline.arrays(),
             gpu_samples=gpu,
@@ -125,6 +164,11 @@ class SplitFeed:
             status=split.status,
             files=[split.split_dir / name for name in RUN_FILES] if final else [],
         )
+
+
+def _after(samples: Sequence[Any], t_ns: int) -> list[Any]:
+    """The ``samples`` (in time order) taken after ``t_ns``."""
+    return list(samples[bisect.bisect_right(samples, t_ns, key=lambda s: s.t_ns) :])
 
 
 def resolve(folder: str | None, cwd: str | None) -> Path | None:

@@ -11,7 +11,10 @@ at the end the run folder's files become artifacts under ``trainmon/``.
 A tracking server that is down or slow never blocks the sidecar: each request is bounded
 (``REQUEST_TIMEOUT_S``, MLflow's own retries off), the points not logged are kept and
 retried with a backoff up to ``MAX_PENDING`` points (the oldest beyond it are given up
-and counted).
+and counted). A request that got no answer (it timed out, or the connection broke once
+sent) may have been applied: its points are *not confirmed* (``unconfirmed``), retried
+like the others, and never counted as lost; one the server refused, or that never
+reached it, is not exported until a retry works.
 
 MLflow's SQL stores keep one metric per (name, step, millisecond, value) of a run, and
 drop the others silently. Two rows of one phase can share all four (validation
@@ -27,6 +30,8 @@ import os
 import time
 from collections import deque
 from typing import Any
+
+import requests
 
 from sidecar.exports.points import (
     Names,
@@ -88,6 +93,17 @@ class MlflowExporter:
         self._failures = 0  # in a row (the backoff)
         self.failed_attempts = 0
         self._next_try = 0.0
+        # the first points of ``_pending`` sent in a request that got no answer
+        self._unanswered = 0
+        self._in_flight = 0  # the points of the request being made now
+        self._unanswered_given_up = 0  # of ``dropped``: given up, but maybe applied
+
+    @property
+    def unconfirmed(self) -> int:
+        """Of the points kept (``pending``) or given up (``dropped``), those sent with no
+        answer: in a request under way, or one that timed out or broke once sent (the
+        store may hold them); retried while kept."""
+        return max(self._unanswered, self._in_flight) + self._unanswered_given_up
 
     def where(self) -> str:
         """The run and the tracking server."""
@@ -101,10 +117,13 @@ class MlflowExporter:
         """Queue ``part``'s points (and, at the end, its files) and send what is queued."""
         stamp = self._timestamps.stamp
         self._pending.extend(stamp(p) for p in every_point(part, GPU_NAMES, HOST_NAMES))
-        over = len(self._pending) - MAX_PENDING
-        for _ in range(max(over, 0)):
+        over = max(len(self._pending) - MAX_PENDING, 0)
+        for _ in range(over):
             self._pending.popleft()
-        self.dropped += max(over, 0)
+        unanswered = min(over, self._unanswered)
+        self._unanswered -= unanswered
+        self._unanswered_given_up += unanswered
+        self.dropped += over
         if part.final:
             self._files = [path for path in part.files if path.is_file()]
             self._end_status = _END_STATUS.get(part.status)
@@ -125,9 +144,18 @@ class MlflowExporter:
             while self._pending:
                 batch = [self._pending[i] for i in range(min(BATCH, len(self._pending)))]
                 metrics = [Metric(name, value, ms, step) for name, value, step, ms in batch]
-                self.client.log_batch(run_id, metrics=metrics, synchronous=True)
+                self._in_flight = len(batch)
+                try:
+                    self.client.log_batch(run_id, metrics=metrics, synchronous=True)
+                except Exception as exc:
+                    if maybe_applied(exc):
+                        self._unanswered = max(self._unanswered, len(batch))
+                    raise
+                finally:
+                    self._in_flight = 0
                 for _ in batch:
                     self._pending.popleft()
+                self._unanswered = max(self._unanswered - len(batch), 0)
                 self.exported += len(batch)
             while self._files:
                 self.client.log_artifact(run_id, str(self._files[0]), artifact_path="trainmon")
@@ -177,3 +205,20 @@ class MlflowExporter:
 
     def close(self) -> None:
         """Nothing held open (the client is stateless between requests)."""
+
+
+def maybe_applied(exc: BaseException) -> bool:
+    """Whether a failed request may have been applied by the server: it was sent and
+    no answer came (a read timeout, a connection broken after sending). A refused
+    connection, a connect timeout or an error answer mean it was not."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, requests.exceptions.ConnectTimeout):
+            return False
+        if isinstance(seen, requests.exceptions.ReadTimeout | TimeoutError):
+            return True
+        if isinstance(seen, requests.exceptions.ConnectionError):
+            text = str(seen)
+            return "Connection refused" not in text and "NewConnectionError" not in text
+        seen = seen.__cause__ or seen.__context__
+    return False

@@ -32,6 +32,7 @@ from sidecar.sinks import layout
 Point = tuple[str, float, int, float]  # name, value, optimizer step, wall time (Unix s)
 Stamped = tuple[str, float, int, int]  # name, value, optimizer step, timestamp (Unix ms)
 PHASE_PREFIX = "phases/"  # every phase figure's name starts with it (docs/exports.md)
+THROUGHPUT_PREFIX = "throughput/"  # and every throughput figure's
 _TRAINING_KIND = wire.FLAG_IN_ITERATION | wire.FLAG_VALIDATION
 _METRIC = {row.phase: row.metric for row in wire.PHASES}
 _TRAINING_PHASES = frozenset(r.phase for r in layout.TRAIN_ROWS if r.capped)
@@ -91,6 +92,8 @@ class Slice:
     rows: dict[tuple[int, str], list[Row]]  # (phase, its name) -> rows new since the last
     first_steps: dict[int, int]  # session number -> its first step
     session_starts: list[tuple[float, int]]  # each session's start (Unix s), first step
+    # at the first slice of a session: the rows the store keeps of the earlier ones
+    earlier_rows: dict[tuple[int, str], list[Row]]
     run_start_unix: float
     timeline: tuple[np.ndarray, np.ndarray]
     gpu_samples: list[GpuSample]  # new since the last slice
@@ -126,10 +129,11 @@ def phase_name(phase: int, name: str, what: str) -> str:
     return f"{PHASE_PREFIX}{metric if metric else 'custom/' + slug(name)}_{what}"
 
 
-def phase_points(part: Slice) -> Iterator[Point]:
+def phase_points(part: Slice, earlier: bool = False) -> Iterator[Point]:
     """One point per stored row of each phase (its wall time, and on a GPU its GPU time
-    and peak memory), and the throughput of each stored loop row (samples / wall s)."""
-    for (phase, name), rows in part.rows.items():
+    and peak memory), and the throughput of each stored loop row (samples / wall s); of
+    the rows new in ``part``, or (``earlier``) those of its earlier sessions."""
+    for (phase, name), rows in (part.earlier_rows if earlier else part.rows).items():
         training = phase in _TRAINING_PHASES
         wall_name = phase_name(phase, name, "wall_s")
         gpu_name = phase_name(phase, name, "gpu_s")

@@ -117,6 +117,9 @@ class WandbExporter:
         self.dropped = 0
         self.error: str | None = None
         self.failed_attempts = 0
+        # W&B's log raises or returns at once (its own process takes the points): no
+        # point is ever sent without an answer
+        self.unconfirmed = 0
         self._run: Any = None  # wandb's Run
         self._session = -1  # the session the open run was opened for
         self._last_step = -1  # the last W&B step logged in the open run

@@ -1,5 +1,6 @@
-"""Exports (docs/exports.md), read back with each tool's own reader: TensorBoard's
-``EventAccumulator`` and MLflow's ``MlflowClient.get_metric_history`` (a real
+"""Exports (docs/exports.md), read back with each tool's own reader: a real
+``tensorboard`` server (both loaders, through its HTTP data API) and TensorBoard's
+``EventAccumulator``, MLflow's ``MlflowClient.get_metric_history`` (a real
 ``mlflow server`` on 127.0.0.1, and a local file store). Each exported phase series
 holds the stored rows of computational.tsv (same count, same values), the host series
 those of resources.tsv, and the steps are the optimizer steps across a kill and resume.
@@ -11,10 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -23,6 +26,7 @@ import pytest
 
 from tests.support.helpers import REPO, env, split_dir, wait_for
 from tests.support.prometheus import free_port
+from tests.support.tensorboard_server import Scalars, TensorBoard, tensorboard
 
 pytestmark = pytest.mark.e2e
 JOB = REPO / "tests" / "support" / "jobs" / "export_job.py"
@@ -37,21 +41,24 @@ SERIES = {
     "Validation loop (s)": "phases/val_loop_wall_s",
     "Evaluation (s)": "phases/evaluation_wall_s",
 }
+VALIDATION = ("Validation loop (s)", "Evaluation (s)")  # several rows at one step
 
 
-def _command(*args: str, under_run: bool = False) -> list[str]:
+def _command(*args: str, under_run: bool = False, live_s: float | None = None) -> list[str]:
     """The job's command line; ``under_run``: under ``sidecar run`` (its exports wait up
     to 10 s at the end, where a private sidecar's wait 4 s: MLflow alone takes seconds to
-    import on a loaded machine)."""
+    import on a loaded machine); ``live_s``: its live export period (``--export-every``)."""
     job = [sys.executable, str(JOB), "--out-dir", "maps", "--iters", str(ITERS), *args]
-    return [sys.executable, "-m", "sidecar", "run", "--", *job] if under_run else job
+    live = ["--export-every", str(live_s)] if live_s is not None else []
+    run = [sys.executable, "-m", "sidecar", "run", *live, "--"]
+    return [*run, *job] if under_run or live else job
 
 
 def _job(
-    cwd: Path, *args: str, under_run: bool = False, **extra: str
+    cwd: Path, *args: str, under_run: bool = False, live_s: float | None = None, **extra: str
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        _command(*args, under_run=under_run),
+        _command(*args, under_run=under_run, live_s=live_s),
         cwd=cwd,
         env=env(**extra),
         capture_output=True,
@@ -124,6 +131,110 @@ def test_bad_names_and_a_folder_that_refuses_the_event_file(tmp_path: Path) -> N
     summary = (split_dir(out) / "summary.log").read_text()
     line = next(x for x in summary.splitlines() if x.startswith("Export tensorboard:"))
     assert "0 points" in line and "not exported" in line and "NotADirectoryError" in line
+
+
+def _crash_and_resume(cwd: Path, *args: str) -> None:
+    """Process A checkpoints at step 80 and is killed at step 100, its points after the
+    checkpoint exported live (every 0.5 s); B resumes from the checkpoint and trains 40
+    steps (80 to 119)."""
+    common = ("--epochs", "1", "--cap", "1000", *args)
+    first = _job(
+        cwd,
+        *common,
+        *("--iters", "120", "--checkpoint-at", "80", "--kill-at", "100", "--sleep", "0.1"),
+        live_s=0.5,
+    )
+    assert first.returncode == 128 + signal.SIGKILL, first.stderr
+    second = _job(cwd, *common, "--iters", "40", "--start-step", "80", "--resume")
+    assert second.returncode == 0, second.stderr
+
+
+def _served(server: TensorBoard, run: str, count: int) -> dict[str, Scalars]:
+    """Every exported phase series of ``run`` once the server has loaded ``count``
+    forward points (it loads in the background)."""
+
+    def loaded() -> bool:
+        tags = server.tags().get(run, [])
+        return "phases/forward_wall_s" in tags and (
+            len(server.scalars(run, "phases/forward_wall_s")) >= count
+        )
+
+    wait_for(loaded, 120, f"tensorboard loading {run}", interval_s=0.5)
+    tags = server.tags()[run]
+    return {tag: server.scalars(run, tag) for tag in SERIES.values() if tag in tags}
+
+
+@pytest.mark.timeout(600)
+def test_tensorboard_server_shows_each_stored_row_once_after_a_crash_and_resume(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("tensorboard")
+    _crash_and_resume(tmp_path, "--export", "tensorboard")
+    out = tmp_path / "maps"
+    stored = _stored(out)
+    forward = len(stored["Forward (s)"].dropna())
+    assert forward > 100  # both sessions' rows (the store's own resume rule)
+    run = "training/split-0/tensorboard"
+    for load_fast in (True, False):
+        with tensorboard(out, load_fast) as server:
+            series = _served(server, run, forward)
+        for column, tag in SERIES.items():
+            points = sorted(series[tag], key=lambda point: point[0])  # stable: same step
+            values = [value for _, value in points]
+            if load_fast and column in VALIDATION:
+                # the Rust loader keeps one point per step of a tag: of the validation
+                # iterations (one validation, at one step) only the last (docs/exports.md)
+                assert len({step for step, _ in points}) == len(points) == 1, column
+                _same(values, stored[column].dropna().tail(1))
+            else:
+                _same(values, stored[column])
+        steps = [step for step, _ in series["phases/forward_wall_s"]]
+        assert len(steps) == len(set(steps)) == forward, load_fast  # each step once
+        assert steps == sorted(steps) and steps[-1] == 119, load_fast
+
+
+@pytest.mark.timeout(600)
+def test_tensorboard_points_live_beside_the_scripts_own_writer(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("torch")  # the script's own SummaryWriter
+    folder, pause = tmp_path / "tb", tmp_path / "pause"
+    pause.with_suffix(".hold").touch()
+    job = subprocess.Popen(
+        _command(
+            *("--epochs", "1", "--iters", "40", "--export", "tensorboard", "--sleep", "0.01"),
+            *("--tensorboard-dir", str(folder), "--own-writer", str(folder)),
+            *("--checkpoint-at", "1000", "--hold-at", "30", "--pause-file", str(pause)),
+            live_s=0.5,
+        ),
+        cwd=tmp_path,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(pause.with_suffix(".reached").exists, 120, "the job's step 30")
+        with tensorboard(folder, load_fast=True) as server:
+            # while it trains, before any checkpoint: the steps whose records came (the
+            # markers send in batches: the last ones may still wait in the script)
+            live = _served(server, "trainmon", 10)
+        pause.with_suffix(".hold").unlink()
+        job.wait(120)
+        assert job.returncode == 0, job.stderr.read() if job.stderr else ""
+    finally:
+        if job.poll() is None:
+            job.kill()
+    steps = [step for step, _ in live["phases/forward_wall_s"]]
+    assert steps == list(range(WARMUP, WARMUP + len(steps))) and steps[-1] < 30
+    stored = _stored(tmp_path / "maps")
+    for load_fast in (True, False):
+        with tensorboard(folder, load_fast) as server:
+            series = _served(server, "trainmon", 40 - WARMUP)
+            loss = server.scalars(".", "loss")  # the script's own run keeps every point
+        _same([value for _, value in series["phases/forward_wall_s"]], stored["Forward (s)"])
+        assert [step for step, _ in loss] == list(range(40)), load_fast
+    # the sidecar wrote only in its own subfolder
+    assert all(p.name == "trainmon" or "tfevents" in p.name for p in folder.iterdir())
 
 
 def _mlflow_server(store: Path, port: int) -> subprocess.Popen[bytes]:
@@ -206,6 +317,11 @@ def _logged(uri: str, experiment: str, key: str) -> int:
     return len(client.get_metric_history(runs[0].info.run_id, key)) if runs else 0
 
 
+def _wait_logged(uri: str, experiment: str, what: str) -> None:
+    """Wait until the run of ``experiment`` holds forward points."""
+    wait_for(lambda: _logged(uri, experiment, "phases/forward_wall_s"), 120, what, interval_s=0.5)
+
+
 # two starts of a real MLflow server: a minute or more each on a busy 2-core machine
 @pytest.mark.timeout(900)
 def test_mlflow_server_stopped_mid_run_then_started_again(tmp_path: Path) -> None:
@@ -232,12 +348,7 @@ def test_mlflow_server_stopped_mid_run_then_started_again(tmp_path: Path) -> Non
     out = tmp_path / "maps"
     try:
         wait_for(pause.with_suffix(".reached0").exists, 120, "the first checkpoint")
-        wait_for(
-            lambda: _logged(uri, "faults", "phases/forward_wall_s"),
-            120,
-            "the first checkpoint's points on the server",
-            interval_s=0.5,
-        )
+        _wait_logged(uri, "faults", "the first checkpoint's points on the server")
         _stop(server)  # the second epoch's checkpoint is exported while the server is away
         pause.with_suffix(".hold0").unlink()
         wait_for(pause.with_suffix(".reached1").exists, 120, "the second checkpoint")
@@ -299,3 +410,58 @@ def test_mlflow_points_go_into_the_scripts_active_run(
     assert [s for s, _ in history["phases/forward_wall_s"]] == list(range(WARMUP, 2 * ITERS))
     assert "system/system_memory_usage_percentage" in history
     assert "goodput/productive_s" in history
+
+
+def _count(line: str, what: str) -> int:
+    """The number before ``what`` in a summary line (0 when it does not say)."""
+    found = re.search(rf"(\d+) {what}", line)
+    return int(found.group(1)) if found else 0
+
+
+@pytest.mark.timeout(900)
+def test_mlflow_counts_match_the_store_after_a_server_that_stopped_answering(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("mlflow")
+    port = free_port()
+    store, pause = tmp_path / "mlflow.db", tmp_path / "pause"
+    uri = f"http://127.0.0.1:{port}"
+    server = _mlflow_server(store, port)
+    pause.with_suffix(".hold").touch()
+    job = subprocess.Popen(
+        _command(
+            *("--epochs", "1", "--iters", "40", "--export", "mlflow", "--sleep", "0.01"),
+            *("--mlflow-experiment", "counts", "--checkpoint-at", "1000"),
+            *("--hold-at", "30", "--pause-file", str(pause)),
+            live_s=0.5,
+        ),
+        cwd=tmp_path,
+        env=env(MLFLOW_TRACKING_URI=uri),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(pause.with_suffix(".reached").exists, 120, "the job's step 30")
+        # readable while it trains, before any checkpoint
+        _wait_logged(uri, "counts", "live points on the server")
+        # the server stops answering (accepted connections wait, unanswered): the
+        # requests of the rest of the run time out, and may be applied once it goes on
+        os.killpg(server.pid, signal.SIGSTOP)
+        pause.with_suffix(".hold").unlink()
+        job.wait(180)
+        assert job.returncode == 0, job.stderr.read() if job.stderr else ""
+        os.killpg(server.pid, signal.SIGCONT)
+        time.sleep(5)  # let it answer what waited (a state, not a count, is asserted)
+        held = sum(len(points) for points in _history(uri, "counts").values())
+    finally:
+        if job.poll() is None:
+            job.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGCONT)
+        _stop(server)
+    summary = (split_dir(tmp_path / "maps") / "summary.log").read_text()
+    line = next(x for x in summary.splitlines() if x.startswith("Export mlflow:"))
+    exported, unconfirmed = _count(line, "points exported"), _count(line, "not confirmed")
+    assert unconfirmed > 0, line  # timed out: never counted as lost
+    assert exported <= held <= exported + unconfirmed, (held, line)
