@@ -193,3 +193,37 @@ def test_two_nodes_give_one_track_per_rank_on_one_clock(short_tmp: Path) -> None
     require(speedscope.unavailable())
     names = speedscope.track_names(short_tmp / "trace.json", short_tmp)
     assert [n.split(" (pid")[0] for n in names] == [f"rank {r} on {HOST}" for r in range(4)]
+
+
+def test_a_long_run_with_tiny_phases_nests_on_whole_microseconds(short_tmp: Path) -> None:
+    # many abutting sub-millisecond slices: where floating start + duration used to pass
+    # the next slice's start
+    done = subprocess.run(
+        [
+            *sidecar_command("run", "--quiet", *SAME_PRIORITY),
+            "--",
+            sys.executable,
+            str(JOBS / "loop_job.py"),
+            "--out-dir",
+            "long",
+            "--epochs",
+            "4",
+            "--iters",
+            "500",
+            "--sleep",
+            "0",
+            "--cap",
+            "2000",
+        ],
+        cwd=short_tmp,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr
+    document = _trace(short_tmp, "long")
+    slices = _slices(document)
+    assert assert_drawable(document["traceEvents"]) == len(slices) > 4000, len(slices)
+    loops = sorted((e for e in slices if e["name"] == "Training loop"), key=lambda e: e["ts"])
+    assert len(loops) > 1000
