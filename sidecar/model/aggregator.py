@@ -217,7 +217,13 @@ class RankAggregator(SeriesStore):
         session.last_ns = max(session.last_ns, int(records[:, P_END].max()))
         # Maxima over the masked columns, without copying the records they mask.
         training = (records[:, P_FLAGS] & wire.FLAG_VALIDATION) == 0
-        self.epoch = int(records[:, P_EPOCH].max(where=training, initial=self.epoch))
+        # The epoch shown is the last that ran: records outside an epoch (after its end,
+        # the run's own span at the end) already carry the next epoch's number.
+        ran = training & (
+            ((records[:, P_FLAGS] & wire.FLAG_IN_ITERATION) != 0)
+            | (records[:, P_PHASE] == wire.EPOCH)
+        )
+        self.epoch = int(records[:, P_EPOCH].max(where=ran, initial=self.epoch))
         self.iteration = int(records[:, P_ITERATION].max(where=training, initial=self.iteration))
         stepping = (records[:, P_FLAGS] & _ITERATION_KIND) == wire.FLAG_IN_ITERATION
         session.steps = int(

@@ -18,6 +18,7 @@ than PCT percent with its whole interval beyond it.
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -319,45 +320,110 @@ def _change_text(figure: ComparedFigure) -> str:
     return text if figure.name in (STEP, "throughput") else f"{figure.name} {text}"
 
 
-def _scale(value: float, unit: str) -> tuple[float, str]:
-    """(factor, unit shown) for a value: seconds as s, ms or µs, a share in percent."""
-    if unit == "s":
-        return next(((f, u) for f, u in ((1, "s"), (1e3, "ms")) if value * f >= 1), (1e6, "µs"))
-    return (100.0, "%") if unit == "share" else (1.0, unit)
+WIDTH = 80  # columns of every line of the text form
+NAME_COLUMNS = 22
+CELL_COLUMNS = 18
+SECONDS = ((1.0, "s"), (1e3, "ms"), (1e6, "µs"))
 
 
-def _cell(value: float | None, ci: tuple[float, float] | None, unit: str) -> str:
-    """``value unit [low, high]`` in the unit that suits ``value``."""
+def _seconds_scale(values: list[float]) -> tuple[float, str]:
+    """(factor, unit) for a table of seconds: the largest unit in which the median of
+    ``values`` is at least 1 (µs when smaller), so most cells fit their column."""
+    middle = float(np.median(values)) if values else 0.0
+    return next(((f, u) for f, u in SECONDS if middle * f >= 1), SECONDS[-1])
+
+
+def _short(value: float) -> str:
+    """``value`` in at most 6 characters, 3 significant digits where they fit."""
+    size = abs(value)
+    if size >= 1e6:
+        return f"{value:.0e}"
+    if size >= 1000:
+        return f"{value:.0f}"
+    # "#" keeps trailing zeros (10.0, not 10): three significant digits shown are three
+    text = f"{value:#.3g}" if size >= 0.01 or size == 0 else f"{value:#.2g}"
+    text = text.rstrip(".")
+    return text if len(text) <= 6 else f"{value:.0e}"
+
+
+def _cell(value: float | None, ci: tuple[float, float] | None, rows: int, factor: float) -> str:
+    """``value [low, high]`` times ``factor``; ``value (1 row)`` where one row is behind
+    it (its interval would have no width), the value alone for a figure of one value."""
     if value is None:
         return "-"
-    factor, shown = _scale(value, unit)
-    text = f"{value * factor:.3g}"
-    if ci is not None:
-        text += f" [{ci[0] * factor:.3g}, {ci[1] * factor:.3g}]"
-    return f"{text} {shown}"
+    text = _short(value * factor)
+    if ci is None:
+        return text
+    if rows == 1:
+        return f"{text} (1 row)"
+    return f"{text} [{_short(ci[0] * factor)}, {_short(ci[1] * factor)}]"
+
+
+def _change_cell(figure: ComparedFigure) -> str:
+    if figure.change_pct is None:
+        return "-"
+    text = f"{figure.change_pct:+.1f}"
+    if figure.change_ci is not None:
+        text += f" [{figure.change_ci[0]:+.1f}, {figure.change_ci[1]:+.1f}]"
+    return text
+
+
+def _row(name: str, cells: tuple[str, str, str]) -> list[str]:
+    """One figure as a line of columns, or where it would pass ``WIDTH`` its name on a
+    line of its own and the cells, closer together, on the next."""
+    line = f"{name:<{NAME_COLUMNS}}{cells[0]:<{CELL_COLUMNS}} {cells[1]:<{CELL_COLUMNS}} {cells[2]}"
+    fits = len(name) < NAME_COLUMNS and all(len(c) <= CELL_COLUMNS for c in cells[:2])
+    if fits and len(line) <= WIDTH:
+        return [line.rstrip()]
+    return [name[:WIDTH], "  " + "  ".join(cells)]
+
+
+def _wrapped(text: str) -> list[str]:
+    return textwrap.wrap(text, WIDTH, subsequent_indent="  ", break_on_hyphens=False)
 
 
 def render(result: dict[str, Any]) -> list[str]:
-    """The comparison as text lines: one per figure, then how the runs differ."""
+    """The comparison as text lines of at most ``WIDTH`` columns: each table's unit in
+    its header, one row per figure, then how the runs differ."""
     lines = [
-        f"BASE {result['base']['folder']} split {result['base']['split']}; "
-        f"NEW {result['new']['folder']} split {result['new']['split']}",
-        f"Method: {result['method']}; difference: NEW against BASE",
-        f"{'figure':<24}{'BASE':<30}{'NEW':<30}difference",
+        *_wrapped(f"BASE {result['base']['folder']} split {result['base']['split']}"),
+        *_wrapped(f"NEW {result['new']['folder']} split {result['new']['split']}"),
+        *_wrapped(f"Method: {result['method']}; difference: NEW against BASE"),
+        "",
+        f"{'':<{NAME_COLUMNS}}{'BASE [95 %]':<{CELL_COLUMNS}} {'NEW [95 %]':<{CELL_COLUMNS}} "
+        "NEW vs BASE (%)",
     ]
-    for figure in [*result["phases"], *result["figures"]]:
-        change = "-"
-        if figure.change_pct is not None:
-            unit = " pt" if figure.unit == "share" else " %"
-            change = f"{figure.change_pct:+.1f}{unit}"
-            if figure.change_ci is not None:
-                change += f" [{figure.change_ci[0]:+.1f}, {figure.change_ci[1]:+.1f}]"
-        lines.append(
-            f"{figure.name[:23]:<24}{_cell(figure.base, figure.base_ci, figure.unit):<30}"
-            f"{_cell(figure.new, figure.new_ci, figure.unit):<30}{change}"
-        )
-    lines += [f"Unlike runs: {sentence}" for sentence in result["unlike"]]
+    phases = result["phases"]
+    factor, unit = _seconds_scale([f.base or 0.0 for f in phases] + [f.new or 0.0 for f in phases])
+    if phases:
+        lines.append(f"phase median ({unit})")
+    for figure in phases:
+        lines += _row(figure.name, _cells(figure, factor))
+    figures = result["figures"]
+    for figure in [f for f in figures if f.unit != "share"]:
+        lines += _row(f"{figure.name} ({figure.unit})", _cells(figure, 1.0))
+    shares = [f for f in figures if f.unit == "share"]
+    if shares:
+        lines.append("goodput (% of the run, difference in points)")
+    for figure in shares:
+        base, new, change = _cells(figure, 100.0)
+        lines += _row(figure.name.removeprefix("goodput "), (base, new, change))
+    for sentence in result["unlike"]:
+        lines += _wrapped(f"Unlike runs: {sentence}")
     return lines
+
+
+def _cells(figure: ComparedFigure, factor: float) -> tuple[str, str, str]:
+    return (
+        _cell(figure.base, figure.base_ci, figure.rows[0], factor),
+        _cell(figure.new, figure.new_ci, figure.rows[1], factor),
+        _change_cell(figure),
+    )
+
+
+def gate_lines(line: str) -> list[str]:
+    """The gate's line wrapped to ``WIDTH`` columns."""
+    return _wrapped(line)
 
 
 def as_json(result: dict[str, Any]) -> dict[str, Any]:

@@ -4,13 +4,15 @@ form: ``{"traceEvents": [...]}``), which Perfetto UI, chrome://tracing and speed
 * One process per rank, named ``rank R on HOST``: a complete event (``"ph": "X"``) per
   stored row of the rank's phases.tsv, on one thread, so the slices nest as the phases
   do (Epoch > Training loop > Training data loading, Forward, Backward, Optimization,
-  custom phases; Validation > Validation loop > ...). A flagged row is a slice named
-  ``PHASE (FLAG)`` in category ``flagged``; each slice's ``args`` hold its row.
+  custom phases; Validation > Validation loop > ...). Slices are named by their phase
+  alone (a flagged row's slice is in category ``flagged``) and carry no ``args``, so
+  speedscope groups a phase as one frame; an instant event (``"ph": "i"``) at each
+  slice's start holds its row in ``args``.
 * One process per resources file, named ``resources on HOST``: counter events
   (``"ph": "C"``) per GPU (utilization %, memory used MiB, power W) and for the job's
   processes (CPU %, RSS MiB) and the host (memory used %), each series cut to at most
   ``max_points`` points by averaging neighbours.
-* Time: microseconds since the split's earliest start, every rank on the wall clock
+* Time: whole microseconds since the split's earliest start, every rank on the wall clock
   (each rank's ``start (s)`` counts from its own run start: ``SplitRows.rank_start_unix``);
   ``otherData.start_unix`` is time 0.
 """
@@ -52,13 +54,17 @@ def _number(value: Any) -> Any:
 
 
 def _slices(rows: SplitRows, start_unix: float) -> list[dict[str, Any]]:
-    """A complete event per stored row of every rank."""
+    """A complete event per stored row of every rank, in whole microseconds, each followed
+    by an instant event holding the row's details (``args``)."""
     frame = rows.phases
     offset_us = frame["rank"].map(
         lambda r: (rows.rank_start_unix.get(int(r), start_unix) - start_unix) * US_PER_S
     )
-    ts = (frame["start (s)"] * US_PER_S + offset_us).round(3)
-    dur = (frame["wall (s)"] * US_PER_S).round(3)
+    # start and end rounded on their own (not start + duration): rounding is monotone, so
+    # a slice that ends where its successor starts still does, to the microsecond
+    begin_us = frame["start (s)"] * US_PER_S + offset_us
+    start_us = begin_us.round()
+    end_us = (begin_us + frame["wall (s)"].fillna(0) * US_PER_S).round()
     events = []
     for index, row in enumerate(frame.itertuples(index=False)):
         record = dict(zip(frame.columns, row, strict=True))
@@ -71,15 +77,77 @@ def _slices(rows: SplitRows, start_unix: float) -> list[dict[str, Any]]:
                 "GPU peak (MB)": _number(record.get("GPU peak (MB)")),
             }
         )
+        ts = int(start_us.iloc[index])
         events.append(
             {
                 "ph": "X",
-                "name": f"{record['phase']} ({flag})" if flag else record["phase"],
+                "name": record["phase"],
                 "cat": "flagged" if flag else "phase",
                 "pid": int(record["rank"]),
                 "tid": 0,
-                "ts": float(ts.iloc[index]),
-                "dur": float(dur.iloc[index]),
+                "ts": ts,
+                "dur": max(int(end_us.iloc[index]) - ts, 0),
+                "args": args,
+            }
+        )
+    return events
+
+
+def _nested(slices: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``slices`` ordered per track and made to nest strictly, in place.
+
+    Chrome Trace Event ``X`` slices of one thread must nest; viewers such as speedscope
+    also open a slice before closing an equal-named one that ends at the same
+    microsecond, so a phase that directly follows itself (Training loop, iteration after
+    iteration) is drawn one level deeper each time. So: where rounding left two slices
+    overlapping by a microsecond, the shorter overlap is cut (an inner slice ends with
+    its outer one, a slice ends where its successor starts), and a slice followed at once
+    by one of the same name ends 1 µs before it, its inner slices with it.
+    """
+    ordered = sorted(slices, key=lambda e: (e["pid"], e["tid"], e["ts"], -e["dur"]))
+    open_slices: list[dict[str, Any]] = []
+    track: tuple[int, int] | None = None
+    for event in ordered:
+        if (event["pid"], event["tid"]) != track:
+            track, open_slices = (event["pid"], event["tid"]), []
+        ts, end = event["ts"], event["ts"] + event["dur"]
+        closed: list[dict[str, Any]] = []
+        while open_slices:
+            top = open_slices[-1]
+            top_end = top["ts"] + top["dur"]
+            if top_end > ts and top_end >= end:
+                break  # it holds this one
+            if top_end > ts and top_end - ts > end - top_end:
+                event["dur"] = top_end - ts  # an inner slice past its outer one's end
+                break
+            top["dur"] = min(top["dur"], ts - top["ts"])
+            closed.append(open_slices.pop())
+        for depth, done in enumerate(closed):
+            if done["name"] == event["name"] and done["ts"] + done["dur"] == ts and ts > 0:
+                for inner in closed[: depth + 1]:
+                    inner["dur"] = max(min(inner["dur"], ts - 1 - inner["ts"]), 0)
+                break
+        open_slices.append(event)
+    return ordered
+
+
+def _with_details(slices: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each slice without its ``args``, followed by an instant event (``"ph": "i"``,
+    thread scope) at its start that holds them: speedscope names a frame by its name and
+    its args together, so slices with args would never group as one phase."""
+    events = []
+    for event in slices:
+        args = event.pop("args")
+        events.append(event)
+        events.append(
+            {
+                "ph": "i",
+                "s": "t",
+                "name": event["name"],
+                "cat": event["cat"],
+                "pid": event["pid"],
+                "tid": event["tid"],
+                "ts": event["ts"],
                 "args": args,
             }
         )
@@ -151,7 +219,7 @@ def build(rows: SplitRows, max_points: int = MAX_POINTS) -> dict[str, Any]:
     ranks = sorted(int(r) for r in rows.phases["rank"].unique())
     for order, rank in enumerate(ranks):
         events += _named(rank, f"rank {rank} on {rows.hosts.get(rank, '?')}", order)
-    events += sorted(_slices(rows, start_unix), key=lambda e: (e["pid"], e["ts"], -e["dur"]))
+    events += _with_details(_nested(_slices(rows, start_unix)))
     node_hosts = {
         str(n.get("node_id", "")): str(n.get("node_host", "?"))
         for n in rows.entry.get("nodes") or []

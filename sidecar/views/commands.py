@@ -107,7 +107,7 @@ def _compare(args: argparse.Namespace) -> int:
     else:
         print("\n".join(compare.render(result)))
         if decided is not None:
-            print(decided[1])
+            print("\n".join(compare.gate_lines(decided[1])))
     return 0 if decided is None or decided[0] else 1
 
 

@@ -116,7 +116,7 @@ class Board:
         self.job = job
         self.run = run
         self.splits: dict[tuple[str, int], Tracked] = {}
-        self.header = ""
+        self.source = self.clock = self.note = ""
 
     def _wanted(self, view: dict[str, Any]) -> bool:
         return (self.job is None or view["slurm_job_id"] == self.job) and (
@@ -146,14 +146,27 @@ class Board:
                     tracked.cpu.popleft()
         for key, tracked in self.splits.items():
             tracked.gone = key not in seen
-        self.header = (
-            f"sidecar top: pid {reply['pid']} on {reply['endpoint']}, "
-            f"{time.strftime('%H:%M:%S', time.localtime(taken))}; q quits"
-        )
+        self.source = f"pid {reply['pid']} on {reply['endpoint']}"
+        self.clock = time.strftime("%H:%M:%S", time.localtime(taken))
+        self.note = ""
+
+    @property
+    def header(self) -> str:
+        """``sidecar top: pid P on ENDPOINT, HH:MM:SS[; NOTE]; q quits`` in ``WIDTH``
+        columns: a long endpoint gives up its middle (``…``), never the clock, the note or
+        how to quit."""
+        tail = f", {self.clock}" + (f"; {self.note}" if self.note else "") + "; q quits"
+        head = "sidecar top: "
+        room = WIDTH - len(head) - len(tail)
+        source = self.source
+        if len(source) > room:
+            keep = max(room - 1, 0)
+            source = source[: (keep + 1) // 2] + "…" + source[len(source) - keep // 2 :]
+        return (head + source + tail)[-WIDTH:] if self.source else ""
 
     def render(self) -> Group:
         """The whole view, 80 columns."""
-        lines: list[Text] = [Text(self.header[:WIDTH], style="bold")]
+        lines: list[Text] = [Text(self.header, style="bold")]
         if not self.splits:
             lines.append(Text("no run to show yet"))
         for tracked in self.splits.values():
@@ -330,7 +343,7 @@ def top(
                 if reply is not None:
                     board.update(reply)
                 else:
-                    board.header = f"{board.header.split(';')[0]}; no answer from the sidecar"
+                    board.note = "no answer from the sidecar"
                 live.update(board.render())
     except KeyboardInterrupt:
         pass

@@ -18,6 +18,7 @@ from tests.support.helpers import SAME_PRIORITY, env, sidecar_command
 JOB = Path(__file__).resolve().parents[1] / "support" / "jobs" / "paced_job.py"
 FORWARD_S = 0.050
 SLOWER = 1.20  # the new forward's time over the base's
+WIDTH = 80  # columns of every line of the text form
 GATE_PCT = "8"  # step time grows by ~19 % with a 20 % slower forward (~95 % of a step)
 
 
@@ -55,7 +56,7 @@ def _run(cwd: Path, name: str, *job: str) -> Path:
 
 
 def _compare(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    done = subprocess.run(
         sidecar_command("compare", *args),
         cwd=cwd,
         env=env(),
@@ -63,6 +64,17 @@ def _compare(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=120,
     )
+    if "--json" not in args:
+        wide = [line for line in done.stdout.splitlines() if len(line) > WIDTH]
+        assert not wide, done.stdout
+    return done
+
+
+def _verdict(stdout: str) -> str:
+    """The gate's verdict: its wrapped lines, from PASS or FAIL on, as one line."""
+    lines = stdout.splitlines()
+    first = max(i for i, line in enumerate(lines) if line.startswith(("PASS", "FAIL")))
+    return " ".join(line.strip() for line in lines[first:])
 
 
 def _figure(result: dict[str, Any], name: str) -> dict[str, Any]:
@@ -76,11 +88,11 @@ def test_same_script_passes_and_a_slower_forward_fails_naming_forward(short_tmp:
 
     same = _compare(short_tmp, "base", "again", "--max-regression", GATE_PCT)
     assert same.returncode == 0, same.stdout + same.stderr
-    assert same.stdout.splitlines()[-1].startswith("PASS: step time"), same.stdout
+    assert _verdict(same.stdout).startswith("PASS: step time"), same.stdout
 
     worse = _compare(short_tmp, "base", "slow", "--max-regression", GATE_PCT)
     assert worse.returncode == 1, worse.stdout + worse.stderr
-    decided = worse.stdout.splitlines()[-1]
+    decided = _verdict(worse.stdout)
     assert decided.startswith("FAIL: step time") and "most of it Forward" in decided, decided
 
     measured = json.loads(_compare(short_tmp, "base", "slow", "--json").stdout)
@@ -104,9 +116,9 @@ def test_unlike_runs_are_compared_where_they_can_be(short_tmp: Path) -> None:
     _run(short_tmp, "other", "--epochs", "1", "--batch-size", "32", "--validate")
     done = _compare(short_tmp, "base", "other", "--max-regression", "10")
     assert done.returncode in (0, 1) and "Traceback" not in done.stderr, done.stderr
-    said = [line for line in done.stdout.splitlines() if line.startswith("Unlike runs:")]
-    assert any("batch size differs (16 vs 32)" in line for line in said), done.stdout
-    assert any("only in NEW: Evaluation" in line for line in said), done.stdout
+    said = " ".join(done.stdout.split())  # the wrapped lines as one text
+    assert "Unlike runs: batch size differs (16 vs 32)" in said, done.stdout
+    assert "only in NEW: Evaluation" in said, done.stdout
     assert "throughput" in done.stdout and "Forward" in done.stdout
 
 

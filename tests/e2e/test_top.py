@@ -31,6 +31,8 @@ from tests.support.tools import require_tool
 
 JOB = Path(__file__).resolve().parents[1] / "support" / "jobs" / "paced_job.py"
 RANK_LINE = re.compile(r"^\s+0\s+(\d+)\s+(\d+)\s+([\d.]+)ms")
+LONG_SOCKET = "a-sidecar-run-endpoint-with-a-long-name-for-the-header.sock"
+HEADER = re.compile(r"^sidecar top: pid \d+ on .+, \d\d:\d\d:\d\d; q quits$")
 SHARES = re.compile(r"phases: data loading (\d+)%, forward (\d+)%, backward (\d+)%")
 
 
@@ -102,7 +104,8 @@ def _rank0(screen: str) -> tuple[int, float] | None:
 def test_top_follows_a_live_run_and_q_quits(
     short_tmp: Path, panes: Callable[[Path, list[str]], Pane]
 ) -> None:
-    endpoint = f"ipc://{short_tmp}/t.sock"
+    # a long endpoint (as a ``sidecar run`` socket path is): the header keeps its clock
+    endpoint = f"ipc://{short_tmp}/{LONG_SOCKET}"
     stop, truth = short_tmp / "stop", short_tmp / "truth.json"
     job = subprocess.Popen(
         [
@@ -128,7 +131,7 @@ def test_top_follows_a_live_run_and_q_quits(
         text=True,
     )
     try:
-        wait_for((short_tmp / "t.sock").exists, 60, "the sidecar's socket")
+        wait_for((short_tmp / LONG_SOCKET).exists, 60, "the sidecar's socket")
         pane = panes(short_tmp, sidecar_command("top", "--endpoint", endpoint))
         first = wait_for(lambda: _rank0(pane.screen()), 60, "rank 0's line in top")
         later = wait_for(
@@ -137,6 +140,8 @@ def test_top_follows_a_live_run_and_q_quits(
         screen = pane.screen()
         print(screen)
         assert "live" in screen and "running" in screen, screen
+        header = screen.splitlines()[0]
+        assert HEADER.match(header) and len(header) <= 80, screen
         shares = SHARES.search(screen)
         assert shares, screen
         # against the loop's own clock: its steps and forwards (written per epoch)

@@ -21,6 +21,7 @@ import pytest
 from tests.support import speedscope
 from tests.support.helpers import SAME_PRIORITY, env, sidecar_command, split_dir
 from tests.support.tools import require
+from tests.support.trace_checks import assert_drawable
 
 JOBS = Path(__file__).resolve().parents[1] / "support" / "jobs"
 HOST = socket.gethostname()
@@ -39,7 +40,7 @@ def _trace(cwd: Path, folder: str) -> dict[str, Any]:
     assert done.returncode == 0, done.stderr
     document = json.loads((cwd / "trace.json").read_text())
     for event in document["traceEvents"]:
-        assert event["ph"] in ("X", "C", "M") and isinstance(event["pid"], int), event
+        assert event["ph"] in ("X", "i", "C", "M") and isinstance(event["pid"], int), event
         if event["ph"] != "M":
             assert isinstance(event["ts"], float | int) and math.isfinite(event["ts"]), event
     return document
@@ -87,18 +88,23 @@ def test_every_stored_row_is_a_slice_and_speedscope_names_the_track(short_tmp: P
     assert done.returncode == 0, done.stderr
     document = _trace(short_tmp, "run")
     slices = _slices(document)
+    assert_drawable(document["traceEvents"])
+    # each slice's row is in the args of the instant event that follows it
+    details = [e for e in document["traceEvents"] if e["ph"] == "i"]
+    assert [(e["name"], e["ts"]) for e in details] == [(e["name"], e["ts"]) for e in slices]
     rows = pd.read_csv(split_dir(short_tmp / "run") / "logs" / "phases.tsv", sep="\t")
     rows = rows.rename(columns={"start (s)": "start_s", "wall (s)": "wall_s"})
     assert len(slices) == len(rows)
     by_key = {
-        (e["name"], e["args"]["epoch"], e["args"]["iteration"], e["args"]["batch"]): e
-        for e in slices
+        (e["name"], d["args"]["epoch"], d["args"]["iteration"], d["args"]["batch"]): e
+        for e, d in zip(slices, details, strict=True)
     }
     start_us = min(e["ts"] for e in slices) - rows["start_s"].min() * 1e6
     for row in rows.itertuples(index=False):
         event = by_key[(row.phase, row.epoch, row.iteration, row.batch)]
-        assert event["dur"] == pytest.approx(row.wall_s * 1e6, abs=1e-3), (row, event)
-        assert event["ts"] == pytest.approx(start_us + row.start_s * 1e6, abs=1e-2), (row, event)
+        # whole microseconds: within 1 µs of the row, 2 where a phase follows itself
+        assert event["dur"] == pytest.approx(row.wall_s * 1e6, abs=2), (row, event)
+        assert event["ts"] == pytest.approx(start_us + row.start_s * 1e6, abs=1), (row, event)
     # nested as the phases are
     loops = [e for e in slices if e["name"] == "Training loop"]
     epochs = [e for e in slices if e["name"] == "Epoch"]
@@ -118,6 +124,13 @@ def test_every_stored_row_is_a_slice_and_speedscope_names_the_track(short_tmp: P
     require(speedscope.unavailable())
     names = speedscope.track_names(short_tmp / "trace.json", short_tmp)
     assert [n.startswith(f"rank 0 on {HOST} (pid 0)") for n in names] == [True], names
+    # Left Heavy and Sandwich group frames by name: each phase is one row of the table
+    symbols = [
+        line.strip() for line in speedscope.sandwich_lines(short_tmp / "trace.json", short_tmp)
+    ]
+    phases = set(rows["phase"])
+    assert sorted(s for s in symbols if s in phases) == sorted(phases), symbols
+    assert not [s for s in symbols if s.startswith(tuple(phases)) and s not in phases], symbols
 
 
 def _node(cwd: Path, ranks: str) -> subprocess.Popen[str]:
@@ -163,6 +176,7 @@ def test_two_nodes_give_one_track_per_rank_on_one_clock(short_tmp: Path) -> None
     assert len(names) > len(tracks), names  # the resources of the nodes
     start_unix = document["otherData"]["start_unix"]
     slices = _slices(document)
+    assert assert_drawable(document["traceEvents"]) == len(slices) > 0
     first_epoch = {
         rank: min(e["ts"] for e in slices if e["pid"] == rank and e["name"] == "Epoch") / 1e6
         for rank in range(4)
@@ -179,3 +193,37 @@ def test_two_nodes_give_one_track_per_rank_on_one_clock(short_tmp: Path) -> None
     require(speedscope.unavailable())
     names = speedscope.track_names(short_tmp / "trace.json", short_tmp)
     assert [n.split(" (pid")[0] for n in names] == [f"rank {r} on {HOST}" for r in range(4)]
+
+
+def test_a_long_run_with_tiny_phases_nests_on_whole_microseconds(short_tmp: Path) -> None:
+    # many abutting sub-millisecond slices: where floating start + duration used to pass
+    # the next slice's start
+    done = subprocess.run(
+        [
+            *sidecar_command("run", "--quiet", *SAME_PRIORITY),
+            "--",
+            sys.executable,
+            str(JOBS / "loop_job.py"),
+            "--out-dir",
+            "long",
+            "--epochs",
+            "4",
+            "--iters",
+            "500",
+            "--sleep",
+            "0",
+            "--cap",
+            "2000",
+        ],
+        cwd=short_tmp,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr
+    document = _trace(short_tmp, "long")
+    slices = _slices(document)
+    assert assert_drawable(document["traceEvents"]) == len(slices) > 4000, len(slices)
+    loops = sorted((e for e in slices if e["name"] == "Training loop"), key=lambda e: e["ts"])
+    assert len(loops) > 1000

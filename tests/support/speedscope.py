@@ -10,6 +10,7 @@ its own DOM, which ``--dump-dom`` prints.
 from __future__ import annotations
 
 import functools
+import html
 import json
 import os
 import re
@@ -72,12 +73,34 @@ class _Quiet(SimpleHTTPRequestHandler):
         """No log lines in the test output."""
 
 
-def track_names(trace: Path, work: Path) -> list[str]:
-    """The names speedscope shows for the profiles (tracks) of ``trace``, in order."""
+SANDWICH_PAGE = """<!doctype html><html><body>
+<iframe id="f" src="speedscope/index.html#profileURL=/trace.json" width="1400" height="900">
+</iframe><pre id="out"></pre>
+<script>
+function step() {
+  const doc = document.getElementById("f").contentDocument;
+  const text = doc && doc.body ? doc.body.innerText : "";
+  if (/\\(pid \\d+\\)/.test(text)) {
+    for (const type of ["keydown", "keypress"]) {
+      doc.dispatchEvent(new KeyboardEvent(type, {key: "3", bubbles: true}));
+    }
+    document.getElementById("out").textContent = JSON.stringify(text.split("\\n"));
+  }
+  setTimeout(step, 300);
+}
+setTimeout(step, 500);
+</script></body></html>
+"""
+
+
+def _shown(trace: Path, work: Path, page: str) -> list[str]:
+    """What ``page`` (holding speedscope on ``trace`` in a frame) wrote into its
+    ``<pre id="out">`` as a JSON list, read from headless Chromium's DOM."""
     site = work / "site"
-    shutil.copytree(static_folder(), site / "speedscope")  # type: ignore[arg-type]
+    if not (site / "speedscope").is_dir():
+        shutil.copytree(static_folder(), site / "speedscope")  # type: ignore[arg-type]
     shutil.copy(trace, site / "trace.json")
-    (site / "names.html").write_text(PAGE)
+    (site / "page.html").write_text(page)
     server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(site)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -88,7 +111,7 @@ def track_names(trace: Path, work: Path) -> list[str]:
                 "--window-size=1400,1000",
                 "--virtual-time-budget=15000",
                 "--dump-dom",
-                f"http://127.0.0.1:{server.server_address[1]}/names.html",
+                f"http://127.0.0.1:{server.server_address[1]}/page.html",
             ],
             capture_output=True,
             text=True,
@@ -99,4 +122,15 @@ def track_names(trace: Path, work: Path) -> list[str]:
         server.server_close()
     found = re.search(r'<pre id="out">(.*?)</pre>', dom, re.S)
     assert found, dom[-2000:]
-    return list(json.loads(found[1].replace("&quot;", '"')))
+    return list(json.loads(html.unescape(found[1])))
+
+
+def track_names(trace: Path, work: Path) -> list[str]:
+    """The names speedscope shows for the profiles (tracks) of ``trace``, in order."""
+    return _shown(trace, work, PAGE)
+
+
+def sandwich_lines(trace: Path, work: Path) -> list[str]:
+    """The text lines of speedscope's Sandwich view (its table of frames, one row per
+    distinct frame: the groups Left Heavy and Sandwich draw) for the first profile."""
+    return _shown(trace, work, SANDWICH_PAGE)

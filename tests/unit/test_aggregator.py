@@ -371,3 +371,20 @@ def test_an_epoch_open_at_a_state_is_two_flagged_parts_and_one_epoch_on_resume()
     taken_over.add_records(array("q", record(wire.EPOCH, 10, 40, flags=0, epoch=1)))
     assert flagged(taken_over, wire.EPOCH) == []
     assert walls(taken_over, wire.EPOCH) == [10.0, 30.0]
+
+
+def test_the_epoch_shown_is_the_last_that_ran_not_the_next_one() -> None:
+    # the markers number what follows an epoch's end (a save outside an epoch, the run's
+    # own span at its end) with the next epoch
+    agg = aggregator()
+    save = agg.custom_key("checkpoint")
+    values: list[int] = []
+    for epoch in range(3):
+        t_ms = epoch * 10.0
+        values += record(wire.TRAINING_DATA_LOADING, t_ms, t_ms + 1, epoch=epoch, iteration=epoch)
+        values += record(wire.TRAINING_LOOP, t_ms, t_ms + 2, epoch=epoch, iteration=epoch)
+        values += record(wire.EPOCH, t_ms, t_ms + 3, flags=0, epoch=epoch)
+        values += record(save, t_ms + 3, t_ms + 4, flags=0, epoch=epoch + 1)
+    values += record(wire.TRAINING, 0, 40, flags=0, epoch=3)
+    agg.add_records(array("q", values))
+    assert agg.epoch == 2
