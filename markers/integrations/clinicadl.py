@@ -20,9 +20,10 @@ clinicadl 2.0 calls, per training batch: ``on_batch_start`` → ``on_forward_ste
   ``on_forward_step_start`` (the batch's move to the device included);
 * Forward → ``on_backward_step_start``; Backward → ``on_backward_step_end``;
   Optimization between the two optimization events;
-* an iteration (Training loop) ends with the batch that stepped, or the epoch's last batch
-  (clinicadl carries that batch's gradients into the next epoch; the iteration does not
-  span epochs): whole accumulation steps;
+* an iteration (Training loop) ends with the batch that stepped: whole accumulation steps.
+  The epoch's last batches when they never step (clinicadl carries their gradients into
+  the next epoch) are an incomplete iteration: kept in phases.tsv flagged, with the
+  batches they held, no row, so every Optimization cell sits on its own step's row;
 * Validation: ``on_validation_start`` → ``on_validation_end``; each batch an iteration,
   its data loading up to ``on_evaluation_step_start``, Evaluation up to
   ``on_metrics_computation_start``, Metrics computation up to its end event.
@@ -220,7 +221,11 @@ class MonitorCallback(Monitor, Callback):
             return
         if state.stage == TRAINING_STAGE:
             stepped, self._stepped = self._stepped, False
-            self.end_batch(stepped or state.current_train_batch >= state.num_train_batches)
+            self.end_batch(stepped)
+            if not stepped and state.current_train_batch >= state.num_train_batches:
+                # clinicadl carries this batch's gradients into the next epoch: no whole
+                # step, so no row (it would take a later step's Optimization cell).
+                self.run.leave_iteration()
         else:
             self.end_batch(True)
 
