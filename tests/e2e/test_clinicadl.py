@@ -221,12 +221,45 @@ def test_a_crash_then_resume_from_the_checkpoint(tmp_path: Path) -> None:
     # Training adds up both sessions, each within its own Trainer call.
     training_s = frame["Training (s)"].iloc[0]
     assert training_s <= first["train_s"][0] + second["train_s"][0]
-    epochs = [windows(t, "on_epoch_start", "on_epoch_end") for t in (first, second)]
-    assert training_s >= sum(epochs[0]) + sum(epochs[1])
+    # A resumed run starts at its first epoch (after clinicadl's checkpoint has loaded),
+    # so the script's window of that epoch also holds the start of our sidecar: Training
+    # holds the stored epochs, the first session's whole windows too.
+    assert training_s >= frame["Epoch (s)"].sum()
+    assert training_s >= sum(windows(first, "on_epoch_start", "on_epoch_end"))
     value = throughput(summary(maps))
     assert value == value and value > 0  # a number, never nan
     phases = read_tsv(split_dir(maps) / "logs" / "phases.tsv")
     assert set(phases["session"]) == {0, 1}
+
+
+def files(maps: Path) -> dict[str, bytes]:
+    """Every file of the MAPS folder, by path inside it, with its bytes."""
+    return {str(p.relative_to(maps)): p.read_bytes() for p in maps.rglob("*") if p.is_file()}
+
+
+def test_a_refused_resume_leaves_the_maps_as_it_was(tmp_path: Path) -> None:
+    """A MAPS trained with the stock monitor (a crash at epoch 3), resumed with ours added:
+    clinicadl refuses (no checkpoint of ours among its callbacks' files). Ours starts and
+    writes nothing; resumed again with the stock list, clinicadl trains to the end and
+    writes the final model (the stock monitor finds no table of ours in its way)."""
+    train(tmp_path, "--monitor", "stock", "--raise-at-epoch", "3", code=1)
+    maps = tmp_path / "maps"
+    before = files(maps)
+    train(tmp_path, "--monitor", "ours", "--resume", code=1)
+    after = files(maps)
+    assert not (maps / "run.json").exists()
+    # Only clinicadl's own traces of the refused call: its exec logs, and the line its
+    # logger appends to summary.log.
+    assert all(name.startswith("exec/") for name in set(after) - set(before))
+    summary_log = "training/split-0/summary.log"
+    changed = {name for name in before if after.get(name) != before[name]}
+    assert changed <= {summary_log}
+    assert after[summary_log].startswith(before[summary_log])
+    assert b"Computational Summary" not in after[summary_log][len(before[summary_log]) :]
+    train(tmp_path, "--monitor", "stock", "--resume")
+    assert (split_dir(maps) / "models" / "final" / "model.pt").exists()
+    assert computational(maps)["Epoch (s)"].notna().sum() == 3
+    assert summary(maps).count("Computational Summary") == 1
 
 
 def test_ctrl_c_writes_the_split_incomplete(tmp_path: Path) -> None:
