@@ -20,9 +20,10 @@ clinicadl 2.0 calls, per training batch: ``on_batch_start`` → ``on_forward_ste
   ``on_forward_step_start`` (the batch's move to the device included);
 * Forward → ``on_backward_step_start``; Backward → ``on_backward_step_end``;
   Optimization between the two optimization events;
-* an iteration (Training loop) ends with the batch that stepped, or the epoch's last batch
-  (clinicadl carries that batch's gradients into the next epoch; the iteration does not
-  span epochs): whole accumulation steps;
+* an iteration (Training loop) ends with the batch that stepped: whole accumulation steps.
+  The epoch's last batches when they never step (clinicadl carries their gradients into
+  the next epoch) are an incomplete iteration: kept in phases.tsv flagged, with the
+  batches they held, no row, so every Optimization cell sits on its own step's row;
 * Validation: ``on_validation_start`` → ``on_validation_end``; each batch an iteration,
   its data loading up to ``on_evaluation_step_start``, Evaluation up to
   ``on_metrics_computation_start``, Metrics computation up to its end event.
@@ -76,6 +77,10 @@ class MonitorCallback(Monitor, Callback):
         )
         self.enabled = enabled
         self._stepped = False  # on_optimization_step_start came in this batch
+        # A resumed split's run, not started until clinicadl's checkpoint has loaded (its
+        # first epoch starts): a resume clinicadl refuses leaves the MAPS as it was.
+        self._resuming: dict[str, Any] | None = None
+        self._saved: dict[str, Any] | None = None  # our state from that checkpoint
 
     def __repr__(self) -> str:
         """The constructor call that builds this callback again (clinicadl's
@@ -107,28 +112,22 @@ class MonitorCallback(Monitor, Callback):
     @never_raise
     def on_train_start(self, **kwargs: Any) -> None:
         """A split starts: its run starts."""
-        self._start_split(**kwargs)
+        if self.enabled:
+            self._end_interrupted()
+            self._start_split(_split_settings(**kwargs))
 
     @never_raise
     def on_resume(self, **kwargs: Any) -> None:
-        """A split resumes: its run starts; ``load_state_dict`` continues it."""
-        self._start_split(**kwargs)
+        """A split resumes: its run starts with its first epoch, once clinicadl's
+        ``TrainingCheckpointCallback`` (called after every other callback) has loaded the
+        checkpoint and given ours to ``load_state_dict``; nothing is written before."""
+        if self.enabled:
+            self._end_interrupted()
+            self._resuming, self._saved = _split_settings(**kwargs), None
 
-    def _start_split(
-        self, *, maps: Any, split: Any, optimization: Any, computational: Any, **kwargs: Any
-    ) -> None:
-        if not self.enabled:
-            return
-        self._end_interrupted()
+    def _start_split(self, settings: dict[str, Any]) -> None:
         self._started = False  # one run per split: the base starts once
-        self.start(
-            out_dir=maps.path,
-            split=split.index,
-            train_batch_size=split.config.train_loader_config.batch_size,
-            val_batch_size=split.config.val_loader_config.batch_size,
-            accumulation_steps=optimization.accumulation_steps,
-            device=computational.device if computational.gpu else None,
-        )
+        self.start(**settings)
         # After start_run's own hook, so that it runs first at exit (a run left open by
         # a KeyboardInterrupt is incomplete, not failed).
         atexit.unregister(self._end_interrupted)
@@ -149,12 +148,16 @@ class MonitorCallback(Monitor, Callback):
     @never_raise
     def on_train_end(self, **kwargs: Any) -> None:
         """The split is over: the sidecar writes the files."""
+        self._resuming = self._saved = None  # a resume with no epoch left: nothing ran
         self.finish()
         self.run = NullRun()
 
     @never_raise
     def on_exception(self, *, state: Any, exception: Exception, **kwargs: Any) -> None:
-        """The training failed: the files are written, marked failed."""
+        """The training failed: the files are written, marked failed (a resume that
+        failed before its first epoch, clinicadl refusing the checkpoint, writes
+        nothing: the MAPS stays as it was)."""
+        self._resuming = self._saved = None
         if state.called == TRAIN:
             self.finish("failed", describe(exception))
             self.run = NullRun()
@@ -170,14 +173,23 @@ class MonitorCallback(Monitor, Callback):
     def load_state_dict(self, state_dict: Any) -> None:
         """Continue the split from the state a checkpoint kept."""
         state = state_dict.get(STATE_KEY) if state_dict else None
-        if state:
+        if state and self._resuming is not None:
+            self._saved = state  # loaded when the run starts, at the first epoch
+        elif state:
             self.run.load_state_dict(state)
 
     # -- training -------------------------------------------------------------------
 
     @never_raise
     def on_epoch_start(self, *, state: Any, **kwargs: Any) -> None:
-        """An epoch starts (clinicadl counts from 1)."""
+        """An epoch starts (clinicadl counts from 1); a resumed split's run starts at its
+        first, from the checkpoint's state."""
+        if self._resuming is not None:
+            settings, saved = self._resuming, self._saved
+            self._resuming = self._saved = None
+            self._start_split(settings)
+            if saved:
+                self.run.load_state_dict(saved)
         self.run.begin_epoch(int(state.current_epoch) - 1)
 
     @never_raise
@@ -220,7 +232,11 @@ class MonitorCallback(Monitor, Callback):
             return
         if state.stage == TRAINING_STAGE:
             stepped, self._stepped = self._stepped, False
-            self.end_batch(stepped or state.current_train_batch >= state.num_train_batches)
+            self.end_batch(stepped)
+            if not stepped and state.current_train_batch >= state.num_train_batches:
+                # clinicadl carries this batch's gradients into the next epoch: no whole
+                # step, so no row (it would take a later step's Optimization cell).
+                self.run.leave_iteration()
         else:
             self.end_batch(True)
 
@@ -254,3 +270,18 @@ class MonitorCallback(Monitor, Callback):
     def on_validation_end(self, **kwargs: Any) -> None:
         """The validation pass ends."""
         self.run.end_validation()
+
+
+def _split_settings(
+    *, maps: Any, split: Any, optimization: Any, computational: Any, **kwargs: Any
+) -> dict[str, Any]:
+    """``start_run``'s arguments read from the Trainer's ``on_train_start``/``on_resume``
+    arguments: the MAPS folder, the split, its batch sizes, the accumulation, the GPU."""
+    return {
+        "out_dir": maps.path,
+        "split": split.index,
+        "train_batch_size": split.config.train_loader_config.batch_size,
+        "val_batch_size": split.config.val_loader_config.batch_size,
+        "accumulation_steps": optimization.accumulation_steps,
+        "device": computational.device if computational.gpu else None,
+    }

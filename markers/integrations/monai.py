@@ -17,7 +17,12 @@ From Ignite's events, per training batch:
   included), Backward → ``BACKWARD_COMPLETED``, Optimization → ``MODEL_COMPLETED`` on
   batches that step (MONAI's own ``MODEL_COMPLETED`` handlers, decollation and
   post-processing, come first and are included). A plain Ignite engine fires none of
-  those: its process function is in the Training loop only;
+  those: its process function is in the Training loop only. Nor does a MONAI trainer
+  with a custom ``iteration_update`` (or ``_iteration``) that fires none: its first
+  iteration shows it, Forward, Backward and Optimization stay empty and one warning says
+  what to do (fire the events from the step, or mark the phases in it). The first
+  iteration's Forward is known to be one only at ``LOSS_COMPLETED``: stored without its
+  GPU time;
 * an iteration (Training loop) ends at ``ITERATION_COMPLETED`` of the batch that steps
   the optimizer (``accumulation_steps`` of a ``SupervisedTrainer``, with its flush at the
   end of the epoch);
@@ -40,12 +45,23 @@ Ignite swallows an exception that has handlers. The handler has ``state_dict`` a
 
 from __future__ import annotations
 
+import warnings
+from time import perf_counter_ns
 from typing import Any
 
 from ignite.engine import Engine, Events
 
 from markers.integrations.base import Monitor, never_raise
 from markers.run import describe
+
+NO_ITERATION_EVENTS = (
+    "markers: the trainer's iteration fired none of MONAI's IterationEvents (a custom "
+    "iteration_update or process function): Forward, Backward and Optimization stay "
+    "empty, the step is in the Training loop only. Fire them from the step "
+    "(engine.fire_event(IterationEvents.LOSS_COMPLETED), BACKWARD_COMPLETED, "
+    "MODEL_COMPLETED, as SupervisedTrainer does), or mark the phases in the step "
+    "(with handler.run.phase('forward'): ... in it)"
+)
 
 
 class MonitorHandler(Monitor):
@@ -57,6 +73,11 @@ class MonitorHandler(Monitor):
         self._saved: dict[str, Any] | None = None  # a state loaded before the run started
         self._validating = False
         self._training = False  # between the trainer's STARTED and its end
+        # Whether the trainer's step fires MONAI's IterationEvents: None until an iteration
+        # shows it (a custom iteration_update registers them but may fire none).
+        self._fires: bool | None = None
+        self._fired = False  # LOSS_COMPLETED came in the open iteration
+        self._iteration_start_ns = 0
 
     def attach(self, trainer: Engine, evaluator: Engine | None = None) -> MonitorHandler:
         """Attach to ``trainer`` and, when given, to ``evaluator`` (whose runs during
@@ -71,8 +92,8 @@ class MonitorHandler(Monitor):
         on(Events.EXCEPTION_RAISED, self._on_exception_raised)
         monai = _monai_events(trainer)
         if monai is not None:
-            on(Events.ITERATION_STARTED, self._on_switch, "forward")
-            on(monai.LOSS_COMPLETED, self._on_switch, "backward")
+            on(Events.ITERATION_STARTED, self._on_iteration_started)
+            on(monai.LOSS_COMPLETED, self._on_loss_completed)
             on(monai.BACKWARD_COMPLETED, self._on_backward_completed)
             on(monai.MODEL_COMPLETED, self._on_switch, None)
         if evaluator is not None:
@@ -131,11 +152,30 @@ class MonitorHandler(Monitor):
         self.switch(name)
 
     @never_raise
+    def _on_iteration_started(self, engine: Engine) -> None:
+        self._fired = False
+        self._iteration_start_ns = perf_counter_ns()
+        if self._fires:
+            self.switch("forward")
+
+    @never_raise
+    def _on_loss_completed(self, engine: Engine) -> None:
+        self._fired = True
+        if not self._fires:
+            # Known to be a Forward only now that its end came: without its GPU time.
+            self.run.record_phase("forward", self._iteration_start_ns, perf_counter_ns())
+            self._fires = True
+        self.switch("backward")
+
+    @never_raise
     def _on_backward_completed(self, engine: Engine) -> None:
         self.switch("optimization" if _steps(engine) else None)
 
     @never_raise
     def _on_iteration_completed(self, engine: Engine) -> None:
+        if self._fires is None and not self._fired and _monai_events(engine) is not None:
+            self._fires = False
+            warnings.warn(NO_ITERATION_EVENTS, UserWarning, stacklevel=2)
         self.end_batch(_steps(engine))
 
     @never_raise

@@ -150,9 +150,11 @@ def test_means_agree_with_the_stock_monitor_and_rows_with_the_clock(both: dict) 
 
 
 def test_accumulation_with_an_odd_batch_count_and_ours_passed_alone(tmp_path: Path) -> None:
-    """7 batches of 1, accumulation 2: steps after batches 2, 4 and 6, and the epoch's last
-    batch ends an iteration of its own. Ours passed alone switches the stock default off,
-    with one warning."""
+    """7 batches of 1, accumulation 2: steps after batches 2, 4 and 6; the epoch's last
+    batch never steps (clinicadl carries its gradients into the next epoch): an incomplete
+    iteration, flagged, no row. Every Optimization cell sits on its own step's row, each
+    against the script's clock. Ours passed alone switches the stock default off, with one
+    warning."""
     truth = train(
         tmp_path,
         *("--monitor", "alone", "--train", "7", "--batch", "1", "--accumulation", "2"),
@@ -162,26 +164,41 @@ def test_accumulation_with_an_odd_batch_count_and_ours_passed_alone(tmp_path: Pa
     maps = tmp_path / "maps"
     assert summary(maps).count("Computational Summary") == 1
     frame = computational(maps)
-    # 2 epochs x 4 iterations (2 + 2 + 2 + 1 batches), the first one warmup.
-    for name in TRAINING:
-        assert frame[name].notna().sum() == 7, name
-    assert frame["Optimization (s)"].notna().sum() == 5  # the lone batches do not step
+    # 2 epochs x 3 whole steps of 2 batches, the first one warmup: 5 rows, each with all
+    # of its training cells (the Optimization cell on the row of its own step).
+    stepped = frame["Training loop (s)"].notna()
+    assert stepped.sum() == 5
+    for name in [*TRAINING, "Optimization (s)"]:
+        assert frame[name].notna().tolist() == stepped.tolist(), name
     phases = read_tsv(split_dir(maps) / "logs" / "phases.tsv")
-    loop = phases.query("phase == 'Training loop' and flag != flag")
-    assert sorted(loop["batches"].tolist()) == [1, 1, 2, 2, 2, 2, 2]
-    # Forward of an iteration: its batches' Forward summed.
-    ends = [2, 4, 6, 7, 9, 11, 13, 14]  # iterations' ends, in batches (2 epochs of 7)
-    starts = [0, *ends[:-1]]
+    loop = phases.query("phase == 'Training loop'")
+    whole, cut = loop[loop["flag"].isna()], loop[loop["flag"].notna()]
+    assert whole["batches"].tolist() == [2] * 5  # the warmup step is not stored
+    assert cut["batches"].tolist() == [1, 1]  # the lone batches, kept flagged
+    assert (cut["flag"] == "incomplete").all()
+    # Forward of a step: its batches' Forward summed; the lone batches (7th, 14th) in none.
+    ends = [2, 4, 6, 9, 11, 13]  # steps' ends, in batches (2 epochs of 7)
+    starts = [end - 2 for end in ends]
 
-    def per_iteration(values: list[float]) -> list[float]:
+    def per_step(values: list[float]) -> list[float]:
         return [sum(values[a:b]) for a, b in zip(starts, ends, strict=True)][1:]
 
     _part, opening, closing = ALIKE["Forward (s)"]
     assert_between(
         frame["Forward (s)"].dropna().tolist(),
-        per_iteration(truth["forward"]),
-        per_iteration(windows(truth, opening, closing)),
+        per_step(truth["forward"]),
+        per_step(windows(truth, opening, closing)),
         "Forward",
+        0.05,
+        0.5e-3,
+    )
+    _part, opening, closing = ALIKE["Optimization (s)"]
+    assert len(truth["optimization"]) == 6
+    assert_between(
+        frame["Optimization (s)"].dropna().tolist(),
+        truth["optimization"][1:],
+        windows(truth, opening, closing)[1:],
+        "Optimization",
         0.05,
         0.5e-3,
     )
@@ -204,12 +221,45 @@ def test_a_crash_then_resume_from_the_checkpoint(tmp_path: Path) -> None:
     # Training adds up both sessions, each within its own Trainer call.
     training_s = frame["Training (s)"].iloc[0]
     assert training_s <= first["train_s"][0] + second["train_s"][0]
-    epochs = [windows(t, "on_epoch_start", "on_epoch_end") for t in (first, second)]
-    assert training_s >= sum(epochs[0]) + sum(epochs[1])
+    # A resumed run starts at its first epoch (after clinicadl's checkpoint has loaded),
+    # so the script's window of that epoch also holds the start of our sidecar: Training
+    # holds the stored epochs, the first session's whole windows too.
+    assert training_s >= frame["Epoch (s)"].sum()
+    assert training_s >= sum(windows(first, "on_epoch_start", "on_epoch_end"))
     value = throughput(summary(maps))
     assert value == value and value > 0  # a number, never nan
     phases = read_tsv(split_dir(maps) / "logs" / "phases.tsv")
     assert set(phases["session"]) == {0, 1}
+
+
+def files(maps: Path) -> dict[str, bytes]:
+    """Every file of the MAPS folder, by path inside it, with its bytes."""
+    return {str(p.relative_to(maps)): p.read_bytes() for p in maps.rglob("*") if p.is_file()}
+
+
+def test_a_refused_resume_leaves_the_maps_as_it_was(tmp_path: Path) -> None:
+    """A MAPS trained with the stock monitor (a crash at epoch 3), resumed with ours added:
+    clinicadl refuses (no checkpoint of ours among its callbacks' files). Ours starts and
+    writes nothing; resumed again with the stock list, clinicadl trains to the end and
+    writes the final model (the stock monitor finds no table of ours in its way)."""
+    train(tmp_path, "--monitor", "stock", "--raise-at-epoch", "3", code=1)
+    maps = tmp_path / "maps"
+    before = files(maps)
+    train(tmp_path, "--monitor", "ours", "--resume", code=1)
+    after = files(maps)
+    assert not (maps / "run.json").exists()
+    # Only clinicadl's own traces of the refused call: its exec logs, and the line its
+    # logger appends to summary.log.
+    assert all(name.startswith("exec/") for name in set(after) - set(before))
+    summary_log = "training/split-0/summary.log"
+    changed = {name for name in before if after.get(name) != before[name]}
+    assert changed <= {summary_log}
+    assert after[summary_log].startswith(before[summary_log])
+    assert b"Computational Summary" not in after[summary_log][len(before[summary_log]) :]
+    train(tmp_path, "--monitor", "stock", "--resume")
+    assert (split_dir(maps) / "models" / "final" / "model.pt").exists()
+    assert computational(maps)["Epoch (s)"].notna().sum() == 3
+    assert summary(maps).count("Computational Summary") == 1
 
 
 def test_ctrl_c_writes_the_split_incomplete(tmp_path: Path) -> None:

@@ -48,6 +48,7 @@ def test_trainer_and_evaluator_rows_against_the_script_clock(tmp_path: Path) -> 
     each epoch."""
     out = tmp_path / "maps"
     truth = train(out)
+    assert truth["warnings"] == []  # the events fire: nothing to say
     frame = read_tsv(split_dir(out) / "logs" / "computational.tsv")
     counts = frame.notna().sum()
     for name in ("Training loop (s)", "Training data loading (s)", *list(PARTS)[:3]):
@@ -83,6 +84,35 @@ def test_a_crash_then_resume_through_ignite_checkpoint(tmp_path: Path) -> None:
     summary = (split_dir(out) / "summary.log").read_text()
     line = next(x for x in summary.splitlines() if x.startswith("Throughput: "))
     assert float(line.split()[1]) > 0
+
+
+def test_a_custom_iteration_update_leaves_the_phases_empty_with_one_warning(
+    tmp_path: Path,
+) -> None:
+    """A SupervisedTrainer whose ``iteration_update`` is the script's own step, firing no
+    IterationEvents: Forward, Backward and Optimization stay empty (never the whole step
+    as Forward), one warning says why and what to do; the loop and the evaluator's rows
+    are still right."""
+    out = tmp_path / "maps"
+    truth = train(out, "--custom-step")
+    assert len(truth["warnings"]) == 1, truth["warnings"]
+    assert "fired none of MONAI's IterationEvents" in truth["warnings"][0]
+    assert "fire_event" in truth["warnings"][0] and "run.phase" in truth["warnings"][0]
+    frame = read_tsv(split_dir(out) / "logs" / "computational.tsv")
+    counts = frame.notna().sum()
+    for name in list(PARTS)[:3]:
+        assert counts[name] == 0, name
+    assert counts["Training loop (s)"] == 10
+    # Each stored step holds the script's forward, backward and step (the first 2 warmup).
+    steps = [
+        sum(x)
+        for x in zip(*(truth[p][2:] for p in ("forward", "backward", "optimization")), strict=True)
+    ]
+    assert (frame["Training loop (s)"].dropna().to_numpy() >= steps).all()
+    assert_close(
+        frame["Evaluation (s)"].dropna().tolist(), truth["evaluation"], "Evaluation", 0.05, 0.5e-3
+    )
+    assert run_json(out)["status"] == "completed"
 
 
 def test_a_plain_ignite_engine(tmp_path: Path) -> None:

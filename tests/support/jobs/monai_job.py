@@ -3,13 +3,15 @@
 ``markers.integrations.monai.MonitorHandler``, for the MONAI tests.
 
     python monai_job.py OUT TRUTH.json [--raise-at-epoch E] [--checkpoints DIR [--resume]]
+                        [--custom-step]
 
 The parts sleep known times and record how long they took (the script's own clock):
 ``forward`` (the network in training), ``backward`` (its backward pass), ``optimization``
 (the optimizer's step), ``evaluation`` (the network in the evaluator), lists of seconds in
 order; ``run_s`` around ``trainer.run``. With ``--checkpoints`` Ignite's ``Checkpoint``
 saves the model, optimizer, trainer and handler after every epoch; ``--resume`` loads the
-latest first.
+latest first. ``--custom-step``: the trainer's ``iteration_update`` is the script's own
+step, which fires none of MONAI's ``IterationEvents``. ``warnings``: markers' warnings.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +85,7 @@ def main() -> None:
     parser.add_argument("--raise-at-epoch", type=int, default=0)
     parser.add_argument("--checkpoints", type=Path)
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--custom-step", action="store_true")
     args = parser.parse_args()
 
     generator = torch.Generator().manual_seed(0)
@@ -97,13 +101,25 @@ def main() -> None:
     evaluator = SupervisedEvaluator(
         device=torch.device("cpu"), val_data_loader=val_loader, network=network
     )
+    loss_function = torch.nn.MSELoss()
+
+    def custom_step(engine: Any, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """A user's own step: forward, loss, backward, step, and no IterationEvents."""
+        network.train()
+        optimizer.zero_grad()
+        loss = loss_function(network(batch["image"]), batch["label"])
+        loss.backward()
+        optimizer.step()
+        return {"loss": loss.item()}
+
     trainer = SupervisedTrainer(
+        iteration_update=custom_step if args.custom_step else None,
         device=torch.device("cpu"),
         max_epochs=args.epochs,
         train_data_loader=train_loader,
         network=network,
         optimizer=optimizer,
-        loss_function=torch.nn.MSELoss(),
+        loss_function=loss_function,
         train_handlers=[ValidationHandler(interval=1, validator=evaluator)],
     )
     handler = MonitorHandler(out_dir=str(args.out), warmup_iterations=2).attach(trainer, evaluator)
@@ -123,9 +139,12 @@ def main() -> None:
             Checkpoint.load_objects(objects, torch.load(latest, weights_only=False))
     start = time.perf_counter()
     try:
-        trainer.run()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer.run()
     finally:
         TRUTH["run_s"] = time.perf_counter() - start
+        TRUTH["warnings"] = [str(w.message) for w in caught if "markers" in str(w.message)]
         args.truth.write_text(json.dumps(TRUTH))
 
 
