@@ -95,12 +95,15 @@ class MonitorCallback(Monitor, Callback):
 
     @never_raise
     def on_trainer_init(self, *, callbacks: Any, **kwargs: Any) -> None:
-        """Switch off clinicadl's own monitor (the default it added, or one passed
-        enabled): one Computational Summary per summary.log."""
+        """Switch off clinicadl's own monitor: the default it added in ours' place always
+        (ours with ``enabled=False`` means no monitoring, as the stock's does), one passed
+        enabled while ours measures (one Computational Summary per summary.log)."""
+        passed = [id(c) for c in getattr(getattr(callbacks, "config", None), "callbacks", [])]
         stock = [c for c in callbacks.callbacks if type(c) is StockMonitor and c.config.enabled]
+        added = [c for c in stock if id(c) not in passed]
+        for callback in stock if self.enabled else added:
+            callback.config.enabled = False
         if self.enabled and stock:
-            for callback in stock:
-                callback.config.enabled = False
             warnings.warn(
                 "markers: clinicadl's own MonitorCallback is switched off, markers' "
                 "MonitorCallback replaces it (pass clinicadl.callbacks.MonitorCallback("

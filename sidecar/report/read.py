@@ -44,7 +44,7 @@ class SplitFiles:
     resources: bytes  # body of resources.tsv; b"" when the split has no samples
     resources_columns: tuple[str, ...]  # its header: a file of an older or newer version
     # may lack optional columns or hold columns appended since; readers go by name
-    summary: str  # summary.log
+    summary: str  # summary.log; '' where run.json states its figures (not read)
     ranks: str = ""  # logs/ranks.tsv (several ranks compared; docs/multi-node.md), or ""
     # (body, header) of each other node's resources-<node-id>.tsv (docs/multi-node.md):
     # its host's samples, which the job's energy and host figures add up with rank 0's
@@ -122,6 +122,16 @@ def _computational(path: Path) -> tuple[bytes, bytes]:
     return body, header
 
 
+def states_figures(entry: dict[str, Any]) -> bool:
+    """Whether a split's run.json entry states every figure the report takes from a
+    split (a folder written before it did: they are read from its summary.log)."""
+    return (
+        isinstance(entry.get("throughput"), dict)
+        and isinstance(entry.get("records_dropped"), int)
+        and "straggler" in entry
+    )
+
+
 def _split_files(folder: Path, split: int, entry: Any) -> SplitFiles:
     if not isinstance(entry, dict):
         raise Damaged(f"run.json: split {split} is not an object")
@@ -130,11 +140,22 @@ def _split_files(folder: Path, split: int, entry: Any) -> SplitFiles:
     logs = layout.logs_dir(folder, split)
     try:
         computational, header = _computational(logs / layout.computational_file(0))
-        summary = (split_dir / layout.SUMMARY_FILE).read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError as exc:
         raise Damaged(f"split {split}: {Path(exc.filename).name} missing") from None
-    if TITLE_LINE not in summary:
-        raise Damaged(f"split {split}: summary.log holds no computational summary")
+    # summary.log is output: read only for a folder whose run.json predates the figures
+    # it states (throughput, records dropped, straggler), never required beside them
+    summary = ""
+    if not states_figures(entry):
+        try:
+            summary = (split_dir / layout.SUMMARY_FILE).read_text(
+                encoding="utf-8", errors="replace"
+            )
+        except FileNotFoundError:
+            raise Damaged(
+                f"split {split}: summary.log missing and run.json states no figures"
+            ) from None
+        if TITLE_LINE not in summary:
+            raise Damaged(f"split {split}: summary.log holds no computational summary")
     try:
         resources = _resources_body(logs / layout.RESOURCES_FILE)
     except FileNotFoundError:  # no sample was taken (a very short run)

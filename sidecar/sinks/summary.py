@@ -75,14 +75,13 @@ def welford_cell(stats: Welford) -> str:
 
 
 def table_line(label: str, time: str, gpu: str, memory: str) -> str:
-    """One line of the table: 22-character label, then three 25-character cells."""
-    return f"{label:<22} | {time:<25} | {gpu:<25} | {memory:<25}".rstrip()
+    """One line of the table: 22-character label, then three 25-character cells, padded
+    to 106 characters as the reference pads them (a diff against its block is empty)."""
+    return f"{label:<22} | {time:<25} | {gpu:<25} | {memory:<25}"
 
 
 def _header() -> str:
-    return (
-        f"{'Phase':^22} | {'Time (s)':^25} | {'GPU Time (s)':^25} | {'GPU Max Memory (MB)':^25}"
-    ).rstrip()
+    return f"{'Phase':^22} | {'Time (s)':^25} | {'GPU Time (s)':^25} | {'GPU Max Memory (MB)':^25}"
 
 
 def _stored(agg: RankAggregator, phase: int, attribute: str) -> np.ndarray:

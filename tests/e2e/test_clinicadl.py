@@ -280,3 +280,38 @@ def test_two_splits_on_one_trainer(tmp_path: Path) -> None:
         assert document["splits"][str(split)]["status"] == "completed"
         assert computational(maps, split)["Epoch (s)"].notna().sum() == 2
         assert summary(maps, split).count("Computational Summary") == 1
+
+
+def _block_layout(text: str) -> list[tuple[int, str, list[int]]]:
+    """Each line of the Computational Summary table, from its title to the validation
+    throughput: its length, its label and where its column bars stand (the values,
+    measured by each monitor, differ)."""
+    lines = text[text.index("***") :].splitlines()
+    end = next(i for i, line in enumerate(lines) if line.startswith("Throughput:") and i > 12)
+    return [
+        (len(line), line.split("|")[0], [i for i, c in enumerate(line) if c == "|"])
+        for line in lines[: end + 1]
+        if not line.startswith(("Throughput:", "GPU throughput:"))
+    ]
+
+
+def test_the_block_is_laid_out_as_the_stock_monitor_lays_it_out(both: dict) -> None:
+    """Line for line, the stock's block and ours: the same widths (106, padded, not
+    stripped), labels and column bars, so a diff shows the figures only."""
+    stock, ours = (_block_layout(summary(both[m][0])) for m in ("stock", "ours"))
+    assert ours == stock
+    assert sum(length == 106 for length, _, _ in ours) >= 14
+
+
+def test_ours_disabled_alone_means_no_monitoring(tmp_path: Path) -> None:
+    """Ours passed alone with enabled=False: no monitor measures (the stock default that
+    clinicadl adds in its place is switched off too, as the stock's enabled=False is), no
+    file of ours, no Computational Summary, no warning; the model is trained."""
+    truth = train(tmp_path, "--monitor", "off", "--epochs", "1")
+    assert truth["warnings"] == []
+    maps = tmp_path / "maps"
+    assert "Computational Summary" not in summary(maps)
+    logs = split_dir(maps) / "logs"
+    assert not (logs / "computational.tsv").exists() and not (logs / "phases.tsv").exists()
+    assert not (maps / "run.json").exists()
+    assert list(split_dir(maps).glob("best-*")) or list(maps.rglob("*.pt"))

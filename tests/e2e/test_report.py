@@ -429,8 +429,8 @@ def test_the_report_reads_run_json_and_an_older_folder_its_summary(
 ) -> None:
     """run.json states per split what the summary prints (throughput, records dropped);
     the report takes them there, and from summary.log in a folder laid out as before
-    run.json held them."""
-    for name in ("now", "before", "stated"):
+    run.json held them. A folder whose summary.log was removed gives the same row."""
+    for name in ("now", "before", "stated", "nosummary"):
         shutil.copytree(cluster / FAST[0], tmp_path / "runs" / name)
     meta = json.loads((cluster / FAST[0] / "run.json").read_text())
     entry = meta["splits"]["0"]
@@ -445,8 +445,12 @@ def test_the_report_reads_run_json_and_an_older_folder_its_summary(
     stated = {**meta, "splits": {"0": {**entry, "throughput": {"train": 12345.5, "val": None}}}}
     stated["splits"]["0"]["records_dropped"] = 7
     (tmp_path / "runs" / "stated" / "run.json").write_text(json.dumps(stated))
+    (tmp_path / "runs" / "nosummary" / "training" / "split-0" / "summary.log").unlink()
     jobs = report_jobs(tmp_path, "runs").set_index("folder")
-    assert sorted(jobs.index) == ["runs/before", "runs/now", "runs/stated"]
+    assert sorted(jobs.index) == ["runs/before", "runs/nosummary", "runs/now", "runs/stated"]
+    same = jobs.loc["runs/nosummary"].drop("folder", errors="ignore")
+    now = jobs.loc["runs/now"].drop("folder", errors="ignore")
+    assert same.equals(now), (same[same != now], now[same != now])
     for column in ("train throughput (samples/s)", "records dropped"):
         assert jobs.loc["runs/before", column] == jobs.loc["runs/now", column], column
     assert jobs.loc["runs/now", "train throughput (samples/s)"] == train

@@ -141,7 +141,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("root", type=Path)
     parser.add_argument("truth", type=Path)
-    parser.add_argument("--monitor", choices=("stock", "ours", "alone", "both"), default="ours")
+    parser.add_argument(
+        "--monitor", choices=("stock", "ours", "alone", "both", "off"), default="ours"
+    )
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--train", type=int, default=8, help="training subjects")
     parser.add_argument("--val", type=int, default=4, help="validation subjects")
@@ -180,7 +182,10 @@ def main() -> None:
     if args.monitor in ("stock", "both"):  # clinicadl moves it before every user callback
         callbacks.append(stock)
     if args.monitor != "stock":
-        callbacks.append(MonitorCallback(warmup_iterations=args.warmup))
+        # "off": ours alone with enabled=False, which means no monitoring, as the stock's
+        callbacks.append(
+            MonitorCallback(warmup_iterations=args.warmup, enabled=args.monitor != "off")
+        )
         if args.monitor == "ours":
             callbacks.append(StockMonitor(enabled=False))
     callbacks.append(Stamps("close"))
