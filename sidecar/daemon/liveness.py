@@ -6,13 +6,28 @@ import signal
 
 import psutil
 
+# The processes being watched, kept between checks: the check runs five times a second
+# per run, and building a psutil.Process (its creation time read and checked) cost more
+# than reading its status. A pid seen gone is dropped; the bound only stops a sidecar
+# that outlives many processes from keeping them all.
+_watched: dict[int, psutil.Process] = {}
+_WATCHED_MAX = 1024
+
 
 def pid_alive(pid: int) -> bool:
     """True while process ``pid`` runs on this host (a zombie counts as gone)."""
+    proc = _watched.get(pid)
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        if proc is None:
+            if len(_watched) >= _WATCHED_MAX:
+                _watched.clear()
+            proc = _watched[pid] = psutil.Process(pid)
+        alive = proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
-        return False
+        alive = False
+    if not alive:
+        _watched.pop(pid, None)
+    return alive
 
 
 def describe_exit(returncode: int) -> str:
