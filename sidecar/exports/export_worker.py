@@ -41,7 +41,7 @@ IDLE_S = 0.5  # the thread's wake-up period for retries
 LIVE_S = 5.0  # between writes, a running split's new points are handed over this often
 
 
-class Monitor(Protocol):
+class SampleSource(Protocol):
     """What the live hand-over reads of the resource monitor (``ResourceMonitor``)."""
 
     def live(self, split: Split) -> Any:
@@ -188,7 +188,7 @@ class Exports:
         if part is not None:
             self._put(job, part)
 
-    def live(self, now_mono: float, monitor: Monitor) -> None:
+    def live(self, now_mono: float, monitor: SampleSource) -> None:
         """Every ``live_s`` (``now_mono``: monotonic s), hand each running split's rows
         and samples new since the last hand-over to the exports thread, so that they are
         readable while it trains; skipped while the thread has not taken the last ones

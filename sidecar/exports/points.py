@@ -195,10 +195,9 @@ def goodput_points(part: Slice) -> list[Point]:
 
 
 def memory_used_pct(sample: Any, _part: Slice | None = None) -> float | None:
-    """A GPU sample's memory used of its total, % (None when either is unknown): what
-    InnerEye's MemUtil_Percent and MLflow's gpu memory percentage both mean."""
-    used, total = sample.mem_used_mib, sample.mem_total_mib
-    return None if used is None or not total else used / total * 100
+    """A GPU sample's memory used of its total, % (``GpuSample.mem_used_pct``), as a
+    value of an exporter's name table."""
+    return sample.mem_used_pct
 
 
 def cpu_share_pct(sample: Any, part: Slice) -> float:

@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from markers import wire
-from sidecar.exports.points import memory_used_pct
 from sidecar.model.aggregator import RankAggregator
 from sidecar.resources.samplers.host import HostSample
 from sidecar.resources.samplers.nvml_gpu import GpuSample
@@ -64,7 +63,7 @@ def aggregate_text(
     rows: dict[str, dict[str, list[float]]] = {}
     for sample in gpu_samples:
         figures = rows.setdefault(f"GPU{sample.gpu_index}", {})
-        _add(figures, "MemUtil_Percent", memory_used_pct(sample))
+        _add(figures, "MemUtil_Percent", sample.mem_used_pct)
         _add(figures, "Load_Percent", sample.util_pct)
         job_mib = sample.job_mem_mib
         _add(figures, "MemReserved_GB", None if job_mib is None else job_mib / MIB_PER_GIB)

@@ -84,6 +84,13 @@ class GpuSample:
     # lists were not read. Which split uses the GPU, for a process on several GPUs.
     job_pids: tuple[int, ...] | None = None
 
+    @property
+    def mem_used_pct(self) -> float | None:
+        """Memory used of the GPU's total, % (None when either is unknown): what
+        InnerEye's MemUtil_Percent and the trackers' GPU memory percentages mean."""
+        used, total = self.mem_used_mib, self.mem_total_mib
+        return None if used is None or not total else used / total * 100
+
 
 class GpuLost(Exception):
     """The GPU no longer answers for good: skip it."""
