@@ -170,8 +170,8 @@ def energy_cadence(api: Any, seconds: float = 3.0) -> str:
     )
 
 
-def drift(cuda_api: Any, seconds: float) -> dict[str, float]:
-    """GPU time against perf_counter_ns: an event every DRIFT_EVERY_S on an idle GPU,
+def drift(cuda_api: Any, seconds: float, every_s: float = DRIFT_EVERY_S) -> dict[str, float]:
+    """GPU time against perf_counter_ns: an event every ``every_s`` on an idle GPU,
     stamped on the host just before its record (an idle GPU reaches it a constant launch
     latency later; the wake-up after a synchronize is not constant)."""
     cuda_api.synchronize()
@@ -182,7 +182,7 @@ def drift(cuda_api: Any, seconds: float) -> dict[str, float]:
     points = [(0.0, 0.0)]
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        time.sleep(min(DRIFT_EVERY_S, max(0.0, end - time.monotonic())))
+        time.sleep(min(every_s, max(0.0, end - time.monotonic())))
         event = cuda_api.Event(enable_timing=True)
         host_s = (time.perf_counter_ns() - host0) / 1e9
         event.record()
@@ -245,12 +245,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("what", choices=("drift", "probe"))
     parser.add_argument("--fake", action="store_true", help="on the fakes (no GPU)")
     parser.add_argument("--seconds", type=float, default=240.0, help="drift: how long")
+    parser.add_argument(
+        "--every", type=float, default=DRIFT_EVERY_S, help="drift: seconds between events"
+    )
     parser.add_argument("--json", type=Path, help="drift: where to write its figures")
     parser.add_argument("--drift-json", type=Path, help="probe: the drift run's figures")
     parser.add_argument("--section", type=Path, help="probe: also write the section here")
     args = parser.parse_args(argv)
     if args.what == "drift":
-        figures = drift(cuda(args.fake), args.seconds)
+        figures = drift(cuda(args.fake), args.seconds, args.every)
         print(json.dumps(figures))
         if args.json:
             args.json.write_text(json.dumps(figures))
