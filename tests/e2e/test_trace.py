@@ -66,27 +66,26 @@ def _inside(child: dict[str, Any], parents: list[dict[str, Any]]) -> bool:
     )
 
 
-def test_every_stored_row_is_a_slice_and_speedscope_names_the_track(short_tmp: Path) -> None:
+def _traced_job(cwd: Path, job: str, *args: str) -> dict[str, Any]:
+    """``sidecar run`` over ``job`` (tests/support/jobs) with ``args``, which name the run
+    folder after ``--out-dir``; that folder's trace."""
+    command = [*sidecar_command("run", "--quiet", *SAME_PRIORITY), "--", sys.executable]
     done = subprocess.run(
-        [
-            *sidecar_command("run", "--quiet", *SAME_PRIORITY),
-            "--",
-            sys.executable,
-            str(JOBS / "paced_job.py"),
-            "--out-dir",
-            "run",
-            "--iters",
-            "20",
-            "--validate",
-        ],
-        cwd=short_tmp,
+        [*command, str(JOBS / job), *args],
+        cwd=cwd,
         env=env(),
         capture_output=True,
         text=True,
         timeout=240,
     )
     assert done.returncode == 0, done.stderr
-    document = _trace(short_tmp, "run")
+    return _trace(cwd, args[args.index("--out-dir") + 1])
+
+
+def test_every_stored_row_is_a_slice_and_speedscope_names_the_track(short_tmp: Path) -> None:
+    document = _traced_job(
+        short_tmp, "paced_job.py", "--out-dir", "run", "--iters", "20", "--validate"
+    )
     slices = _slices(document)
     assert_drawable(document["traceEvents"])
     # each slice's row is in the args of the instant event that follows it
@@ -198,31 +197,12 @@ def test_two_nodes_give_one_track_per_rank_on_one_clock(short_tmp: Path) -> None
 def test_a_long_run_with_tiny_phases_nests_on_whole_microseconds(short_tmp: Path) -> None:
     # many abutting sub-millisecond slices: where floating start + duration used to pass
     # the next slice's start
-    done = subprocess.run(
-        [
-            *sidecar_command("run", "--quiet", *SAME_PRIORITY),
-            "--",
-            sys.executable,
-            str(JOBS / "loop_job.py"),
-            "--out-dir",
-            "long",
-            "--epochs",
-            "4",
-            "--iters",
-            "500",
-            "--sleep",
-            "0",
-            "--cap",
-            "2000",
-        ],
-        cwd=short_tmp,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=240,
+    document = _traced_job(
+        short_tmp,
+        "loop_job.py",
+        *("--out-dir", "long", "--epochs", "4", "--iters", "500", "--sleep", "0"),
+        *("--cap", "2000"),
     )
-    assert done.returncode == 0, done.stderr
-    document = _trace(short_tmp, "long")
     slices = _slices(document)
     assert assert_drawable(document["traceEvents"]) == len(slices) > 4000, len(slices)
     loops = sorted((e for e in slices if e["name"] == "Training loop"), key=lambda e: e["ts"])
