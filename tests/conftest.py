@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from tests.support import machine_share
 from tests.support.helpers import Sidecar, serve, short_tmp
 
 __all__ = ["serve", "short_tmp"]
@@ -25,3 +26,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "/e2e/" in item.path.as_posix():
             item.add_marker(pytest.mark.e2e)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Fix the xdist run's id early, for the ``alone`` tests' lock folder."""
+    machine_share.name_the_run(config)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    """Under xdist, a test marked ``alone`` runs (setup to teardown) with no other test
+    beside it on any worker; the others share the machine (tests.support.machine_share)."""
+    folder = machine_share.lock_folder(item.config)
+    if folder is None:
+        return (yield)
+    with machine_share.share(folder, alone=item.get_closest_marker(machine_share.MARK) is not None):
+        return (yield)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Delete the run's lock folder once the workers ended."""
+    machine_share.remove(session.config)

@@ -41,6 +41,7 @@ def _script(path: Path, text: str) -> Path:
         slurm.unavailable() or local_users.unavailable() or local_users.user_python_unavailable()
     ),
 )
+@slurm.ONE_AT_A_TIME
 def test_slurm_runs_a_users_job_with_the_task_prolog_and_the_epilog(short_tmp: Path) -> None:
     short_tmp.chmod(0o755)
     site = local_users.readable_markers(short_tmp / "py")

@@ -46,7 +46,10 @@ from tests.support.helpers import (
     wait_for,
 )
 
-pytestmark = pytest.mark.skipif(bool(slurm.unavailable()), reason=str(slurm.unavailable()))
+pytestmark = [
+    pytest.mark.skipif(bool(slurm.unavailable()), reason=str(slurm.unavailable())),
+    slurm.ONE_AT_A_TIME,
+]
 # Every rank's loop: its length, its warmup, its forward and the slowed rank's extra time.
 LOOP = {"iters": ITERS, "warmup": WARMUP, "forward_s": FORWARD_S, "slow_s": SLOW_S}
 NODES_WHY_NOT = (

@@ -25,7 +25,7 @@ from tests.support import local_users, slurm
 from tests.support.helpers import Sidecar, env, job_runs, run_json, sidecar_command, wait_for
 
 WHY_NOT = slurm.unavailable() or local_users.unavailable() or local_users.user_python_unavailable()
-pytestmark = pytest.mark.skipif(bool(WHY_NOT), reason=str(WHY_NOT))
+pytestmark = [pytest.mark.skipif(bool(WHY_NOT), reason=str(WHY_NOT)), slurm.ONE_AT_A_TIME]
 
 # Until its stop file exists, the job trains (a plain loop with markers): the stop file is
 # named after the job, so one script serves every job.

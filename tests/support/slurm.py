@@ -23,8 +23,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 from tests.support import netns
 from tests.support.helpers import REPO, wait_for
+
+# Under xdist, the tests that start a Slurm share one worker, so one runs at a time: every
+# cluster uses the host's one munged (the first started it and stops it on its exit) and
+# the one-node clusters all name this host.
+ONE_AT_A_TIME = pytest.mark.xdist_group("slurm")
 
 BINARIES = ("slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "munged", "munge")
 
