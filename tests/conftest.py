@@ -21,11 +21,27 @@ def sidecar(serve: Callable[..., Sidecar], monkeypatch: pytest.MonkeyPatch) -> I
     yield server
 
 
+SHARED_SCOPES = frozenset({"class", "module", "package"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist names the groups from the markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test under tests/e2e as ``e2e``, so ``-m 'not e2e'`` runs the unit loop."""
+    """Mark every test under tests/e2e as ``e2e``, so ``-m 'not e2e'`` runs the unit loop.
+
+    A test that uses a fixture shared by its module (one run, many assertions) joins its
+    module's xdist_group: the module's tests then share one worker, which sets the fixture
+    up once, instead of once on every worker that drew one of them."""
     for item in items:
         if "/e2e/" in item.path.as_posix():
             item.add_marker(pytest.mark.e2e)
+        # pytest has no public accessor for an item's resolved fixture definitions
+        fixtures = getattr(item, "_fixtureinfo", None)
+        if fixtures is not None and any(
+            definitions[-1].scope in SHARED_SCOPES
+            for definitions in fixtures.name2fixturedefs.values()
+            if definitions
+        ):
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
 
 
 def pytest_configure(config: pytest.Config) -> None:
