@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
+from _pytest.nodeid import NodeId
 
 from tests.support import machine_share
 from tests.support.helpers import Sidecar, serve, short_tmp
@@ -42,6 +43,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             if definitions
         ):
             item.add_marker(pytest.mark.xdist_group(item.path.stem))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist sends the ids to the controller
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Under ``--dist loadgroup``, end each grouped test's id with ``@group``, as
+    pytest-xdist 3.8 means to: it writes the suffix into an attribute pytest 9 no longer
+    reads the id from, so its groups were silently ignored. The controller schedules by
+    that suffix."""
+    if not getattr(session.config, "workerinput", None) or not session.config.getvalue("loadgroup"):
+        return
+    for item in session.items:
+        groups = sorted({str(mark.args[0]) for mark in item.iter_markers("xdist_group")})
+        if groups and "@" not in item.nodeid:
+            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(groups)}")
 
 
 def pytest_configure(config: pytest.Config) -> None:
