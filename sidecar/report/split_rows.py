@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from sidecar.model.split import logs_dir, split_dir
 from sidecar.report.read import Damaged
 from sidecar.sinks import layout
 
@@ -124,7 +125,7 @@ def read_split(folder: Path, split: int) -> SplitRows:
     entry = run_meta(folder)["splits"].get(str(split))
     if not isinstance(entry, dict):
         raise Damaged(f"{folder}/run.json: split {split} is not an object")
-    logs = layout.logs_dir(folder, split)
+    logs = logs_dir(folder, split)
     others = {
         int(match[1]): path
         for path in logs.glob("phases-rank*.tsv")
@@ -138,7 +139,7 @@ def read_split(folder: Path, split: int) -> SplitRows:
     phases["flag"] = phases["flag"].fillna("")
     split_start = float(entry.get("start_unix") or 0.0)
     rank_nodes, node_starts = _node_starts(entry)
-    starts = _rank_starts(layout.split_dir(folder, split))
+    starts = _rank_starts(split_dir(folder, split))
     for rank in phases["rank"].unique().tolist():
         starts.setdefault(int(rank), node_starts.get(rank_nodes.get(int(rank), ""), split_start))
     hosts = {

@@ -24,8 +24,6 @@ file names from this module; the columns are defined beside the text they head
 from __future__ import annotations
 
 from markers import wire
-from sidecar.model.split import logs_dir as logs_dir  # the folder paths: re-exported
-from sidecar.model.split import split_dir as split_dir
 
 RUN_FILE = "run.json"
 RUN_LOCK_FILE = ".run.json.lock"  # held while run.json is read, merged and replaced

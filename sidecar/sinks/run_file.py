@@ -103,7 +103,7 @@ def _node_entry(split: Split, figures: SplitFigures, counts: RecordCounts) -> di
         "wall_s": max((a.wall_s() for a in split.ranks.values()), default=None),
         "gpus": [{"uuid": uuid, "name": name} for uuid, name in split.gpus],
         **{key: info.get(key) for key in ("host", "user", "job_id", "command", "cwd")},
-        "goodput": goodput_text.goodput_entry(figures.accounts),
+        "goodput": goodput_text.goodput_entry(figures.accounts, figures.mean_account),
         "loaders": split.loaders,
         "mfu": None if mfu is None else mfu.to_json(),
         "node_id": nodes.NODE_ID,

@@ -168,7 +168,7 @@ def render(
                 *split.export_lines,
             ],
             rank_lines,
-            goodput_text.goodput_lines(figures.accounts, figures.mfu),
+            goodput_text.goodput_lines(figures.accounts, figures.mean_account, figures.mfu),
         )
     if multi:
         files[nodes.node_path(split.split_dir)] = _node_text(
