@@ -200,7 +200,11 @@ class Hooks:
                 if not evaluation:  # its size, where the driver sees no batch (Transformers)
                     run.batch_seen(False, args or kwargs)
                     self._read_dim = None  # the driver may have read another size
-            elif self._is_training(module):
+            elif (
+                module.training
+                and not self._model._validation_start_ns  # not in_validation, inline
+                and (self._grad_enabled() or self._trains_without_grad())
+            ):
                 batch = args or kwargs
                 if self._grad_enabled():
                     self._undecided = None
@@ -295,14 +299,11 @@ class Hooks:
         self._state = _VAL
         self._last_eval_mode = not module.training
 
-    def _is_training(self, module: torch.nn.Module) -> bool:
-        if not module.training or self._model.in_validation:
-            return False
-        if self._grad_enabled():
-            return True
-        # Training mode under no_grad: part of training once training is under way (a
-        # GAN's generator), or right after an evaluation in eval mode (the script called
-        # model.train() again); an evaluation before training otherwise.
+    def _trains_without_grad(self) -> bool:
+        """A forward in training mode under no_grad outside a validation pass: part of
+        training once training is under way (a GAN's generator), or right after an
+        evaluation in eval mode (the script called model.train() again); an evaluation
+        before training otherwise."""
         return self._state == _TRAIN or (self._state == _VAL and self._last_eval_mode)
 
     def _begin_training_forward(self, now_ns: int, batch: Any) -> None:
