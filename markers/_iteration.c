@@ -108,13 +108,10 @@ current_context(PyObject *buffer, PyObject *contexts, long long *tag)
     return *tag == -1 && PyErr_Occurred() ? -1 : 0;
 }
 
-/* A context slot at offset n: noted in the buffer's contexts, n moved past it. */
+/* The context slot packed at offset n: noted in the buffer's contexts, n moved past it. */
 static int
-append_context(PyObject *buffer, PyObject *contexts, long long n, const long long *values)
+note_context(PyObject *buffer, PyObject *contexts, long long n)
 {
-    if (pack_values(buffer, n, values, 3) != 0) {
-        return -1;
-    }
     PyObject *offset = PyLong_FromLongLong(n);
     if (offset == NULL || PyList_Append(contexts, offset) != 0) {
         Py_XDECREF(offset);
@@ -148,10 +145,11 @@ record_and_context(PyObject *buffer, long long tag, long long start, long long e
     }
     long long context_tag;
     int status = -1;
-    if (current_context(buffer, contexts, &context_tag) == 0 &&
-        pack_slot(buffer, n, tag, start, end) == 0) {
-        const long long values[3] = {context_tag, iteration, batch};
-        status = append_context(buffer, contexts, n + 3, values);
+    if (current_context(buffer, contexts, &context_tag) == 0) {
+        const long long values[6] = {tag, start, end, context_tag, iteration, batch};
+        if (pack_values(buffer, n, values, 6) == 0) {
+            status = note_context(buffer, contexts, n + 3);
+        }
     }
     Py_DECREF(contexts);
     return status;
@@ -202,7 +200,9 @@ set_context_here(PyObject *buffer, long long flags, long long epoch, long long i
         }
     }
     const long long values[3] = {0xFFFF | flags << 16 | epoch << 32, iteration, batch};
-    status = append_context(buffer, contexts, n, values);
+    if (pack_values(buffer, n, values, 3) == 0) {
+        status = note_context(buffer, contexts, n);
+    }
 done:
     Py_DECREF(contexts);
     return status;
