@@ -58,6 +58,19 @@ attr_empty(PyObject *obj, PyObject *name)
     return empty;
 }
 
+/* Whether the iteration's context is the model's current one (identity); -1 on error. */
+static int
+context_current(PyObject *model, PyObject *iteration)
+{
+    PyObject *context = PyObject_GetAttr(iteration, str_context);
+    if (context == NULL) {
+        return -1;
+    }
+    int current = attr_is(model, str_model_context, context);
+    Py_DECREF(context);
+    return current;
+}
+
 int
 one_call_case(PyObject *model, PyObject *iteration)
 {
@@ -65,12 +78,7 @@ one_call_case(PyObject *model, PyObject *iteration)
     if (open != 1) {
         return open;
     }
-    PyObject *context = PyObject_GetAttr(iteration, str_context);
-    if (context == NULL) {
-        return -1;
-    }
-    int current = attr_is(model, str_model_context, context);
-    Py_DECREF(context);
+    int current = context_current(model, iteration);
     if (current != 1) {
         return current;
     }
@@ -300,12 +308,7 @@ static int
 end_whole_here(PyObject *model, PyObject *open, long long end_ns, const long long *loop_ids,
                long long check_every)
 {
-    PyObject *context = PyObject_GetAttr(open, str_context);
-    if (context == NULL) {
-        return -1;
-    }
-    int current = attr_is(model, str_model_context, context);
-    Py_DECREF(context);
+    int current = context_current(model, open);
     if (current != 1) {
         return current;
     }
@@ -371,11 +374,21 @@ done:
     return status;
 }
 
+/* Whether a verb was given its five arguments (else a TypeError is set). */
+static int
+five_args(const char *verb, Py_ssize_t nargs)
+{
+    if (nargs == 5) {
+        return 1;
+    }
+    PyErr_Format(PyExc_TypeError, "%s takes 5 arguments (%zd given)", verb, nargs);
+    return 0;
+}
+
 static PyObject *
 end_whole(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "end_whole takes 5 arguments");
+    if (!five_args("end_whole", nargs)) {
         return NULL;
     }
     const long long loop_ids[2] = {PyLong_AsLongLong(args[0]), PyLong_AsLongLong(args[1])};
@@ -465,8 +478,7 @@ begin_training_here(PyObject *type, long long loading_id, PyObject *model, PyObj
 static PyObject *
 begin_training(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "begin_training takes 5 arguments");
+    if (!five_args("begin_training", nargs)) {
         return NULL;
     }
     long long loading_id = PyLong_AsLongLong(args[1]);
