@@ -9,9 +9,9 @@
  *     Iterations.end_iteration(end_ns) when the open iteration's context is the current
  *     one and its count is no GPU check: its loop record, then no iteration's context.
  *   begin_training(iteration_type, loading_id, model, start_ns, loaded_ns):
- *     begin_iteration(False, start_ns, explicit_end=True) then data_loaded(start_ns,
- *     loaded_ns) when nothing is open, left or suspended: the iteration and its context,
- *     then its data loading slot.
+ *     Iterations.begin_training(start_ns, loaded_ns) (begin_iteration(False, start_ns,
+ *     explicit_end=True), then data_loaded) when nothing is open, left or suspended: the
+ *     iteration and its context, then its data loading slot.
  *   batch_done(model): Iterations.batch_done.
  * markers.iteration binds the ids and the type (functools.partial) and falls back to the
  * Python verbs where this is not built; tests/unit/test_iteration_speedups.py holds the
@@ -22,8 +22,7 @@
 static PyObject *str_open, *str_context, *str_model_context, *str_left, *str_suspended,
     *str_contexts, *str_sent_since_context, *str_start_ns, *str_excluded_ns, *str_batches,
     *str_recorded, *str_epoch, *str_net_batches, *str_validation, *str_explicit_end,
-    *str_buffer, *str_counts, *str_gpu, *str_end_iteration,
-    *str_begin_iteration, *str_data_loaded;
+    *str_buffer, *str_counts, *str_gpu, *str_end_iteration, *str_begin_training;
 
 /* An integer attribute, or return -1 with an exception. */
 #define GET_INT(obj, name, var)                                                          \
@@ -268,11 +267,11 @@ done:
     return status;
 }
 
-/* model.<name>(args...) for a case taken in Python; None or NULL. */
+/* model.<name>(args...) (at most two) for a case taken in Python; None or NULL. */
 static PyObject *
 in_python(PyObject *model, PyObject *name, PyObject *const *args, size_t nargs)
 {
-    PyObject *call[4] = {model};
+    PyObject *call[3] = {model};
     for (size_t i = 0; i < nargs; i++) {
         call[i + 1] = args[i];
     }
@@ -491,13 +490,7 @@ begin_training(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
         return NULL;
     }
     if (!here) {
-        PyObject *begin[3] = {Py_False, args[3], Py_True};
-        PyObject *result = in_python(args[2], str_begin_iteration, begin, 3);
-        if (result == NULL) {
-            return NULL;
-        }
-        Py_DECREF(result);
-        return in_python(args[2], str_data_loaded, &args[3], 2);
+        return in_python(args[2], str_begin_training, &args[3], 2);
     }
     Py_RETURN_NONE;
 }
@@ -566,8 +559,7 @@ add_iteration(PyObject *module)
         {&str_counts, "counts"},
         {&str_gpu, "gpu"},
         {&str_end_iteration, "end_iteration"},
-        {&str_begin_iteration, "begin_iteration"},
-        {&str_data_loaded, "data_loaded"},
+        {&str_begin_training, "begin_training"},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         if (*names[i].slot == NULL) {

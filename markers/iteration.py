@@ -245,6 +245,13 @@ class Iterations:
         if self.open is not None:
             self.open.batches += 1
 
+    def begin_training(self, start_ns: int, loaded_ns: int) -> None:
+        """A training iteration that only ``end_iteration`` ends whole begins at
+        ``start_ns``; its batch was fetched from then to ``loaded_ns`` (its data loading
+        phase): what instrument()'s hooks begin at a training batch."""
+        self.begin_iteration(False, start_ns, explicit_end=True)
+        self.data_loaded(start_ns, loaded_ns)
+
     def end_iteration(self, end_ns: int | None = None) -> None:
         """The open iteration ends whole at ``end_ns`` (default now); phases after it are
         outside any iteration. Without an open iteration, nothing happens."""
@@ -447,35 +454,17 @@ class Iterations:
 
 
 # -- the verbs instrument()'s hooks call once a step ------------------------------------
-# Each is one C call (markers/_iteration.c: the common case there, the Python methods
-# above otherwise, so the slots are the same) where markers._speedups is built and not
-# switched off (``PURE_PYTHON_ENV``), else the Python functions below; ``ACCELERATED``
-# says which.
-
-
-def end_whole(model: Iterations, end_ns: int) -> None:
-    """``model.end_iteration(end_ns)``: the open iteration ends whole."""
-    model.end_iteration(end_ns)
-
-
-def begin_training(model: Iterations, start_ns: int, loaded_ns: int) -> None:
-    """A training iteration that only ``end_iteration`` ends whole begins at ``start_ns``;
-    its batch was fetched from then to ``loaded_ns`` (its data loading phase)."""
-    model.begin_iteration(False, start_ns, explicit_end=True)
-    model.data_loaded(start_ns, loaded_ns)
-
-
-def batch_done(model: Iterations) -> None:
-    """``model.batch_done()``: a batch went through the network."""
-    model.batch_done()
-
+# Each is one C call (markers/_iteration.c: the common case there, the method of the
+# same name otherwise, so the slots are the same) where markers._speedups is built and not
+# switched off (``PURE_PYTHON_ENV``), else the methods themselves (``PURE_VERBS``);
+# ``ACCELERATED`` says which.
 
 Verbs = tuple[
     Callable[[Iterations, int], None],
     Callable[[Iterations, int, int], None],
     Callable[[Iterations], None],
 ]
-PURE_VERBS: Verbs = (end_whole, begin_training, batch_done)
+PURE_VERBS: Verbs = (Iterations.end_iteration, Iterations.begin_training, Iterations.batch_done)
 
 
 def accelerated_verbs() -> Verbs | None:
