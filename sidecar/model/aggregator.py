@@ -286,6 +286,7 @@ class RankAggregator(ArrayPath):
             return
         store, batches, size, samples = verdict
         loop = loop_record[P_PHASE]
+        sample = None if store else self.whole_run.of_kind(validation).take_one()
         for phase, partial in phases.items():
             if phase >= wire.FIRST_CUSTOM_ID and phase not in self.aligned_custom:
                 self._align(phase)
@@ -300,6 +301,7 @@ class RankAggregator(ArrayPath):
                 batches=batches,
                 batch_size=size if phase == loop else None,
                 samples=samples if phase == loop else None,
+                sample=sample,
             )
 
     def _cut_iteration(self, key: tuple[bool, int]) -> None:

@@ -29,6 +29,7 @@ from sidecar.model.blocks import (
 from sidecar.model.series import INCOMPLETE, OUTSIDE
 from sidecar.model.spans import SpanAggregator
 from sidecar.model.verdicts import Verdicts
+from sidecar.model.whole_run import Entry
 
 
 class ArrayPath(SpanAggregator):
@@ -132,29 +133,22 @@ class ArrayPath(SpanAggregator):
         self._merge_moments(blocks.phase[taken], blocks.wall_ns[taken], blocks.gpu_ns[taken])
         kept = np.flatnonzero(taken)
         kept = kept[stored[loop_of[kept]]]
+        of_whole = np.full(len(loops), -1)
+        of_whole[whole] = np.arange(len(whole))
         if len(kept):
-            of_whole = np.full(len(loops), -1)
-            of_whole[whole] = np.arange(len(whole))
             self._store_rows(blocks, kept, loops, loop_of, verdicts, of_whole)
+        sampled = self.whole_run.pick(blocks.validation[closed], measured & ~stored)
+        if sampled:  # measured iterations past the cap that the whole-run sample keeps
+            groups = np.flatnonzero(taken)
+            groups = groups[np.isin(loop_of[groups], list(sampled))]
+            self._store_rows(blocks, groups, loops, loop_of, verdicts, of_whole, sampled)
 
     def _flag_groups(
         self, blocks: Blocks, groups: np.ndarray, loops: np.ndarray, loop_of: np.ndarray
     ) -> None:
         """Flagged rows of ``groups`` (in block order), iterations cut short (their loop
-        record flagged incomplete), as ``_flag_iteration`` keeps them: the first ones of
-        each phase that fit under the cap, with no Python work for the rest."""
-        numbers, inverse = np.unique(blocks.phase[groups], return_inverse=True)
-        room = np.array(
-            [
-                self.settings.num_measurements - len(self._series(number).flagged)
-                for number in numbers.tolist()
-            ]
-        )
-        by_phase = np.argsort(inverse, kind="stable")
-        firsts = np.searchsorted(inverse[by_phase], np.arange(len(numbers)))
-        rank = np.empty(len(groups), dtype=np.int64)  # place among its phase's groups
-        rank[by_phase] = np.arange(len(groups)) - firsts[inverse[by_phase]]
-        groups = groups[rank < room[inverse]]
+        record flagged incomplete), as ``_flag_iteration`` keeps them (``_flag``: the first
+        ones of each phase under the cap, then the whole-run sample's)."""
         indices = np.unique(loop_of[groups])
         loop_of_index = dict(zip(indices.tolist(), loops[indices].tolist(), strict=True))
         for number, index, start_ns, wall_ns, gpu_ns, peak_bytes in blocks.sums(
@@ -180,10 +174,12 @@ class ArrayPath(SpanAggregator):
         loop_of: np.ndarray,
         verdicts: Verdicts,
         of_whole: np.ndarray,
+        sampled: dict[int, Entry] | None = None,
     ) -> None:
         """Store the rows of the groups ``kept`` (in block order, as ``_measure`` would);
         ``verdicts`` of the iterations not cut short, ``of_whole``: per loop of ``loops``,
-        its index in them."""
+        its index in them; ``sampled``: instead of storing, the whole-run entry of each
+        loop (by index) to put its rows in."""
         # Each stored loop's record and verdict as Python values, converted together.
         indices = np.unique(loop_of[kept])
         by_index = dict(
@@ -200,19 +196,21 @@ class ArrayPath(SpanAggregator):
             assert verdict is not None  # kept: its iteration was measured
             _, batches, size, samples = verdict
             is_loop = phase == loop[P_PHASE]
-            self._series(phase).rows.append(
-                self._row(
-                    loop,
-                    wall_ns,
-                    gpu_ns,
-                    peak_bytes,
-                    start_ns,
-                    size if is_loop else None,
-                    batches,
-                    "",
-                    samples if is_loop else None,
-                )
+            row = self._row(
+                loop,
+                wall_ns,
+                gpu_ns,
+                peak_bytes,
+                start_ns,
+                size if is_loop else None,
+                batches,
+                "",
+                samples if is_loop else None,
             )
+            if sampled is None:
+                self._series(phase).rows.append(row)
+            else:
+                sampled[index].append((phase, row))
 
     def _keep_open(self, records: np.ndarray, blocks: Blocks, context: list[int] | None) -> None:
         """The last block has no loop record yet: it stays open (``_open``), its phases'

@@ -132,6 +132,8 @@ def render(
         ):
             files[path] = table(agg)
             on_progress(path.name)
+        if agg.whole_run.rows():  # a run past the cap: its whole-run sample
+            files[split.logs_dir / layout.sample_file(agg.rank)] = tables.sample_text(agg)
     multi, leader = split.multi_node, 0 in split.ranks
     view = figures.view
     block = None
