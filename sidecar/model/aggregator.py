@@ -81,9 +81,27 @@ _INSIDE, _OUTSIDE, _OTHER = 0, 1, 2
 _ITERATION_KIND = wire.FLAG_IN_ITERATION | wire.FLAG_VALIDATION
 
 
+# The phases whose allocator peak makes a step's peak (aggregate_resource_usage.csv's
+# MemAllocated_GB).
+PEAK_PHASES = tuple(p.phase for p in wire.STEP_PHASES if p.gpu)
+
+
 class RankAggregator(ArrayPath):
     """Aggregation of one (run folder, split, rank): its records in, by the record or
     the array path."""
+
+    def step_peaks_mib(self) -> list[float]:
+        """Per stored training step (session, iteration, in that order), the highest
+        allocator peak of its Forward, Backward and Optimization rows, MiB; [] without any
+        peak (no GPU)."""
+        peaks: dict[tuple[int, int], float] = {}
+        for phase in PEAK_PHASES:
+            series = self.series.get(phase)
+            for row in series.rows if series is not None else ():
+                if row.peak_mib is not None:
+                    key = (row.session, row.iteration)
+                    peaks[key] = max(peaks.get(key, row.peak_mib), row.peak_mib)
+        return [peak for _, peak in sorted(peaks.items())]
 
     # -- sessions -------------------------------------------------------------------
 

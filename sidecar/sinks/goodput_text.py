@@ -4,7 +4,7 @@ split's wall time as productive training plus badput by cause (``sidecar.model.g
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from sidecar.model.goodput import CAUSE_LABELS, CAUSES, Account
@@ -89,27 +89,4 @@ def goodput_entry(accounts: Mapping[int, Account], split: Account | None) -> dic
     return {
         "mean": split.to_json(),
         "ranks": {str(r): accounts[r].to_json() for r in sorted(accounts)},
-    }
-
-
-def job_entry(splits: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """The whole run folder's ``goodput`` in ``run.json``: its splits' means added up
-    (from their entries, so splits written by other sidecars count); None without any."""
-    means = [
-        s["goodput"]["mean"]
-        for s in splits
-        if isinstance(s.get("goodput"), dict) and isinstance(s["goodput"].get("mean"), dict)
-    ]
-    if not means:
-        return None
-    gpus = [m.get("gpu_busy_s") for m in means if isinstance(m.get("gpu_busy_s"), (int, float))]
-    return {
-        "wall_s": sum(float(m.get("wall_s", 0.0)) for m in means),
-        "productive_s": sum(float(m.get("productive_s", 0.0)) for m in means),
-        "badput_s": {
-            cause: sum(float((m.get("badput_s") or {}).get(cause, 0.0)) for m in means)
-            for cause in CAUSES
-        },
-        "iterations": sum(int(m.get("iterations", 0)) for m in means),
-        "gpu_busy_s": sum(gpus) if gpus else None,
     }

@@ -20,6 +20,7 @@ from typing import Any
 
 from markers import wire
 from sidecar.model.derived import SplitFigures
+from sidecar.model.goodput import Account
 from sidecar.model.split import NEVER_WROTE, RUN_STATUS_ORDER, RecordCounts, Split
 from sidecar.sinks import goodput_text, layout, nodes, summary
 from sidecar.sinks.nodes import HOSTNAME
@@ -305,7 +306,7 @@ def run_json(split: Split, figures: SplitFigures, counts: RecordCounts, existing
         "status": worst.get("status"),
         "cause": worst.get("cause"),
         "gpus": list(gpus.values()),
-        "goodput": goodput_text.job_entry(entries),
+        "goodput": total.to_json() if (total := Account.job_total(entries)) else None,
         "versions": info.get("versions", {}),
         "splits": splits,
     }

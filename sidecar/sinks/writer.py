@@ -98,11 +98,13 @@ def _aggregate(split: Split, resources: ResourceFigures) -> str:
     allocator peaks on its GPU, every GPU and host sample of the run."""
     uuid = split.rank_gpus.get(0)
     gpu_index = next((s.gpu_index for s in resources.gpu_samples if uuid and s.uuid == uuid), 0)
+    rank0 = split.ranks.get(0)
+    peaks_mib = rank0.step_peaks_mib() if rank0 is not None else []
     return aggregate_text.aggregate_text(
         resources.gpu_samples,
         resources.host_samples,
         os.cpu_count() or 1,
-        {gpu_index: aggregate_text.step_peaks_gib(split.ranks.get(0))},
+        {gpu_index: [peak / aggregate_text.MIB_PER_GIB for peak in peaks_mib]},
     )
 
 
