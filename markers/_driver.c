@@ -11,7 +11,7 @@
  *   state RUNNING (the body had the batch): _fetched_n = -1; model.batch_done() (its
  *     net_batches and the open iteration's batches counted); _start_ns = now; when the
  *     iteration holds _per_iteration batches, Iterations.end_full_step(iteration, now):
- *     here when its one-call case holds (the iteration open, its context the current
+ *     here (_iteration.c) when its one-call case holds (the iteration open, its context the current
  *     one, no loop left, nothing suspended) and this count is no GPU check, else the
  *     Python method.
  *   then: batch = next(iterator) (exhausted: self._exhausted(), StopIteration); the data
@@ -24,8 +24,6 @@
  */
 #include "_speedups.h"
 
-#define BATCHES_SHIFT 16 /* markers.wire.BATCHES_SHIFT; markers.driver compares them */
-
 enum { NEW = 0, RUNNING = 1, DONE = 2 }; /* markers.driver's states */
 
 typedef struct {
@@ -36,10 +34,8 @@ typedef struct {
     char suspended, validation;
 } DriverObject;
 
-static PyObject *str_begin, *str_exhausted, *str_failed, *str_net_batches, *str_open,
-    *str_batches, *str_start_ns, *str_excluded_ns, *str_context, *str_recorded,
-    *str_model_context, *str_left, *str_suspended, *str_epoch, *str_contexts,
-    *str_sent_since_context, *str_flushes, *str_shape, *str_read, *str_sized;
+static PyObject *str_begin, *str_exhausted, *str_failed, *str_batches, *str_flushes, *str_shape,
+    *str_read, *str_sized;
 
 static int
 Driver_traverse(DriverObject *self, visitproc visit, void *arg)
@@ -94,132 +90,6 @@ call_own(DriverObject *self, PyObject *name)
     return 0;
 }
 
-/* obj.name += 1 */
-static int
-count_one(PyObject *obj, PyObject *name)
-{
-    long long value = buffer_int(obj, name);
-    if (value == -1 && PyErr_Occurred()) {
-        return -1;
-    }
-    return set_int(obj, name, value + 1);
-}
-
-/* Whether obj.name is expected (identity); -1 with an exception on error. */
-static int
-attr_is(PyObject *obj, PyObject *name, PyObject *expected)
-{
-    PyObject *value = PyObject_GetAttr(obj, name);
-    if (value == NULL) {
-        return -1;
-    }
-    int same = value == expected;
-    Py_DECREF(value);
-    return same;
-}
-
-/* Whether Iterations.end_full_step would take its one-call case for ``iteration``:
- * it is the open one, its context the current one, no loop left, nothing suspended. */
-static int
-one_call_case(PyObject *model, PyObject *iteration)
-{
-    int open = attr_is(model, str_open, iteration);
-    if (open != 1) {
-        return open;
-    }
-    PyObject *context = PyObject_GetAttr(iteration, str_context);
-    if (context == NULL) {
-        return -1;
-    }
-    int current = attr_is(model, str_model_context, context);
-    Py_DECREF(context);
-    if (current != 1) {
-        return current;
-    }
-    PyObject *left = PyObject_GetAttr(model, str_left);
-    if (left == NULL) {
-        return -1;
-    }
-    int nothing_left = PyObject_Not(left);
-    Py_DECREF(left);
-    if (nothing_left != 1) {
-        return nothing_left;
-    }
-    return attr_is(model, str_suspended, Py_None);
-}
-
-/* RecordBuffer.record_and_context(tag, start, end, context): packed here when neither
- * would flush, else the Python method. */
-static int
-record_and_context(PyObject *buffer, long long tag, long long start, long long end,
-                   PyObject *context, long long iteration, long long batch)
-{
-    long long n = buffer_int(buffer, str_n);
-    if (n == -1 && PyErr_Occurred()) {
-        return -1;
-    }
-    long long flush_at = buffer_int(buffer, str_flush_at);
-    if (flush_at == -1 && PyErr_Occurred()) {
-        return -1;
-    }
-    long long deadline_ns = buffer_int(buffer, str_deadline_ns);
-    if (deadline_ns == -1 && PyErr_Occurred()) {
-        return -1;
-    }
-    if (n + 6 > flush_at || end >= deadline_ns) {
-        PyObject *result = PyObject_CallMethod(buffer, "record_and_context", "LLLO", tag,
-                                               start, end, context);
-        Py_XDECREF(result);
-        return result == NULL ? -1 : 0; /* rare: once a flush */
-    }
-    PyObject *contexts = PyObject_GetAttr(buffer, str_contexts);
-    if (contexts == NULL) {
-        return -1;
-    }
-    int status = -1;
-    Py_ssize_t count = PyList_Check(contexts) ? PyList_GET_SIZE(contexts) : 0;
-    if (count == 0) {
-        PyErr_SetString(PyExc_TypeError, "the buffer's contexts are no list, or empty");
-        goto done;
-    }
-    long long current = PyLong_AsLongLong(PyList_GET_ITEM(contexts, count - 1));
-    if (current == -1 && PyErr_Occurred()) {
-        goto done;
-    }
-    /* the context slot's tag (its flags and epoch) from the current context slot */
-    PyObject *slots = PyObject_GetAttr(buffer, str_slots);
-    if (slots == NULL) {
-        goto done;
-    }
-    PyObject *tag_value = PySequence_GetItem(slots, (Py_ssize_t)current);
-    Py_DECREF(slots);
-    if (tag_value == NULL) {
-        goto done;
-    }
-    long long context_tag = PyLong_AsLongLong(tag_value);
-    Py_DECREF(tag_value);
-    if (context_tag == -1 && PyErr_Occurred()) {
-        goto done;
-    }
-    const long long values[6] = {tag, start, end, context_tag, iteration, batch};
-    if (pack_values(buffer, n, values, 6) != 0) {
-        goto done;
-    }
-    PyObject *offset = PyLong_FromLongLong(n + 3);
-    if (offset == NULL || PyList_Append(contexts, offset) != 0) {
-        Py_XDECREF(offset);
-        goto done;
-    }
-    Py_DECREF(offset);
-    if (PyObject_SetAttr(buffer, str_sent_since_context, Py_False) != 0) {
-        goto done;
-    }
-    status = set_int(buffer, str_n, n + 6);
-done:
-    Py_DECREF(contexts);
-    return status;
-}
-
 /* An integer attribute of the iteration, or -1 with an exception. */
 #define GET_INT(obj, name, var)                                                          \
     long long var = buffer_int(obj, name);                                               \
@@ -227,75 +97,12 @@ done:
         return -1;                                                                       \
     }
 
-/* Iterations.end_full_step's one-call case: the iteration's loop record and the next
- * context in the buffer; the iteration goes on as the next one. */
-static int
-end_full_step_here(DriverObject *self, long long now, long long count)
-{
-    PyObject *model = self->model, *iteration = self->iteration;
-    GET_INT(iteration, str_start_ns, start);
-    GET_INT(iteration, str_excluded_ns, excluded_ns);
-    GET_INT(iteration, str_batches, batches);
-    GET_INT(model, str_epoch, epoch);
-    GET_INT(model, str_net_batches, net_batches);
-    PyObject *old = PyObject_GetAttr(iteration, str_context);
-    if (old == NULL) {
-        return -1;
-    }
-    PyObject *flags = PyTuple_Check(old) && PyTuple_GET_SIZE(old) == 4
-                          ? Py_NewRef(PyTuple_GET_ITEM(old, 0))
-                          : NULL;
-    Py_DECREF(old);
-    if (flags == NULL) {
-        PyErr_SetString(PyExc_TypeError, "an iteration's context is no 4-tuple");
-        return -1;
-    }
-    PyObject *number = PyLong_FromLongLong(count);
-    if (number == NULL) {
-        Py_DECREF(flags);
-        return -1;
-    }
-    if (PyList_SetItem(self->counts, self->validation, Py_NewRef(number)) != 0) {
-        Py_DECREF(flags);
-        Py_DECREF(number);
-        return -1;
-    }
-    PyObject *context = Py_BuildValue("(NLNL)", flags, epoch, number, net_batches);
-    if (context == NULL) {
-        return -1;
-    }
-    long long end = now - excluded_ns > start ? now - excluded_ns : start;
-    int status = -1;
-    if (set_int(iteration, str_start_ns, now) != 0 ||
-        PyObject_SetAttr(iteration, str_context, context) != 0 ||
-        set_int(iteration, str_batches, 0) != 0 ||
-        set_int(iteration, str_excluded_ns, 0) != 0 ||
-        PyObject_SetAttr(iteration, str_recorded, Py_False) != 0 ||
-        PyObject_SetAttr(model, str_model_context, context) != 0) {
-        goto done;
-    }
-    status = record_and_context(self->buffer, self->loop_id | batches << BATCHES_SHIFT, start,
-                                end, context, count, net_batches);
-done:
-    Py_DECREF(context);
-    return status;
-}
-
 /* The step's end: the batch went through the network; a full iteration ends. */
 static int
 step_end(DriverObject *self)
 {
     PyObject *model = self->model;
-    if (count_one(model, str_net_batches) != 0) {
-        return -1;
-    }
-    PyObject *open = PyObject_GetAttr(model, str_open);
-    if (open == NULL) {
-        return -1;
-    }
-    int status = open == Py_None ? 0 : count_one(open, str_batches);
-    Py_DECREF(open);
-    if (status != 0) {
+    if (model_batch_done(model) != 0) {
         return -1;
     }
     long long now = now_ns();
@@ -323,7 +130,8 @@ step_end(DriverObject *self)
         return -1;
     }
     if (here && self->check_every > 0 && count % self->check_every != 0) {
-        return end_full_step_here(self, now, count);
+        return end_full_step_here(model, self->iteration, self->buffer, self->counts,
+                                  self->validation, self->loop_id, now, count);
     }
     /* else Python takes it: a GPU check is due, or something was left or suspended */
     PyObject *next = PyObject_CallMethod(model, "end_full_step", "OL", self->iteration, now);
@@ -600,19 +408,7 @@ add_driver(PyObject *module)
         {&str_begin, "_begin"},
         {&str_exhausted, "_exhausted"},
         {&str_failed, "_failed"},
-        {&str_net_batches, "net_batches"},
-        {&str_open, "open"},
         {&str_batches, "batches"},
-        {&str_start_ns, "start_ns"},
-        {&str_excluded_ns, "excluded_ns"},
-        {&str_context, "context"},
-        {&str_recorded, "recorded"},
-        {&str_model_context, "_context"},
-        {&str_left, "_left"},
-        {&str_suspended, "_suspended"},
-        {&str_epoch, "epoch"},
-        {&str_contexts, "_contexts"},
-        {&str_sent_since_context, "_sent_since_context"},
         {&str_flushes, "flushes"},
         {&str_shape, "shape"},
         {&str_read, "_read"},

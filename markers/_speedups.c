@@ -335,7 +335,10 @@ speedups_exec(PyObject *module)
     if (status != 0) {
         return -1;
     }
-    return add_driver(module);
+    if (add_driver(module) != 0) {
+        return -1;
+    }
+    return add_iteration(module);
 }
 
 static PyModuleDef_Slot speedups_slots[] = {
@@ -350,8 +353,9 @@ static PyModuleDef_Slot speedups_slots[] = {
 static struct PyModuleDef speedups_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "markers._speedups",
-    .m_doc = "The phase marker's and the loop driver's hot paths in C (markers.phase and "
-             "markers.driver use them when importable).",
+    .m_doc = "The phase marker's, the loop driver's and the iteration model's hot paths in "
+             "C (markers.phase, markers.driver and markers.iteration use them when "
+             "importable).",
     .m_size = 0,
     .m_slots = speedups_slots,
 };

@@ -1,6 +1,7 @@
-/* markers._speedups: what its two parts (_speedups.c: the phase marker; _driver.c: the
- * loop driver's step) share: the clock, the record buffer's slots and the attribute
- * names interned once for the process. */
+/* markers._speedups: what its three parts (_speedups.c: the phase marker; _driver.c: the
+ * loop driver's step; _iteration.c: the iteration model's once-a-step verbs) share: the
+ * clock, the record buffer's slots and the attribute names interned once for the
+ * process. */
 #ifndef MARKERS_SPEEDUPS_H
 #define MARKERS_SPEEDUPS_H
 
@@ -53,7 +54,24 @@ int pack_slot(PyObject *buffer, long long n, long long id, long long start, long
 /* RecordBuffer.record(id, start, end): one slot at buffer.n, flushed when due. */
 int record_slot(PyObject *buffer, long long id, long long start, long long end);
 
+#define BATCHES_SHIFT 16 /* markers.wire.BATCHES_SHIFT; markers.driver compares them */
+
 /* Adds DriverBase (and BATCHES_SHIFT) to the module (_driver.c). */
 int add_driver(PyObject *module);
+
+/* The iteration model's verbs (_iteration.c). obj.name += 1; -1 with an exception. */
+int count_one(PyObject *obj, PyObject *name);
+/* Iterations.batch_done(model). */
+int model_batch_done(PyObject *model);
+/* Whether Iterations.end_full_step takes its one-call case for ``iteration``: it is the
+ * open one, its context the current one, no loop left, nothing suspended; -1 on error. */
+int one_call_case(PyObject *model, PyObject *iteration);
+/* That case (the count no GPU check): the iteration's loop record and the next context
+ * in the buffer (counts[validation] = count); the iteration goes on as the next one. */
+int end_full_step_here(PyObject *model, PyObject *iteration, PyObject *buffer,
+                       PyObject *counts, int validation, long long loop_id, long long now,
+                       long long count);
+/* Adds end_whole, begin_training and batch_done to the module (_iteration.c). */
+int add_iteration(PyObject *module);
 
 #endif

@@ -1,4 +1,5 @@
-"""markers._speedups (markers/_speedups.c): the phase marker's hot path in C, optional."""
+"""markers._speedups (markers/_speedups.c, _driver.c, _iteration.c): the phase marker's,
+the loop driver's and the iteration model's hot paths in C, optional."""
 
 from typing import Any, Self
 
@@ -45,3 +46,11 @@ class DriverBase:
     _suspended: bool
     _validation: bool
     def __next__(self) -> Any: ...
+
+def end_whole(
+    training_loop: int, validation_loop: int, check_every: int, model: Any, end_ns: int, /
+) -> None: ...
+def begin_training(
+    iteration_type: type, loading_id: int, model: Any, start_ns: int, loaded_ns: int, /
+) -> None: ...
+def batch_done(model: Any, /) -> None: ...

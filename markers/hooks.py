@@ -15,6 +15,7 @@ from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
 from markers.forward_hooks import ForwardHooks, warn_other_thread
+from markers.iteration import VERBS
 from markers.optimizer_filter import OptimizerFilter
 
 if TYPE_CHECKING:
@@ -23,6 +24,9 @@ if TYPE_CHECKING:
     from markers.run import Run
 
 _START, _TRAIN, _VAL = 0, 1, 2  # what the model did last: nothing yet, training, evaluation
+# The iteration model's once-a-step verbs, one C call each where markers._speedups is
+# built (markers.iteration.VERBS): module globals, the cheapest lookup a hook can make.
+_end_whole, _begin_training, _batch_done = VERBS
 
 
 class Hooks:
@@ -196,7 +200,11 @@ class Hooks:
                 if not evaluation:  # its size, where the driver sees no batch (Transformers)
                     run.batch_seen(False, args or kwargs)
                     self._read_dim = None  # the driver may have read another size
-            elif self._is_training(module):
+            elif (
+                module.training
+                and not self._model._validation_start_ns  # not in_validation, inline
+                and (self._grad_enabled() or self._trains_without_grad())
+            ):
                 batch = args or kwargs
                 if self._grad_enabled():
                     self._undecided = None
@@ -291,14 +299,11 @@ class Hooks:
         self._state = _VAL
         self._last_eval_mode = not module.training
 
-    def _is_training(self, module: torch.nn.Module) -> bool:
-        if not module.training or self._model.in_validation:
-            return False
-        if self._grad_enabled():
-            return True
-        # Training mode under no_grad: part of training once training is under way (a
-        # GAN's generator), or right after an evaluation in eval mode (the script called
-        # model.train() again); an evaluation before training otherwise.
+    def _trains_without_grad(self) -> bool:
+        """A forward in training mode under no_grad outside a validation pass: part of
+        training once training is under way (a GAN's generator), or right after an
+        evaluation in eval mode (the script called model.train() again); an evaluation
+        before training otherwise."""
         return self._state == _TRAIN or (self._state == _VAL and self._last_eval_mode)
 
     def _begin_training_forward(self, now_ns: int, batch: Any) -> None:
@@ -316,17 +321,19 @@ class Hooks:
             self._pending_backward = False
             self._after_backward = False
         first = self._owned is None
-        if first:
-            start = max(self._last_ns, boundary)
-            # Whole only at its step: micro-batches left at an epoch's end never stepped.
-            model.begin_iteration(False, start, explicit_end=True)
-            self._owned = (False, start)  # what run.iteration now says
         if first or self._after_backward:  # a new batch reached the model
-            if self._batch_pending:
+            loading_ns = max(self._last_ns, boundary)
+            if self._batch_pending:  # (never when first: letting go of one counts it)
                 self._batch_pending = False
-                model.batch_done()
+                _batch_done(model)
+            if first:
+                # Whole only at its step: micro-batches left at an epoch's end never
+                # stepped. Its data loading goes in with it (one call).
+                _begin_training(model, loading_ns, now_ns)
+                self._owned = (False, loading_ns)  # what run.iteration now says
+            else:
+                model.data_loaded(loading_ns, now_ns)
             self._batch_pending = True
-            model.data_loaded(max(self._last_ns, boundary), now_ns)
             # Every batch counts (a short one inside an accumulation step too). One
             # tensor with the first dimension of the last one read has the same size:
             # nothing to read (most batches). Anything else is read.
@@ -402,7 +409,7 @@ class Hooks:
             # Counted now, not at the step: micro-batches that never step count too.
             if self._batch_pending:
                 self._batch_pending = False
-                self._model.batch_done()
+                _batch_done(self._model)
             probe = self._probe
             if probe is None or probe.grad is None:
                 self._probe = next((p for p in self._parameters if p.grad is not None), None)
@@ -474,8 +481,8 @@ class Hooks:
             ):
                 if self._batch_pending:
                     self._batch_pending = False
-                    model.batch_done()
-                model.end_iteration(now_ns)
+                    _batch_done(model)
+                _end_whole(model, now_ns)
             self._owned = None
             self._batch_pending = False
         except Exception as exc:  # never into the training loop

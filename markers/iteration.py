@@ -23,11 +23,14 @@ How an iteration ends, one verb each:
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Callable
 from time import perf_counter_ns
 
 from markers import wire
 from markers.buffer import RecordBuffer
+from markers.phase import PURE_PYTHON_ENV
 
 GPU_CHECK_EVERY = 100  # steps between checks whether the script started using CUDA
 
@@ -242,6 +245,13 @@ class Iterations:
         if self.open is not None:
             self.open.batches += 1
 
+    def begin_training(self, start_ns: int, loaded_ns: int) -> None:
+        """A training iteration that only ``end_iteration`` ends whole begins at
+        ``start_ns``; its batch was fetched from then to ``loaded_ns`` (its data loading
+        phase): what instrument()'s hooks begin at a training batch."""
+        self.begin_iteration(False, start_ns, explicit_end=True)
+        self.data_loaded(start_ns, loaded_ns)
+
     def end_iteration(self, end_ns: int | None = None) -> None:
         """The open iteration ends whole at ``end_ns`` (default now); phases after it are
         outside any iteration. Without an open iteration, nothing happens."""
@@ -441,3 +451,45 @@ class Iterations:
             start_ns,
             max(end_ns - iteration.excluded_ns, start_ns),
         )
+
+
+# -- the verbs instrument()'s hooks call once a step ------------------------------------
+# Each is one C call (markers/_iteration.c: the common case there, the method of the
+# same name otherwise, so the slots are the same) where markers._speedups is built and not
+# switched off (``PURE_PYTHON_ENV``), else the methods themselves (``PURE_VERBS``);
+# ``ACCELERATED`` says which.
+
+Verbs = tuple[
+    Callable[[Iterations, int], None],
+    Callable[[Iterations, int, int], None],
+    Callable[[Iterations], None],
+]
+PURE_VERBS: Verbs = (Iterations.end_iteration, Iterations.begin_training, Iterations.batch_done)
+
+
+def accelerated_verbs() -> Verbs | None:
+    """``(end_whole, begin_training, batch_done)`` in C, bound to this module's ids and
+    types; None when ``markers._speedups`` lacks them (not built, or an older build)."""
+    try:
+        from markers import _speedups
+    except ImportError:
+        return None
+    if wire.BATCHES_SHIFT != _speedups.BATCHES_SHIFT or not hasattr(_speedups, "end_whole"):
+        return None
+    return (
+        functools.partial(
+            _speedups.end_whole, wire.LOOP_ID[False], wire.LOOP_ID[True], GPU_CHECK_EVERY
+        ),
+        functools.partial(_speedups.begin_training, OpenIteration, wire.TRAINING_DATA_LOADING),
+        _speedups.batch_done,
+    )
+
+
+def _verbs() -> Verbs:
+    if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
+        return PURE_VERBS
+    return accelerated_verbs() or PURE_VERBS
+
+
+VERBS: Verbs = _verbs()  # what the hooks call: (end_whole, begin_training, batch_done)
+ACCELERATED: bool = VERBS is not PURE_VERBS

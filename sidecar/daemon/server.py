@@ -1,5 +1,6 @@
-"""The sidecar's event loop: reads the socket, hands messages to the dispatcher and the
-streams, watches the training processes, writes files on checkpoint, finish, death and
+"""The sidecar's event loop: reads the socket and hands what came to ``Messages``
+(messages.py), has ``RunEndings`` (run_endings.py) end the runs whose process is gone,
+``SplitWrites`` (split_writes.py) write files on checkpoint, finish, death, retry and
 shutdown, and publishes a snapshot of itself every ``TICK_S`` for the lifecycle hooks.
 
 One thread: ZeroMQ queues what arrives while the loop writes, and the loop wakes at least
@@ -21,41 +22,36 @@ from typing import Any
 
 import numpy as np
 
-from markers import wire
-from sidecar.daemon import nodes_wait, slurm_jobs
+from sidecar.daemon import nodes_wait
 from sidecar.daemon import snapshot as snapshots
 from sidecar.daemon.access import Access, claim_split
 from sidecar.daemon.child_job import DEFAULT_NICE, Job, lower_priority
-from sidecar.daemon.deaths import DeathWatch
 from sidecar.daemon.derivations import Derivations
 from sidecar.daemon.dispatch import Dispatcher
 from sidecar.daemon.heap import Heap, glibc
 from sidecar.daemon.lifecycle import Lifecycle
 from sidecar.daemon.liveness import gone_cause, pid_alive
+from sidecar.daemon.messages import Messages
 from sidecar.daemon.ownership import Owners
+from sidecar.daemon.run_endings import RunEndings
 from sidecar.daemon.snapshot import Snapshot
+from sidecar.daemon.split_writes import RETRY_S, SplitWrites
 from sidecar.daemon.viewers import ALL, Viewers
 from sidecar.exports import export_worker
 from sidecar.exports.export_worker import Exports
-from sidecar.ingest.hello_check import Refused
 from sidecar.ingest.peers import Peer
-from sidecar.ingest.receiver import HEARTBEAT_S, Incoming, Receiver
+from sidecar.ingest.receiver import HEARTBEAT_S, Receiver
 from sidecar.ingest.stream import Stream
 from sidecar.ingest.streams import Registry
-from sidecar.model.derived import own_figures
-from sidecar.model.split import Split
 from sidecar.resources.monitor import ResourceMonitor
 from sidecar.resources.samplers import DEFAULT_INTERVAL_S
 from sidecar.resources.samplers.nvml import open_nvml
-from sidecar.sinks import layout, resources_text, run_file, writer
+from sidecar.sinks import layout, resources_text, run_file
 from sidecar.sinks.atomic import WriteBytes
-from sidecar.sinks.nodes import HOSTNAME, NODE_ID
 
 log = logging.getLogger("sidecar")
 
 TICK_S = 0.2
-LIVENESS_S = 0.4  # a process found gone is declared dead on the next check
-RETRY_S = 5.0  # a failed write is retried this often (and at every checkpoint/finish)
 KEEP_ENDED_S = 600.0  # an ended split stays in memory (and in status) this long
 RATE_WINDOW_S = 10.0  # the status view's record rate is the mean over this trailing window
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
@@ -117,8 +113,6 @@ class Server:
         self.access = Access(config.root, config.shared, viewers, config.allowed)
         # run id -> its user and token; a shared daemon keeps them across restarts
         self.owners = Owners(config.root if config.shared else None)
-        self._write_bytes = write_bytes
-        self._waiting: tuple[bytes, Any] | None = None  # (identity, reply_to) being answered
         self.registry = Registry(
             self.access.policy.resolve,
             self._on_stream,
@@ -131,7 +125,7 @@ class Server:
         self.receiver = Receiver(
             config.endpoint,
             self.registry,
-            self._connection_lost,
+            lambda run_id: self.endings.connection_lost(run_id, time.time()),
             config.secret,
             config.heartbeat_s,
             shared=config.shared,
@@ -144,24 +138,8 @@ class Server:
             open_gpus=open_gpus,
             private=config.owner_pid is not None,  # one rank's: only the GPUs it uses
         )
-        self.dispatcher = Dispatcher(
-            self.registry, self.monitor, self.write, self.status_for, self.finish_job
-        )
-        self._signal: int | None = None
-        self._gone: dict[bytes, float] = {}  # run id -> when its process was first seen gone
-        self.deaths = DeathWatch()  # when a local run's process died, to the millisecond
-        # Runs whose hello was answered with a refusal: their connection ends, not dropped.
-        self._sent_away: deque[bytes] = deque(maxlen=1024)
-        self._next_liveness = 0.0
-        # (monotonic s, records received) every TICK_S: the status view's record rate
-        self._rate_window: deque[tuple[float, int]] = deque(
-            [(time.monotonic(), 0)], maxlen=int(RATE_WINDOW_S / TICK_S) + 1
-        )
-        self._next_retry = 0.0
-        self.nodes = nodes_wait.NodesWork(config.nodes_wait_s, self.write, self._write_node_file)
         # each split's derived figures: afresh at each write, throttled for the snapshot
         self.derivations = Derivations()
-        self._next_publish = 0.0  # monotonic s
         private = config.owner_pid is not None  # stopped by its script soon after its end
         self.exports = Exports(
             config.export,
@@ -172,12 +150,47 @@ class Server:
             live_s=config.export_every_s,
             in_flight_s=export_worker.PRIVATE_IN_FLIGHT_S if private else export_worker.IN_FLIGHT_S,
         )
+        self.writes = SplitWrites(
+            self.registry,
+            self.access,
+            self.monitor,
+            self.derivations,
+            self.exports,
+            self.heap,
+            config.nodes_wait_s,
+            lambda what: self.messages.progress(what),
+            write_bytes,
+        )
+        self.endings = RunEndings(self.registry, self.access, self.writes.write, config.heartbeat_s)
+        self.dispatcher = Dispatcher(
+            self.registry, self.monitor, self.writes.write, self.status_for, self.endings.finish_job
+        )
+        self.messages = Messages(
+            self.registry,
+            self.access,
+            self.owners,
+            self.receiver,
+            self.exports,
+            self.dispatcher,
+            self.endings.sent_away,
+        )
+        self._signal: int | None = None
+        self._next_liveness = 0.0
+        # (monotonic s, records received) every TICK_S: the status view's record rate
+        self._rate_window: deque[tuple[float, int]] = deque(
+            [(time.monotonic(), 0)], maxlen=int(RATE_WINDOW_S / TICK_S) + 1
+        )
+        self._next_retry = 0.0
+        self.nodes = nodes_wait.NodesWork(
+            config.nodes_wait_s, self.writes.write, self.writes.write_node_file
+        )
+        self._next_publish = 0.0  # monotonic s
         self.snapshot = self.publish()
 
     def _on_stream(self, stream: Stream) -> None:
         if not stream.is_local():
             return
-        self.deaths.watch(stream.run_id, stream.pid)
+        self.endings.deaths.watch(stream.run_id, stream.pid)
         split = stream.split
         agg = split.ranks.get(0)
         if self.monitor.watch(split, stream.pid) and agg is not None and len(agg.sessions) > 1:
@@ -194,238 +207,6 @@ class Server:
     def _on_records(self, stream: Stream, values: np.ndarray) -> None:
         self.monitor.note_records(stream.split, stream.rank, values)
         self.exports.note_records(stream.split, stream.rank, values)
-
-    def _connection_lost(self, run_id: bytes) -> bool:
-        """A run's connection ended without a goodbye: a local run is left to the liveness
-        check (True when its process is gone); a remote one, which only its connection
-        tells of (ZMTP heartbeats drop a dead or unreachable host), ends with it. The
-        connection of a run whose hello was refused ends as the markers hang up.
-        """
-        stream = self.registry.streams.get(run_id)
-        if stream is None:
-            return run_id in self._sent_away
-        if stream.is_local():
-            return not pid_alive(stream.pid)
-        if not stream.finished:
-            self._end_stream(
-                stream,
-                f"the connection from {stream.host or 'its host'} ended "
-                f"without finish() (no heartbeat answered within "
-                f"{self.config.heartbeat_s:g} s, or closed)",
-                time.time(),
-            )
-        return True
-
-    # -- writing --------------------------------------------------------------------
-
-    def _owner(self, split: Split) -> Peer | None:
-        """The user whose runs feed ``split`` (the kernel's word; None when unknown)."""
-        return next((s.owner for s in self.registry.streams.values() if s.split is split), None)
-
-    def write(self, split: Split, with_state: bool = False) -> str | None:
-        """Write ``split``'s files (on a shared daemon as the run's user); returns the
-        error text, None on success."""
-        owner = self._owner(split)
-        nodes_wait.settle(split, time.time(), self.config.nodes_wait_s)
-        self.heap.used()  # a write's tables are megabytes too: given back when idle
-        try:
-            refusal = self.access.write_refusal(split.split_dir, owner)
-            if refusal:
-                raise PermissionError(refusal)
-            self.monitor.final_round(split)
-            writer.load_modules()  # with the daemon's own identity, see there
-            resources = self.monitor.figures(split)
-            with self.access.acting(owner):  # other nodes' files are read as the user
-                figures, others = self.derivations.at_write(split, resources)
-                writer.write_split(
-                    split,
-                    figures,
-                    resources,
-                    split.record_counts(),
-                    with_state,
-                    self._write_bytes,
-                    self._progress,
-                    others,
-                )
-        except OSError as exc:
-            # without the file name: it is a fresh temporary one at each try
-            error = f"cannot write {split.split_dir}: {exc.strerror or exc}"
-            if split.write_error != error:
-                log.error("%s (data kept in memory, retried every %.0f s)", error, RETRY_S)
-            split.write_error = self.registry.last_error = error
-            if split.end_unix is not None:
-                self._write_status_only(split, owner)
-            return error
-        self.exports.written(split, resources, figures, with_state)
-        if split.end_unix is not None and not nodes_wait.waiting(split):
-            self.registry.release(split)  # ended and written: another run may take it now
-        return None
-
-    def _write_node_file(self, split: Split) -> None:
-        """Refresh this sidecar's node file of ``split``, whose other ranks other sidecars
-        serve (docs/multi-node.md); a failure waits for the next full write to say it."""
-        owner = self._owner(split)
-        if self.access.write_refusal(split.split_dir, owner):
-            return
-        try:
-            resources = self.monitor.figures(split)
-            own = own_figures(split, NODE_ID, HOSTNAME, resources.gpu_readings)
-            with self.access.acting(owner):
-                writer.write_node_file(split, own, resources, split.record_counts())
-        except OSError as exc:
-            log.debug("node file of %s not refreshed: %s", split.split_dir, exc)
-
-    def _write_status_only(self, split: Split, owner: Peer | None) -> None:
-        """An ended split whose files did not fit: its run.json alone (small), so that it
-        says how the run ended rather than ``running``; the rest is retried."""
-        try:
-            with self.access.acting(owner):
-                figures = self.derivations.latest(split)
-                if figures is None:  # the write failed before deriving them
-                    figures, _ = self.derivations.at_write(split, self.monitor.figures(split))
-                writer.write_run_file(split, figures, split.record_counts(), self._write_bytes)
-        except OSError as exc:
-            log.error(
-                "cannot write %s either: %s", split.out_dir / layout.RUN_FILE, exc.strerror or exc
-            )
-
-    def _progress(self, what: str) -> None:
-        """Tell the client whose request caused this write that it goes on: a finish
-        waiting for it, or a run that checkpointed and may ask for more meanwhile (its
-        markers take any progress reply as news)."""
-        if self._waiting is not None:
-            identity, reply_to = self._waiting
-            self.receiver.reply(identity, {"reply_to": reply_to, "progress": what})
-
-    def write_dirty(self) -> None:
-        """Write every split that changed since its last successful write."""
-        for split in self.registry.splits.values():
-            if split.dirty:
-                self.write(split)
-
-    # -- messages -------------------------------------------------------------------
-
-    def _foreign(self, message: Incoming) -> tuple[str, str] | None:
-        """(the reject kind, why) when the sender of ``message`` may not use this sidecar
-        (``Access.foreign``) or the run it names is not its own (``Owners.refusal``)."""
-        run_id = message.header.run_id
-        foreign = self.access.foreign(message.peer, self.registry.streams.get(run_id))
-        if foreign is not None:
-            return "foreign_user", foreign
-        body = message.control
-        hello = body if body is not None and body.get("type") == wire.HELLO else None
-        return self.owners.refusal(run_id, message.peer, hello)
-
-    def handle(self, message: Incoming, now_unix: float) -> None:
-        """Dispatch one decoded message (refused when its sender may not use us)."""
-        body = message.control or {}
-        foreign = self._foreign(message)
-        if foreign is not None:
-            self.registry.reject(*foreign)
-            self._reply(message, body, {"ok": False, "error": foreign[1]})
-            return
-        if message.records is not None:
-            self.registry.records(message.header, message.records, now_unix)
-            return
-        if "reply_to" in body:
-            self._waiting = (message.identity, body["reply_to"])
-        try:
-            self.access.take_hello(
-                body, message.peer, known=message.header.run_id in self.registry.streams
-            )
-            if self.access.shared:  # a finish writes within the block: import before it
-                writer.load_modules()
-            with self.access.acting(message.peer):
-                reply = self.dispatcher.dispatch(message.header, body, now_unix, message.peer)
-            if body["type"] == wire.HELLO and reply is not None and reply.get("ok"):
-                self.owners.bind(message.header.run_id, message.peer, body)
-                self.access.say_where(body, reply)
-                self._exports_hello(message.header.run_id, reply)
-        except wire.WireError as exc:
-            self.registry.reject(exc.kind, str(exc))
-            reply = {"ok": False, "error": str(exc)}
-        except Refused as exc:
-            self.registry.reject("refused", str(exc))
-            self.registry.last_error = str(exc)
-            reply = {"ok": False, "error": str(exc)}
-        self._reply(message, body, reply)
-        try:  # a checkpoint's writing: its progress still goes to that client (see _progress)
-            later, self.dispatcher.later = self.dispatcher.later, []
-            for action in later:
-                action()
-        finally:
-            self._waiting = None
-
-    def _exports_hello(self, run_id: bytes, reply: dict[str, Any]) -> None:
-        """Choose the exports of the split a hello joined; their warning (an unknown name,
-        a library not installed) goes with the reply."""
-        stream = self.registry.streams.get(run_id)
-        warning = self.exports.hello(stream.split) if stream is not None else None
-        if warning:
-            reply["warning"] = "; ".join(filter(None, (reply.get("warning"), warning)))
-
-    def _reply(
-        self,
-        message: Incoming,
-        body: dict[str, Any],
-        reply: dict[str, Any] | None,
-    ) -> None:
-        """Answer ``message`` with ``reply`` when its sender asked for one."""
-        if "reply_to" in body and reply is not None:
-            self.receiver.reply(message.identity, {"reply_to": body["reply_to"], **reply})
-            if body["type"] == wire.HELLO and not reply.get("ok"):
-                self._sent_away.append(message.header.run_id)  # the markers hang up now
-
-    def handle_all(self, messages: list[Incoming]) -> None:
-        """Handle what one read returned, in order. Consecutive RECORDS messages are
-        aggregated together (``Registry.records_batch``): the work per message stays in
-        Python, the work per record in arrays. A control message is handled after the
-        records before it."""
-        batch: list[Incoming] = []
-        for message in messages:
-            if message.records is not None:
-                batch.append(message)
-                continue
-            self._records_safely(batch)
-            batch = []
-            self.handle_safely(message)
-        self._records_safely(batch)
-
-    def _records_safely(self, batch: list[Incoming]) -> None:
-        """Aggregate RECORDS messages, those of senders that may not use us refused; any
-        error counted and logged, as ``handle_safely``."""
-        taken = []
-        for message in batch:
-            foreign = self._foreign(message)
-            if foreign is not None:
-                self.registry.reject(*foreign)
-            elif message.records is not None:
-                taken.append((message.header, message.records))
-        if not taken:
-            return
-        try:
-            self.registry.records_batch(taken, time.time())
-        except Exception as exc:  # the loop must survive anything
-            log.exception("internal error on records of %d messages", len(taken))
-            self.registry.reject("internal_error", repr(exc))
-
-    def handle_safely(self, message: Incoming) -> None:
-        """``handle``, with any error counted and logged: one bad message never stops the
-        sidecar nor loses what it holds.
-        """
-        try:
-            self.handle(message, time.time())
-        except Exception as exc:  # the loop must survive anything
-            log.exception("internal error on a message from run %s", message.header.run_id.hex())
-            self.registry.reject("internal_error", repr(exc))
-            self._waiting = None
-            self.dispatcher.later.clear()
-            body = message.control or {}
-            if "reply_to" in body:  # a waiting client learns at once, not by its timeout
-                self.receiver.reply(
-                    message.identity,
-                    {"reply_to": body["reply_to"], "ok": False, "error": repr(exc)},
-                )
 
     # -- the published view ---------------------------------------------------------
 
@@ -463,29 +244,6 @@ class Server:
             view["splits"] = [asdict(s) for s in snapshot.splits if sees(s.user)]
         return view
 
-    def finish_job(self, job_id: str, caller: Peer | None) -> dict[str, Any]:
-        """End the running runs of Slurm job ``job_id`` that ``caller`` may end (on a
-        shared daemon its own, root all) as incomplete and write them; the reply says how
-        many (the Slurm epilog: ``sidecar finish --job``). Runs of the job whose process
-        was found gone just before (Slurm kills a job's processes before its epilog) take
-        the job's end as their cause and are written again."""
-        now_unix = time.time()
-        cause = f"Slurm job {job_id} ended"
-        ended = 0
-        for stream in list(self.registry.streams.values()):
-            if stream.split.info.get("job_id") != job_id:
-                continue
-            if not self.access.may_end(caller, stream):
-                continue
-            if not stream.finished:
-                self._end_stream(stream, cause, now_unix)
-            elif slurm_jobs.ended_by_job(stream.split, gone_cause(stream.pid), cause, now_unix):
-                self.write(stream.split)
-            else:
-                continue
-            ended += 1
-        return {"ok": True, "finished": ended}
-
     def _publish_for_hooks(self) -> None:
         """Publish and hand the snapshot to the hooks. A snapshot that cannot be taken is
         logged and the hooks are skipped (no watchdog ping: a service manager restarts a
@@ -509,34 +267,6 @@ class Server:
 
     def _job_cause(self) -> str | None:
         return self.job.cause() if self.job is not None else None
-
-    def check_processes(self, now_unix: float) -> None:
-        """Declare incomplete every local run whose process is gone without finishing."""
-        for stream in self.registry.live_streams():
-            if not stream.is_local() or pid_alive(stream.pid):
-                self._gone.pop(stream.run_id, None)
-                continue
-            first_seen = self._gone.setdefault(stream.run_id, now_unix)
-            if now_unix - first_seen < LIVENESS_S:
-                continue  # its last messages may still be on the way
-            cause = self._job_cause() or gone_cause(stream.pid)
-            self._end_stream(stream, cause, now_unix, first_seen)
-
-    def _end_stream(
-        self, stream: Stream, cause: str, now_unix: float, gone_unix: float | None = None
-    ) -> None:
-        """End ``stream`` as incomplete, at its process's death when known (the death watch;
-        else ``gone_unix``, when it was first seen gone), else at its last record: the
-        records of its last moments may have died with it, and the work after its last
-        checkpoint (redone at a resume) runs up to its death."""
-        log.warning("run %s (pid %d): %s; files marked incomplete", stream.key, stream.pid, cause)
-        died = self.deaths.died_at(stream.run_id)
-        died = died if died is not None else gone_unix
-        session = stream.split.rank(stream.rank).sessions[-1]
-        end_ns = None if died is None else max(session.last_ns, session.ns_at(died))
-        self.registry.finish(stream, "incomplete", cause, end_ns, now_unix)
-        self.deaths.forget(stream.run_id)
-        self.write(stream.split)
 
     def _should_stop(self) -> bool:
         if self._signal is not None and self.job is None:
@@ -562,21 +292,19 @@ class Server:
         """The periodic work between reads: processes, held records, write retries."""
         if now_unix >= self._next_liveness:
             self._next_liveness = now_unix + TICK_S
-            self.check_processes(now_unix)
+            self.endings.check_processes(now_unix, self._job_cause())
             self.nodes.tick(self.registry.splits.values(), now_unix)
             self._rate_window.append((time.monotonic(), self.registry.records_received))
         self.registry.expire_pending(now_unix)
         self.receiver.connections.poll()
         if now_unix >= self._next_retry:
             self._next_retry = now_unix + RETRY_S
-            for split in self.registry.splits.values():
-                if split.write_error and split.dirty:
-                    self.write(split)
+            self.writes.retry()
             for split in self.registry.prune(now_unix, KEEP_ENDED_S):
                 self.monitor.forget(split)
                 self.derivations.forget(split)
                 self.exports.forget(split)
-            self.deaths.retain(self.registry.streams)
+            self.endings.deaths.retain(self.registry.streams)
             self.owners.forget(self.registry.streams, now_unix, KEEP_ENDED_S)
 
     def turn(self) -> None:
@@ -588,7 +316,7 @@ class Server:
         messages = self.receiver.read(math.ceil(wait_s * 1000))
         if messages:
             self.heap.used()
-            self.handle_all(messages)
+            self.messages.handle_all(messages)
         else:  # nothing came in the wait: the pages the reads kept go back
             self.heap.give_back()
         self.monitor.tick()
@@ -616,7 +344,7 @@ class Server:
             self._drain()
             self._finalize()
             for split in self.exports.close():  # summary.log says what was not exported
-                self.write(split)
+                self.writes.write(split)
             # The state after the final writing (each run's end and status), then the end:
             # an exporter serves until ``stopped``, so its last scrape is the final state.
             self._publish_for_hooks()
@@ -624,7 +352,7 @@ class Server:
         finally:
             self.receiver.close()
             self.monitor.close()
-            self.deaths.close()
+            self.endings.deaths.close()
         status = self.job.exit_status() if self.job is not None else None
         if status is not None:
             return status
@@ -637,7 +365,7 @@ class Server:
             messages = self.receiver.read(50)
             if not messages:
                 break
-            self.handle_all(messages)
+            self.messages.handle_all(messages)
 
     def _finalize(self) -> None:
         now_unix = time.time()
@@ -651,11 +379,11 @@ class Server:
             # before their sessions are cut, so the next sidecar continues each of them
             # and only the time between the two is lost.
             for split in {id(s.split): s.split for s in self.registry.live_streams()}.values():
-                self.write(split, with_state=True)
+                self.writes.write(split, with_state=True)
         for stream in self.registry.live_streams():
-            self._end_stream(stream, cause or gone_cause(stream.pid), now_unix)
+            self.endings.end_stream(stream, cause or gone_cause(stream.pid), now_unix)
         self.nodes.wait(list(self.registry.splits.values()), TICK_S)
-        self.write_dirty()
+        self.writes.write_dirty()
         for split in self.registry.splits.values():
             if split.dirty:
                 runs = sorted({s.key for s in self.registry.streams.values() if s.split is split})

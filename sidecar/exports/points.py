@@ -22,8 +22,9 @@ import numpy as np
 
 from markers import wire
 from markers.wire import P_FLAGS, P_ITERATION, P_START
-from sidecar.model.aggregator import RankAggregator, Row
+from sidecar.model.aggregator import RankAggregator
 from sidecar.model.goodput import Account
+from sidecar.model.series import Row
 from sidecar.model.units import NS_PER_S
 from sidecar.resources.samplers.host import HostSample
 from sidecar.resources.samplers.nvml_gpu import GpuSample

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from sidecar.model.efficiency import rank_iterations, split_mfu, waits_per_iteration
+from sidecar.model.efficiency import mean, rank_iterations, split_mfu, waits_per_iteration
 from sidecar.model.goodput import Account
 from sidecar.model.merge import MergedSplit, RankFigures, figures_of, merged
 from sidecar.model.peaks import Mfu
@@ -38,13 +38,15 @@ class SplitFigures:
     (only on the sidecar serving rank 0; None elsewhere or before any rank);
     ``waits_s``: per rank, the seconds it waited for the slowest rank per aligned
     iteration; ``accounts``: the goodput account of each rank served here with a session,
-    that wait included; ``mfu``: the MFU estimate (None without FLOPs per batch).
+    that wait included; ``mean_account``: their mean, the split's account (None without
+    any); ``mfu``: the MFU estimate (None without FLOPs per batch).
     """
 
     own: tuple[RankFigures, ...]
     view: MergedSplit | None
     waits_s: Mapping[int, float]
     accounts: Mapping[int, Account]
+    mean_account: Account | None
     mfu: Mfu | None
 
     @property
@@ -125,11 +127,13 @@ def derive(
         compared = stragglers({agg.rank: rank_iterations(agg) for agg in counted})
     waits = waits_per_iteration(compared, [agg.rank for agg in counted])
     flops = split.info.get("flops_per_batch")
+    accounts = {agg.rank: agg.goodput_account(waits.get(agg.rank, 0.0)) for agg in counted}
     return SplitFigures(
         tuple(own),
         view,
         waits,
-        {agg.rank: agg.goodput_account(waits.get(agg.rank, 0.0)) for agg in counted},
+        accounts,
+        mean([accounts[r] for r in sorted(accounts)]) if accounts else None,
         split_mfu(
             aggs,
             float(flops) if isinstance(flops, (int, float)) else None,

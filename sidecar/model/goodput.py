@@ -27,7 +27,7 @@ and counters into seconds. The parts never overlap:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -264,6 +264,30 @@ class Account:
     def parts(self) -> dict[str, float]:
         """Productive time, then every cause."""
         return {"productive": self.productive_s, **self.badput_s}
+
+    @classmethod
+    def job_total(cls, splits: Sequence[Mapping[str, Any]]) -> Account | None:
+        """The whole run folder's account: its splits' mean accounts, as their run.json
+        entries hold them, added up (from the entries, so splits written by other sidecars
+        count), seconds; None without any."""
+        means = [
+            s["goodput"]["mean"]
+            for s in splits
+            if isinstance(s.get("goodput"), dict) and isinstance(s["goodput"].get("mean"), dict)
+        ]
+        if not means:
+            return None
+        gpus = [m["gpu_busy_s"] for m in means if isinstance(m.get("gpu_busy_s"), (int, float))]
+        return cls(
+            wall_s=sum(float(m.get("wall_s", 0.0)) for m in means),
+            productive_s=sum(float(m.get("productive_s", 0.0)) for m in means),
+            badput_s={
+                cause: sum(float((m.get("badput_s") or {}).get(cause, 0.0)) for m in means)
+                for cause in CAUSES
+            },
+            iterations=sum(int(m.get("iterations", 0)) for m in means),
+            gpu_busy_s=sum(gpus) if gpus else None,
+        )
 
     def to_json(self) -> dict[str, Any]:
         """The account as run.json holds it."""

@@ -62,22 +62,6 @@ class Mfu:
         """Achieved over peak (0-1); None without a known peak."""
         return self.achieved_tflops / self.peak_tflops if self.peak_tflops else None
 
-    def line(self) -> str:
-        """The summary's and the job report's line."""
-        achieved = (
-            f"{self.flops_per_batch:.3e} FLOPs per batch × {self.batches_per_s:.2f} "
-            f"batches/s = {self.achieved_tflops:.1f} TFLOP/s"
-        )
-        if self.ratio is None:
-            return (
-                f"MFU (estimate): unknown, no peak known for '{self.gpu_name}' in "
-                f"{self.dtype}; {achieved}"
-            )
-        return (
-            f"MFU (estimate): {self.ratio * 100:.1f} % = {achieved} of "
-            f"{self.peak_tflops:.0f} TFLOP/s ('{self.gpu_name}', {self.dtype} dense peak)"
-        )
-
     def to_json(self) -> dict[str, object]:
         """As run.json holds it."""
         return {

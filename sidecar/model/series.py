@@ -15,11 +15,12 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from markers import wire
-from markers.wire import P_BATCH, P_EPOCH, P_ITERATION, P_START
+from markers.wire import P_BATCH, P_EPOCH, P_FLAGS, P_ITERATION, P_START
 from sidecar.model.blocks import moments
 from sidecar.model.session_clock import SessionClock
 from sidecar.model.stats import Welford
 from sidecar.model.units import BYTES_PER_MIB, NS_PER_S
+from sidecar.model.whole_run import Entry, WholeRun
 
 OUTSIDE = "outside"  # flag of a row measured outside any iteration
 INCOMPLETE = "incomplete"  # flag of a row cut short: kept, never a measurement
@@ -70,6 +71,7 @@ class SeriesStore(SessionClock):
         self.custom_names: dict[int, str] = {}
         self.aligned_custom: set[int] = set()  # custom phases measured inside iterations
         self._names: dict[str, int] = {}  # custom name -> its key in ``series``
+        self.whole_run = WholeRun()  # iterations sampled over the whole run, past the cap
 
     def custom_key(self, name: str) -> int:
         """The key of custom phase ``name`` in ``series`` (its identity is its name, across
@@ -165,12 +167,25 @@ class SeriesStore(SessionClock):
         start_ns: int | None = None,
         batches: int = 0,
     ) -> None:
-        """Keep a flagged row (phases.tsv only), up to ``num_measurements`` per phase."""
+        """Keep a flagged row (phases.tsv only), up to ``num_measurements`` per phase; past
+        them, a row of an iteration cut short goes to the whole-run sample if it keeps it."""
         series = self._series(phase)
         if len(series.flagged) < self.row_cap:
             series.flagged.append(
                 self._row(record, wall_ns, gpu_ns, peak_bytes, start_ns, None, batches, flag)
             )
+        elif flag == INCOMPLETE and record[P_FLAGS] & wire.FLAG_IN_ITERATION:
+            entry = self.whole_run.cut_entry(
+                (
+                    self.sessions[-1].number,
+                    record[P_EPOCH],
+                    record[P_ITERATION],
+                    bool(record[P_FLAGS] & wire.FLAG_VALIDATION),
+                )
+            )
+            if entry is not None:
+                row = self._row(record, wall_ns, gpu_ns, peak_bytes, start_ns, None, batches, flag)
+                entry.append((phase, row))
 
     def _measure(
         self,
@@ -185,22 +200,20 @@ class SeriesStore(SessionClock):
         flag: str = "",
         batch_size: int | None = None,
         samples: int | None = None,
+        sample: Entry | None = None,
     ) -> None:
+        """One measurement of ``phase`` (ns, bytes): into its streaming figures, and its row
+        into the stored rows when ``store``, else into ``sample`` (a whole-run entry) when
+        given."""
         series = self._series(phase)
         series.wall.add(wall_ns / NS_PER_S)
         if gpu_ns >= 0:
             series.gpu.add(gpu_ns / NS_PER_S)
-        if store:
-            series.rows.append(
-                self._row(
-                    record,
-                    wall_ns,
-                    gpu_ns,
-                    peak_bytes,
-                    start_ns,
-                    batch_size,
-                    batches,
-                    flag,
-                    samples,
-                )
+        if store or sample is not None:
+            row = self._row(
+                record, wall_ns, gpu_ns, peak_bytes, start_ns, batch_size, batches, flag, samples
             )
+            if store:
+                series.rows.append(row)
+            elif sample is not None:
+                sample.append((phase, row))

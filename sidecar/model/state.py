@@ -18,7 +18,8 @@ its part so far (absent: none, not counted), and each row its ``samples`` (absen
 size × batches, what throughput counted before), and each session its ``first_step``
 and ``steps`` (the optimizer step axis of the exports; absent: 0), and its
 ``loop_start_ns`` and ``loop_end_ns`` (the framework's own training loop; absent: not
-known). Older documents are upgraded on reading.
+known), and each rank its ``whole_run`` sample (``model/whole_run.py``; absent: none
+yet). Older documents are upgraded on reading.
 
 The *lineage* of a state is the run id of its first session: a fresh run starts a
 lineage, a resume continues the lineage of the state it loaded.
@@ -36,14 +37,21 @@ from pathlib import Path
 from typing import Any
 
 from markers.wire import TRAINING_LOOP, VALIDATION_LOOP
-from sidecar.model import goodput
+from sidecar.model import goodput, whole_run
 from sidecar.model.aggregator import RankAggregator
 from sidecar.model.series import ROW_FIELDS, PhaseSeries, Row
 from sidecar.model.session_clock import Session
 from sidecar.model.stats import Welford
 from sidecar.model.units import NS_PER_S
+from sidecar.model.whole_run import Stride, WholeRun
 
 SCHEMA = 4
+# The strides of a whole-run sample (``WholeRun``'s fields, in order) and their bounds.
+WHOLE_RUN_KINDS = {
+    "training": whole_run.ITERATIONS,
+    "validation": whole_run.ITERATIONS,
+    "flagged": whole_run.FLAGGED,
+}
 FILE_NAME = "sidecar-state.json"
 
 
@@ -68,6 +76,33 @@ def rows_from_columns(columns: dict[str, list[Any]]) -> list[Row]:
         held = zip(columns["batch_size"], columns["batches"], strict=True)
         columns = {**columns, "samples": [None if n is None else n * b for n, b in held]}
     return [Row(*values) for values in zip(*(columns[name] for name in ROW_FIELDS), strict=True)]
+
+
+def _stride_state(stride: Stride) -> dict[str, Any]:
+    """A whole-run stride as the state holds it: its counts, and its rows as columns with
+    each row's item number and phase key beside them."""
+    # an iteration's rows by phase key: the order its phases came in is not kept
+    pairs = [
+        (number, pair)
+        for number, entry in stride.kept.items()
+        for pair in sorted(entry, key=lambda pair: pair[0])
+    ]
+    return {
+        "stride": stride.stride,
+        "seen": stride.seen,
+        "numbers": [number for number, _ in pairs],
+        "phases": [phase for _, (phase, _) in pairs],
+        "rows": row_columns([row for _, (_, row) in pairs]),
+    }
+
+
+def _stride_from_state(saved: dict[str, Any], capacity: int) -> Stride:
+    """Inverse of ``_stride_state``; KeyError or ValueError if broken."""
+    stride = Stride(capacity, int(saved["stride"]), int(saved["seen"]))
+    rows = rows_from_columns(saved["rows"])
+    for number, phase, row in zip(saved["numbers"], saved["phases"], rows, strict=True):
+        stride.kept.setdefault(int(number), []).append((int(phase), row))
+    return stride
 
 
 def rank_state(agg: RankAggregator, rows_state: RowsState | None = None) -> dict[str, Any]:
@@ -101,6 +136,9 @@ def rank_state(agg: RankAggregator, rows_state: RowsState | None = None) -> dict
         "goodput": [None if c is None else c.to_state() for c in agg.goodput],
         "open_spans": {
             str(phase): row_columns([row]) for phase, row in agg.open_span_parts().items()
+        },
+        "whole_run": {
+            kind: _stride_state(getattr(agg.whole_run, kind)) for kind in WHOLE_RUN_KINDS
         },
         "series": {
             str(phase): {
@@ -164,6 +202,13 @@ def load_rank(agg: RankAggregator, saved: dict[str, Any], continue_run: str = ""
         )
         for phase, s in saved["series"].items()
     }
+    sampled = saved.get("whole_run") or {}  # added within schema 4
+    agg.whole_run = WholeRun(
+        *(
+            _stride_from_state(sampled[kind], capacity) if kind in sampled else Stride(capacity)
+            for kind, capacity in WHOLE_RUN_KINDS.items()
+        )
+    )
     # A process that goes on (a new sidecar took it over) ends its open spans whole;
     # a resumed one keeps their part up to the checkpoint (added within schema 4).
     agg.continue_parts(

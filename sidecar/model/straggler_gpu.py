@@ -137,23 +137,3 @@ def over(readings: Sequence[GpuReadings], keys: np.ndarray, chosen: np.ndarray) 
         {name: count / len(masks) for name, count in sorted(counts.items())},
         len(masks),
     )
-
-
-def describe(figures: GpuFigures) -> str:
-    """``figures`` in words: ``SM clock median 990 MHz (min 900), power mean 120.0 W,
-    temperature max 88 °C, throttle reasons hw_slowdown (100 %)``; unknown figures are
-    left out (the reasons too when NVML gave none)."""
-    parts = []
-    if figures.sm_clock_median_mhz is not None:
-        parts.append(
-            f"SM clock median {figures.sm_clock_median_mhz:.0f} MHz "
-            f"(min {figures.sm_clock_min_mhz:.0f})"
-        )
-    if figures.power_mean_w is not None:
-        parts.append(f"power mean {figures.power_mean_w:.1f} W")
-    if figures.temperature_max_c is not None:
-        parts.append(f"temperature max {figures.temperature_max_c:.0f} °C")
-    if figures.throttle_samples:
-        reasons = ", ".join(f"{n} ({s * 100:.0f} %)" for n, s in figures.throttle.items())
-        parts.append(f"throttle reasons {reasons or 'none'}")
-    return ", ".join(parts) or "no figure known"

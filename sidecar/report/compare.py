@@ -1,18 +1,23 @@
-"""``sidecar compare BASE NEW``: two runs (or splits) side by side, and a gate for CI.
+"""``sidecar compare BASE... [-- NEW...]``: runs (or splits) side by side, and a gate for CI.
 
-Method (docs/views.md): each phase's figure is the median of its stored measurements
-(unflagged rows of every rank's phases.tsv), with a 95 % percentile bootstrap interval
-(``BOOTSTRAP_ROUNDS`` resamples of the rows, numpy's generator seeded with
-``SEED``, so the same files always give the same intervals). A difference is NEW
-against BASE in percent; its interval comes from the same resamples (NEW's over BASE's,
-resample by resample). Throughput is Σ samples / Σ Training loop time over the stored
-training steps (a step's samples: its batch size × its batches), resampled by step. GPU
-utilization is the mean of the samples in resources.tsv, resampled by sample. Memory
-peak and goodput parts are one value per run: their differences have no interval.
+Method (docs/views.md): each phase's figure is the median of its measurements (unflagged
+rows of every rank's phases.tsv and whole-run sample), with a 95 % two-stage percentile
+bootstrap interval over *units* (``pooled``: the runs of a side when it has several,
+else blocks of its one run over time, epochs or windows): each of ``BOOTSTRAP_ROUNDS``
+resamples draws the units with replacement, then rows within each unit drawn (numpy's
+generator seeded with ``SEED``, so the same files always give the same intervals). Rows
+of one run vary less than runs do; units carry the variation between runs and over time
+that a CI gate must not take for a regression. A difference is NEW against BASE in
+percent; its interval comes from the same resamples (NEW's over BASE's, resample by
+resample). Throughput is Σ samples / Σ Training loop time over the training steps (a
+step's samples: its batch size × its batches). GPU utilization is the mean of the
+samples in resources.tsv. Memory peak and goodput parts are one value per run (summed
+over the runs of a side): their differences have no interval.
 
 The gate (``--max-regression PCT``) fails when the step time (Training loop) is worse
-than PCT percent with its whole interval beyond PCT, or the throughput is lower by more
-than PCT percent with its whole interval beyond it.
+by more than PCT percent and its interval excludes no change (its low end above 0), or
+the throughput is lower by more than PCT percent and its interval excludes no change:
+a difference must be both larger than allowed and real.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ import numpy as np
 import pandas as pd
 
 from markers import wire
+from sidecar.report import pooled
+from sidecar.report.pooled import UNIT
 from sidecar.report.split_rows import SplitRows
 
 BOOTSTRAP_ROUNDS = 2000
@@ -42,7 +49,8 @@ NOT_STEP_PARTS = frozenset(
 UTILIZATION = "utilization (%)"
 MEMORY_USED = "memory used (MB)"
 METHOD = (
-    f"medians of the stored rows; {CONFIDENCE:.0%} percentile bootstrap intervals "
+    f"medians of the measured rows; {CONFIDENCE:.0%} two-stage percentile bootstrap "
+    f"intervals: units (runs, else epochs, else windows of a run), then rows within them "
     f"({BOOTSTRAP_ROUNDS} resamples, seed {SEED})"
 )
 
@@ -71,11 +79,21 @@ def _interval(draws: np.ndarray) -> tuple[float, float]:
 
 
 def _resampled(
-    rng: np.random.Generator, columns: tuple[np.ndarray, ...], statistic: Callable[..., Any]
+    rng: np.random.Generator,
+    units: np.ndarray,
+    columns: tuple[np.ndarray, ...],
+    statistic: Callable[..., Any],
 ) -> np.ndarray:
-    """``statistic`` over ``BOOTSTRAP_ROUNDS`` resamples of the rows of ``columns``
-    (arrays of one length, resampled together), one value per resample."""
-    index = rng.integers(0, len(columns[0]), (BOOTSTRAP_ROUNDS, len(columns[0])))
+    """``statistic`` over ``BOOTSTRAP_ROUNDS`` two-stage resamples of the rows of
+    ``columns`` (arrays of one length, resampled together), one value per resample: each
+    round draws the units (``units``: each row's) with replacement, then, in place of
+    each unit's rows, as many rows drawn with replacement from the unit drawn for it."""
+    order = np.argsort(units, kind="stable")
+    _, starts, counts = np.unique(units[order], return_index=True, return_counts=True)
+    slot = np.repeat(np.arange(len(starts)), counts)  # each sorted row's unit, 0..k-1
+    drawn = rng.integers(0, len(starts), (BOOTSTRAP_ROUNDS, len(starts)))[:, slot]
+    within = (rng.random(drawn.shape) * counts[drawn]).astype(np.int64)
+    index = order[starts[drawn] + within]
     return np.asarray(statistic(*(c[index] for c in columns)), dtype=float)
 
 
@@ -87,9 +105,11 @@ def _figure(
     new: tuple[np.ndarray, ...],
     statistic: Callable[..., Any],
 ) -> ComparedFigure:
-    """A bootstrapped figure: ``statistic(*columns)`` on each run's rows (axis -1)."""
-    base_draws = _resampled(rng, base, statistic)
-    new_draws = _resampled(rng, new, statistic)
+    """A bootstrapped figure: ``statistic(*columns)`` on each run's rows (axis -1);
+    ``base`` and ``new``: (each row's unit, *columns)."""
+    base_draws = _resampled(rng, base[0], base[1:], statistic)
+    new_draws = _resampled(rng, new[0], new[1:], statistic)
+    base, new = base[1:], new[1:]
     base_value = float(statistic(*(c[None, :] for c in base))[0])
     new_value = float(statistic(*(c[None, :] for c in new))[0])
     change = change_ci = None
@@ -142,9 +162,13 @@ def _samples(steps: pd.DataFrame) -> np.ndarray | None:
     return (steps["batch size"] * steps["batches"].clip(lower=1)).to_numpy(float)
 
 
-def _utilization(rows: SplitRows) -> np.ndarray:
-    values = [t[UTILIZATION].dropna() for t, _, _ in rows.resources if UTILIZATION in t]
-    return pd.concat(values).to_numpy(float) if values else np.array([])
+def _utilization(rows: SplitRows) -> tuple[np.ndarray, np.ndarray]:
+    """(each GPU sample's unit, its utilization %)."""
+    tables = [t.dropna(subset=[UTILIZATION]) for t, _, _ in rows.resources if UTILIZATION in t]
+    if not tables:
+        return np.array([], dtype=np.int64), np.array([])
+    known = pd.concat(tables)
+    return known[UNIT].to_numpy(np.int64), known[UTILIZATION].to_numpy(float)
 
 
 def _memory_peak(rows: SplitRows) -> float | None:
@@ -222,39 +246,34 @@ def unlike(base: SplitRows, new: SplitRows) -> list[str]:
     return said
 
 
-def compare(base: SplitRows, new: SplitRows) -> dict[str, Any]:
-    """Every figure of BASE and NEW, with their differences and how the runs differ."""
+def compare(base_runs: list[SplitRows], new_runs: list[SplitRows]) -> dict[str, Any]:
+    """Every figure of BASE and NEW (one or more runs each), with their differences and
+    how the runs differ; the intervals resample each side's units (``pooled``)."""
     rng = np.random.default_rng(SEED)
+    (base_unit, base), (new_unit, new) = pooled.pool(base_runs), pooled.pool(new_runs)
     base_rows, new_rows = measured(base), measured(new)
     shared = [p for p in _phase_names(base_rows) if p in set(_phase_names(new_rows))]
+
+    def wall(frame: pd.DataFrame, phase: str) -> tuple[np.ndarray, np.ndarray]:
+        rows = frame[frame["phase"] == phase]
+        return rows[UNIT].to_numpy(np.int64), rows["wall (s)"].to_numpy(float)
+
     phases = [
-        _figure(
-            rng,
-            phase,
-            "s",
-            (base_rows.loc[base_rows["phase"] == phase, "wall (s)"].to_numpy(float),),
-            (new_rows.loc[new_rows["phase"] == phase, "wall (s)"].to_numpy(float),),
-            _median,
-        )
+        _figure(rng, phase, "s", wall(base_rows, phase), wall(new_rows, phase), _median)
         for phase in shared
     ]
     others: list[ComparedFigure] = []
-    samples = [_samples(_steps(r)) for r in (base, new)]
-    if samples[0] is not None and samples[1] is not None:
-        walls = [_steps(r)["wall (s)"].to_numpy(float) for r in (base, new)]
-        others.append(
-            _figure(
-                rng,
-                "throughput",
-                "samples/s",
-                (samples[0], walls[0]),
-                (samples[1], walls[1]),
-                _rate,
-            )
+    steps = [_steps(r) for r in (base, new)]
+    counts = [_samples(s) for s in steps]
+    if counts[0] is not None and counts[1] is not None:
+        base_steps, new_steps = (
+            (s[UNIT].to_numpy(np.int64), n, s["wall (s)"].to_numpy(float))
+            for s, n in ((steps[0], counts[0]), (steps[1], counts[1]))
         )
+        others.append(_figure(rng, "throughput", "samples/s", base_steps, new_steps, _rate))
     busy = [_utilization(r) for r in (base, new)]
-    if len(busy[0]) and len(busy[1]):
-        others.append(_figure(rng, "GPU utilization", "%", (busy[0],), (busy[1],), _mean))
+    if len(busy[0][1]) and len(busy[1][1]):
+        others.append(_figure(rng, "GPU utilization", "%", busy[0], busy[1], _mean))
     peaks = [_memory_peak(r) for r in (base, new)]
     if peaks[0] is not None or peaks[1] is not None:
         others.append(_plain("GPU memory peak", "MiB", *peaks))
@@ -263,9 +282,10 @@ def compare(base: SplitRows, new: SplitRows) -> dict[str, Any]:
         others.append(
             _plain(f"goodput {part}", "share", goodput[0].get(part), goodput[1].get(part))
         )
+
     return {
-        "base": {"folder": str(base.folder), "split": base.split},
-        "new": {"folder": str(new.folder), "split": new.split},
+        "base": _side(base_runs, base_unit, base),
+        "new": _side(new_runs, new_unit, new),
         "method": METHOD,
         "phases": phases,
         "figures": others,
@@ -273,17 +293,32 @@ def compare(base: SplitRows, new: SplitRows) -> dict[str, Any]:
     }
 
 
+def _side(runs: list[SplitRows], unit: str, pooled_rows: SplitRows) -> dict[str, Any]:
+    """What one side of the comparison is: its folders, split, runs and units."""
+    return {
+        "folder": ", ".join(str(r.folder) for r in runs),
+        "split": runs[0].split,
+        "runs": len(runs),
+        "unit": unit,
+        "units": int(measured(pooled_rows)[UNIT].nunique()),
+    }
+
+
 def gate(result: dict[str, Any], max_regression_pct: float) -> tuple[bool, str]:
     """(passed, the line that decided). Step time is gated unless the batch sizes differ;
-    throughput always. A failing step time names the phase whose median grew most."""
+    throughput always. A change fails when it is beyond ``max_regression_pct`` (percent)
+    and its interval excludes no change; a failing step time names the phase whose
+    median grew most."""
     step = next((f for f in result["phases"] if f.name == STEP), None)
     rate = next((f for f in result["figures"] if f.name == "throughput"), None)
     sized_alike = not any(s.startswith("batch size") for s in result["unlike"])
     if (
         step is not None
         and sized_alike
+        and step.change_pct is not None
         and step.change_ci is not None
-        and step.change_ci[0] > max_regression_pct
+        and step.change_pct > max_regression_pct
+        and step.change_ci[0] > 0
     ):
         grown = max(
             (f for f in result["phases"] if f.name not in NOT_STEP_PARTS and f.base and f.new),
@@ -293,20 +328,26 @@ def gate(result: dict[str, Any], max_regression_pct: float) -> tuple[bool, str]:
         cause = f"; most of it {_change_text(grown)}" if grown is not None else ""
         return False, (
             f"FAIL: step time {_change_text(step)} is worse than the {max_regression_pct:g} %"
-            f" allowed, its whole interval beyond it{cause}"
+            f" allowed, its interval above 0{cause}"
         )
-    if rate is not None and rate.change_ci is not None and rate.change_ci[1] < -max_regression_pct:
+    if (
+        rate is not None
+        and rate.change_pct is not None
+        and rate.change_ci is not None
+        and rate.change_pct < -max_regression_pct
+        and rate.change_ci[1] < 0
+    ):
         return False, (
             f"FAIL: throughput {_change_text(rate)} is lower than the {max_regression_pct:g} %"
-            " allowed, its whole interval beyond it"
+            " allowed, its interval below 0"
         )
     gated = (("step time", step if sized_alike else None), ("throughput", rate))
     checked = [f"{name} {_change_text(f)}" for name, f in gated if f is not None]
     if not checked:
         return True, "PASS: neither step time nor throughput could be compared"
     return True, (
-        f"PASS: {' and '.join(checked)}: not worse than {max_regression_pct:g} % "
-        "beyond the interval"
+        f"PASS: {' and '.join(checked)}: not beyond {max_regression_pct:g} % "
+        "with its interval excluding no change"
     )
 
 
@@ -382,12 +423,18 @@ def _wrapped(text: str) -> list[str]:
     return textwrap.wrap(text, WIDTH, subsequent_indent="  ", break_on_hyphens=False)
 
 
+def _side_text(which: str, side: dict[str, Any]) -> str:
+    runs = f"{side['runs']} run{'s' if side['runs'] != 1 else ''}"
+    units = "" if side["unit"] == "runs" else f", {side['units']} {side['unit']} as units"
+    return f"{which} {side['folder']} split {side['split']} ({runs}{units})"
+
+
 def render(result: dict[str, Any]) -> list[str]:
     """The comparison as text lines of at most ``WIDTH`` columns: each table's unit in
     its header, one row per figure, then how the runs differ."""
     lines = [
-        *_wrapped(f"BASE {result['base']['folder']} split {result['base']['split']}"),
-        *_wrapped(f"NEW {result['new']['folder']} split {result['new']['split']}"),
+        *_wrapped(_side_text("BASE", result["base"])),
+        *_wrapped(_side_text("NEW", result["new"])),
         *_wrapped(f"Method: {result['method']}; difference: NEW against BASE"),
         "",
         f"{'':<{NAME_COLUMNS}}{'BASE [95 %]':<{CELL_COLUMNS}} {'NEW [95 %]':<{CELL_COLUMNS}} "

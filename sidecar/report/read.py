@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sidecar.model import split as split_paths
 from sidecar.resources import fields
 from sidecar.sinks import layout
 from sidecar.sinks.summary import TITLE_LINE
@@ -136,8 +137,8 @@ def _split_files(folder: Path, split: int, entry: Any) -> SplitFiles:
     if not isinstance(entry, dict):
         raise Damaged(f"run.json: split {split} is not an object")
     training_s = entry.get("training_s")
-    split_dir = layout.split_dir(folder, split)
-    logs = layout.logs_dir(folder, split)
+    split_dir = split_paths.split_dir(folder, split)
+    logs = split_paths.logs_dir(folder, split)
     try:
         computational, header = _computational(logs / layout.computational_file(0))
     except FileNotFoundError as exc:

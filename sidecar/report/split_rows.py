@@ -1,7 +1,8 @@
 """One split of a run folder as ``sidecar trace`` and ``sidecar compare`` read it: its
-run.json entry, the stored rows of every rank (``phases.tsv``, ``phases-rank<r>.tsv``),
-its resource samples (``resources.tsv`` and each other node's ``resources-<node>.tsv``)
-and where each rank's clock starts on the wall clock.
+run.json entry, the stored rows of every rank (``phases.tsv``, ``phases-rank<r>.tsv``)
+and their whole-run samples (``sample.tsv``, ``sample-rank<r>.tsv``: a run past the
+cap), its resource samples (``resources.tsv`` and each other node's
+``resources-<node>.tsv``) and where each rank's clock starts on the wall clock.
 
 Raises ``read.Damaged`` (one line) for a folder that is not a readable run folder.
 """
@@ -10,16 +11,17 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from sidecar.model.split import logs_dir, split_dir
 from sidecar.report.read import Damaged
 from sidecar.sinks import layout
 
-RANK_FILE = re.compile(r"phases-rank(\d+)\.tsv")
 STATE_FILE = "sidecar-state.json"  # the split's state (its ranks' run starts, Unix s)
 NODE_STATES = "state"  # state/<node-id>.json: the same for each other node's ranks
 
@@ -117,6 +119,20 @@ def _node_starts(entry: dict[str, Any]) -> tuple[dict[int, str], dict[str, float
     return by_rank, by_node
 
 
+def _rank_tables(logs: Path, name: Callable[[int], str]) -> list[pd.DataFrame]:
+    """The tables of ``logs`` named ``name(rank)`` (rank 0's first, then by rank), read.
+    Raises Damaged."""
+    stem = name(0).removesuffix(".tsv")  # rank r's: <stem>-rank<r>.tsv
+    pattern = re.compile(re.escape(stem) + r"-rank(\d+)\.tsv")
+    others = {
+        int(match[1]): path
+        for path in logs.glob(f"{stem}-rank*.tsv")
+        if (match := pattern.fullmatch(path.name))
+    }
+    files = [logs / name(0), *(others[rank] for rank in sorted(others))]
+    return [_read_tsv(path) for path in files if path.exists()]
+
+
 def read_split(folder: Path, split: int) -> SplitRows:
     """Every stored row and sample of ``split`` of the run folder ``folder``. A rank's
     clock starts at its run start from the state files, else at its node's start, else at
@@ -124,21 +140,16 @@ def read_split(folder: Path, split: int) -> SplitRows:
     entry = run_meta(folder)["splits"].get(str(split))
     if not isinstance(entry, dict):
         raise Damaged(f"{folder}/run.json: split {split} is not an object")
-    logs = layout.logs_dir(folder, split)
-    others = {
-        int(match[1]): path
-        for path in logs.glob("phases-rank*.tsv")
-        if (match := RANK_FILE.fullmatch(path.name))
-    }
-    files = [logs / layout.phases_file(0), *(others[rank] for rank in sorted(others))]
-    tables = [_read_tsv(path) for path in files if path.exists()]
+    logs = logs_dir(folder, split)
+    tables = _rank_tables(logs, layout.phases_file)
     if not tables:
         raise Damaged(f"{logs} holds no phases.tsv")
+    tables += _rank_tables(logs, layout.sample_file)  # a run past the cap: its sample
     phases = pd.concat(tables, ignore_index=True)
     phases["flag"] = phases["flag"].fillna("")
     split_start = float(entry.get("start_unix") or 0.0)
     rank_nodes, node_starts = _node_starts(entry)
-    starts = _rank_starts(layout.split_dir(folder, split))
+    starts = _rank_starts(split_dir(folder, split))
     for rank in phases["rank"].unique().tolist():
         starts.setdefault(int(rank), node_starts.get(rank_nodes.get(int(rank), ""), split_start))
     hosts = {

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from markers import wire
-from sidecar.model.aggregator import RankAggregator
 from sidecar.resources.samplers.host import HostSample
 from sidecar.resources.samplers.nvml_gpu import GpuSample
 
@@ -27,23 +25,6 @@ AGGREGATE_FILE = "aggregate_resource_usage.csv"  # InnerEye's name, beside resou
 HEADER = "gpu,metric,value"
 MIB_PER_GIB = 1024.0
 CPU_NAME = "CPU"  # the ``gpu`` column of the host's rows, as its TensorBoard tags' prefix
-# The phases whose allocator peak makes a step's MemAllocated_GB.
-PEAK_PHASES = tuple(p.phase for p in wire.STEP_PHASES if p.gpu)
-
-
-def step_peaks_gib(agg: RankAggregator | None) -> list[float]:
-    """Per stored training step of ``agg`` (session, iteration), the highest allocator
-    peak of its Forward, Backward and Optimization rows, GiB; [] without any peak (no GPU)."""
-    if agg is None:
-        return []
-    peaks: dict[tuple[int, int], float] = {}
-    for phase in PEAK_PHASES:
-        series = agg.series.get(phase)
-        for row in series.rows if series is not None else ():
-            if row.peak_mib is not None:
-                key = (row.session, row.iteration)
-                peaks[key] = max(peaks.get(key, row.peak_mib), row.peak_mib)
-    return [peak / MIB_PER_GIB for _, peak in sorted(peaks.items())]
 
 
 def _add(figures: dict[str, list[float]], metric: str, value: float | None) -> None:

@@ -4,10 +4,9 @@ split's wall time as productive training plus badput by cause (``sidecar.model.g
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-from sidecar.model.efficiency import mean
 from sidecar.model.goodput import CAUSE_LABELS, CAUSES, Account
 from sidecar.model.peaks import Mfu
 from sidecar.sinks import layout
@@ -19,14 +18,16 @@ def _share(part_s: float, wall_s: float) -> str:
     return f"{part_s / wall_s * 100:5.1f} %" if wall_s > 0 else "    - %"
 
 
-def goodput_lines(accounts: Mapping[int, Account], mfu: Mfu | None = None) -> list[str]:
-    """The block (title line to closing star line) for the ranks' ``accounts``; [] when
-    no rank has a session yet. Several ranks: their mean, then one line per rank; the
-    MFU estimate last when FLOPs per batch were given."""
-    if not accounts:
+def goodput_lines(
+    accounts: Mapping[int, Account], split: Account | None, mfu: Mfu | None = None
+) -> list[str]:
+    """The block (title line to closing star line) for the ranks' ``accounts`` and
+    ``split``, their mean (the model's); [] when no rank has a session yet. Several
+    ranks: their mean, then one line per rank; the MFU estimate last when FLOPs per
+    batch were given."""
+    if not accounts or split is None:
         return []
     ranks = sorted(accounts)
-    split = mean([accounts[r] for r in ranks])
     stars = layout.WIDTH - len(TITLE)
     over = f" (mean over {len(ranks)} ranks)" if len(ranks) > 1 else ""
     lines = [
@@ -58,39 +59,34 @@ def goodput_lines(accounts: Mapping[int, Account], mfu: Mfu | None = None) -> li
                 f"{mine.badput_s['straggler']:.2f} s"
             )
     if mfu is not None:
-        lines.append(mfu.line())
+        lines.append(mfu_line(mfu))
     return [*lines, "*" * layout.WIDTH]
 
 
-def goodput_entry(accounts: Mapping[int, Account]) -> dict[str, Any] | None:
-    """The ``goodput`` entry of a split in ``run.json``: the mean over ranks (seconds of
-    wall time), and each rank's; None before any rank has a session."""
-    if not accounts:
+def mfu_line(mfu: Mfu) -> str:
+    """The MFU estimate's line in the Goodput block: FLOPs per batch × batches/s, and
+    its share of the GPU's dense peak (unknown without a known peak)."""
+    achieved = (
+        f"{mfu.flops_per_batch:.3e} FLOPs per batch × {mfu.batches_per_s:.2f} "
+        f"batches/s = {mfu.achieved_tflops:.1f} TFLOP/s"
+    )
+    if mfu.ratio is None:
+        return (
+            f"MFU (estimate): unknown, no peak known for '{mfu.gpu_name}' in "
+            f"{mfu.dtype}; {achieved}"
+        )
+    return (
+        f"MFU (estimate): {mfu.ratio * 100:.1f} % = {achieved} of "
+        f"{mfu.peak_tflops:.0f} TFLOP/s ('{mfu.gpu_name}', {mfu.dtype} dense peak)"
+    )
+
+
+def goodput_entry(accounts: Mapping[int, Account], split: Account | None) -> dict[str, Any] | None:
+    """The ``goodput`` entry of a split in ``run.json``: ``split``, the mean over ranks
+    (seconds of wall time), and each rank's; None before any rank has a session."""
+    if not accounts or split is None:
         return None
     return {
-        "mean": mean([accounts[r] for r in sorted(accounts)]).to_json(),
+        "mean": split.to_json(),
         "ranks": {str(r): accounts[r].to_json() for r in sorted(accounts)},
-    }
-
-
-def job_entry(splits: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """The whole run folder's ``goodput`` in ``run.json``: its splits' means added up
-    (from their entries, so splits written by other sidecars count); None without any."""
-    means = [
-        s["goodput"]["mean"]
-        for s in splits
-        if isinstance(s.get("goodput"), dict) and isinstance(s["goodput"].get("mean"), dict)
-    ]
-    if not means:
-        return None
-    gpus = [m.get("gpu_busy_s") for m in means if isinstance(m.get("gpu_busy_s"), (int, float))]
-    return {
-        "wall_s": sum(float(m.get("wall_s", 0.0)) for m in means),
-        "productive_s": sum(float(m.get("productive_s", 0.0)) for m in means),
-        "badput_s": {
-            cause: sum(float((m.get("badput_s") or {}).get(cause, 0.0)) for m in means)
-            for cause in CAUSES
-        },
-        "iterations": sum(int(m.get("iterations", 0)) for m in means),
-        "gpu_busy_s": sum(gpus) if gpus else None,
     }

@@ -15,6 +15,7 @@ file names from this module; the columns are defined beside the text they head
     <out_dir>/training/split-<k>/sidecar-state.json      (sidecar.model.state)
     <out_dir>/training/split-<k>/logs/computational[-rank<r>].tsv
     <out_dir>/training/split-<k>/logs/phases[-rank<r>].tsv
+    <out_dir>/training/split-<k>/logs/sample[-rank<r>].tsv  (past the cap)
     <out_dir>/training/split-<k>/logs/resources.tsv      (rank 0's node)
     <out_dir>/training/split-<k>/logs/resources-<node-id>.tsv  (every other node)
     <out_dir>/training/split-<k>/logs/ranks.tsv          (rank 0's node, several ranks)
@@ -24,8 +25,6 @@ file names from this module; the columns are defined beside the text they head
 from __future__ import annotations
 
 from markers import wire
-from sidecar.model.split import logs_dir as logs_dir  # the folder paths: re-exported
-from sidecar.model.split import split_dir as split_dir
 
 RUN_FILE = "run.json"
 RUN_LOCK_FILE = ".run.json.lock"  # held while run.json is read, merged and replaced
@@ -66,6 +65,11 @@ def computational_file(rank: int) -> str:
 def phases_file(rank: int) -> str:
     """File name of a rank's long table."""
     return f"phases{rank_suffix(rank)}.tsv"
+
+
+def sample_file(rank: int) -> str:
+    """File name of a rank's whole-run sample (phases.tsv's columns)."""
+    return f"sample{rank_suffix(rank)}.tsv"
 
 
 # The standard phases (``wire.PHASES``) of each table of the summary block.

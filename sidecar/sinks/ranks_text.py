@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sidecar.model import stragglers
 from sidecar.model.merge import TABLE_PHASES, MergedSplit
 from sidecar.model.straggler_gpu import GpuFigures
+from sidecar.sinks import straggler_text
 from sidecar.sinks.nodes import NodeFile
 
 RANKS_COLUMNS = (
@@ -76,8 +76,8 @@ def rank_lines(view: MergedSplit, world_size: int, waited_s: float | None) -> li
         return []
     out = table_lines(view)
     if view.stragglers is not None:
-        out.append(stragglers.straggler_line(view.stragglers))
-        gpu_line = stragglers.straggler_gpu_line(view.stragglers)
+        out.append(straggler_text.straggler_line(view.stragglers))
+        gpu_line = straggler_text.straggler_gpu_line(view.stragglers)
         out += [gpu_line] if gpu_line is not None else []
     else:
         out.append("Straggler: none (fewer than two ranks measured)")

@@ -205,6 +205,13 @@ def texts(agg: RankAggregator, phase: int, which: str = "rows") -> RowText:
     return _merged(cache.derived((phase, which, label, gpu), getattr(series, which), derive))
 
 
+def uncached(agg: RankAggregator, phase: int, rows: list[Row]) -> RowText:
+    """The text of ``rows`` of ``phase`` of ``agg`` that no series holds (the whole-run
+    sample's, a few thousand at most: formatted at each call, not kept)."""
+    label = quoted(wire.phase_label(phase, agg.custom_names))
+    return _derive(rows, label, str(agg.rank), phase in _GPU_PHASES)
+
+
 def state_rows(agg: RankAggregator, phase: int, which: str) -> RawJSON:
     """The state's value of a list of stored rows (``state.rank_state``'s ``rows_state``):
     the JSON of ``state.row_columns``, from the kept text."""

@@ -20,6 +20,7 @@ from typing import Any
 
 from markers import wire
 from sidecar.model.derived import SplitFigures
+from sidecar.model.goodput import Account
 from sidecar.model.split import NEVER_WROTE, RUN_STATUS_ORDER, RecordCounts, Split
 from sidecar.sinks import goodput_text, layout, nodes, summary
 from sidecar.sinks.nodes import HOSTNAME
@@ -103,7 +104,7 @@ def _node_entry(split: Split, figures: SplitFigures, counts: RecordCounts) -> di
         "wall_s": max((a.wall_s() for a in split.ranks.values()), default=None),
         "gpus": [{"uuid": uuid, "name": name} for uuid, name in split.gpus],
         **{key: info.get(key) for key in ("host", "user", "job_id", "command", "cwd")},
-        "goodput": goodput_text.goodput_entry(figures.accounts),
+        "goodput": goodput_text.goodput_entry(figures.accounts, figures.mean_account),
         "loaders": split.loaders,
         "mfu": None if mfu is None else mfu.to_json(),
         "node_id": nodes.NODE_ID,
@@ -305,7 +306,7 @@ def run_json(split: Split, figures: SplitFigures, counts: RecordCounts, existing
         "status": worst.get("status"),
         "cause": worst.get("cause"),
         "gpus": list(gpus.values()),
-        "goodput": goodput_text.job_entry(entries),
+        "goodput": total.to_json() if (total := Account.job_total(entries)) else None,
         "versions": info.get("versions", {}),
         "splits": splits,
     }

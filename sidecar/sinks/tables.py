@@ -24,6 +24,7 @@ import numpy as np
 
 from markers import wire
 from sidecar.model.aggregator import RankAggregator
+from sidecar.model.series import Row
 from sidecar.sinks import rowtext
 from sidecar.sinks.rowtext import quoted
 
@@ -78,12 +79,27 @@ def phases_text(agg: RankAggregator) -> str:
     stable sort of each phase's stored rows then flagged rows, phases in the order of
     ``agg.series``: rows that start together keep that order). ``batches`` is the
     batches of the row's iteration (0 outside iterations)."""
-    parts = [
-        rowtext.texts(agg, phase, which)
-        for phase, series in agg.series.items()
-        for which in ("rows", "flagged")
-        if getattr(series, which)
-    ]
+    return _by_start(
+        [
+            rowtext.texts(agg, phase, which)
+            for phase, series in agg.series.items()
+            for which in ("rows", "flagged")
+            if getattr(series, which)
+        ]
+    )
+
+
+def sample_text(agg: RankAggregator) -> str:
+    """The whole-run sample of ``agg`` (``model/whole_run.py``) in phases.tsv's columns:
+    one row per phase of each iteration it keeps, ordered by start time."""
+    by_phase: dict[int, list[Row]] = {}
+    for phase, row in agg.whole_run.rows():
+        by_phase.setdefault(phase, []).append(row)
+    return _by_start([rowtext.uncached(agg, phase, rows) for phase, rows in by_phase.items()])
+
+
+def _by_start(parts: list[rowtext.RowText]) -> str:
+    """A long table of ``parts``' lines ordered by start time (a stable sort)."""
     lines = list(chain.from_iterable(part.lines for part in parts))
     if len(parts) > 1:
         starts = np.concatenate([part.start_s for part in parts])

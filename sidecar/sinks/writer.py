@@ -98,11 +98,13 @@ def _aggregate(split: Split, resources: ResourceFigures) -> str:
     allocator peaks on its GPU, every GPU and host sample of the run."""
     uuid = split.rank_gpus.get(0)
     gpu_index = next((s.gpu_index for s in resources.gpu_samples if uuid and s.uuid == uuid), 0)
+    rank0 = split.ranks.get(0)
+    peaks_mib = rank0.step_peaks_mib() if rank0 is not None else []
     return aggregate_text.aggregate_text(
         resources.gpu_samples,
         resources.host_samples,
         os.cpu_count() or 1,
-        {gpu_index: aggregate_text.step_peaks_gib(split.ranks.get(0))},
+        {gpu_index: [peak / aggregate_text.MIB_PER_GIB for peak in peaks_mib]},
     )
 
 
@@ -132,6 +134,8 @@ def render(
         ):
             files[path] = table(agg)
             on_progress(path.name)
+        if agg.whole_run.rows():  # a run past the cap: its whole-run sample
+            files[split.logs_dir / layout.sample_file(agg.rank)] = tables.sample_text(agg)
     multi, leader = split.multi_node, 0 in split.ranks
     view = figures.view
     block = None
@@ -168,7 +172,7 @@ def render(
                 *split.export_lines,
             ],
             rank_lines,
-            goodput_text.goodput_lines(figures.accounts, figures.mfu),
+            goodput_text.goodput_lines(figures.accounts, figures.mean_account, figures.mfu),
         )
     if multi:
         files[nodes.node_path(split.split_dir)] = _node_text(

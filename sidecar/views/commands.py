@@ -10,7 +10,7 @@ import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 COMMANDS = ("top", "trace", "compare")
 USAGE_ERROR = 2
@@ -69,32 +69,104 @@ def add_commands(commands: Any, endpoint: Callable[[str], str]) -> None:
     compare = commands.add_parser(
         "compare", help="two run folders (or splits) side by side; a CI gate on speed"
     )
-    compare.add_argument("base", type=Path, metavar="BASE", help="run folder or split folder")
-    compare.add_argument("new", type=Path, metavar="NEW", help="run folder or split folder")
-    compare.add_argument("--split", type=int, help="the split of both run folders")
     compare.add_argument(
+        "folders",
+        nargs=argparse.REMAINDER,
+        metavar="BASE... [-- NEW...]",
+        help="BASE NEW, or several runs per side split by --; a run folder, a split folder, "
+        "or a folder of run folders",
+    )
+    _compare_options(compare)
+
+
+def _compare_options(parser: argparse.ArgumentParser) -> None:
+    """The options of ``sidecar compare`` (read before and among its folders)."""
+    parser.add_argument("--split", type=int, help="the split of every run folder")
+    parser.add_argument(
         "--max-regression",
         type=_percent,
         metavar="PCT",
         help="exit 1 when step time or throughput is worse than PCT %% beyond its interval",
     )
-    compare.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+SEPARATOR = "\0--"  # stands for "--" while the folders' options are read
+
+
+class _Mistake(Exception):
+    """A usage mistake among ``sidecar compare``'s folders and options."""
+
+
+class _OptionReader(argparse.ArgumentParser):
+    """Reads the options among the folders; a mistake raises ``_Mistake`` (one line)."""
+
+    def error(self, message: str) -> NoReturn:
+        """Raise ``_Mistake(message)`` instead of printing the usage and exiting."""
+        raise _Mistake(message)
+
+
+def _sides(args: argparse.Namespace) -> tuple[list[Path], list[Path]] | None:
+    """(BASE folders, NEW folders) from ``args.folders``, its options read into ``args``;
+    None (after one line on stderr) for a usage mistake."""
+    reader = _OptionReader(prog="sidecar compare", add_help=False)
+    _compare_options(reader)
+    tokens = [SEPARATOR if t == "--" else t for t in args.folders]
+    try:
+        options, folders = reader.parse_known_args(tokens)
+    except _Mistake as exc:
+        print(f"sidecar compare: {exc} (see sidecar compare --help)", file=sys.stderr)
+        return None
+    for name in ("split", "max_regression"):
+        if getattr(options, name) is not None:
+            setattr(args, name, getattr(options, name))
+    args.json = args.json or options.json
+    if SEPARATOR in folders:
+        cut = folders.index(SEPARATOR)
+        base, new = folders[:cut], folders[cut + 1 :]
+    elif len(folders) == 2:
+        base, new = folders[:1], folders[1:]
+    else:
+        base = new = []
+    if not base or not new or SEPARATOR in new or any(f.startswith("-") for f in base + new):
+        print(
+            "sidecar compare: give BASE NEW, or BASE... -- NEW... (one or more folders a side)",
+            file=sys.stderr,
+        )
+        return None
+    return [Path(f) for f in base], [Path(f) for f in new]
+
+
+def _runs(path: Path) -> list[Path]:
+    """The run folders ``path`` names: itself, or for a folder of runs (no run.json of
+    its own) every subfolder holding a run.json, in name order."""
+    if (path / "run.json").is_file() or not path.is_dir():
+        return [path]
+    found = sorted(p for p in path.iterdir() if (p / "run.json").is_file())
+    return found or [path]
 
 
 def _compare(args: argparse.Namespace) -> int:
     from sidecar.report import compare, split_rows
     from sidecar.report.read import Damaged
 
-    runs = []
-    for path in (args.base, args.new):
-        if not path.is_dir():
-            print(f"sidecar compare: no such folder: {path}", file=sys.stderr)
-            return USAGE_ERROR
-        try:
-            runs.append(split_rows.read_split(*split_rows.locate(path, args.split)))
-        except Damaged as exc:
-            print(f"sidecar compare: {exc}", file=sys.stderr)
-            return 1
+    sides = _sides(args)
+    if sides is None:
+        return USAGE_ERROR
+    runs: list[list[split_rows.SplitRows]] = [[], []]
+    for side, paths in zip(runs, sides, strict=True):
+        for path in paths:
+            if not path.is_dir():
+                print(f"sidecar compare: no such folder: {path}", file=sys.stderr)
+                return USAGE_ERROR
+            try:
+                side += [
+                    split_rows.read_split(*split_rows.locate(run, args.split))
+                    for run in _runs(path)
+                ]
+            except Damaged as exc:
+                print(f"sidecar compare: {exc}", file=sys.stderr)
+                return 1
     result = compare.compare(*runs)
     decided = None
     if args.max_regression is not None:

@@ -5,7 +5,7 @@ counted per kind and logged once per kind, and every good record around them is 
 
 Where the frames go: ``test_every_kind_through_a_real_socket`` sends them through a real
 socket to a real sidecar process; the hypothesis properties and the 10⁵-frame fuzz feed
-the sidecar's own decode (``Receiver.decode``) and dispatch (``Server.handle_safely``)
+the sidecar's own decode (``Receiver.decode``) and dispatch (``Messages.handle_safely``)
 in this process (a real Server bound to a real socket), which is what a frame meets after
 ``recv``, for speed; ``test_fuzz_sample_through_a_real_socket`` sends a sample of the same
 fuzz frames through the socket to a sidecar process.
@@ -120,7 +120,7 @@ def _feed(server: Server, frame: bytes | list[bytes]) -> None:
         [b"id", frame] if isinstance(frame, bytes) else [b"id", *frame]
     )
     if message is not None:
-        server.handle_safely(message)
+        server.messages.handle_safely(message)
 
 
 def _good_run(server: Server, name: str) -> Client:

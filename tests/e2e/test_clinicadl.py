@@ -262,6 +262,26 @@ def test_a_refused_resume_leaves_the_maps_as_it_was(tmp_path: Path) -> None:
     assert summary(maps).count("Computational Summary") == 1
 
 
+def test_a_stock_only_resume_after_a_crash_of_ours_costs_nothing(tmp_path: Path) -> None:
+    """A split ours measured crashes at epoch 3 (our table stays, written at every
+    checkpoint). Resumed with the stock monitor alone, clinicadl refuses at once: its
+    monitor cannot resume from the state it saved switched off (its checkpoint has no
+    running clock), so it never reaches our table, and the MAPS stays as it was. Resumed
+    with ours, the split ends with its final model."""
+    train(tmp_path, "--monitor", "ours", "--raise-at-epoch", "3", code=1)
+    maps = tmp_path / "maps"
+    before = files(maps)
+    train(tmp_path, "--monitor", "stock", "--resume", code=1)
+    after = files(maps)
+    assert all(name.startswith("exec/") for name in set(after) - set(before))
+    summary_log = "training/split-0/summary.log"
+    assert {name for name in before if after.get(name) != before[name]} <= {summary_log}
+    train(tmp_path, "--monitor", "ours", "--resume")
+    assert (split_dir(maps) / "models" / "final" / "model.pt").exists()
+    assert computational(maps)["Epoch (s)"].notna().sum() == 3
+    assert run_json(maps)["status"] == "completed"
+
+
 def test_ctrl_c_writes_the_split_incomplete(tmp_path: Path) -> None:
     train(tmp_path, "--interrupt-at-epoch", "2", code=-signal.SIGINT)
     maps = tmp_path / "maps"

@@ -17,11 +17,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pandas as pd
+import psutil
 import pytest
 
 from tests.support.helpers import REPO, env, split_dir, wait_for
@@ -412,6 +412,18 @@ def test_mlflow_points_go_into_the_scripts_active_run(
     assert "goodput/productive_s" in history
 
 
+def _answered_all(port: int) -> bool:
+    """No connection to the server's port is still open on its side: every request that
+    waited while it was stopped, accepted or still in its backlog, has been answered and
+    closed (what is left lingers in TIME_WAIT or LAST_ACK, closed by the server)."""
+    waiting = (psutil.CONN_ESTABLISHED, psutil.CONN_CLOSE_WAIT, psutil.CONN_SYN_RECV)
+    return not any(
+        c.status in waiting
+        for c in psutil.net_connections(kind="tcp")
+        if c.laddr and c.laddr.port == port
+    )
+
+
 def _count(line: str, what: str) -> int:
     """The number before ``what`` in a summary line (0 when it does not say)."""
     found = re.search(rf"(\d+) {what}", line)
@@ -452,7 +464,7 @@ def test_mlflow_counts_match_the_store_after_a_server_that_stopped_answering(
         job.wait(180)
         assert job.returncode == 0, job.stderr.read() if job.stderr else ""
         os.killpg(server.pid, signal.SIGCONT)
-        time.sleep(5)  # let it answer what waited (a state, not a count, is asserted)
+        wait_for(lambda: _answered_all(port), 120, "the server's answers to what waited")
         held = sum(len(points) for points in _history(uri, "counts").values())
     finally:
         if job.poll() is None:

@@ -1,7 +1,8 @@
 """``sidecar trace`` on real runs (docs/views.md): the file is Trace Event JSON holding
 every stored row of phases.tsv with its duration, nested as the phases are, with counter
 tracks; speedscope (headless Chromium, offline) opens it and names the tracks; a split
-served by two sidecars gives one track per rank, every rank on one wall clock.
+served by two sidecars gives one track per rank, every rank on one wall clock; a run
+past its stored rows is in it start to end through the whole-run sample.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ import socket
 import subprocess
 import sys
 import time
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
 
+from sidecar.model import whole_run
 from tests.support import speedscope
 from tests.support.helpers import SAME_PRIORITY, env, sidecar_command, split_dir
 from tests.support.tools import require
@@ -194,16 +197,52 @@ def test_two_nodes_give_one_track_per_rank_on_one_clock(short_tmp: Path) -> None
     assert [n.split(" (pid")[0] for n in names] == [f"rank {r} on {HOST}" for r in range(4)]
 
 
+def _loop_iterations(document: dict[str, Any], pid: int = 0) -> list[int]:
+    """The iteration of each Training loop slice of rank ``pid``, from its details."""
+    return sorted(
+        e["args"]["iteration"]
+        for e in document["traceEvents"]
+        if e["ph"] == "i" and e["name"] == "Training loop" and e["pid"] == pid
+    )
+
+
 def test_a_long_run_with_tiny_phases_nests_on_whole_microseconds(short_tmp: Path) -> None:
-    # many abutting sub-millisecond slices: where floating start + duration used to pass
-    # the next slice's start
+    # 20 000 abutting sub-millisecond steps: where floating start + duration used to pass
+    # the next slice's start; past the 2000 stored, the whole-run sample's
+    steps, stored = 20_000, 2000
     document = _traced_job(
         short_tmp,
         "loop_job.py",
-        *("--out-dir", "long", "--epochs", "4", "--iters", "500", "--sleep", "0"),
-        *("--cap", "2000"),
+        *("--out-dir", "long", "--epochs", "4", "--iters", str(steps // 4), "--sleep", "0"),
+        *("--cap", str(stored), "--warmup", "2"),
     )
     slices = _slices(document)
     assert assert_drawable(document["traceEvents"]) == len(slices) > 4000, len(slices)
-    loops = sorted((e for e in slices if e["name"] == "Training loop"), key=lambda e: e["ts"])
-    assert len(loops) > 1000
+    iterations = _loop_iterations(document)
+    assert iterations[:stored] == list(range(2, 2 + stored))  # the stored ones, all
+    sampled = iterations[stored:]
+    # the sample's bound, kept at least half full: every k-th step (k a power of two)
+    assert whole_run.ITERATIONS // 2 <= len(sampled) <= whole_run.ITERATIONS, len(sampled)
+    strides = {b - a for a, b in pairwise(sampled)}
+    assert len(strides) == 1 and strides.pop() in (32, 64), sampled[:5]
+    for tenth in (0, 5, 9):  # the first, middle and last tenth of the run
+        low, high = tenth * steps // 10, (tenth + 1) * steps // 10
+        assert sum(low <= it < high for it in iterations) >= 20, (tenth, iterations[-5:])
+
+
+def test_two_ranks_past_the_cap_nest_with_their_samples(short_tmp: Path) -> None:
+    """A 2-rank run longer than its stored rows: each rank's track holds its stored and
+    sampled iterations, and no slice ends after its successor starts on any track."""
+    iters = 1500
+    document = _traced_job(
+        short_tmp,
+        "ranks_job.py",
+        *("--out-dir", "two", "--spawn", "0,1", "--world", "2", "--truth", str(short_tmp)),
+        *("--iters", str(iters), "--cap", "100", "--forward-s", "0", "--warmup", "0"),
+    )
+    slices = _slices(document)
+    assert assert_drawable(document["traceEvents"]) == len(slices)
+    for rank in (0, 1):
+        iterations = _loop_iterations(document, rank)
+        assert iterations[:100] == list(range(100)), rank
+        assert iterations[-1] >= iters - 64 and len(iterations) > 100 + 300, (rank, iterations)

@@ -22,6 +22,7 @@ INSTALL = {
     "script": "apt-get install util-linux",
     "systemd-analyze": "apt-get install systemd",
     "tmux": "apt-get install tmux",
+    "stress-ng": "apt-get install stress-ng",
     "speedscope": "npm install -g speedscope",
 }
 

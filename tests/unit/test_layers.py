@@ -154,17 +154,24 @@ def test_the_layer_check_sees_an_upward_import() -> None:
     ]
 
 
-# The modules that lay out a split's files: they take what the model derived
-# (sidecar.model.derived) and may import the model's types, constants and its state's
-# (de)serialization, never a function that computes figures.
-RENDERERS = ("sidecar.sinks.writer", "sidecar.sinks.run_file")
+# sidecar.sinks renders what the model derived (sidecar.model.derived puts every figure
+# the writers print in SplitFigures): it may import the model's types (data shapes) and
+# constants, and its state's (de)serialization, never a function that computes figures.
+SINKS = sorted(name for name in modules("sidecar") if name.startswith("sidecar.sinks."))
 SERIALIZATION = {"sidecar.model.state"}
 
 
 def model_functions(path: Path) -> list[str]:
-    """The functions of sidecar.model a module (at ``path``) imports by name."""
+    """The functions of sidecar.model a module (at ``path``) imports by name, and the
+    modules of it (but its state's serialization) it imports whole."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):  # a whole module: its functions with it
+            found += [
+                alias.name
+                for alias in node.names
+                if alias.name.startswith("sidecar.model") and alias.name not in SERIALIZATION
+            ]
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sidecar.model"):
             module = importlib.import_module(node.module or "")
             for alias in node.names:
@@ -182,10 +189,26 @@ def model_functions(path: Path) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("name", RENDERERS)
-def test_the_writers_import_no_computing_function_of_the_model(name: str) -> None:
+@pytest.mark.parametrize("name", SINKS)
+def test_the_sinks_import_no_computing_function_of_the_model(name: str) -> None:
     assert model_functions(modules("sidecar")[name]) == []
 
 
 def test_the_check_sees_a_computing_function() -> None:
     assert model_functions(ROOT / "sidecar" / "model" / "derived.py") != []
+
+
+def test_the_check_sees_a_whole_module_and_lets_types_and_constants_pass(tmp_path: Path) -> None:
+    source = tmp_path / "renderer.py"
+    source.write_text(
+        "import sidecar.model.stragglers\n"
+        "from sidecar.model import efficiency, state\n"
+        "from sidecar.model.merge import TABLE_PHASES, MergedSplit\n"
+        "from sidecar.model.efficiency import mean\n",
+        encoding="utf-8",
+    )
+    assert model_functions(source) == [
+        "sidecar.model.stragglers",
+        "sidecar.model.efficiency",
+        "sidecar.model.efficiency.mean",
+    ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sidecar.model.peaks import Mfu, peak_tflops
+from sidecar.sinks.goodput_text import mfu_line
 
 
 @pytest.mark.parametrize(
@@ -30,8 +31,8 @@ def test_mfu_arithmetic_and_line() -> None:
     mfu = Mfu(2e12, 100.0, "NVIDIA H200", "bf16", 989.4)
     assert mfu.achieved_tflops == pytest.approx(200.0)
     assert mfu.ratio == pytest.approx(200.0 / 989.4)
-    assert mfu.line().startswith("MFU (estimate): 20.2 % = 2.000e+12 FLOPs per batch")
-    assert "unknown" in Mfu(2e12, 1.0, "no GPU", "bf16", None).line()
+    assert mfu_line(mfu).startswith("MFU (estimate): 20.2 % = 2.000e+12 FLOPs per batch")
+    assert "unknown" in mfu_line(Mfu(2e12, 1.0, "no GPU", "bf16", None))
 
 
 def test_flops_counted_on_a_meta_copy() -> None:

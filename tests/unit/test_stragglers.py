@@ -12,10 +12,9 @@ from sidecar.model.straggler_gpu import GpuReadings, reason_names
 from sidecar.model.stragglers import (
     PHASES,
     RankIterations,
-    straggler_gpu_line,
-    straggler_line,
     stragglers,
 )
+from sidecar.sinks.straggler_text import straggler_gpu_line, straggler_line
 
 LOOP_S = 0.100
 # Each step part's seconds in an iteration (a step part not named here takes none).

@@ -12,6 +12,10 @@ order; ``run_s`` around ``trainer.run``. With ``--checkpoints`` Ignite's ``Check
 saves the model, optimizer, trainer and handler after every epoch; ``--resume`` loads the
 latest first. ``--custom-step``: the trainer's ``iteration_update`` is the script's own
 step, which fires none of MONAI's ``IterationEvents``. ``warnings``: markers' warnings.
+``open``/``close``: the script's clock at each engine event markers' handler uses
+(``train.<event>``, ``eval.<event>``), stamped by a handler attached before markers' one
+(``open``: its stamps start the windows) and one attached after it (``close``: its stamps
+end them), so each window holds the monitor's row.
 """
 
 from __future__ import annotations
@@ -28,12 +32,23 @@ from ignite.engine import Events
 from ignite.handlers import Checkpoint, DiskSaver
 from monai.data import DataLoader, Dataset
 from monai.engines import SupervisedEvaluator, SupervisedTrainer
+from monai.engines.utils import IterationEvents
 from monai.handlers import ValidationHandler
 
 from markers.integrations.monai import MonitorHandler
 
 SLEEP_S = {"forward": 0.02, "backward": 0.02, "optimization": 0.02, "evaluation": 0.02}
-TRUTH: dict[str, Any] = {name: [] for name in SLEEP_S} | {"run_s": 0.0}
+TRUTH: dict[str, Any] = {name: [] for name in SLEEP_S} | {"run_s": 0.0, "open": {}, "close": {}}
+# The events that open and close markers' Forward, Backward, Optimization and Evaluation.
+STAMPED = {
+    "train": (
+        Events.ITERATION_STARTED,
+        IterationEvents.LOSS_COMPLETED,
+        IterationEvents.BACKWARD_COMPLETED,
+        IterationEvents.MODEL_COMPLETED,
+    ),
+    "eval": (Events.ITERATION_STARTED, IterationEvents.MODEL_COMPLETED),
+}
 
 
 class SlowBackward(torch.autograd.Function):
@@ -75,6 +90,15 @@ class SlowSGD(torch.optim.SGD):
         time.sleep(SLEEP_S["optimization"])
         TRUTH["optimization"].append(time.perf_counter() - start)
         return result
+
+
+def stamp(engines: dict[str, Any], side: str) -> None:
+    """Attach, to each engine, a handler that records the script's clock at each of its
+    STAMPED events into ``TRUTH[side]["<engine>.<event>"]``."""
+    for name, engine in engines.items():
+        for event in STAMPED[name]:
+            times = TRUTH[side].setdefault(f"{name}.{event.name}", [])
+            engine.add_event_handler(event, lambda _engine, t=times: t.append(time.perf_counter()))
 
 
 def main() -> None:
@@ -122,7 +146,10 @@ def main() -> None:
         loss_function=loss_function,
         train_handlers=[ValidationHandler(interval=1, validator=evaluator)],
     )
+    engines = {"train": trainer, "eval": evaluator}
+    stamp(engines, "open")
     handler = MonitorHandler(out_dir=str(args.out), warmup_iterations=2).attach(trainer, evaluator)
+    stamp(engines, "close")
 
     @trainer.on(Events.EPOCH_STARTED)
     def crash(engine: Any) -> None:

@@ -28,13 +28,14 @@ class Batch:
 
 
 SPIN_S = 0.002  # the end of a phase is spun, not slept: a wake-up comes late by up to this
+spin_s = SPIN_S  # --spin-s: 0 sleeps whole phases (a loop that holds no CPU while it waits)
 
 
 def spin(seconds: float) -> float:
     """Take ``seconds``; returns the time really spent, on the loop's own clock."""
     start = time.perf_counter()
     deadline = start + seconds
-    time.sleep(max(0.0, seconds - SPIN_S))
+    time.sleep(max(0.0, seconds - spin_s))
     while time.perf_counter() < deadline:
         pass
     return time.perf_counter() - start
@@ -62,10 +63,13 @@ def main() -> None:
     parser.add_argument("--backward-s", type=float, default=0.004)
     parser.add_argument("--optimization-s", type=float, default=0.002)
     parser.add_argument("--validate", action="store_true")
+    parser.add_argument("--spin-s", type=float, default=SPIN_S, help="each phase's spun end")
     parser.add_argument("--truth", type=Path, help="the loop's own clock, written per epoch")
     parser.add_argument("--hold-file", type=Path, help="train on until this file exists")
     args = parser.parse_args()
 
+    global spin_s
+    spin_s = args.spin_s
     run = markers.start_run(
         out_dir=args.out_dir,
         warmup_iterations=args.warmup,
