@@ -33,7 +33,8 @@ WIDTH = 80
 EPOCHS, ITERS = 16, 13  # 208 steps a run, 16 epochs: the units of a one-run side
 TOGETHER = 2  # runs (and comparisons) made at once: 4 overloaded 2 cores, +15 s
 
-pytestmark = pytest.mark.slow
+# alone: its runs are made beside one busy core (stress-ng), not beside the other tests too
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 
 @pytest.fixture(scope="module")
