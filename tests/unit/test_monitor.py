@@ -207,16 +207,18 @@ def test_utilization_and_power_go_to_the_phase_the_gpu_was_running(tmp_path: Pat
     Forward gets the busy GPU and the data loading the idle one; on host time Forward
     would read idle (its host interval is a 10 ms launch), and late records were lost."""
     cycle_s, cycles = 1.5, 2
-    origin = CLOCK() + 200_000_000
-    ns = 1_000_000_000
-    busy = [
-        (origin + int((c * cycle_s + 0.2) * ns), origin + int((c * cycle_s + 0.8) * ns))
-        for c in range(cycles)
-    ]
-    gpus = [FakeGpu(uuid="GPU-aaaa", name="Fake A", busy=busy)]
+    gpus = [FakeGpu(uuid="GPU-aaaa", name="Fake A", busy=[])]
     # 0.2 s rounds: two 100 ms steps of the energy counter per window, as in real use
     monitor = monitor_of(0.2, True, fake_nvml(gpus))
     wait_opened(monitor)
+    # the timeline from the clock the monitor started on (monitor_of may move it up to
+    # the real one, which tests run before on this worker left behind)
+    origin = CLOCK() + 200_000_000
+    ns = 1_000_000_000
+    gpus[0].busy = [
+        (origin + int((c * cycle_s + 0.2) * ns), origin + int((c * cycle_s + 0.8) * ns))
+        for c in range(cycles)
+    ]
     split = make_split(tmp_path)
     monitor.watch(split, os.getpid())
     records = array("q")
