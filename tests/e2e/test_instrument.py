@@ -276,7 +276,7 @@ def test_two_optimizers_the_last_one_given_ends_the_iteration(sidecar: Sidecar) 
             g_loss.backward()
             with truth.around("optimization"):
                 opt_g.step()
-            free = time.perf_counter()
+            free = truth.stepped_at  # before the hook that ends the iteration
     frame = table(sidecar)
     # The very first no_grad forward, before any training, is taken for an evaluation
     # (batch 0, warmup); every later one is part of its training iteration.
@@ -466,7 +466,7 @@ def test_without_an_optimizer_the_models_own_steps_end_the_iterations(sidecar: S
             nn.functional.mse_loss(model(x), y).backward()
             with truth.around("optimization"):
                 optimizer.step()
-            free = time.perf_counter()
+            free = truth.stepped_at  # before the hook that ends the iteration
             optimizer.zero_grad()
             foreign.step()
     frame = table(sidecar)
