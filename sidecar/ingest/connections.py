@@ -13,19 +13,18 @@ ends after its run's process died, or that was the only link to a remote run (th
 ends that run), is not counted.
 
 A failed handshake is reported without the connection's descriptor (the event carries
-the error code), and the connection's end follows it: the failure is counted when that
-end is judged, once per client (its process on ipc, its host on tcp, as the descriptor
-told when it was accepted): ZeroMQ reconnects a refused client every 100 ms, and each
-try is one more failed handshake of the same client.
+the error code), and a client refused for a missing secret often gets no such event at
+all: on a socket that serves only holders of a secret, a connection that ends without a
+single message is a refused try. ZeroMQ retries a refused client every 100 ms, so tries
+are counted per spell: a try less than REFUSED_QUIET_S after the one before is part of the
+same spell, counted once. Which process made a try cannot be told: a refused connection is
+usually gone before the sidecar reads its accept event, so the kernel has no peer left to
+name, and clients refused at the same time count as one.
 """
 
 from __future__ import annotations
 
-import os
-import socket as sockets
-import struct
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -44,25 +43,9 @@ _HANDSHAKE_FAILED = (
     | zmq.EVENT_HANDSHAKE_FAILED_AUTH
 )
 _EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | _HANDSHAKE_FAILED
-REFUSED_KEPT = 1024  # refused clients remembered, so that each counts once
-
-
-def client_of(fd: int) -> str | None:
-    """Who is at the other end of the accepted connection ``fd``: "pid N" on a unix
-    socket, the host's address on tcp; None when the descriptor tells nothing (gone)."""
-    try:
-        probe = sockets.socket(fileno=os.dup(fd))
-    except OSError:
-        return None
-    try:
-        if probe.family == sockets.AF_UNIX:
-            creds = probe.getsockopt(sockets.SOL_SOCKET, sockets.SO_PEERCRED, struct.calcsize("3i"))
-            return f"pid {struct.unpack('3i', creds)[0]}"
-        return str(probe.getpeername()[0])
-    except OSError:
-        return None
-    finally:
-        probe.close()
+# Refused tries closer together than this are one spell, counted once: far longer than
+# ZeroMQ's reconnect interval (100 ms) and than a busy loop's pause between two reads.
+REFUSED_QUIET_S = 5.0
 
 
 @dataclass
@@ -71,7 +54,6 @@ class _Peer:
     run_id: bytes | None = None
     said_goodbye: bool = False
     spoke: bool = False  # a message came on it (so its handshake succeeded)
-    client: str | None = None  # ``client_of`` its descriptor when accepted
 
 
 class ConnectionWatch:
@@ -80,7 +62,8 @@ class ConnectionWatch:
     ``reject(kind, detail)`` counts one; ``connection_lost(run_id)`` is told of a run's
     connection that ended without a goodbye and returns True when that needs no count
     (its process died, or the run ends with it). ``refuse_failed_handshakes``: the socket
-    serves only holders of a secret, so a failed handshake is an ``unauthenticated`` client.
+    serves only holders of a secret, so a connection that ends without a message is an
+    ``unauthenticated`` try. ``clock_s`` (monotonic seconds) times the spells of refused tries.
     """
 
     def __init__(
@@ -89,6 +72,7 @@ class ConnectionWatch:
         reject: Callable[[str, str], None],
         connection_lost: Callable[[bytes], bool],
         refuse_failed_handshakes: bool = False,
+        clock_s: Callable[[], float] = time.monotonic,
     ) -> None:
         self._monitor = socket.get_monitor_socket(_EVENTS)
         self._socket = socket
@@ -98,7 +82,8 @@ class ConnectionWatch:
         self._peers: dict[int, _Peer] = {}
         self._ended: list[tuple[float, _Peer]] = []
         self._failed_handshakes = 0  # whose connection's end is still to come
-        self._refused: deque[str] = deque(maxlen=REFUSED_KEPT)  # clients counted already
+        self._clock_s = clock_s
+        self._last_refused_s: float | None = None  # when the latest refused try was judged
 
     def message(self, fd: int, identity: bytes, run_id: bytes, control_type: str | None) -> None:
         """Note a message read from the connection ``fd`` whose ROUTER routing id is
@@ -107,7 +92,7 @@ class ConnectionWatch:
         if peer is None or peer.identity not in (None, identity):
             # The descriptor was reused by a new connection whose events are still
             # unread (a short-lived status client follows another quickly): read them.
-            self._read_events(time.monotonic())
+            self._read_events(self._clock_s())
             peer = self._peers.setdefault(fd, _Peer())
         if peer.identity is None:
             peer.identity = identity
@@ -123,13 +108,13 @@ class ConnectionWatch:
         its messages. An ended connection keeps its entry until its descriptor is reused,
         so its last messages, read after the event, still count (a goodbye among them).
         """
-        now_mono = time.monotonic()
+        now_mono = self._clock_s()
         self._read_events(now_mono)
         while self._ended and now_mono - self._ended[0][0] >= JUDGE_AFTER_S:
             peer = self._ended.pop(0)[1]
             for fd in [fd for fd, known in self._peers.items() if known is peer]:
                 del self._peers[fd]
-            self._judge(peer)
+            self._judge(peer, now_mono)
 
     def _read_events(self, now_mono: float) -> None:
         while self._monitor.poll(0):
@@ -139,16 +124,18 @@ class ConnectionWatch:
                 break
             kind, fd = event["event"], int(event["value"])
             if kind == zmq.EVENT_ACCEPTED:
-                self._peers[fd] = _Peer(client=client_of(fd))
+                self._peers[fd] = _Peer()
             elif kind == zmq.EVENT_DISCONNECTED:
                 self._ended.append((now_mono, self._peers.setdefault(fd, _Peer())))
             else:
                 self._failed_handshakes += 1  # counted when its connection's end is judged
 
-    def _judge(self, peer: _Peer) -> None:
-        if not peer.spoke and self._failed_handshakes:
-            self._failed_handshakes -= 1  # the end of a connection whose handshake failed
-            self._count_refused(peer.client)
+    def _judge(self, peer: _Peer, now_mono: float) -> None:
+        if not peer.spoke and (self._refuse or self._failed_handshakes):
+            # the end of a connection whose handshake failed (on a secret's socket, a
+            # client without the secret may end without a failure event)
+            self._failed_handshakes = max(0, self._failed_handshakes - 1)
+            self._count_refused(now_mono)
             return
         if peer.said_goodbye:
             return
@@ -161,16 +148,16 @@ class ConnectionWatch:
             "socket's cap) or a protocol error",
         )
 
-    def _count_refused(self, client: str | None) -> None:
-        """Count a failed handshake, once per client."""
-        if client is not None:
-            if client in self._refused:
-                return
-            self._refused.append(client)
+    def _count_refused(self, now_mono: float) -> None:
+        """Count a refused try, once per spell of tries."""
+        last, self._last_refused_s = self._last_refused_s, now_mono
+        if last is not None and now_mono - last < REFUSED_QUIET_S:
+            return  # the same spell: ZeroMQ retrying, or another client refused with it
         if self._refuse:
-            who = client or "a client"
             self._reject(
-                "unauthenticated", f"{who} without this job's secret was refused at the handshake"
+                "unauthenticated",
+                "a client without this job's secret was refused at the handshake "
+                f"(tries less than {REFUSED_QUIET_S:g} s apart count once)",
             )
         else:
             self._reject(
