@@ -166,14 +166,17 @@ def test_a_validation_loop_inside_a_training_loop_suspends_its_iteration(wired) 
             pass
         if step == 1:  # val_batches alone, no run.validation() around it
             for _ in run.val_batches([1, 2]):
-                time.sleep(0.01)
+                time.sleep(0.05)
         with run.phase("optimization"):
             pass
     sent = records(run, router)
     train = [r for r in sent if r["phase"] == wire.TRAINING_LOOP]
     val = [r for r in sent if r["phase"] == wire.VALIDATION_LOOP]
-    assert [r["end_ns"] - r["start_ns"] < 5_000_000 for r in train] == [True, True]
-    assert [r["end_ns"] - r["start_ns"] >= 10_000_000 for r in val] == [True, True]
+    val_ns = [r["end_ns"] - r["start_ns"] for r in val]
+    assert [d >= 50_000_000 for d in val_ns] == [True, True]
+    # an iteration that held the validation would last at least as long as it: one that
+    # does not is far shorter, however busy the machine (no fixed bound on its own time)
+    assert [r["end_ns"] - r["start_ns"] < sum(val_ns) for r in train] == [True, True]
     optimization = [r for r in sent if r["phase"] == wire.OPTIMIZATION]
     assert [(r["flags"], r["iteration"]) for r in optimization] == [
         (wire.FLAG_IN_ITERATION, 0),
