@@ -254,7 +254,7 @@ def test_the_same_rank_on_a_second_sidecar_is_refused(short_tmp: Path) -> None:
     first holds its ranks' claims through its bounded wait for ranks 2 and 3)."""
     truth = short_tmp / "truth"
     truth.mkdir()
-    nodes = [_node(short_tmp, truth, ranks, "--nodes-wait", "5") for ranks in ("0,1", "1")]
+    nodes = [_node(short_tmp, truth, ranks, "--nodes-wait", "20") for ranks in ("0,1", "1")]
     outputs = [node.communicate(timeout=240)[0] for node in nodes]
     assert "one writer per split and rank" in "".join(outputs), outputs
 
