@@ -39,6 +39,9 @@ class Truth:
         # the script's clock at the end of the last SpinSGD step's own work, before the
         # step hooks that end the iteration run: where the next data loading may start
         self.stepped_at = time.perf_counter()
+        # the script's clock at the start of the last SpinNet forward's body, after the
+        # forward hooks that end the data loading ran: where that data loading ends at most
+        self.forward_began_at = time.perf_counter()
 
     def cost(self, part: str, base_s: float) -> float:
         """The cost of the next call of ``part``: 1, 2 or 3 times ``base_s`` in turn, so
@@ -92,7 +95,7 @@ class SpinNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         part = "forward" if self.training and torch.is_grad_enabled() else "evaluation"
         cost_s = self.truth.cost(part, self.forward_s)
-        start = time.perf_counter()
+        start = self.truth.forward_began_at = time.perf_counter()
         out = self.linear(x)
         while time.perf_counter() - start < cost_s:
             pass
