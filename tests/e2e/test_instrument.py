@@ -439,12 +439,14 @@ def test_the_instrumented_example_writes_the_standard_columns(serve, short_tmp: 
         assert frame[name].notna().sum() > 0, name
 
 
-def test_a_failing_hook_warns_once_and_training_goes_on(sidecar: Sidecar) -> None:
+@pytest.mark.parametrize("broken", ["_forward", "_backward", "_optimization"])
+def test_a_failing_hook_warns_once_and_training_goes_on(sidecar: Sidecar, broken: str) -> None:
     model = nn.Linear(8, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     with markers.start_run(out_dir="maps", warmup_iterations=0) as run:
         hooks = markers.instrument(model, optimizer, run)
-        hooks._hooks._forward = None  # a bug inside the hooks: the pre-hook raises
+        # a bug inside the hooks: the forward, backward or step hooks raise
+        setattr(hooks._hooks, broken, None)
         with pytest.warns(RuntimeWarning, match="a hook failed") as caught:
             for _ in range(3):
                 model(torch.randn(2, 8)).sum().backward()
