@@ -6,9 +6,12 @@ it runs (``Exports.live``). Building points, writing event files and talking to 
 tracking server happen on one background thread, so ingest never waits for an export.
 An exporter that fails keeps what it could not send and is retried (``Exporter.retry``).
 When the sidecar stops, new attempts go on for ``CLOSE_WAIT_S``, then a request under
-way may still end or time out (``IN_FLIGHT_S``) before the points are counted: each
-split's summary.log says, per exporter, the points exported, not confirmed (sent, no
-answer: the store may hold them) and not exported (``Split.export_lines``).
+way may still end or time out (``IN_FLIGHT_S``) and every exporter is closed (W&B's run
+finished, which is what writes its points) before the points are counted: each split's
+summary.log says, per exporter, the points exported, not confirmed (sent, no answer: the
+store may hold them) and not exported (``Split.export_lines``). The sidecar then waits
+up to ``FINISH_WAIT_S`` more for a close still under way before it exits: its exit tears
+W&B's service down, and a run whose finish it cut short loses what it logged.
 """
 
 from __future__ import annotations
@@ -37,6 +40,11 @@ PRIVATE_CLOSE_WAIT_S = 4.0
 # bound, 5 s, and a margin); a private sidecar counts sooner, before its script stops it.
 IN_FLIGHT_S = 6.0
 PRIVATE_IN_FLIGHT_S = 0.5
+# After the count, how long the sidecar's exit still waits for the exports thread (a W&B
+# init or finish under way on a busy machine: seconds); none for a private sidecar, which
+# its script stops.
+FINISH_WAIT_S = 30.0
+PRIVATE_FINISH_WAIT_S = 0.0
 IDLE_S = 0.5  # the thread's wake-up period for retries
 LIVE_S = 5.0  # between writes, a running split's new points are handed over this often
 
@@ -58,6 +66,9 @@ class Exporter(Protocol):
     dropped: int  # points given up (their write failed for good)
     error: str | None  # the last failure, None once it worked again
     failed_attempts: int  # writes or requests that failed (their points kept or dropped)
+    # points handed over whose write is confirmed later (W&B: at the run's finish); at
+    # the end's count, those still waiting are not confirmed
+    awaiting: int
 
     @property
     def unconfirmed(self) -> int:
@@ -109,6 +120,7 @@ class _Job:
         self.exporters: dict[str, Exporter] = {}
         self.written_lines: list[str] = []  # the export lines the last write put out
         self.not_started: dict[str, str] = {}  # exporter -> why it could not start
+        self.closed: set[str] = set()  # exporters closed (at the split's end)
 
 
 class Exports:
@@ -124,6 +136,7 @@ class Exports:
         close_wait_s: float = CLOSE_WAIT_S,
         live_s: float = LIVE_S,
         in_flight_s: float = IN_FLIGHT_S,
+        finish_wait_s: float = FINISH_WAIT_S,
     ) -> None:
         self.default = default
         self.live_s = live_s  # 0: only at writes
@@ -131,6 +144,7 @@ class Exports:
         self._factory = factory
         self._close_wait_s = close_wait_s
         self._in_flight_s = in_flight_s
+        self._finish_wait_s = finish_wait_s
         self._stop_at = float("inf")  # monotonic s: no new attempt after it (closing)
         self._feeds: dict[int, _Job] = {}  # id(split) -> its job
         # (job, None): make its exporters now (their libraries import while the run goes)
@@ -228,18 +242,36 @@ class Exports:
 
     def close(self) -> list[Split]:
         """Let the exports go on trying up to the close wait, and a request under way end
-        or time out (the in-flight wait), then count what is left; returns the splits
-        whose summary lines changed since their last write (the caller writes them)."""
+        or time out and the exporters close (the in-flight wait), then count what is left;
+        returns the splits whose summary lines changed since their last write (the caller
+        writes them, then calls ``wait_closed``)."""
         self._closed = True
         if self._thread is None:
             return []
         self._stop_at = time.monotonic() + self._close_wait_s
         self._queue.put(None)
         self._thread.join(self._close_wait_s + self._in_flight_s)
+        return self._counted()
+
+    def wait_closed(self) -> list[Split]:
+        """After ``close``'s count was written: wait up to the finish wait (seconds) for
+        the exports thread still under way (a W&B init, log or finish), so that the
+        sidecar's exit does not tear W&B's service down beneath it; returns the splits
+        whose summary lines changed since (the caller writes them again)."""
+        thread = self._thread
+        if thread is None or not thread.is_alive() or not self._finish_wait_s:
+            return []
+        log.info("waiting up to %.0f s for the exports to finish", self._finish_wait_s)
+        thread.join(self._finish_wait_s)
+        return self._counted()
+
+    def _counted(self) -> list[Split]:
+        """Count every split's exports for summary.log; the splits whose lines changed."""
         changed = []
         for job in list(self._feeds.values()):
             job.split.export_lines = _lines(job, final=True)
             if job.split.export_lines != job.written_lines:
+                job.written_lines = list(job.split.export_lines)
                 changed.append(job.split)
         return changed
 
@@ -268,6 +300,15 @@ class Exports:
                 break
             if stopping and self._queue.empty():
                 time.sleep(IDLE_S)  # retries until the close wait is over
+        # Every exporter not closed yet (a split that did not end, a final slice the close
+        # wait left queued) is closed now: W&B writes what was logged only at the run's
+        # finish, and an exit that leaves the run open loses it.
+        for job in list(self._feeds.values()):
+            for name, exporter in list(job.exporters.items()):
+                if name not in job.closed:
+                    job.closed.add(name)
+                    self._safely(exporter.close)
+            job.split.export_lines = _lines(job)
 
     def _pending(self) -> int:
         return sum(e.pending() for j in self._feeds.values() for e in j.exporters.values())
@@ -288,8 +329,9 @@ class Exports:
             if part is None:
                 continue
             self._safely(exporter.export, part)
-            if part.final:
-                self._safely(lambda e=exporter: e.close() if not e.pending() else None)
+            if part.final and not exporter.pending():
+                job.closed.add(name)
+                self._safely(exporter.close)
         job.split.export_lines = _lines(job)
 
     @staticmethod
@@ -307,15 +349,22 @@ def _lines(job: _Job, final: bool = False) -> list[str]:
     lines = [f"Export {name}: not started ({why})" for name, why in job.not_started.items()]
     for name, exporter in job.exporters.items():
         pending, dropped, unconfirmed = exporter.pending(), exporter.dropped, exporter.unconfirmed
+        awaiting = exporter.awaiting
         missing = dropped + pending - unconfirmed if final else dropped
         text = f"Export {name}: {exporter.exported} points exported to {exporter.where()}"
-        if final and unconfirmed:
-            text += f"; {unconfirmed} not confirmed (sent, no answer: the store may hold them)"
+        if final and unconfirmed + awaiting:
+            # awaiting at the end: handed over, the confirmation (W&B's finish) not back
+            text += (
+                f"; {unconfirmed + awaiting} not confirmed"
+                " (sent, no answer: the store may hold them)"
+            )
+        elif awaiting:
+            text += f"; {awaiting} logged, counted once the run is finished"
         if missing:
             text += f"; {missing} not exported"
         elif pending and not final:
             text += f"; {pending} waiting for a retry"
-        if exporter.error and (missing or pending):
+        if exporter.error and (missing or pending or (final and unconfirmed)):
             text += f" ({exporter.error})"
         elif exporter.failed_attempts and not missing:
             text += f"; {exporter.failed_attempts} failed attempts, all retried"
