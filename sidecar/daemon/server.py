@@ -150,9 +150,6 @@ class Server:
             else export_worker.CLOSE_WAIT_S,
             live_s=config.export_every_s,
             in_flight_s=export_worker.PRIVATE_IN_FLIGHT_S if private else export_worker.IN_FLIGHT_S,
-            finish_wait_s=export_worker.PRIVATE_FINISH_WAIT_S
-            if private
-            else export_worker.FINISH_WAIT_S,
         )
         self.writes = SplitWrites(
             self.registry,
@@ -374,10 +371,6 @@ class Server:
             self._drain()
             self._finalize()
             for split in self.exports.close():  # summary.log says what was not exported
-                self.writes.write(split)
-            # Our exit would tear W&B's service down beneath a finish still under way
-            # (what the run logged then lost): wait for it, and count again.
-            for split in self.exports.wait_closed():
                 self.writes.write(split)
             # The state after the final writing (each run's end and status), then the end:
             # an exporter serves until ``stopped``, so its last scrape is the final state.
