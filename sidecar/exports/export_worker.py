@@ -9,9 +9,7 @@ When the sidecar stops, new attempts go on for ``CLOSE_WAIT_S``, then a request 
 way may still end or time out (``IN_FLIGHT_S``) and every exporter is closed (W&B's run
 finished, which is what writes its points) before the points are counted: each split's
 summary.log says, per exporter, the points exported, not confirmed (sent, no answer: the
-store may hold them) and not exported (``Split.export_lines``). The sidecar then waits
-up to ``FINISH_WAIT_S`` more for a close still under way before it exits: its exit tears
-W&B's service down, and a run whose finish it cut short loses what it logged.
+store may hold them) and not exported (``Split.export_lines``).
 """
 
 from __future__ import annotations
@@ -40,11 +38,6 @@ PRIVATE_CLOSE_WAIT_S = 4.0
 # bound, 5 s, and a margin); a private sidecar counts sooner, before its script stops it.
 IN_FLIGHT_S = 6.0
 PRIVATE_IN_FLIGHT_S = 0.5
-# After the count, how long the sidecar's exit still waits for the exports thread (a W&B
-# init or finish under way on a busy machine: seconds); none for a private sidecar, which
-# its script stops.
-FINISH_WAIT_S = 30.0
-PRIVATE_FINISH_WAIT_S = 0.0
 IDLE_S = 0.5  # the thread's wake-up period for retries
 LIVE_S = 5.0  # between writes, a running split's new points are handed over this often
 
@@ -136,7 +129,6 @@ class Exports:
         close_wait_s: float = CLOSE_WAIT_S,
         live_s: float = LIVE_S,
         in_flight_s: float = IN_FLIGHT_S,
-        finish_wait_s: float = FINISH_WAIT_S,
     ) -> None:
         self.default = default
         self.live_s = live_s  # 0: only at writes
@@ -144,7 +136,6 @@ class Exports:
         self._factory = factory
         self._close_wait_s = close_wait_s
         self._in_flight_s = in_flight_s
-        self._finish_wait_s = finish_wait_s
         self._stop_at = float("inf")  # monotonic s: no new attempt after it (closing)
         self._feeds: dict[int, _Job] = {}  # id(split) -> its job
         # (job, None): make its exporters now (their libraries import while the run goes)
@@ -244,25 +235,13 @@ class Exports:
         """Let the exports go on trying up to the close wait, and a request under way end
         or time out and the exporters close (the in-flight wait), then count what is left;
         returns the splits whose summary lines changed since their last write (the caller
-        writes them, then calls ``wait_closed``)."""
+        writes them)."""
         self._closed = True
         if self._thread is None:
             return []
         self._stop_at = time.monotonic() + self._close_wait_s
         self._queue.put(None)
         self._thread.join(self._close_wait_s + self._in_flight_s)
-        return self._counted()
-
-    def wait_closed(self) -> list[Split]:
-        """After ``close``'s count was written: wait up to the finish wait (seconds) for
-        the exports thread still under way (a W&B init, log or finish), so that the
-        sidecar's exit does not tear W&B's service down beneath it; returns the splits
-        whose summary lines changed since (the caller writes them again)."""
-        thread = self._thread
-        if thread is None or not thread.is_alive() or not self._finish_wait_s:
-            return []
-        log.info("waiting up to %.0f s for the exports to finish", self._finish_wait_s)
-        thread.join(self._finish_wait_s)
         return self._counted()
 
     def _counted(self) -> list[Split]:
