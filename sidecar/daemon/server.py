@@ -43,6 +43,7 @@ from sidecar.ingest.peers import Peer
 from sidecar.ingest.receiver import HEARTBEAT_S, Receiver
 from sidecar.ingest.stream import Stream
 from sidecar.ingest.streams import Registry
+from sidecar.model.split import Split
 from sidecar.resources.monitor import ResourceMonitor
 from sidecar.resources.samplers import DEFAULT_INTERVAL_S
 from sidecar.resources.samplers.nvml import open_nvml
@@ -161,9 +162,11 @@ class Server:
             lambda what: self.messages.progress(what),
             write_bytes,
         )
-        self.endings = RunEndings(self.registry, self.access, self.writes.write, config.heartbeat_s)
+        # A run's end (by its finish, found dead, its job ended) is written through
+        # ``_write``, which shows the end to the hooks before the slow final write.
+        self.endings = RunEndings(self.registry, self.access, self._write, config.heartbeat_s)
         self.dispatcher = Dispatcher(
-            self.registry, self.monitor, self.writes.write, self.status_for, self.endings.finish_job
+            self.registry, self.monitor, self._write, self.status_for, self.endings.finish_job
         )
         self.messages = Messages(
             self.registry,
@@ -186,6 +189,7 @@ class Server:
         )
         self._next_publish = 0.0  # monotonic s
         self.snapshot = self.publish()
+        self._handed: Snapshot | None = None  # the last snapshot the hooks were given
 
     def _on_stream(self, stream: Stream) -> None:
         if not stream.is_local():
@@ -254,7 +258,29 @@ class Server:
         except Exception:  # the loop must survive anything
             log.exception("cannot publish the snapshot; lifecycle hooks skipped this turn")
             return
+        self._handed = snapshot
         self._call_hooks("tick", snapshot)
+
+    def _write(self, split: Split, with_state: bool = False) -> str | None:
+        """Write ``split``'s files (``SplitWrites.write``: the error text, None on
+        success), first handing the hooks a snapshot with its end when the last one they
+        got shows it running: a final write takes seconds on a busy machine, and /metrics
+        must not go on saying "running" for a run that ended (a report from Prometheus
+        would take the last running scrape's time as its end)."""
+        if split.end_unix is not None and not self._end_handed(split):
+            self._publish_for_hooks()
+        return self.writes.write(split, with_state)
+
+    def _end_handed(self, split: Split) -> bool:
+        """Whether the last snapshot handed to the hooks has ``split``'s end."""
+        handed = self._handed
+        if handed is None:
+            return False
+        folder = str(split.out_dir)
+        return any(
+            view.folder == folder and view.split == split.split and view.end_unix is not None
+            for view in handed.splits
+        )
 
     def _call_hooks(self, method: str, *args: Any) -> None:
         for hook in self.hooks:
@@ -336,7 +362,8 @@ class Server:
         for signum in STOP_SIGNALS:
             signal.signal(signum, self._on_signal)
         log.info("listening on %s", self.receiver.endpoint)
-        self._call_hooks("ready", self.publish())
+        self._handed = self.publish()
+        self._call_hooks("ready", self._handed)
         try:
             while not self._should_stop():
                 self.turn()

@@ -6,9 +6,10 @@ it runs (``Exports.live``). Building points, writing event files and talking to 
 tracking server happen on one background thread, so ingest never waits for an export.
 An exporter that fails keeps what it could not send and is retried (``Exporter.retry``).
 When the sidecar stops, new attempts go on for ``CLOSE_WAIT_S``, then a request under
-way may still end or time out (``IN_FLIGHT_S``) before the points are counted: each
-split's summary.log says, per exporter, the points exported, not confirmed (sent, no
-answer: the store may hold them) and not exported (``Split.export_lines``).
+way may still end or time out (``IN_FLIGHT_S``) and every exporter is closed (W&B's run
+finished, which is what writes its points) before the points are counted: each split's
+summary.log says, per exporter, the points exported, not confirmed (sent, no answer: the
+store may hold them) and not exported (``Split.export_lines``).
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ class Exporter(Protocol):
     dropped: int  # points given up (their write failed for good)
     error: str | None  # the last failure, None once it worked again
     failed_attempts: int  # writes or requests that failed (their points kept or dropped)
+    # points handed over whose write is confirmed later (W&B: at the run's finish); at
+    # the end's count, those still waiting are not confirmed
+    awaiting: int
 
     @property
     def unconfirmed(self) -> int:
@@ -109,6 +113,7 @@ class _Job:
         self.exporters: dict[str, Exporter] = {}
         self.written_lines: list[str] = []  # the export lines the last write put out
         self.not_started: dict[str, str] = {}  # exporter -> why it could not start
+        self.closed: set[str] = set()  # exporters closed (at the split's end)
 
 
 class Exports:
@@ -228,18 +233,24 @@ class Exports:
 
     def close(self) -> list[Split]:
         """Let the exports go on trying up to the close wait, and a request under way end
-        or time out (the in-flight wait), then count what is left; returns the splits
-        whose summary lines changed since their last write (the caller writes them)."""
+        or time out and the exporters close (the in-flight wait), then count what is left;
+        returns the splits whose summary lines changed since their last write (the caller
+        writes them)."""
         self._closed = True
         if self._thread is None:
             return []
         self._stop_at = time.monotonic() + self._close_wait_s
         self._queue.put(None)
         self._thread.join(self._close_wait_s + self._in_flight_s)
+        return self._counted()
+
+    def _counted(self) -> list[Split]:
+        """Count every split's exports for summary.log; the splits whose lines changed."""
         changed = []
         for job in list(self._feeds.values()):
             job.split.export_lines = _lines(job, final=True)
             if job.split.export_lines != job.written_lines:
+                job.written_lines = list(job.split.export_lines)
                 changed.append(job.split)
         return changed
 
@@ -268,6 +279,15 @@ class Exports:
                 break
             if stopping and self._queue.empty():
                 time.sleep(IDLE_S)  # retries until the close wait is over
+        # Every exporter not closed yet (a split that did not end, a final slice the close
+        # wait left queued) is closed now: W&B writes what was logged only at the run's
+        # finish, and an exit that leaves the run open loses it.
+        for job in list(self._feeds.values()):
+            for name, exporter in list(job.exporters.items()):
+                if name not in job.closed:
+                    job.closed.add(name)
+                    self._safely(exporter.close)
+            job.split.export_lines = _lines(job)
 
     def _pending(self) -> int:
         return sum(e.pending() for j in self._feeds.values() for e in j.exporters.values())
@@ -288,8 +308,9 @@ class Exports:
             if part is None:
                 continue
             self._safely(exporter.export, part)
-            if part.final:
-                self._safely(lambda e=exporter: e.close() if not e.pending() else None)
+            if part.final and not exporter.pending():
+                job.closed.add(name)
+                self._safely(exporter.close)
         job.split.export_lines = _lines(job)
 
     @staticmethod
@@ -307,15 +328,22 @@ def _lines(job: _Job, final: bool = False) -> list[str]:
     lines = [f"Export {name}: not started ({why})" for name, why in job.not_started.items()]
     for name, exporter in job.exporters.items():
         pending, dropped, unconfirmed = exporter.pending(), exporter.dropped, exporter.unconfirmed
+        awaiting = exporter.awaiting
         missing = dropped + pending - unconfirmed if final else dropped
         text = f"Export {name}: {exporter.exported} points exported to {exporter.where()}"
-        if final and unconfirmed:
-            text += f"; {unconfirmed} not confirmed (sent, no answer: the store may hold them)"
+        if final and unconfirmed + awaiting:
+            # awaiting at the end: handed over, the confirmation (W&B's finish) not back
+            text += (
+                f"; {unconfirmed + awaiting} not confirmed"
+                " (sent, no answer: the store may hold them)"
+            )
+        elif awaiting:
+            text += f"; {awaiting} logged, counted once the run is finished"
         if missing:
             text += f"; {missing} not exported"
         elif pending and not final:
             text += f"; {pending} waiting for a retry"
-        if exporter.error and (missing or pending):
+        if exporter.error and (missing or pending or (final and unconfirmed)):
             text += f" ({exporter.error})"
         elif exporter.failed_attempts and not missing:
             text += f"; {exporter.failed_attempts} failed attempts, all retried"

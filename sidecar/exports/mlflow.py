@@ -84,6 +84,7 @@ class MlflowExporter:
         self.run_id: str | None = settings["mlflow_run_id"]
         self._own_run = False
         self.exported = 0
+        self.awaiting = 0  # a request's answer confirms its points: nothing confirmed later
         self.dropped = 0
         self.error: str | None = None
         self._pending: deque[Stamped] = deque()

@@ -166,6 +166,7 @@ class TensorBoardExporter:
         self.error: str | None = None
         self.failed_attempts = 0
         self.unconfirmed = 0  # a write to a file is known to work or fail at once
+        self.awaiting = 0  # and is counted once written, with no later confirmation
         self._writer: EventFileWriter | None = None
         self._sessions: set[int] = set()
 

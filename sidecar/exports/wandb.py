@@ -108,23 +108,40 @@ def slotted(part: Slice) -> list[tuple[Point, int]]:
     return points
 
 
+def _reason(exc: BaseException) -> str:
+    """An error as summary.log says it: its type and first line (some have no text)."""
+    text = str(exc).splitlines()
+    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
+
+
 class WandbExporter:
     """Points of one split into one W&B run (the sidecar's, found again on resume)."""
 
     def __init__(self, settings: dict[str, Any]) -> None:
         self.settings = settings
+        # points of runs W&B finished: its ``Run.finish`` returned, so its own process
+        # wrote them (the .wandb file, the server)
         self.exported = 0
         self.dropped = 0
         self.error: str | None = None
         self.failed_attempts = 0
-        # W&B's log raises or returns at once (its own process takes the points): no
-        # point is ever sent without an answer
-        self.unconfirmed = 0
+        # points logged into the open run: ``Run.log`` returns once W&B's process was
+        # handed them, not once it wrote them (a service that dies before the finish
+        # loses them), so they are counted exported only at the run's finish
+        self.awaiting = 0
+        # of ``dropped``: logged into a run whose finish failed; W&B may hold some
+        self._broken = 0
         self._run: Any = None  # wandb's Run
         self._session = -1  # the session the open run was opened for
         self._last_step = -1  # the last W&B step logged in the open run
         self._exit_code = 1
         self._where = "W&B (no run yet)"
+
+    @property
+    def unconfirmed(self) -> int:
+        """Points logged into a run whose finish failed (W&B's process gone, its answer
+        lost): its file or server may hold some of them."""
+        return self._broken
 
     def where(self) -> str:
         """The run, its project, mode and file (W&B falls back to a folder of its own
@@ -132,7 +149,8 @@ class WandbExporter:
         return self._where
 
     def pending(self) -> int:
-        """Nothing is kept: W&B's own process takes the rows, a failure is counted."""
+        """Nothing is kept for a retry: W&B's own process takes the rows, a failure is
+        counted (the logged ones wait for the run's finish in ``awaiting``)."""
         return 0
 
     def retry(self, now_mono: float) -> None:
@@ -140,7 +158,8 @@ class WandbExporter:
 
     def export(self, part: Slice) -> None:
         """Log ``part``'s points (opening the run, or reopening it at a resumed session's
-        first step); a failure counts them as not exported."""
+        first step): they await the run's finish (``awaiting``); a failure counts them as
+        not exported."""
         points = slotted(part)
         try:
             session = max(part.first_steps, default=0)
@@ -154,9 +173,9 @@ class WandbExporter:
         except Exception as exc:  # wandb raises its own errors and what the OS raised
             self.dropped += len(points)
             self.failed_attempts += 1
-            self.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            self.error = _reason(exc)
         else:
-            self.exported += len(points)
+            self.awaiting += len(points)
             self.error = None
         if part.final:
             self._exit_code = 0 if part.status == "completed" else 1
@@ -206,10 +225,27 @@ class WandbExporter:
         )
 
     def _finish(self) -> None:
+        """Finish the open run: its logged points are exported once W&B's finish returned
+        (it waits for W&B's process to write them), not confirmed when it failed; never
+        raises."""
         run, self._run = self._run, None
-        if run is not None:
+        if run is None:
+            return
+        try:
             run.finish(exit_code=self._exit_code)
+        except Exception as exc:  # wandb's errors, and the connection's to its process
+            logged, self.awaiting = self.awaiting, 0
+            self._broken += logged
+            self.dropped += logged
+            self.failed_attempts += 1
+            self.error = _reason(exc)
+            log.warning("W&B run %s: the finish failed (%s)", run.id, self.error)
+        else:
+            # taken from ``awaiting`` first: a count read meanwhile says less, never more
+            logged, self.awaiting = self.awaiting, 0
+            self.exported += logged
 
     def close(self) -> None:
-        """Finish the run (exit code 0 for a completed split, 1 otherwise)."""
+        """Finish the run (exit code 0 for a completed split, 1 otherwise); its points
+        are then exported, or not confirmed when the finish failed."""
         self._finish()

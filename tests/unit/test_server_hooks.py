@@ -1,15 +1,18 @@
 """The server's loop: its hand-over to the lifecycle hooks survives a snapshot that cannot be
-taken; one read of its socket is bounded in bytes."""
+taken, and shows a run's end before its final files are written; one read of its socket is
+bounded in bytes."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 import zmq
 
 from markers import wire
+from sidecar.daemon.metrics import MetricsExporter
 from sidecar.daemon.server import Config, Server
 from sidecar.daemon.snapshot import Snapshot
 from sidecar.ingest.receiver import READ_BYTES
@@ -58,6 +61,61 @@ def test_a_failing_snapshot_skips_the_hooks_and_the_loop_goes_on(
     finally:
         server.receiver.close()
         server.monitor.close()
+
+
+def _run_gauges(exporter: MetricsExporter) -> dict[str, float]:
+    """The run-state samples a scrape of ``exporter`` would give now, by metric name (and
+    status for ``trainmon_run_status``)."""
+    gauges: dict[str, float] = {}
+    for family in exporter.registry.collect():
+        for sample in family.samples:
+            if sample.name == "trainmon_run_status":
+                gauges[f"status={sample.labels['status']}"] = sample.value
+            elif sample.name in ("trainmon_run_running", "trainmon_run_end_timestamp_seconds"):
+                gauges[sample.name] = sample.value
+    return gauges
+
+
+def test_the_metrics_say_a_run_ended_before_its_final_files_are_written(tmp_path: Path) -> None:
+    """What a scrape would give while each file of the run's final write is being written
+    (the write seam runs inside the write): already the run's end, never "running"."""
+    exporter = MetricsExporter(0, "127.0.0.1")  # its registry is what /metrics serves
+    seen: list[tuple[str, dict[str, float]]] = []
+
+    def write_bytes(handle: BinaryIO, path: Path, data: bytes) -> None:
+        seen.append((path.name, _run_gauges(exporter)))
+        handle.write(data)
+
+    endpoint = f"ipc://{tmp_path}/s.sock"
+    server = Server(
+        Config(endpoint, root=tmp_path),
+        hooks=[exporter],
+        open_gpus=lambda visible: NvmlUnavailable("no GPU in this test"),
+        write_bytes=write_bytes,
+    )
+    dealer = zmq.Context.instance().socket(zmq.DEALER)
+    try:
+        dealer.connect(endpoint)
+        client = Client()
+        dealer.send(client.hello(str(tmp_path / "job")))
+        dealer.send(client.records(10))
+        deadline = time.monotonic() + 30
+        while not server.registry.streams and time.monotonic() < deadline:
+            server.turn()
+        server._publish_for_hooks()  # a tick while it runs, as the loop's own
+        assert _run_gauges(exporter)["trainmon_run_running"] == 1.0
+        dealer.send(client.control({"type": wire.FINISH, "status": "completed"}))
+        while not any("run.json" in name for name, _ in seen) and time.monotonic() < deadline:
+            server.turn()
+    finally:
+        dealer.close(linger=0)
+        server.receiver.close()
+        server.monitor.close()
+    assert any("run.json" in name for name, _ in seen), seen
+    for name, gauges in seen:
+        assert gauges["trainmon_run_running"] == 0.0, name
+        assert gauges["status=completed"] == 1.0, name
+        assert gauges["trainmon_run_end_timestamp_seconds"] > 0, name
 
 
 def test_one_read_is_bounded_in_bytes_and_nothing_waiting_is_lost(tmp_path: Path) -> None:
