@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +18,33 @@ from tests.support.helpers import Sidecar, job_args, progress, run_json, start_j
 
 SIZE = 1024 * 1024
 ROOM = 8000  # bytes left: run.json (a few KB: goodput, nodes) fits, the tables do not
+
+
+def _writing(root: Path) -> bool:
+    """Whether a write is under way under ``root`` (``write_atomic``'s temporary file)."""
+    return any(name.endswith(".tmp") for _, _, names in os.walk(root) for name in names)
+
+
+def fill_leaving(root: Path, room_bytes: int) -> None:
+    """Size ``root/filler`` so that ``room_bytes`` are left, measured twice alike with no
+    write under way: the job checkpoints all along, and a checkpoint landing between a
+    measure and the fill would leave less room than meant (then run.json no longer fits)."""
+    quota, filler = DiskQuota(root, SIZE), root / "filler"
+    filler.touch()
+    deadline = time.monotonic() + 30
+    seen: list[int] = []
+    while time.monotonic() < deadline:
+        room = None if _writing(root) else quota.room(root)
+        if room is None or _writing(root):
+            seen.clear()
+            continue
+        seen.append(room)
+        if seen[-2:] == [room_bytes, room_bytes]:
+            return
+        if room != room_bytes:
+            os.truncate(filler, filler.stat().st_size + room - room_bytes)
+            seen.clear()
+    raise AssertionError(f"{root} never kept {room_bytes} bytes free: {seen}")
 
 
 def test_a_run_never_written_is_named_and_not_left_running(
@@ -40,7 +68,7 @@ def test_a_run_never_written_is_named_and_not_left_running(
         60,
         "a first checkpoint",
     )
-    (root / "filler").write_bytes(b"\0" * ((DiskQuota(root, SIZE).room(root) or 0) - ROOM))
+    fill_leaving(root, ROOM)
     stop.touch()
     assert job.wait(60) == 0
     run_id = sidecar.status()["runs"][0]["run_id"]
@@ -52,5 +80,5 @@ def test_a_run_never_written_is_named_and_not_left_running(
     assert len(named) == 1 and run_id in named[0] and str(folder) in named[0], log
     assert "No space left on device" in named[0]
     meta = json.loads((folder / "run.json").read_text())
-    assert meta["status"] == "completed", meta
+    assert meta["status"] == "completed", (meta, log)
     assert not any(name.endswith(".tmp") for name in os.listdir(folder))
