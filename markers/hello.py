@@ -64,6 +64,9 @@ FIELDS: dict[str, HelloField] = {
     "worker_phases": HelloField("int", default=0),
     # seconds start_run waited for the private sidecar it started (0: none started)
     "sidecar_wait_s": HelloField("number", default=0.0),
+    # seconds start_run spent before ``start_unix`` (reaching the sidecar, starting a
+    # private one): a later run's start-up, which begins at its own start_run
+    "start_run_s": HelloField("number", default=0.0),
     # start_run calls this process made before this one (k-fold splits in one process): the
     # process's start is then the first run's start-up, not this one's
     "earlier_runs": HelloField("int", default=0),

@@ -1,6 +1,7 @@
 """The time a training process spent before ``start_run``: from its start (the kernel's
 process start time) to its hello, and of that the wait for a private sidecar (which the
-markers measure and send as ``sidecar_wait_s``).
+markers measure and send as ``sidecar_wait_s``); for a later run of the same process, the
+time its own ``start_run`` took before the hello's stamp (``start_run_s``).
 
 The kernel keeps a process's start as clock ticks since boot (``/proc/<pid>/stat``,
 field 22). psutil's ``create_time()`` adds ``/proc/stat``'s ``btime``, a whole number of
@@ -69,9 +70,10 @@ def process_start_unix(
 
 def note_startup(session: Session, body: dict[str, Any], start_unix: float) -> None:
     """Set ``session``'s time before ``start_run`` from a hello ``body`` (its ``pid``,
-    ``host``, ``sidecar_wait_s`` and ``earlier_runs``) whose run started at
-    ``start_unix``. A run after others in the same process (a k-fold split) starts at its
-    own ``start_run``: the process's start, and the earlier runs, are not its start-up."""
+    ``host``, ``sidecar_wait_s``, ``start_run_s`` and ``earlier_runs``) whose run started
+    at ``start_unix``. A run after others in the same process (a k-fold split) starts at
+    its own ``start_run`` call, ``start_run_s`` before ``start_unix``: the process's
+    start, and the earlier runs, are not its start-up."""
     pid, host = body.get("pid"), body.get("host")
     first = not body.get("earlier_runs")
     started = (
@@ -81,8 +83,14 @@ def note_startup(session: Session, body: dict[str, Any], start_unix: float) -> N
     )
     if started is not None and 0.0 <= start_unix - started <= MAX_PRE_RUN_S:
         session.pre_run_s = start_unix - started
-    wait = body.get("sidecar_wait_s")
-    if isinstance(wait, (int, float)) and not isinstance(wait, bool) and wait > 0:
-        # the wait lies within the time before start_run, whether or not its start is known
-        session.sidecar_wait_s = float(wait)
-        session.pre_run_s = max(session.pre_run_s, session.sidecar_wait_s)
+    wait, within = _seconds(body.get("sidecar_wait_s")), _seconds(body.get("start_run_s"))
+    if wait:
+        session.sidecar_wait_s = wait
+    # both lie within the time before start_run's stamp, whether or not its start is known
+    session.pre_run_s = max(session.pre_run_s, wait, within)
+
+
+def _seconds(value: Any) -> float:
+    """A hello's duration field as seconds: 0 unless a number in 0 … ``MAX_PRE_RUN_S``."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return float(value) if number and 0.0 < value <= MAX_PRE_RUN_S else 0.0

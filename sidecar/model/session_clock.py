@@ -29,7 +29,8 @@ class Session:
     run_id: str = ""  # the markers' run id (hex) of the process
     worker_phases: int = 0  # phases timed in its DataLoader workers: not measured
     gpu_unfinished: int = 0  # phases whose GPU time the GPU had not reached at the finish wait
-    pre_run_s: float = 0.0  # the process's start to its hello (start_run), seconds
+    # the process's start (a later run of it: its own start_run call) to its hello, s
+    pre_run_s: float = 0.0
     sidecar_wait_s: float = 0.0  # of which start_run waited for a private sidecar
     # The optimizer step axis across resumes: the steps done before this session (those
     # of the state it resumed from) and the training iterations it has begun so far (its

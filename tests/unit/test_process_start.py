@@ -8,11 +8,13 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from sidecar.ingest.startup import process_start_unix
+from sidecar.ingest.startup import note_startup, process_start_unix
+from sidecar.model.session_clock import Session
 
 BOOT_UNIX = 1_700_000_000.64  # a boot time with a fraction: btime says 1700000000
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
@@ -65,3 +67,40 @@ def test_a_real_process_starts_just_before_its_own_first_clock_read() -> None:
     assert started is not None
     assert started <= first_unix
     assert first_unix - started < 0.25, f"start read {first_unix - started:.3f} s early"
+
+
+def _startup(start_unix: float = 1000.0, **hello: object) -> Session:
+    """The session of a hello from this process stamped at ``start_unix``."""
+    session = Session(number=0, start_unix=start_unix, start_ns=0, last_ns=0)
+    body = {"pid": os.getpid(), "host": socket.gethostname(), **hello}
+    note_startup(session, body, start_unix)
+    return session
+
+
+def test_a_later_run_starts_at_its_own_start_run_call() -> None:
+    """A k-fold split after others in the process: its start-up is the time its
+    ``start_run`` took before the stamp (reaching the sidecar), not the process's life;
+    a private sidecar's start lies within that time."""
+    later = _startup(earlier_runs=2, start_run_s=0.05)
+    assert (later.pre_run_s, later.sidecar_wait_s) == (0.05, 0.0)
+    private = _startup(earlier_runs=1, start_run_s=1.5, sidecar_wait_s=1.4)
+    assert (private.pre_run_s, private.sidecar_wait_s) == (1.5, 1.4)
+
+
+def test_a_first_run_counts_from_its_process_start() -> None:
+    """The first run's start-up runs from the process's start (this interpreter's start,
+    well over 50 ms ago), whatever its start_run took; where the start is unknown (another
+    host), from its start_run call."""
+    now = time.time()
+    first = _startup(now, earlier_runs=0, start_run_s=0.05)
+    started = process_start_unix(os.getpid(), socket.gethostname())
+    assert started is not None
+    assert first.pre_run_s == pytest.approx(now - started, abs=0.02)
+    assert first.pre_run_s > 0.05
+    assert _startup(now, host="another-host", start_run_s=0.05).pre_run_s == 0.05
+
+
+@pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf"), True, "0.05", 1e9])
+def test_a_duration_out_of_bounds_is_not_start_up(value: object) -> None:
+    session = _startup(earlier_runs=1, start_run_s=value, sidecar_wait_s=value)
+    assert (session.pre_run_s, session.sidecar_wait_s) == (0.0, 0.0)
