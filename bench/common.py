@@ -9,7 +9,9 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,6 +45,24 @@ def sidecar(folder: Path, *args: str) -> Iterator[tuple[str, subprocess.Popen[by
     )
     with serving(process, socket_file):
         yield endpoint, process
+
+
+@contextmanager
+def monitored_run(out_dir: str, **settings: Any) -> Iterator[Any]:
+    """A ``markers`` run (``start_run(out_dir, warmup_iterations=0, **settings)``) on a
+    fresh sidecar in a temporary folder, its warnings silenced; finished on exit."""
+    import markers
+
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp, sidecar(Path(tmp)) as (endpoint, _):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            run = markers.start_run(
+                out_dir=out_dir, warmup_iterations=0, endpoint=endpoint, **settings
+            )
+        try:
+            yield run
+        finally:
+            run.finish()
 
 
 @contextmanager

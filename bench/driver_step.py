@@ -21,9 +21,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -191,16 +189,11 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     import torch  # noqa: F401  (its types fill the interpreter's caches, as in training)
 
-    import markers
-    from bench.common import headline, sidecar
+    from bench.common import headline, monitored_run
     from bench.results import write_section
 
-    with tempfile.TemporaryDirectory(prefix="bench-") as tmp, sidecar(Path(tmp)) as (endpoint, _):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            run = markers.start_run(out_dir="driver", warmup_iterations=0, endpoint=endpoint)
+    with monitored_run("driver") as run:
         times, frames = measure(run, args.n, args.repeats)
-        run.finish()
     text, figures = section(times, frames, args.n, args.repeats, run.dropped)
     print(text)
     if not args.no_write:

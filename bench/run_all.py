@@ -1,9 +1,9 @@
 """Every benchmark in one command: ``python bench/run_all.py`` (under 15 minutes here).
 
 Runs each benchmark script in a fresh process, in this order, each replacing its own
-section of bench/RESULTS.md: marker cost, loop driver step, end to end, sidecar ingest
-and memory, write time vs cap, checkpoint cost, sampler cost, NVML round, the sidecar's
-CPU footprint, ``instrument()`` overhead, CURVE cost, report scale, exports cost, GPU
+section of bench/RESULTS.md: marker cost, loop driver step, cold-cache cost, end to end,
+sidecar ingest and memory, write time vs cap, checkpoint cost, sampler cost, NVML round,
+the sidecar's CPU footprint, ``instrument()`` overhead, CURVE cost, report scale, exports cost, GPU
 overhead (only where CUDA exists; elsewhere its section says plainly that it was not
 run). Then it writes ``## Summary`` at the top: the machine, the load before and after
 (the machine is shared), each benchmark's wall time and exit status, and the headline
@@ -37,6 +37,7 @@ BENCH_TIMEOUT_S = 600
 BENCHMARKS: list[tuple[str, list[str]]] = [
     ("markers_overhead.py", []),
     ("driver_step.py", []),
+    ("cold_cache.py", []),
     ("end_to_end.py", []),
     ("ingest.py", []),
     ("write_cap.py", []),
@@ -132,6 +133,12 @@ def headline_rows(figures: dict[str, dict[str, Any]]) -> list[str]:
             f"({_fmt(figures, 'driver_step', 'driver_c_frames', lambda v: f'{v:.1f}')}) / "
             f"{_fmt(figures, 'driver_step', 'driver_py_us', lambda v: f'{v:.2f} µs')} "
             f"({_fmt(figures, 'driver_step', 'driver_py_frames', lambda v: f'{v:.1f}')})",
+            "",
+        ),
+        (
+            "a marked step's markers with the caches cold: driver `next` + three phases",
+            f"{_fmt(figures, 'cold_cache', 'cold_driver_us', lambda v: f'{v:.2f} µs')} + "
+            f"{_fmt(figures, 'cold_cache', 'cold_phases_us', lambda v: f'{v:.2f} µs')}",
             "",
         ),
         (

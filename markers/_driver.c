@@ -222,7 +222,7 @@ same_size_seen(DriverObject *self, PyObject *batch, PyObject *counted, PyObject 
     if (size <= 0) {
         return (int)size;
     }
-    PyObject *read = PyObject_GetAttr(self->sizes, str_read);
+    PyObject *read = slot_get(self->sizes, str_read);
     if (read == NULL) {
         return -1;
     }
@@ -235,7 +235,7 @@ same_size_seen(DriverObject *self, PyObject *batch, PyObject *counted, PyObject 
     if (!same) {
         return PyErr_Occurred() ? -1 : 0;
     }
-    PyObject *sized = PyObject_GetAttr(self->sizes, str_sized);
+    PyObject *sized = slot_get(self->sizes, str_sized);
     if (sized == NULL) {
         return -1;
     }
@@ -264,7 +264,7 @@ batch_fetched(DriverObject *self, PyObject *batch)
     if (record_slot(self->buffer, self->loading, self->start_ns, now) != 0) {
         return -1;
     }
-    PyObject *position = PyObject_GetAttr(self->iteration, str_batches);
+    PyObject *position = slot_get(self->iteration, str_batches);
     if (position == NULL) {
         return -1;
     }

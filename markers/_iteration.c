@@ -35,7 +35,7 @@ static PyObject *str_open, *str_context, *str_model_context, *str_left, *str_sus
 static int
 attr_is(PyObject *obj, PyObject *name, PyObject *expected)
 {
-    PyObject *value = PyObject_GetAttr(obj, name);
+    PyObject *value = slot_get(obj, name);
     if (value == NULL) {
         return -1;
     }
@@ -48,7 +48,7 @@ attr_is(PyObject *obj, PyObject *name, PyObject *expected)
 static int
 attr_empty(PyObject *obj, PyObject *name)
 {
-    PyObject *value = PyObject_GetAttr(obj, name);
+    PyObject *value = slot_get(obj, name);
     if (value == NULL) {
         return -1;
     }
@@ -61,7 +61,7 @@ attr_empty(PyObject *obj, PyObject *name)
 static int
 context_current(PyObject *model, PyObject *iteration)
 {
-    PyObject *context = PyObject_GetAttr(iteration, str_context);
+    PyObject *context = slot_get(iteration, str_context);
     if (context == NULL) {
         return -1;
     }
@@ -101,7 +101,7 @@ current_context(PyObject *buffer, PyObject *contexts, long long *tag)
     if (at == -1 && PyErr_Occurred()) {
         return -1;
     }
-    PyObject *slots = PyObject_GetAttr(buffer, str_slots);
+    PyObject *slots = slot_get(buffer, str_slots);
     if (slots == NULL) {
         return -1;
     }
@@ -125,7 +125,7 @@ note_context(PyObject *buffer, PyObject *contexts, long long n)
         return -1;
     }
     Py_DECREF(offset);
-    if (PyObject_SetAttr(buffer, str_sent_since_context, Py_False) != 0) {
+    if (slot_set(buffer, str_sent_since_context, Py_False) != 0) {
         return -1;
     }
     return set_int(buffer, str_n, n + 3);
@@ -146,7 +146,7 @@ record_and_context(PyObject *buffer, long long tag, long long start, long long e
         Py_XDECREF(result);
         return result == NULL ? -1 : 0; /* rare: once a flush */
     }
-    PyObject *contexts = PyObject_GetAttr(buffer, str_contexts);
+    PyObject *contexts = slot_get(buffer, str_contexts);
     if (contexts == NULL) {
         return -1;
     }
@@ -169,7 +169,7 @@ set_context_here(PyObject *buffer, long long flags, long long epoch, long long i
                  long long batch)
 {
     GET_INT(buffer, str_n, n);
-    PyObject *slots = PyObject_GetAttr(buffer, str_slots);
+    PyObject *slots = slot_get(buffer, str_slots);
     if (slots == NULL) {
         return -1;
     }
@@ -184,7 +184,7 @@ set_context_here(PyObject *buffer, long long flags, long long epoch, long long i
         Py_XDECREF(result);
         return result == NULL ? -1 : 0;
     }
-    PyObject *contexts = PyObject_GetAttr(buffer, str_contexts);
+    PyObject *contexts = slot_get(buffer, str_contexts);
     if (contexts == NULL) {
         return -1;
     }
@@ -224,7 +224,7 @@ end_full_step_here(PyObject *model, PyObject *iteration, PyObject *buffer, PyObj
     GET_INT(iteration, str_batches, batches);
     GET_INT(model, str_epoch, epoch);
     GET_INT(model, str_net_batches, net_batches);
-    PyObject *old = PyObject_GetAttr(iteration, str_context);
+    PyObject *old = slot_get(iteration, str_context);
     if (old == NULL) {
         return -1;
     }
@@ -253,11 +253,11 @@ end_full_step_here(PyObject *model, PyObject *iteration, PyObject *buffer, PyObj
     long long end = now - excluded_ns > start ? now - excluded_ns : start;
     int status = -1;
     if (set_int(iteration, str_start_ns, now) != 0 ||
-        PyObject_SetAttr(iteration, str_context, context) != 0 ||
+        slot_set(iteration, str_context, context) != 0 ||
         set_int(iteration, str_batches, 0) != 0 ||
         set_int(iteration, str_excluded_ns, 0) != 0 ||
-        PyObject_SetAttr(iteration, str_recorded, Py_False) != 0 ||
-        PyObject_SetAttr(model, str_model_context, context) != 0) {
+        slot_set(iteration, str_recorded, Py_False) != 0 ||
+        slot_set(model, str_model_context, context) != 0) {
         goto done;
     }
     status = record_and_context(buffer, loop_id | batches << BATCHES_SHIFT, start, end,
@@ -315,11 +315,11 @@ end_whole_here(PyObject *model, PyObject *open, long long end_ns, const long lon
     if (validation == -1) {
         return -1;
     }
-    PyObject *buffer = PyObject_GetAttr(model, str_buffer);
+    PyObject *buffer = slot_get(model, str_buffer);
     if (buffer == NULL) {
         return -1;
     }
-    PyObject *counts = PyObject_GetAttr(model, str_counts);
+    PyObject *counts = slot_get(model, str_counts);
     int status = counts == NULL ? -1 : 0;
     if (status == 0 && !validation) { /* a GPU check due at this count: Python's */
         long long count = PyList_Check(counts) && PyList_GET_SIZE(counts) == 2
@@ -349,7 +349,7 @@ end_whole_here(PyObject *model, PyObject *open, long long end_ns, const long lon
         ((batches = buffer_int(open, str_batches)) == -1 && PyErr_Occurred()) ||
         ((epoch = buffer_int(model, str_epoch)) == -1 && PyErr_Occurred()) ||
         ((net_batches = buffer_int(model, str_net_batches)) == -1 && PyErr_Occurred()) ||
-        PyObject_SetAttr(model, str_open, Py_None) != 0 ||
+        slot_set(model, str_open, Py_None) != 0 ||
         count_iteration(counts, validation) < 0) {
         goto done;
     }
@@ -362,7 +362,7 @@ end_whole_here(PyObject *model, PyObject *open, long long end_ns, const long lon
     if (outside == NULL) {
         goto done;
     }
-    if (PyObject_SetAttr(model, str_model_context, outside) == 0 &&
+    if (slot_set(model, str_model_context, outside) == 0 &&
         set_context_here(buffer, 0, epoch, -1, net_batches) == 0) {
         status = 1;
     }
@@ -397,7 +397,7 @@ end_whole(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     if (PyErr_Occurred()) {
         return NULL;
     }
-    PyObject *open = PyObject_GetAttr(model, str_open);
+    PyObject *open = slot_get(model, str_open);
     if (open == NULL) {
         return NULL;
     }
@@ -430,7 +430,7 @@ begin_training_here(PyObject *type, long long loading_id, PyObject *model, PyObj
     long long start_ns = PyLong_AsLongLong(start);
     GET_INT(model, str_epoch, epoch);
     GET_INT(model, str_net_batches, net_batches);
-    PyObject *counts = PyObject_GetAttr(model, str_counts);
+    PyObject *counts = slot_get(model, str_counts);
     if (counts == NULL) {
         return -1;
     }
@@ -444,7 +444,7 @@ begin_training_here(PyObject *type, long long loading_id, PyObject *model, PyObj
         }
         return -1;
     }
-    PyObject *buffer = PyObject_GetAttr(model, str_buffer);
+    PyObject *buffer = slot_get(model, str_buffer);
     if (buffer == NULL) {
         return -1;
     }
@@ -455,14 +455,14 @@ begin_training_here(PyObject *type, long long loading_id, PyObject *model, PyObj
     PyObject *iteration = context == NULL || empty == NULL
                               ? NULL
                               : ((PyTypeObject *)type)->tp_new((PyTypeObject *)type, empty, NULL);
-    if (iteration != NULL && PyObject_SetAttr(iteration, str_validation, Py_False) == 0 &&
-        PyObject_SetAttr(iteration, str_explicit_end, Py_True) == 0 &&
-        PyObject_SetAttr(iteration, str_start_ns, start) == 0 &&
-        PyObject_SetAttr(iteration, str_context, context) == 0 &&
+    if (iteration != NULL && slot_set(iteration, str_validation, Py_False) == 0 &&
+        slot_set(iteration, str_explicit_end, Py_True) == 0 &&
+        slot_set(iteration, str_start_ns, start) == 0 &&
+        slot_set(iteration, str_context, context) == 0 &&
         set_int(iteration, str_batches, 0) == 0 && set_int(iteration, str_excluded_ns, 0) == 0 &&
-        PyObject_SetAttr(iteration, str_recorded, Py_False) == 0 &&
-        PyObject_SetAttr(model, str_open, iteration) == 0 &&
-        PyObject_SetAttr(model, str_model_context, context) == 0 &&
+        slot_set(iteration, str_recorded, Py_False) == 0 &&
+        slot_set(model, str_open, iteration) == 0 &&
+        slot_set(model, str_model_context, context) == 0 &&
         set_context_here(buffer, 1, epoch, number, net_batches) == 0 &&
         record_slot(buffer, loading_id, start_ns, loaded_ns) == 0) {
         status = 1;
@@ -509,7 +509,7 @@ model_batch_done(PyObject *model)
     if (count_one(model, str_net_batches) != 0) {
         return -1;
     }
-    PyObject *open = PyObject_GetAttr(model, str_open);
+    PyObject *open = slot_get(model, str_open);
     if (open == NULL) {
         return -1;
     }

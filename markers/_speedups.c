@@ -79,7 +79,7 @@ Phase_dealloc(PhaseObject *self)
 long long
 buffer_int(PyObject *buffer, PyObject *name)
 {
-    PyObject *value = PyObject_GetAttr(buffer, name);
+    PyObject *value = slot_get(buffer, name);
     if (value == NULL) {
         return -1;
     }
@@ -113,7 +113,7 @@ pack_slot(PyObject *buffer, long long n, long long id, long long start, long lon
 int
 pack_values(PyObject *buffer, long long n, const long long *values, long long count)
 {
-    PyObject *slots = PyObject_GetAttr(buffer, str_slots);
+    PyObject *slots = slot_get(buffer, str_slots);
     if (slots == NULL) {
         return -1;
     }
@@ -177,7 +177,7 @@ set_int(PyObject *obj, PyObject *name, long long value)
     if (number == NULL) {
         return -1;
     }
-    int status = PyObject_SetAttr(obj, name, number);
+    int status = slot_set(obj, name, number);
     Py_DECREF(number);
     return status;
 }

@@ -1,7 +1,7 @@
-/* markers._speedups: what its three parts (_speedups.c: the phase marker; _driver.c: the
- * loop driver's step; _iteration.c: the iteration model's once-a-step verbs) share: the
- * clock, the record buffer's slots and the attribute names interned once for the
- * process. */
+/* markers._speedups: what its four parts (_speedups.c: the phase marker; _driver.c: the
+ * loop driver's step; _iteration.c: the iteration model's once-a-step verbs; _slots.c:
+ * attribute access by slot offset) share: the clock, the record buffer's slots and the
+ * attribute names interned once for the process. */
 #ifndef MARKERS_SPEEDUPS_H
 #define MARKERS_SPEEDUPS_H
 
@@ -42,6 +42,12 @@ now_ns(void)
 
 /* The record buffer's (markers.buffer.RecordBuffer) attribute names. */
 extern PyObject *str_n, *str_slots, *str_flush_at, *str_deadline_ns, *str_flush;
+
+/* obj.name (a new reference; NULL with an exception) and obj.name = value (-1 with an
+ * exception), a plain __slots__ attribute read or written at its offset (_slots.c);
+ * ``name`` must be one of the interned names, which live for the process. */
+PyObject *slot_get(PyObject *obj, PyObject *name);
+int slot_set(PyObject *obj, PyObject *name, PyObject *value);
 
 /* An integer attribute as a C long long; -1 with an exception on error. */
 long long buffer_int(PyObject *obj, PyObject *name);
