@@ -60,7 +60,7 @@ slot_offset(PyTypeObject *type, PyObject *name)
             free = entry; /* the type changed: resolve it again in its place */
             break;
         }
-        if (free == NULL && (entry->name == NULL || entry->version == 0)) {
+        if (free == NULL && entry->name == NULL) { /* never filled */
             free = entry;
         }
     }

@@ -34,6 +34,7 @@ def fill_leaving(root: Path, room_bytes: int) -> None:
     deadline = time.monotonic() + 30
     seen: list[int] = []
     while time.monotonic() < deadline:
+        time.sleep(0.01)  # the sidecar shares the two cores with this poll
         room = None if _writing(root) else quota.room(root)
         if room is None or _writing(root):
             seen.clear()
